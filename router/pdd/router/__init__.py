@@ -1,0 +1,1 @@
+"""PDD router component."""

@@ -1,0 +1,25 @@
+"""Package discovery for the one `pdd` namespace spread over the component folders.
+
+`pdd` is an implicit namespace package (no __init__.py at that level) whose
+subpackages live in the design card's folders: common/pdd/common, worker/pdd/worker,
+router/pdd/router, operator/pdd/operator. setuptools' declarative `find` cannot map
+several roots into one namespace, so each package is mapped to its folder here.
+No folder name can shadow the standard library: the operator is pdd.operator.
+"""
+
+from setuptools import find_namespace_packages, setup
+
+COMPONENT_ROOTS = ("common", "worker", "router", "operator")
+
+packages: list[str] = []
+package_dir: dict[str, str] = {}
+for root in COMPONENT_ROOTS:
+    for package in find_namespace_packages(where=root, include=["pdd.*"]):
+        if "__pycache__" in package:
+            continue
+        packages.append(package)
+        package_dir[package] = f"{root}/{package.replace('.', '/')}"
+packages.append("pdd")
+package_dir["pdd"] = "common/pdd"
+
+setup(packages=packages, package_dir=package_dir)

@@ -1,0 +1,1 @@
+"""PDD worker component."""
