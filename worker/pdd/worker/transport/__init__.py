@@ -1,0 +1,53 @@
+"""The worker data plane's transport: framed, authenticated, flow-controlled TCP.
+
+Torch-free on purpose (the WAN link emulator and tests import it without the
+inference core). Entry points: ``serve()``/``connect()`` give a ``Channel``;
+``wan_link.WanLink`` is the bottleneck emulator. See docs/wan-link.md.
+"""
+
+from pdd.worker.transport.channel import Channel
+from pdd.worker.transport.config import TransportConfig
+from pdd.worker.transport.counters import ByteCounters
+from pdd.worker.transport.endpoints import Server, ServerStats, connect, serve
+from pdd.worker.transport.errors import (
+    AuthError,
+    FrameError,
+    LinkDown,
+    TransferTimeout,
+    TransportError,
+)
+from pdd.worker.transport.framing import Frame, MsgType, request_key
+from pdd.worker.transport.payloads import (
+    TokenIds,
+    decode_error,
+    decode_json,
+    decode_token_ids,
+    encode_error,
+    encode_json,
+    encode_token_ids,
+)
+
+__all__ = [
+    "AuthError",
+    "ByteCounters",
+    "Channel",
+    "Frame",
+    "FrameError",
+    "LinkDown",
+    "MsgType",
+    "Server",
+    "ServerStats",
+    "TokenIds",
+    "TransferTimeout",
+    "TransportConfig",
+    "TransportError",
+    "connect",
+    "decode_error",
+    "decode_json",
+    "decode_token_ids",
+    "encode_error",
+    "encode_json",
+    "encode_token_ids",
+    "request_key",
+    "serve",
+]

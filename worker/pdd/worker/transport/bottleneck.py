@@ -1,0 +1,94 @@
+"""The shared bottleneck of the WAN link emulator: one serializer per direction.
+
+A real inter-datacenter line is one pipe: every connection crossing it
+queues for the same bits-per-second. So each direction has *one*
+``Bottleneck`` that every connection's chunks pass through in turn. A chunk
+occupies the line for ``size / rate`` seconds after the previous chunk ends,
+and each connection has at most one chunk on the line at a time, so parallel
+flows interleave chunk by chunk and share the rate roughly equally.
+
+Propagation delay is *not* modelled here: a chunk that has left the line is
+handed to a delay line (see ``wan_pipe``), so RTT adds latency without
+reducing throughput, as on a real long fat pipe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+
+GBIT = 1e9
+
+
+class ThroughputMeter:
+    """Bytes delivered over the last ``window_s`` seconds, as bits per second."""
+
+    def __init__(self, window_s: float = 1.0) -> None:
+        self.window_s = window_s
+        self._events: deque[tuple[float, int]] = deque()
+        self._bytes_in_window = 0
+
+    def add(self, nbytes: int) -> None:
+        now = time.monotonic()
+        self._events.append((now, nbytes))
+        self._bytes_in_window += nbytes
+        self._expire(now)
+
+    def bits_per_second(self) -> float:
+        self._expire(time.monotonic())
+        return 8 * self._bytes_in_window / self.window_s
+
+    def _expire(self, now: float) -> None:
+        while self._events and self._events[0][0] < now - self.window_s:
+            self._bytes_in_window -= self._events.popleft()[1]
+
+
+class Bottleneck:
+    """One direction of the line: a rate, a serialization clock and counters.
+
+    ``burst_s`` is the depth of the token bucket: after a short idle period (or
+    a late wake-up of the event loop) up to ``burst_s`` of line time may be
+    caught up, so scheduler jitter does not eat into the configured rate.
+    """
+
+    def __init__(self, name: str, gbps: float, burst_s: float = 0.005) -> None:
+        self.name = name
+        self.burst_s = burst_s
+        self.bytes_forwarded = 0  # delivered to the far side
+        self.meter = ThroughputMeter()
+        self._bytes_per_s = 0.0
+        self._free_at = 0.0
+        self.set_rate(gbps)
+
+    @property
+    def gbps(self) -> float:
+        return self._bytes_per_s * 8 / GBIT
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self._bytes_per_s
+
+    def set_rate(self, gbps: float) -> None:
+        """Change the line rate; applies from the next chunk on."""
+        if gbps <= 0:
+            raise ValueError(f"link rate must be positive, got {gbps} Gbit/s")
+        self._bytes_per_s = gbps * GBIT / 8
+
+    async def transmit(self, nbytes: int) -> float:
+        """Occupy the line for ``nbytes``; returns when (loop time) the last bit left.
+
+        Never earlier than now: catching up on the bucket may skip the wait, but
+        it must not shorten the propagation delay that is added after departure.
+        """
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        start = max(self._free_at, now - self.burst_s)
+        self._free_at = start + nbytes / self._bytes_per_s
+        if self._free_at > now:
+            await asyncio.sleep(self._free_at - now)
+        return max(self._free_at, now)
+
+    def delivered(self, nbytes: int) -> None:
+        self.bytes_forwarded += nbytes
+        self.meter.add(nbytes)

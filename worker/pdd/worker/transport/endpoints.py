@@ -1,0 +1,194 @@
+"""``serve()`` and ``connect()``: the two ways to get a Channel.
+
+The server never lets one connection hurt the others: a failed handshake, a
+malformed frame or a crashing handler ends that connection only (counted in
+``ServerStats``), and the listener keeps accepting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from pdd.worker.transport.channel import Channel
+from pdd.worker.transport.config import TransportConfig
+from pdd.worker.transport.counters import ByteCounters
+from pdd.worker.transport.errors import LinkDown, TransferTimeout, TransportError
+from pdd.worker.transport.peer_auth import client_handshake, secret_bytes, server_handshake
+from pdd.worker.transport.stream import FrameStream
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Channel], Awaitable[None]]
+
+
+@dataclass
+class ServerStats:
+    """What happened to the connections a server accepted."""
+
+    accepted: int = 0
+    authenticated: int = 0
+    rejected: int = 0  # failed handshake: wrong secret, garbage, timeout
+    transport_errors: int = 0  # authenticated, then malformed frames or a lost link
+    handler_errors: int = 0  # the application handler raised
+
+
+class Server:
+    """A listening transport endpoint; ``close()`` stops it and drops its channels."""
+
+    def __init__(
+        self,
+        secret: bytes,
+        handler: Handler,
+        name: str,
+        config: TransportConfig,
+        counters: ByteCounters | None,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.stats = ServerStats()
+        self._secret = secret
+        self._handler = handler
+        self._counters = counters
+        self._tasks: set[asyncio.Task] = set()
+        self._server: asyncio.Server | None = None
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("Server.port read before serve() returned")
+        return self._server.sockets[0].getsockname()[1]
+
+    async def _start(self, host: str, port: int) -> None:
+        self._server = await asyncio.start_server(self._on_connect, host, port)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+
+    async def __aenter__(self) -> Server:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None  # asyncio runs connection callbacks as tasks
+        self._tasks.add(task)
+        try:
+            await self._run_connection(reader, writer)
+        except asyncio.CancelledError:
+            # Only Server.close() cancels these tasks. Ending quietly keeps asyncio's
+            # stream callback (Python 3.11) from logging the cancellation as an error.
+            writer.transport.abort()
+        finally:
+            self._tasks.discard(task)
+
+    async def _run_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.stats.accepted += 1
+        stream = FrameStream(
+            reader, writer, ByteCounters(parent=self._counters), self.config.write_timeout_s
+        )
+        cfg = self.config
+        try:
+            peer = await asyncio.wait_for(
+                server_handshake(
+                    stream, self._secret, self.name, cfg.window_bytes, cfg.max_handshake_bytes
+                ),
+                cfg.connect_timeout_s,
+            )
+        except (TransportError, TimeoutError) as exc:
+            self.stats.rejected += 1
+            log.warning("rejected connection from %s: %s", stream.peer_address, _why(exc))
+            stream.reject("auth_failed", _why(exc))
+            return
+        self.stats.authenticated += 1
+        channel = Channel(stream, peer, cfg)
+        try:
+            await self._handler(channel)
+        except TransportError as exc:
+            self.stats.transport_errors += 1
+            log.warning("channel from %s ended: %s", peer.name, exc)
+        except Exception:
+            self.stats.handler_errors += 1
+            log.exception("transport handler failed on a channel from %s", peer.name)
+        finally:
+            await channel.close()
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "handshake did not complete within connect_timeout_s"
+    return str(exc)
+
+
+async def serve(
+    host: str,
+    port: int,
+    secret: str | bytes,
+    handler: Handler,
+    *,
+    name: str = "server",
+    config: TransportConfig | None = None,
+    counters: ByteCounters | None = None,
+) -> Server:
+    """Listen on ``host:port`` (0 = any free port); run ``handler`` per authenticated channel.
+
+    ``counters``, when given, accumulates the bytes of every channel (per-link totals).
+    The channel is closed when the handler returns.
+    """
+    server = Server(secret_bytes(secret), handler, name, config or TransportConfig(), counters)
+    await server._start(host, port)
+    return server
+
+
+async def connect(
+    host: str,
+    port: int,
+    secret: str | bytes,
+    peer_name: str,
+    *,
+    config: TransportConfig | None = None,
+    counters: ByteCounters | None = None,
+) -> Channel:
+    """Open an authenticated channel; ``peer_name`` is how this side introduces itself.
+
+    Raises ``LinkDown`` (refused, reset), ``TransferTimeout`` (no answer within
+    ``connect_timeout_s``), ``AuthError`` (secret mismatch) or ``FrameError``.
+    """
+    cfg = config or TransportConfig()
+    key = secret_bytes(secret)
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port), cfg.connect_timeout_s
+        )
+    except TimeoutError:
+        raise TransferTimeout(f"connect to {host}:{port} timed out") from None
+    except OSError as exc:
+        raise LinkDown(f"cannot connect to {host}:{port}: {exc}") from None
+    stream = FrameStream(reader, writer, ByteCounters(parent=counters), cfg.write_timeout_s)
+    try:
+        peer = await asyncio.wait_for(
+            client_handshake(stream, key, peer_name, cfg.window_bytes, cfg.max_handshake_bytes),
+            cfg.connect_timeout_s,
+        )
+    except TimeoutError:
+        stream.abort()
+        raise TransferTimeout(
+            f"handshake with {host}:{port} did not complete within {cfg.connect_timeout_s}s"
+        ) from None
+    except TransportError:
+        stream.abort()
+        raise
+    return Channel(stream, peer, cfg)
