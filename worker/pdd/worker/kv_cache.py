@@ -1,0 +1,138 @@
+"""The paged KV cache: fixed-size blocks of K/V shared by all sequences of one worker.
+
+A sequence's K/V lives in the blocks its block table names (block ``i`` holds token
+positions ``[i*block_size, (i+1)*block_size)``), so prefixes can be shared between
+requests by sharing block ids, and KV can be exported or imported per token range
+without touching other sequences. Block bookkeeping (who owns which block) is the
+BlockPool's job; this class only stores and moves tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from pdd.worker.model.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """Shape of one worker's cache; two workers can exchange KV only with equal layouts."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
+
+    @property
+    def bytes_per_token(self) -> int:
+        """K and V of one token over all layers."""
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.bytes_per_token * self.block_size
+
+    @classmethod
+    def from_config(cls, config: ModelConfig, block_size: int, dtype: torch.dtype) -> KVLayout:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        return cls(config.num_layers, config.num_kv_heads, config.head_dim, block_size, dtype)
+
+
+class PagedKVCache:
+    """K and V tensors ``[num_layers, num_blocks, block_size, num_kv_heads, head_dim]``.
+
+    Allocated once at startup for the whole budget, so serving never allocates KV
+    memory on the hot path and the pool size is known to the scheduler.
+    """
+
+    def __init__(self, layout: KVLayout, num_blocks: int, device: torch.device | str) -> None:
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        self.layout = layout
+        self.num_blocks = num_blocks
+        self.device = torch.device(device)
+        shape = (
+            layout.num_layers,
+            num_blocks,
+            layout.block_size,
+            layout.num_kv_heads,
+            layout.head_dim,
+        )
+        self.k = torch.zeros(shape, dtype=layout.dtype, device=self.device)
+        self.v = torch.zeros(shape, dtype=layout.dtype, device=self.device)
+
+    @classmethod
+    def blocks_for_budget(cls, layout: KVLayout, budget_bytes: int) -> int:
+        """How many blocks fit in ``budget_bytes`` (raises when not even one does)."""
+        blocks = budget_bytes // layout.bytes_per_block
+        if blocks < 1:
+            raise ValueError(
+                f"KV budget {budget_bytes} B is below one block ({layout.bytes_per_block} B); "
+                "raise the budget or lower block_size"
+            )
+        return blocks
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store K/V [T, Hkv, D] of T tokens at flat slots ``block * block_size + offset``."""
+        flat_shape = (-1, self.layout.num_kv_heads, self.layout.head_dim)
+        self.k[layer].view(flat_shape).index_copy_(0, slots, k.to(self.layout.dtype))
+        self.v[layer].view(flat_shape).index_copy_(0, slots, v.to(self.layout.dtype))
+
+    def gather(self, layer: int, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V of whole blocks per sequence: each [B, max_blocks * block_size, Hkv, D].
+
+        Positions past a sequence's length hold whatever the (padding) blocks hold; the
+        attention mask hides them. ``index_select`` over the flattened table, because
+        on the CPU it is several times faster than advanced indexing, and this runs
+        twice per layer per step.
+        """
+        b, n = block_tables.shape
+        shape = (b, n * self.layout.block_size, self.layout.num_kv_heads, self.layout.head_dim)
+        flat = block_tables.reshape(-1)
+        k = torch.index_select(self.k[layer], 0, flat).view(shape)
+        return k, torch.index_select(self.v[layer], 0, flat).view(shape)
+
+    def read_tokens(self, block_table: Sequence[int], start: int, end: int) -> torch.Tensor:
+        """K/V of token positions [start, end) of one sequence: [L, 2, end-start, Hkv, D].
+
+        The unit of KV export: a contiguous token range, all layers, K and V.
+        """
+        slots = self._slots(block_table, start, end)
+        return torch.stack((self._flat(self.k)[:, slots], self._flat(self.v)[:, slots]), dim=1)
+
+    def write_tokens(self, block_table: Sequence[int], start: int, data: torch.Tensor) -> None:
+        """Import K/V [L, 2, n, Hkv, D] (as ``read_tokens`` returns) at positions start.."""
+        expected = (self.layout.num_layers, 2)
+        tail = (self.layout.num_kv_heads, self.layout.head_dim)
+        if tuple(data.shape[:2]) != expected or tuple(data.shape[3:]) != tail:
+            raise ValueError(
+                f"KV data shape {tuple(data.shape)} does not fit layout "
+                f"[{expected[0]}, 2, n, {tail[0]}, {tail[1]}]"
+            )
+        slots = self._slots(block_table, start, start + data.shape[2])
+        data = data.to(device=self.device, dtype=self.layout.dtype)
+        self._flat(self.k)[:, slots] = data[:, 0]
+        self._flat(self.v)[:, slots] = data[:, 1]
+
+    def _flat(self, t: torch.Tensor) -> torch.Tensor:
+        """[L, num_blocks * block_size, Hkv, D] view: one row per slot."""
+        return t.view(self.layout.num_layers, -1, self.layout.num_kv_heads, self.layout.head_dim)
+
+    def _slots(self, block_table: Sequence[int], start: int, end: int) -> torch.Tensor:
+        bs = self.layout.block_size
+        if not 0 <= start <= end <= len(block_table) * bs:
+            raise ValueError(
+                f"token range [{start}, {end}) is outside the block table "
+                f"({len(block_table)} blocks of {bs} tokens)"
+            )
+        positions = torch.arange(start, end)
+        table = torch.as_tensor(list(block_table), dtype=torch.long)
+        return (table[positions // bs] * bs + positions % bs).to(self.device)

@@ -1,0 +1,69 @@
+"""The Llama-family causal LM (Llama, Qwen2, Qwen3) over a paged KV cache.
+
+Module names mirror transformers' (``model.layers.N.self_attn...``) so the loader maps
+checkpoint tensors by name; only the fused projections differ.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pdd.worker.batch import ForwardBatch, InvalidBatchError
+from pdd.worker.kv_cache import PagedKVCache
+from pdd.worker.model.config import ModelConfig
+from pdd.worker.model.layers import DecoderLayer, RMSNorm, additive_mask
+from pdd.worker.model.rope import RotaryEmbedding
+
+
+class LlamaModel(nn.Module):
+    """Embeddings, decoder layers and the final norm (transformers' ``model.`` prefix)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Decoder plus LM head; one ``forward`` serves every kind of step (see batch.py).
+
+    With tied embeddings there is no ``lm_head`` module: the logits reuse the
+    embedding matrix, so the weight exists once in memory and in the state dict.
+    """
+
+    def __init__(self, config: ModelConfig, device: torch.device | str = "cpu") -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
+        self.rotary = RotaryEmbedding(config, device)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv: PagedKVCache) -> torch.Tensor:
+        """Append the batch's new tokens to the cache; fp32 logits [N, vocab] for
+        ``batch.logits_indices`` (the last new token of each sequence, or all of them).
+
+        Raises InvalidBatchError when a sequence would pass max_position_embeddings,
+        where no RoPE table entry (and no trained behaviour) exists.
+        """
+        longest = max(batch.kv_lens)
+        if longest > self.config.max_position_embeddings:
+            raise InvalidBatchError(
+                f"a sequence reaches {longest} tokens but the model's context window is "
+                f"{self.config.max_position_embeddings}; cap prompt + max_tokens to it"
+            )
+        h = self.model.embed_tokens(batch.input_ids)
+        rope = self.rotary.cos_sin(batch.positions, h.dtype)
+        attn_bias = additive_mask(batch.attn_mask, h.dtype)
+        for layer in self.model.layers:
+            h = layer(h, batch, kv, rope, attn_bias)
+        h = self.model.norm(h.index_select(0, batch.logits_indices))
+        head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(h, head).float()

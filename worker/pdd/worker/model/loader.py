@@ -1,0 +1,149 @@
+"""``load_model``: a local Hugging Face checkpoint directory, or the built-in ``tiny``.
+
+The one entry point the worker calls at startup; it returns the model, its config
+and tokenizer together so nothing else reads checkpoint files.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pdd.worker.kv_cache import KVLayout
+from pdd.worker.model.config import ModelConfig, tiny_config
+from pdd.worker.model.errors import (
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    ModelLoadError,
+)
+from pdd.worker.model.llama import LlamaForCausalLM
+from pdd.worker.model.weights import (
+    SafetensorsCheckpoint,
+    init_random_weights,
+    load_checkpoint_weights,
+)
+from pdd.worker.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+
+TINY = "tiny"
+TINY_SEED = 0
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+
+
+@dataclass
+class LoadedModel:
+    """A ready model: weights on ``device`` in ``dtype``, with its config and tokenizer."""
+
+    model: LlamaForCausalLM
+    config: ModelConfig
+    tokenizer: Tokenizer
+    dtype: torch.dtype
+    device: torch.device
+
+    def kv_layout(self, block_size: int) -> KVLayout:
+        """The cache layout this model writes (its dtype is the model's)."""
+        return KVLayout.from_config(self.config, block_size, self.dtype)
+
+
+def load_model(
+    source: str, dtype: str | torch.dtype | None = None, device: str | torch.device = "cpu"
+) -> LoadedModel:
+    """Load ``tiny`` (seeded random weights, byte tokenizer) or a checkpoint directory.
+
+    dtype None means the checkpoint's own dtype, except float16 on the CPU, which
+    becomes float32 (CPU fp16 kernels are slow or missing; bf16 is the fast choice).
+    """
+    device = torch.device(device)
+    if source == TINY:
+        config = tiny_config()
+        torch_dtype = resolve_dtype(dtype, config, device)
+        model = _empty_model(config, device)
+        init_random_weights(model, TINY_SEED, torch_dtype, device)
+        return LoadedModel(model, config, ByteTokenizer(), torch_dtype, device)
+    directory = Path(source)
+    if not directory.is_dir():
+        raise CheckpointNotFoundError(
+            f"model {source!r} is neither {TINY!r} nor a checkpoint directory"
+        )
+    config = ModelConfig.from_hf_dict(_read_config(directory), name=directory.name)
+    torch_dtype = resolve_dtype(dtype, config, device)
+    tokenizer = _hf_tokenizer(directory, config)
+    model = _empty_model(config, device)
+    with SafetensorsCheckpoint(directory) as ckpt:
+        load_checkpoint_weights(model, ckpt, torch_dtype, device)
+    return LoadedModel(model, config, tokenizer, torch_dtype, device)
+
+
+def resolve_dtype(
+    requested: str | torch.dtype | None, config: ModelConfig, device: torch.device
+) -> torch.dtype:
+    """The compute dtype: the requested one, else the checkpoint's (see load_model)."""
+    if isinstance(requested, torch.dtype):
+        if requested not in _DTYPES.values():
+            raise ModelLoadError(f"dtype {requested} is not supported; use {_dtype_names()}")
+        return requested
+    name = requested or config.torch_dtype
+    if name not in _DTYPES:
+        raise ModelLoadError(f"dtype {name!r} is not supported; use {_dtype_names()}")
+    if requested is None and device.type == "cpu" and _DTYPES[name] == torch.float16:
+        return torch.float32
+    return _DTYPES[name]
+
+
+def _empty_model(config: ModelConfig, device: torch.device) -> LlamaForCausalLM:
+    with torch.device("meta"):
+        return LlamaForCausalLM(config, device)
+
+
+def _read_config(directory: Path) -> dict[str, Any]:
+    path = directory / "config.json"
+    if not path.is_file():
+        raise CheckpointNotFoundError(
+            f"{path} not found; a checkpoint directory needs the config.json that "
+            "transformers' save_pretrained writes"
+        )
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise CorruptCheckpointError(f"{path} is not valid JSON ({e}); restore the file") from e
+
+
+def _hf_tokenizer(directory: Path, config: ModelConfig) -> HFTokenizer:
+    path = directory / "tokenizer.json"
+    if not path.is_file():
+        raise CheckpointNotFoundError(
+            f"{path} not found; save a fast tokenizer into the checkpoint "
+            "(AutoTokenizer.from_pretrained(...).save_pretrained(dir))"
+        )
+    try:
+        return HFTokenizer(path, _eos_ids(directory, config))
+    except Exception as e:  # tokenizers raises a bare Exception on parse errors
+        raise CorruptCheckpointError(f"{path} cannot be parsed ({e}); restore the file") from e
+
+
+def _eos_ids(directory: Path, config: ModelConfig) -> tuple[int, ...]:
+    """config.json's eos ids plus generation_config.json's (chat models list more there)."""
+    ids = list(config.eos_token_ids)
+    gen = directory / "generation_config.json"
+    if gen.is_file():
+        extra = json.loads(gen.read_text()).get("eos_token_id")
+        for i in [extra] if isinstance(extra, int) else extra or []:
+            if i not in ids:
+                ids.append(i)
+    return tuple(ids)
+
+
+def _dtype_names() -> str:
+    return ", ".join(_DTYPES)
