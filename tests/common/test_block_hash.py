@@ -31,8 +31,7 @@ def test_prefix_hashes_are_prefixes():
 def test_hash_is_stable_across_processes():
     """Python's hash() is salted per process; ours must not be."""
     code = (
-        "from pdd.common.block_hash import block_hashes; "
-        "print(block_hashes(list(range(64)), 16))"
+        "from pdd.common.block_hash import block_hashes; print(block_hashes(list(range(64)), 16))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(block_hashes(list(range(64)), 16))

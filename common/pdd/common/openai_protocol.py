@@ -1,0 +1,220 @@
+"""Pydantic schemas of the OpenAI wire format the router speaks to clients.
+
+Requests accept (and ignore) fields we do not implement, because real clients send
+them (``user``, ``logit_bias`` ...) and refusing would break them; fields we do
+implement are validated so a bad value becomes a 400 with a message, not a 500.
+Every error, including one in the middle of a stream, has the one ``ErrorResponse``
+shape.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Wire):
+    include_usage: bool = False
+
+
+class SamplingFields(_Request):
+    """Sampling fields shared by both endpoints (``top_k``, ``ignore_eos`` are extensions)."""
+
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=-1, ge=-1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = Field(default=1, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+
+    @property
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def include_usage_in_stream(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class ChatMessage(_Request):
+    """One message; extra keys (``tool_calls``, ``tool_call_id`` ...) pass to the template."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        """The message's text: string content, or the text parts of a content list."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.get("text", "") for p in self.content if p.get("type") == "text")
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @property
+    def output_token_limit(self) -> int | None:
+        """``max_completion_tokens`` (the current name) wins over ``max_tokens``."""
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(SamplingFields):
+    """A plain completion; ``prompt`` is text or already-tokenized IDs (one prompt)."""
+
+    prompt: str | list[int]
+    echo: bool = False
+
+    @model_validator(mode="after")
+    def _non_empty_prompt(self) -> CompletionRequest:
+        if len(self.prompt) == 0:
+            raise ValueError("prompt must not be empty")
+        return self
+
+    @property
+    def output_token_limit(self) -> int | None:
+        return self.max_tokens
+
+
+class PromptTokensDetails(_Wire):
+    cached_tokens: int = 0
+
+
+class UsageInfo(_Wire):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> UsageInfo:
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+        )
+
+
+def _now() -> int:
+    return int(time.time())
+
+
+def new_id(prefix: str) -> str:
+    """An OpenAI-style object id, e.g. ``chatcmpl-3f2a...``."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class ChatResponseMessage(_Wire):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+
+
+class ChatCompletionChoice(_Wire):
+    index: int = 0
+    message: ChatResponseMessage
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class ChatCompletionResponse(_Wire):
+    id: str = Field(default_factory=lambda: new_id("chatcmpl"))
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[ChatCompletionChoice]
+    usage: UsageInfo
+
+
+class DeltaMessage(_Wire):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatCompletionChunkChoice(_Wire):
+    index: int = 0
+    delta: DeltaMessage
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(_Wire):
+    """One streamed chat frame; the final usage-only frame has ``choices == []``."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[ChatCompletionChunkChoice]
+    usage: UsageInfo | None = None
+
+
+class CompletionChoice(_Wire):
+    index: int = 0
+    text: str
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class CompletionResponse(_Wire):
+    """A completion, and (with ``usage`` unset until the end) each streamed frame of one."""
+
+    id: str = Field(default_factory=lambda: new_id("cmpl"))
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+class ErrorDetail(_Wire):
+    message: str
+    type: str
+    param: str | None = None
+    code: int | str | None = None
+
+
+class ErrorResponse(_Wire):
+    """The one error shape, as a response body and as an SSE frame mid-stream."""
+
+    error: ErrorDetail
+
+    @classmethod
+    def of(
+        cls, message: str, type: str, code: int | str | None = None, param: str | None = None
+    ) -> ErrorResponse:
+        return cls(error=ErrorDetail(message=message, type=type, param=param, code=code))
+
+
+#: The terminator of every OpenAI event stream.
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse_frame(payload: BaseModel) -> bytes:
+    """One server-sent event; the blank line (two newlines) ends the event."""
+    return b"data: " + payload.model_dump_json().encode() + b"\n\n"

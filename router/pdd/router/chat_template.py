@@ -1,0 +1,172 @@
+"""Chat templates rendered the way Hugging Face renders them, without transformers.
+
+The router must produce the *exact* prompt string the model was trained on, or the
+token IDs (and so the prefix-cache block hashes) drift from what a client of the same
+checkpoint would get. So the environment copies ``transformers``' chat-template
+environment: a sandbox (templates from the Hub are untrusted code), trim_blocks and
+lstrip_blocks, ``raise_exception``, a ``tojson`` that does not HTML-escape,
+``strftime_now``, loop controls, the ``{% generation %}`` tag, and the tokenizer's
+special tokens as variables. Messages lose their None-valued keys first, as in
+transformers, because templates test ``'key' in message``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, ClassVar
+
+import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension, loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+#: Special-token names transformers passes to a template (``special_tokens_map``).
+SPECIAL_TOKEN_NAMES = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+
+
+class ChatTemplateError(ValueError):
+    """A template refused the conversation (``raise_exception``) or is broken; a 400."""
+
+
+class _GenerationTag(Extension):
+    """``{% generation %}...{% endgeneration %}`` marks assistant text for training
+    masks; for serving it renders its body unchanged."""
+
+    tags: ClassVar[set[str]] = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+    def _render(self, caller: Any) -> str:
+        return caller()
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=16)
+def _compile(source: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ChatTemplateError(f"chat template does not compile: {exc}") from exc
+
+
+class ChatTemplate:
+    """A compiled chat template plus the special tokens it may reference."""
+
+    def __init__(self, source: str, special_tokens: Mapping[str, str] | None = None) -> None:
+        self.source = source
+        self.special_tokens = dict(special_tokens or {})
+        self._template = _compile(source)
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        documents: list[dict[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> str:
+        """The prompt string; ``kwargs`` (``chat_template_kwargs``) override special tokens."""
+        cleaned = [{k: v for k, v in m.items() if v is not None} for m in messages]
+        try:
+            return self._template.render(
+                messages=cleaned,
+                tools=tools,
+                documents=documents,
+                add_generation_prompt=add_generation_prompt,
+                **{**self.special_tokens, **kwargs},
+            )
+        except jinja2.TemplateError as exc:
+            raise ChatTemplateError(f"chat template rejected the conversation: {exc}") from exc
+
+
+def render_plain(messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
+    """The fallback when a checkpoint has no template: ``role: content`` lines."""
+    lines = [f"{m['role']}: {_plain_text(m.get('content'))}\n" for m in messages]
+    if add_generation_prompt:
+        lines.append("assistant:")
+    return "".join(lines)
+
+
+def _plain_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", "") for p in content if p.get("type") == "text")
+
+
+def special_tokens_from_config(tokenizer_config: Mapping[str, Any]) -> dict[str, str]:
+    """Special-token strings from ``tokenizer_config.json`` (plain or AddedToken dicts)."""
+    tokens: dict[str, str] = {}
+    for name in SPECIAL_TOKEN_NAMES:
+        value = tokenizer_config.get(name)
+        if isinstance(value, Mapping):
+            value = value.get("content")
+        if isinstance(value, str):
+            tokens[name] = value
+    return tokens
+
+
+def find_chat_template(
+    model_dir: Path, tokenizer_config: Mapping[str, Any], with_tools: bool = False
+) -> str | None:
+    """The checkpoint's template source, looked up where transformers saves it.
+
+    ``chat_template.jinja`` (transformers >= 4.50 writes it beside the config) wins,
+    then ``chat_template.json``, then the ``chat_template`` key of tokenizer_config.
+    A list of named templates picks ``tool_use`` when tools are given, else ``default``.
+    """
+    jinja_file = model_dir / "chat_template.jinja"
+    if jinja_file.is_file():
+        return jinja_file.read_text(encoding="utf-8")
+    json_file = model_dir / "chat_template.json"
+    if json_file.is_file():
+        template = json.loads(json_file.read_text(encoding="utf-8")).get("chat_template")
+    else:
+        template = tokenizer_config.get("chat_template")
+    if isinstance(template, list):
+        named = {t["name"]: t["template"] for t in template}
+        if with_tools and "tool_use" in named:
+            return named["tool_use"]
+        return named.get("default")
+    return template

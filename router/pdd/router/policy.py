@@ -1,0 +1,232 @@
+"""The pipeline policy: which of P-MD, P-RLD-MD, P-RLD serves a request, and on whom.
+
+A pure function of what the router knows at admission: the request's size, the
+prefix index's hit estimates, the instances' load, the WAN link's state and the
+recent share of relay-only traffic. Same inputs, same decision; no clock, no I/O.
+
+The rules, in order (the technique's "only two pipelines, plus one filter"):
+
+1. **P-MD** when the first token can come from MD in time:
+   ``prefill(P's miss) + wan_transfer_seconds(MD's miss) <= ttft_budget_s``.
+2. **P-RLD** for anomalous traffic only (input >= ``anomalous_min_input_tokens`` and a
+   declared output below ``anomalous_output_tokens_below``) whose transfer does not
+   fit, while relay-only traffic stays under its caps (share of recent requests and
+   input tokens/s), so it can never absorb normal traffic.
+3. **P-RLD-MD** when the transfer does not fit and a relay has room.
+4. **P-MD** anyway when every relay is saturated, saying so in the reason.
+
+No available P (or no available MD when the request must end at MD) is a typed
+:class:`Saturated` result the server turns into 429 with Retry-After.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from pdd.common.block_hash import ROOT_HASH, hash_block
+from pdd.common.cost_model import LinkState, wan_transfer_seconds
+from pdd.router.instance_choice import (
+    ChoiceWeights,
+    InstanceLoad,
+    Role,
+    available,
+    choose_main_decode,
+    choose_prefill,
+    choose_relay,
+)
+from pdd.router.recent_traffic import TrafficWindow
+
+
+class Pipeline(StrEnum):
+    P_MD = "P-MD"
+    P_RLD_MD = "P-RLD-MD"
+    P_RLD = "P-RLD"
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Knobs of the policy; defaults follow the technique's figures."""
+
+    kv_bytes_per_token: int
+    #: Time-to-first-token budget the P-MD path must meet (the SLO).
+    ttft_budget_s: float = 2.0
+    #: P's prefill throughput, to estimate how long P's miss takes to compute.
+    prefill_tokens_per_s: float = 10_000.0
+    #: Anomalous traffic: at least this much input ...
+    anomalous_min_input_tokens: int = 32_000
+    #: ... and a declared output shorter than this (the technique: under 500 tokens).
+    anomalous_output_tokens_below: int = 500
+    #: P-RLD may take at most this share of recent requests (the technique: 3-4% are
+    #: anomalous; the cap sits just above so normal traffic can never flow there).
+    relay_only_max_share: float = 0.05
+    #: ... and at most this many input tokens/s; None leaves only the share cap.
+    relay_only_max_tokens_per_s: float | None = None
+    #: Seconds a client should wait before retrying a saturated router.
+    retry_after_s: float = 1.0
+    weights: ChoiceWeights = field(default_factory=ChoiceWeights)
+
+    def __post_init__(self) -> None:
+        if self.kv_bytes_per_token <= 0:
+            raise ValueError(f"kv_bytes_per_token must be positive, got {self.kv_bytes_per_token}")
+        if self.ttft_budget_s <= 0 or self.prefill_tokens_per_s <= 0:
+            raise ValueError("ttft_budget_s and prefill_tokens_per_s must be positive")
+        if not 0.0 <= self.relay_only_max_share <= 1.0:
+            raise ValueError(
+                f"relay_only_max_share must be in [0, 1], got {self.relay_only_max_share}"
+            )
+
+
+@dataclass(frozen=True)
+class RequestFeatures:
+    input_tokens: int
+    #: The request's max_tokens; None (no limit declared) is never anomalous.
+    expected_output_tokens: int | None
+    #: Rendezvous key for MD affinity: the conversation's first block hash.
+    affinity_key: int
+
+    @classmethod
+    def from_prompt(
+        cls, token_ids: Sequence[int], expected_output_tokens: int | None, block_size: int
+    ) -> RequestFeatures:
+        """Features of a tokenized prompt; a prompt shorter than one block is keyed by
+        the hash of what it has, so it still lands somewhere deterministic."""
+        key = hash_block(ROOT_HASH, token_ids[:block_size])
+        return cls(len(token_ids), expected_output_tokens, key)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The numbers behind a decision, for the reason, logs and metrics."""
+
+    p_hit_tokens: int
+    md_hit_tokens: int
+    prefill_s: float
+    transfer_s: float
+
+    @property
+    def md_first_token_s(self) -> float:
+        return self.prefill_s + self.transfer_s
+
+
+@dataclass(frozen=True)
+class Assignment:
+    prefill: str
+    main_decode: str | None  # None only for P-RLD
+    relay: str | None  # None only for P-MD
+
+
+@dataclass(frozen=True)
+class Decision:
+    pipeline: Pipeline
+    instances: Assignment
+    reason: str
+    estimate: Estimate
+
+
+@dataclass(frozen=True)
+class Saturated:
+    """No instance can take the request now: answer 429 with Retry-After."""
+
+    reason: str
+    retry_after_s: float
+
+
+def decide(
+    request: RequestFeatures,
+    hits: Mapping[str, int],
+    instances: Sequence[InstanceLoad],
+    link: LinkState,
+    traffic: TrafficWindow,
+    config: PolicyConfig,
+) -> Decision | Saturated:
+    """Choose P and MD, estimate MD's first token, then pick the pipeline.
+
+    ``hits`` is ``PrefixIndex.match``: tokens of this prompt each instance holds.
+    """
+    n = request.input_tokens
+    p = choose_prefill(available(instances, Role.PREFILL), hits, n, config.weights)
+    if p is None:
+        return Saturated("every prefill instance is at capacity", config.retry_after_s)
+    mds = available(instances, Role.MAIN)
+    md = choose_main_decode(mds, hits, n, request.affinity_key, config.weights)
+    relay = choose_relay(available(instances, Role.RELAY))
+    estimate = _estimate(request, hits.get(p.instance_id, 0), md, hits, link, config)
+    pipeline, reason = choose_pipeline(request, estimate, relay is not None, traffic, config)
+    if pipeline != Pipeline.P_RLD and md is None:
+        return Saturated("every main-decode instance is at capacity", config.retry_after_s)
+    assignment = Assignment(
+        prefill=p.instance_id,
+        main_decode=md.instance_id if md and pipeline != Pipeline.P_RLD else None,
+        relay=relay.instance_id if relay and pipeline != Pipeline.P_MD else None,
+    )
+    return Decision(pipeline, assignment, reason, estimate)
+
+
+def _estimate(
+    request: RequestFeatures,
+    p_hit: int,
+    md: InstanceLoad | None,
+    hits: Mapping[str, int],
+    link: LinkState,
+    config: PolicyConfig,
+) -> Estimate:
+    n = request.input_tokens
+    md_hit = min(hits.get(md.instance_id, 0), n) if md else 0
+    p_hit = min(p_hit, n)
+    return Estimate(
+        p_hit_tokens=p_hit,
+        md_hit_tokens=md_hit,
+        prefill_s=(n - p_hit) / config.prefill_tokens_per_s,
+        transfer_s=wan_transfer_seconds(n - md_hit, config.kv_bytes_per_token, link),
+    )
+
+
+def choose_pipeline(
+    request: RequestFeatures,
+    estimate: Estimate,
+    relay_available: bool,
+    traffic: TrafficWindow,
+    config: PolicyConfig,
+) -> tuple[Pipeline, str]:
+    """The pipeline rules on scalar inputs (see the module docstring)."""
+    budget = config.ttft_budget_s
+    eta = estimate.md_first_token_s
+    if eta <= budget:
+        return Pipeline.P_MD, f"MD's first token in {eta:.2f}s fits the {budget:.2f}s budget"
+    slow = f"MD's first token in {eta:.2f}s exceeds the {budget:.2f}s budget"
+    if not relay_available:
+        return Pipeline.P_MD, f"{slow}, but every relay is saturated: falling back to P-MD"
+    if is_anomalous(request, config):
+        cap = relay_only_cap_reason(request, traffic, config)
+        if cap is None:
+            return Pipeline.P_RLD, f"{slow}; anomalous (long input, short output): P-RLD"
+        return Pipeline.P_RLD_MD, f"{slow}; anomalous but {cap}: relaying"
+    return Pipeline.P_RLD_MD, f"{slow}: relaying while the KV crosses the WAN"
+
+
+def is_anomalous(request: RequestFeatures, config: PolicyConfig) -> bool:
+    out = request.expected_output_tokens
+    return (
+        request.input_tokens >= config.anomalous_min_input_tokens
+        and out is not None
+        and out < config.anomalous_output_tokens_below
+    )
+
+
+def relay_only_cap_reason(
+    request: RequestFeatures, traffic: TrafficWindow, config: PolicyConfig
+) -> str | None:
+    """Why one more P-RLD request would break a cap, or None when it fits both."""
+    share = (traffic.relay_only_requests + 1) / (traffic.requests + 1)
+    if share > config.relay_only_max_share:
+        return (
+            f"P-RLD would be {share:.1%} of recent requests (cap {config.relay_only_max_share:.1%})"
+        )
+    limit = config.relay_only_max_tokens_per_s
+    if limit is not None:
+        rate = (traffic.relay_only_input_tokens + request.input_tokens) / traffic.window_s
+        if rate > limit:
+            return f"P-RLD would take {rate:.0f} input tokens/s (cap {limit:.0f})"
+    return None

@@ -1,0 +1,118 @@
+"""Prompt -> token IDs in the router, identical to what the workers would compute.
+
+The router tokenizes to hash the prompt's blocks for the prefix index, so its IDs must
+equal the workers'. No torch: a checkpoint's ``tokenizer.json`` is read with the
+``tokenizers`` package (with the same defaults as the worker's ``HFTokenizer``), and
+the built-in ``tiny`` preset uses the worker's own byte tokenizer (ids 0..255 are
+UTF-8 bytes, then BOS, EOS, PAD), imported because that module is torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from tokenizers import Tokenizer as HFRustTokenizer
+
+from pdd.router.chat_template import (
+    ChatTemplate,
+    find_chat_template,
+    render_plain,
+    special_tokens_from_config,
+)
+from pdd.worker.tokenizer import ByteTokenizer
+
+#: The model name that selects the built-in byte-level tiny preset.
+TINY_MODEL = "tiny"
+
+
+class TokenizerNotFoundError(FileNotFoundError):
+    """The model path has no tokenizer the router can read."""
+
+
+class Tokenizer(Protocol):
+    """What the router needs from a tokenizer."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+
+class TinyTokenizer:
+    """The tiny preset's tokens, from the worker's own (torch-free) byte tokenizer, so
+    the IDs cannot drift: UTF-8 bytes 0..255, and no special token is ever added (the
+    worker's generate path does not add BOS either)."""
+
+    def __init__(self) -> None:
+        self._bytes = ByteTokenizer()
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._bytes.encode(text)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self._bytes.decode(token_ids)
+
+
+class HFTokenizer:
+    """A checkpoint's ``tokenizer.json`` through the Rust ``tokenizers`` package."""
+
+    def __init__(self, path: Path) -> None:
+        self._tok = HFRustTokenizer.from_file(str(path))
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self._tok.decode(list(token_ids), skip_special_tokens=True)
+
+
+@dataclass(frozen=True)
+class PromptTokenizer:
+    """Turns chat messages or a completion prompt into the token IDs the model sees."""
+
+    tokenizer: Tokenizer
+    template: ChatTemplate | None = None
+
+    def chat_ids(
+        self,
+        messages: Sequence[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        **template_kwargs: Any,
+    ) -> list[int]:
+        """Render and tokenize. A template already writes BOS into the text, so (as in
+        transformers' ``apply_chat_template``) special tokens are not added again; the
+        plain fallback has no BOS of its own, so the tokenizer adds its special
+        tokens, exactly as for a completion prompt."""
+        if self.template is None:
+            text = render_plain(messages, add_generation_prompt)
+            return self.tokenizer.encode(text, add_special_tokens=True)
+        text = self.template.render(messages, add_generation_prompt, tools, **template_kwargs)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def completion_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        """A text prompt gets the tokenizer's special tokens; given IDs pass through."""
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt, add_special_tokens=True)
+        return list(prompt)
+
+
+def load_prompt_tokenizer(model: str | Path) -> PromptTokenizer:
+    """``tiny`` -> the byte tokenizer; a checkpoint directory -> its tokenizer and template."""
+    if str(model) == TINY_MODEL:
+        return PromptTokenizer(TinyTokenizer())
+    model_dir = Path(model)
+    tokenizer_file = model_dir / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise TokenizerNotFoundError(
+            f"{tokenizer_file} not found: the router needs the checkpoint's tokenizer.json "
+            f"(or model name {TINY_MODEL!r} for the built-in byte tokenizer)"
+        )
+    config_file = model_dir / "tokenizer_config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+    source = find_chat_template(model_dir, config)
+    template = ChatTemplate(source, special_tokens_from_config(config)) if source else None
+    return PromptTokenizer(HFTokenizer(tokenizer_file), template)

@@ -1,0 +1,207 @@
+"""Router test fixtures: tiny tokenizer checkpoints written to tmp (no downloads), and real
+``pdd worker`` / ``pdd router`` processes on loopback for the integration tests."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+SPECIAL_TOKENS = [
+    "<|begin_of_text|>",
+    "<|eot_id|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|im_start|>",
+    "<|im_end|>",
+]
+CORPUS = [
+    "hello world, how are you today? The quick brown fox jumps over the lazy dog.",
+    'system user assistant tool: weather in Paris is sunny {"city": "Paris"}',
+]
+
+
+def _train_tokenizer(bos: str | None) -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=500,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(CORPUS * 20, trainer)
+    if bos is not None:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", special_tokens=[(bos, tok.token_to_id(bos))]
+        )
+    return tok
+
+
+@pytest.fixture
+def write_checkpoint(tmp_path):
+    """Write tokenizer.json + tokenizer_config.json; returns the directory."""
+
+    def write(chat_template: str | None, bos: str | None, eos: str, name: str = "m") -> Path:
+        model_dir = tmp_path / name
+        model_dir.mkdir()
+        _train_tokenizer(bos).save(str(model_dir / "tokenizer.json"))
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos}
+        if bos is not None:
+            config["bos_token"] = {"__type": "AddedToken", "content": bos, "special": True}
+        if chat_template is not None:
+            config["chat_template"] = chat_template
+        (model_dir / "tokenizer_config.json").write_text(json.dumps(config))
+        return model_dir
+
+    return write
+
+
+# --- real worker processes and router processes (for the integration tests) ---------------
+
+
+ROUTER_MODEL = "tiny"
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    """One P, one RLD and two MDs (``pdd worker`` processes), the MDs and RLD behind WAN
+    link emulators; started once for every router integration test."""
+    from pdd.worker.local_cluster import LinkSpec, LocalCluster, WorkerSpec
+
+    specs = [
+        WorkerSpec("p", "prefill"),
+        WorkerSpec("rld", "relay", wan_facing=True),
+        WorkerSpec("md1", "main", wan_facing=True),
+        WorkerSpec("md2", "main", wan_facing=True),
+    ]
+    common = ["--model", "tiny", "--num-blocks", "512", "--torch-threads", "1"]
+    c = LocalCluster.start(
+        specs, tmp_path_factory.mktemp("workers"), LinkSpec(gbps=10.0), common_args=common
+    )
+    yield c
+    c.stop()
+
+
+@dataclass
+class RouterProc:
+    url: str
+    proc: subprocess.Popen
+    log: Path
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+
+@pytest.fixture(scope="session")
+def worker_flags(cluster):
+    """``--prefill/--relay/--main`` flags naming the cluster's workers."""
+
+    def flags(mains: tuple[str, ...] = ("md1", "md2")) -> list[str]:
+        out = ["--prefill", f"p={cluster['p'].url}", "--relay", f"rld={cluster['rld'].url}"]
+        for name in mains:
+            out += ["--main", f"{name}={cluster[name].url}"]
+        return out
+
+    return flags
+
+
+@pytest.fixture(scope="module")
+def start_router(tmp_path_factory):
+    """Start ``pdd router`` processes; each is stopped when the test module ends."""
+    from pdd.worker.local_cluster import free_port
+
+    procs: list[RouterProc] = []
+    tmp_path = tmp_path_factory.mktemp("routers")
+
+    def start(*args: str, secret: str = "pdd-local-secret", ready: bool = True) -> RouterProc:
+        port = free_port()
+        log = tmp_path / f"router-{port}.log"
+        env = {**os.environ, "PDD_SHARED_SECRET": secret}
+        argv = [
+            sys.executable, "-m", "pdd.cli", "router", "--model", ROUTER_MODEL,
+            "--host", "127.0.0.1", "--port", str(port), "--poll-interval-s", "0.2", *args,
+        ]  # fmt: skip
+        with log.open("wb") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+        router = RouterProc(f"http://127.0.0.1:{port}", proc, log)
+        procs.append(router)
+        wait_http(router, "/ready" if ready else "/health")
+        return router
+
+    yield start
+    for r in procs:
+        r.proc.terminate()
+    for r in procs:
+        try:
+            r.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            r.proc.kill()
+
+
+def wait_http(router: RouterProc, path: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if router.proc.poll() is not None:
+            raise RuntimeError(f"router exited {router.proc.returncode}:\n{router.log_tail()}")
+        try:
+            if httpx.get(router.url + path, timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"router {path} not ready:\n{router.log_tail()}")
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    """A redis-server of our own, which the test may kill and restart."""
+    from pdd.worker.local_cluster import free_port
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not on PATH")
+    port = free_port()
+    argv = ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"]
+
+    class Server:
+        url = f"redis://127.0.0.1:{port}/0"
+        proc: subprocess.Popen | None = None
+
+        def start(self) -> None:
+            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, cwd=tmp_path)
+            wait_for(lambda: _pings(self.url), "redis-server did not start")
+
+        def kill(self) -> None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    server = Server()
+    server.start()
+    yield server
+    if server.proc.poll() is None:
+        server.kill()
+
+
+def _pings(url: str) -> bool:
+    try:
+        return redis.Redis.from_url(url, socket_connect_timeout=0.2).ping()
+    except redis.RedisError:
+        return False
+
+
+def wait_for(condition, message: str, timeout_s: float = 15.0) -> None:
+    """Poll ``condition`` until it holds; fail with ``message`` at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(message)
+        time.sleep(0.05)

@@ -1,0 +1,208 @@
+"""The pipeline policy on crafted cases, with thresholds taken from the cost model."""
+
+import pytest
+
+from pdd.common.block_hash import block_hashes
+from pdd.common.cost_model import LinkState, wan_transfer_seconds
+from pdd.router.instance_choice import InstanceLoad, Role
+from pdd.router.policy import (
+    Decision,
+    Pipeline,
+    PolicyConfig,
+    RequestFeatures,
+    Saturated,
+    decide,
+)
+from pdd.router.recent_traffic import TrafficWindow
+
+KVB = 50_000
+CONFIG = PolicyConfig(kv_bytes_per_token=KVB, ttft_budget_s=2.0, prefill_tokens_per_s=10_000)
+FAST = LinkState(declared_gbps=100, rtt_ms=30)
+SLOW = LinkState(declared_gbps=10, rtt_ms=30)
+QUIET = TrafficWindow(window_s=60, requests=1000)  # plenty of room under the P-RLD cap
+
+
+def fleet(p=("p0", 0, 8), md=("md0", 0, 8), rld=("rld0", 0, 8)):
+    return [
+        InstanceLoad(p[0], Role.PREFILL, p[1], p[2]),
+        InstanceLoad(md[0], Role.MAIN, md[1], md[2]),
+        InstanceLoad(rld[0], Role.RELAY, rld[1], rld[2]),
+    ]
+
+
+def req(input_tokens, output=2000, key=1):
+    return RequestFeatures(input_tokens, output, key)
+
+
+def run(request, hits, link=SLOW, instances=None, traffic=QUIET, config=CONFIG):
+    return decide(request, hits, instances or fleet(), link, traffic, config)
+
+
+def test_high_hit_goes_p_md():
+    d = run(req(64_000), {"p0": 63_000, "md0": 62_000})
+    assert isinstance(d, Decision)
+    assert d.pipeline == Pipeline.P_MD
+    assert d.instances.prefill == "p0" and d.instances.main_decode == "md0"
+    assert d.instances.relay is None
+    assert "fits" in d.reason
+    assert d.estimate.md_hit_tokens == 62_000
+    assert d.estimate.transfer_s == pytest.approx(wan_transfer_seconds(2_000, KVB, SLOW))
+
+
+def test_low_hit_on_slow_link_relays():
+    d = run(req(64_000), {"p0": 60_000, "md0": 1_000})
+    assert d.pipeline == Pipeline.P_RLD_MD
+    assert d.instances == type(d.instances)("p0", "md0", "rld0")
+    assert "exceeds" in d.reason
+
+
+def test_long_input_short_output_goes_p_rld():
+    d = run(req(100_000, output=200), {})
+    assert d.pipeline == Pipeline.P_RLD
+    assert d.instances.main_decode is None and d.instances.relay == "rld0"
+    assert "anomalous" in d.reason
+
+
+def test_long_input_unknown_output_is_not_anomalous():
+    d = run(req(100_000, output=None), {})
+    assert d.pipeline == Pipeline.P_RLD_MD
+
+
+def test_output_threshold_is_exclusive():
+    assert run(req(100_000, output=499), {}).pipeline == Pipeline.P_RLD
+    assert run(req(100_000, output=500), {}).pipeline == Pipeline.P_RLD_MD
+
+
+def test_anomalous_but_cheap_transfer_stays_on_md():
+    """A long prompt MD already holds keeps the conversation on MD: nothing to save."""
+    d = run(req(100_000, output=100), {"p0": 99_000, "md0": 99_000})
+    assert d.pipeline == Pipeline.P_MD
+
+
+def test_relays_saturated_falls_back_to_p_md_with_reason():
+    d = run(req(64_000), {"md0": 1_000}, instances=fleet(rld=("rld0", 8, 8)))
+    assert d.pipeline == Pipeline.P_MD
+    assert d.instances.relay is None
+    assert "every relay is saturated" in d.reason
+
+
+def test_relays_saturated_blocks_p_rld_too():
+    d = run(req(100_000, output=100), {}, instances=fleet(rld=("rld0", 8, 8)))
+    assert d.pipeline == Pipeline.P_MD
+
+
+def _threshold_gbps(input_tokens, p_hit, md_hit, rtt_ms, config=CONFIG):
+    """Bandwidth at which prefill + transfer exactly equals the budget, per the cost model."""
+    prefill_s = (input_tokens - p_hit) / config.prefill_tokens_per_s
+    wire_s = config.ttft_budget_s - prefill_s - rtt_ms / 1000
+    bits = (input_tokens - md_hit) * config.kv_bytes_per_token * 8
+    return bits / (wire_s * 1e9)
+
+
+@pytest.mark.parametrize("measured", [False, True])
+def test_bandwidth_change_flips_exactly_at_cost_model_threshold(measured):
+    hits = {"p0": 50_000, "md0": 40_000}
+    g = _threshold_gbps(64_000, 50_000, 40_000, rtt_ms=30)
+    assert 5 < g < 100  # a realistic crossing point, not a degenerate one
+
+    def link(gbps):
+        if measured:  # measured goodput overrides a generous declaration
+            return LinkState(declared_gbps=400, rtt_ms=30, measured_goodput_gbps=gbps)
+        return LinkState(declared_gbps=gbps, rtt_ms=30)
+
+    assert run(req(64_000), hits, link=link(g * 1.001)).pipeline == Pipeline.P_MD
+    assert run(req(64_000), hits, link=link(g * 0.999)).pipeline == Pipeline.P_RLD_MD
+
+
+def test_ttft_budget_change_flips_at_cost_model_eta():
+    hits = {"p0": 50_000, "md0": 40_000}
+    eta = 14_000 / 10_000 + wan_transfer_seconds(24_000, KVB, FAST)
+    tight = PolicyConfig(kv_bytes_per_token=KVB, ttft_budget_s=eta * 0.999)
+    loose = PolicyConfig(kv_bytes_per_token=KVB, ttft_budget_s=eta * 1.001)
+    assert run(req(64_000), hits, link=FAST, config=tight).pipeline == Pipeline.P_RLD_MD
+    assert run(req(64_000), hits, link=FAST, config=loose).pipeline == Pipeline.P_MD
+
+
+def test_share_cap_holds():
+    at_cap = TrafficWindow(window_s=60, requests=99, relay_only_requests=5)
+    under = TrafficWindow(window_s=60, requests=99, relay_only_requests=4)
+    d = run(req(100_000, output=100), {}, traffic=at_cap)
+    assert d.pipeline == Pipeline.P_RLD_MD
+    assert "cap" in d.reason
+    assert run(req(100_000, output=100), {}, traffic=under).pipeline == Pipeline.P_RLD
+
+
+def test_share_cap_on_a_cold_router_admits_no_relay_only():
+    """With no history, one P-RLD request would be 100% of traffic: refused."""
+    d = run(req(100_000, output=100), {}, traffic=TrafficWindow(window_s=60))
+    assert d.pipeline == Pipeline.P_RLD_MD
+
+
+def test_share_cap_over_a_stream_of_anomalous_requests():
+    """Even if every request were anomalous, P-RLD never exceeds its share."""
+    relay_only = total = 0
+    for _ in range(400):
+        window = TrafficWindow(window_s=60, requests=total, relay_only_requests=relay_only)
+        d = run(req(100_000, output=100), {}, traffic=window)
+        relay_only += d.pipeline == Pipeline.P_RLD
+        total += 1
+    assert 0 < relay_only <= CONFIG.relay_only_max_share * total
+
+
+def test_token_rate_cap_holds():
+    config = PolicyConfig(
+        kv_bytes_per_token=KVB, relay_only_max_share=1.0, relay_only_max_tokens_per_s=2_000
+    )
+    busy = TrafficWindow(
+        window_s=60, requests=10, relay_only_requests=0, relay_only_input_tokens=30_000
+    )
+    # (30_000 + 100_000) / 60 s = 2_167 tokens/s > 2_000
+    d = run(req(100_000, output=100), {}, traffic=busy, config=config)
+    assert d.pipeline == Pipeline.P_RLD_MD and "tokens/s" in d.reason
+    calm = TrafficWindow(window_s=60, requests=10, relay_only_input_tokens=10_000)
+    assert run(req(100_000, output=100), {}, traffic=calm, config=config).pipeline == Pipeline.P_RLD
+
+
+def test_no_prefill_capacity_is_saturated():
+    d = run(req(1_000), {}, instances=fleet(p=("p0", 8, 8)))
+    assert isinstance(d, Saturated)
+    assert d.retry_after_s == CONFIG.retry_after_s
+    assert "prefill" in d.reason
+
+
+def test_no_main_decode_capacity_is_saturated():
+    d = run(req(1_000), {}, instances=fleet(md=("md0", 8, 8)))
+    assert isinstance(d, Saturated) and "main-decode" in d.reason
+
+
+def test_no_main_decode_still_serves_anomalous_on_relay():
+    d = run(req(100_000, output=100), {}, instances=fleet(md=("md0", 8, 8)))
+    assert isinstance(d, Decision) and d.pipeline == Pipeline.P_RLD
+
+
+def test_short_prompt_on_any_link_is_p_md():
+    assert run(req(500), {}).pipeline == Pipeline.P_MD
+
+
+def test_hits_beyond_input_are_clamped():
+    d = run(req(1_000), {"p0": 5_000, "md0": 5_000})
+    assert d.estimate.p_hit_tokens == d.estimate.md_hit_tokens == 1_000
+    assert d.estimate.prefill_s == 0
+
+
+def test_config_validates():
+    with pytest.raises(ValueError, match="kv_bytes_per_token"):
+        PolicyConfig(kv_bytes_per_token=0)
+    with pytest.raises(ValueError, match="relay_only_max_share"):
+        PolicyConfig(kv_bytes_per_token=1, relay_only_max_share=2)
+
+
+def test_features_from_prompt_key_is_the_first_block_hash():
+    tokens = list(range(40))
+    f = RequestFeatures.from_prompt(tokens, 100, block_size=16)
+    assert f.input_tokens == 40 and f.expected_output_tokens == 100
+    assert f.affinity_key == block_hashes(tokens, 16)[0]
+    # Same first block, different later turns: same key (the conversation's turns).
+    assert RequestFeatures.from_prompt([*tokens, 1, 2], None, 16).affinity_key == f.affinity_key
+    short = RequestFeatures.from_prompt([1, 2, 3], None, 16)
+    assert short.affinity_key != RequestFeatures.from_prompt([1, 2, 4], None, 16).affinity_key
