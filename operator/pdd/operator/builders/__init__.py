@@ -1,0 +1,1 @@
+"""Pure builders: spec in, Kubernetes object dict out. No I/O, no clock, no randomness."""

@@ -1,0 +1,135 @@
+"""The rendered config every worker and router pod reads, and the shared secret.
+
+One JSON document (``/etc/pdd/config.json``) per cluster: the same settings, with peer
+addresses as seen from that cluster (cluster B reaches cluster A's Services through
+the multi-cluster service domain, and vice versa).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from pdd.operator.builders.meta import Site, content_hash, metadata
+from pdd.operator.kv_size import resolve_kv_bytes_per_token
+from pdd.operator.naming import (
+    CONFIG_FILE,
+    REDIS_PORT,
+    RELAY_LOAD_METRIC,
+    ROUTER_PORT,
+    SHARED_SECRET_KEY,
+    WORKER_HTTP_PORT,
+    WORKER_KV_PORT,
+    WORKER_ROLES,
+    Owner,
+    Role,
+    service_host,
+)
+from pdd.operator.spec import PDDSpec
+
+#: Bumped when the config document changes shape, so readers can refuse what they
+#: do not understand instead of misreading it.
+CONFIG_VERSION = 1
+#: The environment variable that carries the shared secret into every pod.
+SHARED_SECRET_ENV = "PDD_SHARED_SECRET"
+
+
+def model_path(spec: PDDSpec) -> str:
+    """Where the checkpoint is inside the container."""
+    image = spec.model.source.image
+    return image.path if image is not None else spec.model.mount_path
+
+
+def peer_hosts(spec: PDDSpec, owner: Owner, site: Site) -> dict[str, str]:
+    """Each role's Service DNS name as seen from ``site``'s cluster."""
+    remote = spec.remote_cluster
+    hosts = {str(role): service_host(owner.child(role), owner.namespace) for role in Role}
+    if remote is None:
+        return hosts
+    remote_ns = remote.namespace or owner.namespace
+    main = owner.child(Role.MAIN)
+    if site.remote:
+        cross = {
+            str(role): service_host(owner.child(role), owner.namespace, remote.service_domain)
+            for role in Role
+        }
+        return {**cross, str(Role.MAIN): service_host(main, remote_ns)}
+    main_host = remote.main_decode_host or service_host(main, remote_ns, remote.service_domain)
+    return {**hosts, str(Role.MAIN): main_host}
+
+
+def redis_url(spec: PDDSpec, hosts: dict[str, str]) -> str | None:
+    if spec.router.redis_url is not None:
+        return spec.router.redis_url
+    if spec.router.managed_redis:
+        return f"redis://{hosts[Role.REDIS]}:{REDIS_PORT}/0"
+    return None
+
+
+def build_worker_config(spec: PDDSpec, owner: Owner, site: Site) -> dict[str, Any]:
+    """The config document (a plain dict) for the pods of ``site``'s cluster."""
+    hosts = peer_hosts(spec, owner, site)
+    peers: dict[str, Any] = {
+        str(role): {"host": hosts[role], "httpPort": WORKER_HTTP_PORT, "kvPort": WORKER_KV_PORT}
+        for role in WORKER_ROLES
+    }
+    peers[Role.ROUTER] = {"host": hosts[Role.ROUTER], "port": ROUTER_PORT}
+    return {
+        "version": CONFIG_VERSION,
+        "deployment": {"name": owner.name, "namespace": owner.namespace},
+        "model": {
+            "servedName": spec.model.served_name,
+            "path": model_path(spec),
+            "kvBytesPerToken": resolve_kv_bytes_per_token(spec.model),
+        },
+        "ports": {"http": WORKER_HTTP_PORT, "kv": WORKER_KV_PORT, "router": ROUTER_PORT},
+        "peers": peers,
+        "wan": {"declaredGbps": spec.wan.declared_gbps, "rttMs": spec.wan.rtt_ms},
+        "slo": {"ttftP99Ms": spec.slo.ttft_p99_ms, "tpotMs": spec.slo.tpot_ms},
+        "handoff": {
+            "policy": spec.handoff.policy,
+            "catchUpThreshold": spec.handoff.catch_up_threshold,
+        },
+        "anomalousTraffic": {
+            "minInputTokens": spec.anomalous_traffic.min_input_tokens,
+            "maxOutputTokens": spec.anomalous_traffic.max_output_tokens,
+        },
+        "relay": {"targetLoad": spec.relay.target_load, "loadMetric": RELAY_LOAD_METRIC},
+        "store": {"redisUrl": redis_url(spec, hosts)},
+        "sharedSecretEnv": SHARED_SECRET_ENV,
+    }
+
+
+def render_config(config: dict[str, Any]) -> str:
+    return json.dumps(config, sort_keys=True, indent=2) + "\n"
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """The pod-template annotation value: a new hash rolls the pods that read it."""
+    return content_hash(config)
+
+
+def build_config_map(owner: Owner, site: Site, config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(owner, "config", owner.config_name, site),
+        "data": {CONFIG_FILE: render_config(config)},
+    }
+
+
+def build_shared_secret(owner: Owner, site: Site, token: str) -> dict[str, Any]:
+    """The Secret holding the token peers use to authenticate each other.
+
+    The token is generated once (by the caller, the only impure step) and read back on
+    every later reconcile, so the Secret never changes after creation.
+    """
+    encoded = base64.b64encode(token.encode()).decode()
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata(owner, "secret", owner.secret_name, site),
+        "type": "Opaque",
+        "data": {SHARED_SECRET_KEY: encoded},
+    }

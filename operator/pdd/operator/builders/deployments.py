@@ -1,0 +1,207 @@
+"""Deployments: P and RLD on pool A, MD on pool B (or cluster B), the router, Redis."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pdd.operator.builders.config import SHARED_SECRET_ENV, model_path
+from pdd.operator.builders.meta import Site, metadata
+from pdd.operator.naming import (
+    CONFIG_DIR,
+    CONFIG_FILE,
+    CONFIG_HASH_ANNOTATION,
+    REDIS_PORT,
+    ROUTER_PORT,
+    SHARED_SECRET_KEY,
+    WORKER_HTTP_PORT,
+    WORKER_KV_PORT,
+    Owner,
+    Role,
+)
+from pdd.operator.spec import PDDSpec, Pool
+
+#: Workers drain in-flight requests (a relay hands its tokens to MD) before exiting.
+WORKER_GRACE_SECONDS = 60
+#: GPU pools rarely have a spare node for a surge pod: replace pods one at a time.
+WORKER_STRATEGY = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+
+
+def worker_pool(spec: PDDSpec, role: Role) -> Pool:
+    return spec.main_pool if role is Role.MAIN else spec.pool_a
+
+
+def worker_replicas(spec: PDDSpec, role: Role) -> int | None:
+    """Replicas the operator sets; None for the relay, whose replica count the HPA owns."""
+    if role is Role.PREFILL:
+        return spec.prefill.replicas
+    if role is Role.MAIN:
+        return spec.main_decode.replicas
+    return None
+
+
+def build_worker_deployment(
+    spec: PDDSpec, owner: Owner, role: Role, site: Site, config_hash: str
+) -> dict[str, Any]:
+    """A worker role's Deployment. The relay's has no ``replicas``: the HPA sets it."""
+    pool = worker_pool(spec, role)
+    container = {
+        "name": str(role),
+        "image": spec.images.worker,
+        "imagePullPolicy": spec.images.pull_policy,
+        "command": ["pdd"],
+        "args": ["worker", "--role", str(role), "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"],
+        "ports": [
+            {"name": "http", "containerPort": WORKER_HTTP_PORT},
+            {"name": "kv", "containerPort": WORKER_KV_PORT},
+        ],
+        "env": _common_env(owner, role),
+        "resources": pool.resources,
+        "readinessProbe": _http_probe("/health", "http"),
+        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
+    }
+    volumes = [_config_volume(owner)]
+    model_volume = _model_volume(spec)
+    if model_volume is not None:
+        volumes.append(model_volume)
+        container["volumeMounts"].append(_model_mount(spec))
+    pod_spec = {
+        "containers": [container],
+        "volumes": volumes,
+        "nodeSelector": pool.node_selector_with_gpu(),
+        "tolerations": pool.tolerations,
+        "terminationGracePeriodSeconds": WORKER_GRACE_SECONDS,
+    }
+    deployment_spec: dict[str, Any] = {
+        "selector": {"matchLabels": owner.selector_labels(role)},
+        "strategy": WORKER_STRATEGY,
+        "template": _template(spec, owner, role, pod_spec, config_hash, WORKER_HTTP_PORT),
+    }
+    replicas = worker_replicas(spec, role)
+    if replicas is not None:
+        deployment_spec["replicas"] = replicas
+    return _deployment(owner, role, site, deployment_spec)
+
+
+def build_router_deployment(spec: PDDSpec, owner: Owner, config_hash: str) -> dict[str, Any]:
+    """The router: CPU only, so it carries no pool's GPU selector."""
+    container = {
+        "name": str(Role.ROUTER),
+        "image": spec.images.router,
+        "imagePullPolicy": spec.images.pull_policy,
+        "command": ["pdd"],
+        "args": ["router", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"],
+        "ports": [{"name": "http", "containerPort": ROUTER_PORT}],
+        "env": _common_env(owner, Role.ROUTER),
+        "resources": spec.router.resources,
+        "readinessProbe": _http_probe("/health", "http"),
+        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
+    }
+    pod_spec = {"containers": [container], "volumes": [_config_volume(owner)]}
+    site = Site(owner.namespace)
+    return _deployment(
+        owner,
+        Role.ROUTER,
+        site,
+        {
+            "replicas": spec.router.replicas,
+            "selector": {"matchLabels": owner.selector_labels(Role.ROUTER)},
+            "template": _template(spec, owner, Role.ROUTER, pod_spec, config_hash, ROUTER_PORT),
+        },
+    )
+
+
+def build_redis_deployment(spec: PDDSpec, owner: Owner) -> dict[str, Any]:
+    """A single in-memory Redis for the routers' shared state (managedRedis: true).
+
+    Its contents are soft state (prefix index, load counters) that the routers rebuild,
+    so no persistence and one replica; point router.redisUrl at a managed Redis for HA.
+    """
+    container = {
+        "name": str(Role.REDIS),
+        "image": spec.images.redis,
+        "imagePullPolicy": spec.images.pull_policy,
+        "args": ["--save", "", "--appendonly", "no"],
+        "ports": [{"name": "redis", "containerPort": REDIS_PORT}],
+        "readinessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 5},
+    }
+    labels = owner.labels(Role.REDIS)
+    return _deployment(
+        owner,
+        Role.REDIS,
+        Site(owner.namespace),
+        {
+            "replicas": 1,
+            "selector": {"matchLabels": owner.selector_labels(Role.REDIS)},
+            "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}},
+        },
+    )
+
+
+def _deployment(owner: Owner, role: Role, site: Site, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(owner, role, owner.child(role), site),
+        "spec": spec,
+    }
+
+
+def _template(
+    spec: PDDSpec,
+    owner: Owner,
+    role: Role,
+    pod_spec: dict[str, Any],
+    config_hash: str,
+    metrics_port: int,
+) -> dict[str, Any]:
+    if spec.images.pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": name} for name in spec.images.pull_secrets]
+    annotations = {
+        CONFIG_HASH_ANNOTATION: config_hash,
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(metrics_port),
+        "prometheus.io/path": "/metrics",
+    }
+    return {
+        "metadata": {"labels": owner.labels(role), "annotations": annotations},
+        "spec": pod_spec,
+    }
+
+
+def _common_env(owner: Owner, role: Role) -> list[dict[str, Any]]:
+    return [
+        {"name": "PDD_ROLE", "value": str(role)},
+        {"name": "PDD_CONFIG", "value": f"{CONFIG_DIR}/{CONFIG_FILE}"},
+        {"name": "PDD_INSTANCE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "PDD_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {
+            "name": SHARED_SECRET_ENV,
+            "valueFrom": {"secretKeyRef": {"name": owner.secret_name, "key": SHARED_SECRET_KEY}},
+        },
+    ]
+
+
+def _http_probe(path: str, port: str) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": port}, "periodSeconds": 5, "failureThreshold": 3}
+
+
+def _config_volume(owner: Owner) -> dict[str, Any]:
+    return {"name": "config", "configMap": {"name": owner.config_name}}
+
+
+def _model_volume(spec: PDDSpec) -> dict[str, Any] | None:
+    source = spec.model.source
+    if source.pvc is not None:
+        claim = {"claimName": source.pvc.claim_name, "readOnly": True}
+        return {"name": "model", "persistentVolumeClaim": claim}
+    if source.host_path is not None:
+        return {"name": "model", "hostPath": {"path": source.host_path.path, "type": "Directory"}}
+    return None
+
+
+def _model_mount(spec: PDDSpec) -> dict[str, Any]:
+    mount: dict[str, Any] = {"name": "model", "mountPath": model_path(spec), "readOnly": True}
+    pvc = spec.model.source.pvc
+    if pvc is not None and pvc.sub_path:
+        mount["subPath"] = pvc.sub_path
+    return mount

@@ -1,0 +1,100 @@
+"""kopf handlers: thin adapters from kopf's callbacks to the reconcile story.
+
+Importing this module registers the handlers in kopf's default registry.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import kopf
+
+from pdd.operator.cleanup import cleanup, cleanup_remote
+from pdd.operator.kube import ApiError
+from pdd.operator.naming import FINALIZER, GROUP, PLURAL, VERSION
+from pdd.operator.reconcile import owner_of, reconcile
+from pdd.operator.roles import refresh_readiness
+from pdd.operator.runtime import OperatorOptions, OperatorRuntime
+
+#: kopf's own bookkeeping goes to annotations under this prefix.
+ANNOTATIONS_PREFIX = "kopf.pdd.dev"
+#: Seconds before kopf retries a handler that failed with an unexpected error (an API
+#: hiccup); bad specs and unreachable clusters raise their own Permanent/TemporaryError.
+RETRY_BACKOFF_S = 10.0
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    # Handler progress and the last-handled spec live in annotations: status belongs to
+    # the CRD's structural schema, where kopf's default status.kopf would be pruned.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=ANNOTATIONS_PREFIX
+    )
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATIONS_PREFIX, key="last-handled-configuration"
+    )
+    # A finalizer named after us, so `kubectl get -o yaml` says who holds the object.
+    settings.persistence.finalizer = FINALIZER
+    # Ask the API server to end watches every 5 minutes: idle long-lived streams are
+    # dropped silently by load balancers, and a fresh watch is cheap.
+    settings.watching.server_timeout = 300
+    memo.runtime = OperatorRuntime(memo.get("options", OperatorOptions()))
+
+
+@kopf.on.login()
+async def login(memo: kopf.Memo, **kwargs: Any) -> kopf.ConnectionInfo:
+    """The ordinary resolution: the pod's service account in-cluster, else KUBECONFIG
+    or ~/.kube/config, so the operator can point at any API server."""
+    connection = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    if connection is None:
+        raise kopf.LoginError("no service account token and no kubeconfig: nothing to log in")
+    await memo.runtime.connect_local(connection)
+    return connection
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL, backoff=RETRY_BACKOFF_S)
+@kopf.on.create(GROUP, VERSION, PLURAL, backoff=RETRY_BACKOFF_S)
+async def reconcile_created(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    await reconcile(memo.runtime, body, logger)
+
+
+@kopf.on.update(GROUP, VERSION, PLURAL, backoff=RETRY_BACKOFF_S)
+async def reconcile_updated(
+    body: kopf.Body, old: Any, memo: kopf.Memo, logger: Any, retry: int, **_: Any
+) -> None:
+    await reconcile(memo.runtime, body, logger)
+    old_remote = ((old or {}).get("spec") or {}).get("remoteCluster")
+    if old_remote and not (body.get("spec") or {}).get("remoteCluster"):
+        # MD moved back into cluster A: the old cluster B objects have no owner to GC them.
+        await cleanup_remote(memo.runtime, body, owner_of(body), old_remote, retry, logger)
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, backoff=RETRY_BACKOFF_S)
+async def delete_everything(
+    body: kopf.Body, memo: kopf.Memo, logger: Any, retry: int, **_: Any
+) -> None:
+    await cleanup(memo.runtime, body, owner_of(body), retry, logger)
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5.0)
+async def keep_readiness_fresh(
+    body: kopf.Body, memo: kopf.Memo, logger: Any, stopped: kopf.DaemonStopped, **_: Any
+) -> None:
+    """Children's readiness into status, every status interval, in both clusters
+    (kopf can only watch one cluster, so cluster B's MD is polled, and so is A's)."""
+    runtime: OperatorRuntime = memo.runtime
+    owner = owner_of(body)
+    while not stopped and not runtime.stopping:
+        try:
+            await refresh_readiness(runtime, body, owner, logger)
+        except (ApiError, httpx.HTTPError) as exc:  # transient: the next round retries
+            logger.warning("could not refresh readiness: %s", exc)
+        await stopped.wait(runtime.options.status_interval_s)
+
+
+@kopf.on.cleanup()
+async def stop_daemons(memo: kopf.Memo, **_: Any) -> None:
+    """Tell readiness daemons the operator is exiting: kopf can start one for an event it
+    processes during shutdown, and that one would never see its own stop flag."""
+    memo.runtime.stopping = True

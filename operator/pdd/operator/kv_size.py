@@ -1,0 +1,24 @@
+"""KV bytes per token for a model the operator cannot open.
+
+The checkpoint lives on a volume or in an image the operator never mounts, so the
+size comes from the spec: an explicit ``model.kvBytesPerToken`` (which wins, e.g. for
+an fp8 KV cache on a bf16 checkpoint), or the four ``model.config`` fields, sized by
+the shared cost model so the router and the operator count bytes the same way.
+"""
+
+from __future__ import annotations
+
+from pdd.common.cost_model import DTYPE_BYTES, kv_bytes_per_token
+from pdd.operator.spec import ModelSpec
+
+
+def resolve_kv_bytes_per_token(model: ModelSpec) -> int | None:
+    """The KV size per token, or None when the spec gives neither source."""
+    if model.kv_bytes_per_token is not None:
+        return model.kv_bytes_per_token
+    shape = model.config
+    if shape is None:
+        return None
+    return kv_bytes_per_token(
+        shape.num_layers, shape.num_kv_heads, shape.head_dim, DTYPE_BYTES[shape.dtype]
+    )

@@ -1,0 +1,68 @@
+"""``pdd operator``: run the PDDDeployment operator against the current API server.
+
+The API server is found the ordinary way (in-cluster service account, else KUBECONFIG
+or ~/.kube/config), so the same command runs in a pod, on a laptop against kind, or
+in tests against an emulator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import kopf
+
+from pdd.operator.runtime import OperatorOptions
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="pdd operator", description=__doc__)
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch PDDDeployments in this namespace (repeatable; glob patterns allowed)",
+    )
+    scope.add_argument(
+        "-A",
+        "--all-namespaces",
+        action="store_true",
+        help="watch every namespace (the default when no --namespace is given)",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "--status-interval",
+        type=float,
+        default=OperatorOptions.status_interval_s,
+        help="seconds between readiness refreshes of each PDDDeployment's status",
+    )
+    parser.add_argument(
+        "--liveness",
+        default=None,
+        metavar="URL",
+        help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    import pdd.operator.handlers  # noqa: F401  (registers the handlers with kopf)
+
+    options = OperatorOptions(status_interval_s=args.status_interval)
+    kopf.run(
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        # One operator replica: no peering objects to create or RBAC to grant for them.
+        standalone=True,
+        liveness_endpoint=args.liveness,
+        memo=kopf.Memo(options=options),
+    )
+    return 0

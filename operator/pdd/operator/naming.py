@@ -1,0 +1,111 @@
+"""Names, labels, ports and peer addresses of a PDDDeployment's children.
+
+Every child name is derived from the PDDDeployment's name, never stored: the operator
+finds, updates and deletes its children (in both clusters) by recomputing the names,
+which is also what lets cluster B objects be cleaned without owner references.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+GROUP = "pdd.dev"
+VERSION = "v1alpha1"
+PLURAL = "pdddeployments"
+KIND = "PDDDeployment"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+#: The operator's field manager (server-side apply) and managed-by label value.
+MANAGER = "pdd-operator"
+#: The finalizer that holds a PDDDeployment until its cluster B objects are gone.
+FINALIZER = "pdd.dev/cleanup"
+#: sha256 of a child's desired state; a child is written only when this differs.
+SPEC_HASH_ANNOTATION = "pdd.dev/spec-hash"
+#: sha256 of the rendered config, on pod templates, so a config change rolls the pods.
+CONFIG_HASH_ANNOTATION = "pdd.dev/config-hash"
+#: Labels that tie cluster B objects to their PDDDeployment (no cross-cluster owners).
+OWNER_UID_LABEL = "pdd.dev/owner-uid"
+OWNER_NAMESPACE_LABEL = "pdd.dev/owner-namespace"
+DEPLOYMENT_LABEL = "pdd.dev/deployment"
+
+#: Worker HTTP API (+ /metrics, /health), the KV transfer port, the router's port.
+WORKER_HTTP_PORT = 8000
+WORKER_KV_PORT = 9000
+ROUTER_PORT = 8080
+REDIS_PORT = 6379
+
+#: Where the rendered config is mounted in every pod, and the file inside it.
+CONFIG_DIR = "/etc/pdd"
+CONFIG_FILE = "config.json"
+#: The key of the shared secret inside the generated Secret.
+SHARED_SECRET_KEY = "token"
+#: The custom metric each relay pod exports and the HPA scales on.
+RELAY_LOAD_METRIC = "pdd_relay_load"
+
+
+class Role(StrEnum):
+    """A pod role; the worker values are the worker's own ``--role`` names."""
+
+    PREFILL = "prefill"
+    RELAY = "relay"
+    MAIN = "main"
+    ROUTER = "router"
+    REDIS = "redis"
+
+
+WORKER_ROLES = (Role.PREFILL, Role.RELAY, Role.MAIN)
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The PDDDeployment a child belongs to: enough for names, labels and owner refs."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def child(self, role: Role | str) -> str:
+        return f"{self.name}-{role}"
+
+    @property
+    def config_name(self) -> str:
+        return f"{self.name}-config"
+
+    @property
+    def secret_name(self) -> str:
+        return f"{self.name}-shared-secret"
+
+    def selector_labels(self, role: Role | str) -> dict[str, str]:
+        """The labels a role's Deployment selects on (never change: selectors are immutable)."""
+        return {
+            "app.kubernetes.io/name": "pdd",
+            "app.kubernetes.io/instance": self.name,
+            "app.kubernetes.io/component": str(role),
+        }
+
+    def labels(self, role: Role | str) -> dict[str, str]:
+        return {
+            **self.selector_labels(role),
+            "app.kubernetes.io/managed-by": MANAGER,
+            DEPLOYMENT_LABEL: self.name,
+            OWNER_NAMESPACE_LABEL: self.namespace,
+            OWNER_UID_LABEL: self.uid,
+        }
+
+    def owner_reference(self) -> dict[str, object]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def service_host(service: str, namespace: str, domain: str | None = None) -> str:
+    """A Service's DNS name; ``domain`` for cross-cluster (e.g. clusterset.local) names."""
+    if domain is None:
+        return f"{service}.{namespace}.svc"
+    return f"{service}.{namespace}.svc.{domain}"

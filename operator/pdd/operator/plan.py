@@ -1,0 +1,131 @@
+"""The desired state of a PDDDeployment: every child, in which cluster, in write order.
+
+``build_plan`` is pure: the reconciler fetches what it needs (the shared token), calls
+this, and then only compares and writes. ``possible_children`` names every child that
+any spec could produce, which is what pruning and deletion walk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from pdd.operator.builders.config import (
+    build_config_map,
+    build_shared_secret,
+    build_worker_config,
+    config_hash,
+)
+from pdd.operator.builders.deployments import (
+    build_redis_deployment,
+    build_router_deployment,
+    build_worker_deployment,
+)
+from pdd.operator.builders.hpa import build_relay_hpa
+from pdd.operator.builders.meta import Site, with_spec_hash
+from pdd.operator.builders.pdb import build_pdb
+from pdd.operator.builders.services import (
+    build_headless_service,
+    build_redis_service,
+    build_router_service,
+)
+from pdd.operator.naming import WORKER_ROLES, Owner, Role
+from pdd.operator.spec import PDDSpec
+
+
+class Cluster(StrEnum):
+    LOCAL = "local"  # cluster A, where the operator and the PDDDeployment live
+    REMOTE = "remote"  # cluster B, reached through the kubeconfig Secret
+
+
+@dataclass(frozen=True)
+class ChildRef:
+    cluster: Cluster
+    kind: str
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Desired children (hash-annotated) in the order they must be written."""
+
+    children: tuple[tuple[Cluster, dict[str, Any]], ...]
+
+    def refs(self) -> set[ChildRef]:
+        return {ref_of(cluster, obj) for cluster, obj in self.children}
+
+
+def ref_of(cluster: Cluster, obj: dict[str, Any]) -> ChildRef:
+    meta = obj["metadata"]
+    return ChildRef(cluster, obj["kind"], meta["namespace"], meta["name"])
+
+
+def remote_namespace(spec: PDDSpec, owner: Owner) -> str | None:
+    if spec.remote_cluster is None:
+        return None
+    return spec.remote_cluster.namespace or owner.namespace
+
+
+def build_plan(spec: PDDSpec, owner: Owner, token: str) -> Plan:
+    """Every child of a valid spec; MD's objects go to cluster B when remoteCluster is set."""
+    local = Site(owner.namespace)
+    remote_ns = remote_namespace(spec, owner)
+    main_site = Site(remote_ns, remote=True) if remote_ns is not None else local
+    main_cluster = Cluster.REMOTE if remote_ns is not None else Cluster.LOCAL
+
+    local_config = build_worker_config(spec, owner, local)
+    children: list[tuple[Cluster, dict[str, Any]]] = [
+        (Cluster.LOCAL, build_shared_secret(owner, local, token)),
+        (Cluster.LOCAL, build_config_map(owner, local, local_config)),
+    ]
+    main_config = local_config
+    if main_cluster is Cluster.REMOTE:
+        main_config = build_worker_config(spec, owner, main_site)
+        children += [
+            (Cluster.REMOTE, build_shared_secret(owner, main_site, token)),
+            (Cluster.REMOTE, build_config_map(owner, main_site, main_config)),
+        ]
+    if spec.router.managed_redis:
+        children += [
+            (Cluster.LOCAL, build_redis_service(owner)),
+            (Cluster.LOCAL, build_redis_deployment(spec, owner)),
+        ]
+    for role in WORKER_ROLES:
+        cluster, site, cfg = (
+            (main_cluster, main_site, main_config) if role is Role.MAIN
+            else (Cluster.LOCAL, local, local_config)
+        )  # fmt: skip
+        children += [
+            (cluster, build_headless_service(owner, role, site)),
+            (cluster, build_worker_deployment(spec, owner, role, site, config_hash(cfg))),
+            (cluster, build_pdb(owner, role, site)),
+        ]
+    children += [
+        (Cluster.LOCAL, build_relay_hpa(spec, owner)),
+        (Cluster.LOCAL, build_router_service(owner)),
+        (Cluster.LOCAL, build_router_deployment(spec, owner, config_hash(local_config))),
+        (Cluster.LOCAL, build_pdb(owner, Role.ROUTER, local)),
+    ]
+    return Plan(tuple((cluster, with_spec_hash(obj)) for cluster, obj in children))
+
+
+def possible_children(owner: Owner, cluster: Cluster, namespace: str) -> list[ChildRef]:
+    """Every child name any spec could create in ``cluster``, in deletion order
+    (workloads first, so pods stop before their config and secret disappear)."""
+    if cluster is Cluster.REMOTE:
+        roles: tuple[Role, ...] = (Role.MAIN,)
+    else:
+        roles = (*WORKER_ROLES, Role.ROUTER, Role.REDIS)
+
+    def ref(kind: str, name: str) -> ChildRef:
+        return ChildRef(cluster, kind, namespace, name)
+
+    refs = [ref("Deployment", owner.child(role)) for role in roles]
+    if cluster is Cluster.LOCAL:
+        refs.append(ref("HorizontalPodAutoscaler", owner.child(Role.RELAY)))
+    refs += [ref("PodDisruptionBudget", owner.child(role)) for role in roles if role != Role.REDIS]
+    refs += [ref("Service", owner.child(role)) for role in roles]
+    refs += [ref("ConfigMap", owner.config_name), ref("Secret", owner.secret_name)]
+    return refs

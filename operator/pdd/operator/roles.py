@@ -1,0 +1,73 @@
+"""Reading the children's readiness back into status (kept fresh by a kopf daemon)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from pdd.operator.builders.deployments import worker_replicas
+from pdd.operator.conditions import Condition
+from pdd.operator.kube import KubeApi, ObjectPath
+from pdd.operator.naming import WORKER_ROLES, Owner, Role
+from pdd.operator.plan import remote_namespace
+from pdd.operator.readiness import public_roles, readiness_conditions, role_status
+from pdd.operator.remote import RemoteClusterUnavailable
+from pdd.operator.runtime import OperatorRuntime
+from pdd.operator.spec import PDDSpec
+from pdd.operator.status import write_status
+from pdd.operator.validation import InvalidSpecError, parse_spec
+
+
+def desired_replicas(spec: PDDSpec, role: Role) -> int:
+    if role is Role.ROUTER:
+        return spec.router.replicas
+    replicas = worker_replicas(spec, role)
+    return spec.relay.min_replicas if replicas is None else replicas
+
+
+async def read_roles(
+    spec: PDDSpec, owner: Owner, local: KubeApi, remote: KubeApi | None
+) -> dict[str, dict[str, Any]]:
+    """Desired vs ready replicas of each role, from the Deployments in both clusters."""
+    roles: dict[str, dict[str, Any]] = {}
+    remote_ns = remote_namespace(spec, owner)
+    for role in (*WORKER_ROLES, Role.ROUTER):
+        in_b = role is Role.MAIN and remote is not None and remote_ns is not None
+        api = remote if in_b else local
+        namespace = remote_ns if in_b else owner.namespace
+        deployment = await api.get(ObjectPath("Deployment", namespace, owner.child(role)))
+        roles[str(role)] = role_status(desired_replicas(spec, role), deployment)
+    return roles
+
+
+async def refresh_readiness(
+    runtime: OperatorRuntime, body: kopf.Body, owner: Owner, logger: logging.Logger
+) -> None:
+    """Write status.roles and the Ready/Progressing conditions from the live children.
+
+    Invalid or not-yet-reachable specs are left to the reconcile handler, which has
+    already written why; this only reports on deployments that could be built.
+    """
+    try:
+        spec = parse_spec(dict(body.get("spec") or {}), owner.name)
+        remote = None
+        if spec.remote_cluster is not None:
+            ref = spec.remote_cluster.kubeconfig_secret
+            remote = await runtime.remotes.get(runtime.api, owner.namespace, ref)
+    except (InvalidSpecError, RemoteClusterUnavailable) as exc:
+        logger.debug("readiness not refreshed: %s", exc)
+        return
+    roles = await read_roles(spec, owner, runtime.api, remote)
+
+    def compute(current: dict[str, Any], _: int) -> tuple[dict[str, Any], list[Condition]]:
+        degraded = next(
+            (c for c in current.get("conditions", []) if c.get("type") == "Degraded"), {}
+        )
+        if degraded.get("status") == "True":  # the reconcile handler's verdict stands
+            return {}, []
+        return {"roles": public_roles(roles)}, readiness_conditions(roles)
+
+    async with runtime.lock(owner.uid):
+        await write_status(runtime.api, owner.namespace, owner.name, compute)

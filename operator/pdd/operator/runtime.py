@@ -1,0 +1,53 @@
+"""What the operator process holds between handler calls: options and API clients."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import kopf
+
+from pdd.operator.kube import KubeApi
+from pdd.operator.remote import RemoteClients
+
+
+@dataclass(frozen=True)
+class OperatorOptions:
+    #: Seconds between two readings of the children's readiness into status.
+    status_interval_s: float = 15.0
+    #: Seconds before retrying when cluster B is not reachable yet (missing Secret).
+    remote_retry_delay_s: float = 30.0
+    #: Deletion retries while cluster B is unreachable before giving up on its objects
+    #: (with a Warning event naming the leftovers) so a dead cluster cannot block deletion.
+    remote_cleanup_retries: int = 3
+
+
+@dataclass
+class OperatorRuntime:
+    """Shared by every handler through kopf's memo (per-object memos copy the reference)."""
+
+    options: OperatorOptions
+    local: KubeApi | None = None
+    remotes: RemoteClients = field(default_factory=RemoteClients)
+    #: Set by the cleanup activity when the operator exits.
+    stopping: bool = False
+    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+    async def connect_local(self, connection: kopf.ConnectionInfo) -> None:
+        """(Re)build the cluster A client from kopf's latest login."""
+        if self.local is not None:
+            await self.local.aclose()
+        self.local = KubeApi(connection)
+
+    @property
+    def api(self) -> KubeApi:
+        if self.local is None:
+            raise kopf.TemporaryError("not logged in to the local API server yet", delay=1)
+        return self.local
+
+    def lock(self, uid: str) -> asyncio.Lock:
+        """Serializes status writes of one PDDDeployment (reconcile vs readiness refresh)."""
+        return self._locks.setdefault(uid, asyncio.Lock())
+
+    def forget(self, uid: str) -> None:
+        self._locks.pop(uid, None)

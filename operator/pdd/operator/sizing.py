@@ -1,0 +1,78 @@
+"""WAN link sizing for status: the shared cost model's verdict, phrased for users."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from pdd.common.cost_model import LinkState, WorkloadProfile, size_wan_link
+from pdd.operator.conditions import Condition
+from pdd.operator.kv_size import resolve_kv_bytes_per_token
+from pdd.operator.spec import PDDSpec
+
+
+@dataclass(frozen=True)
+class LinkReport:
+    wan: dict[str, Any]  # status.wan
+    condition: Condition  # LinkSized
+    undersized: bool  # worth a Warning event
+
+
+def size_link(spec: PDDSpec) -> LinkReport:
+    """Size the declared link for the expected workload, or say what is missing."""
+    wan: dict[str, Any] = {"declaredGbps": spec.wan.declared_gbps, "rttMs": spec.wan.rtt_ms}
+    kv_bpt = resolve_kv_bytes_per_token(spec.model)
+    if kv_bpt is None:
+        message = (
+            "cannot size the WAN link: set model.kvBytesPerToken, or model.config "
+            "(numLayers, numKVHeads, headDim, dtype) from the checkpoint's config.json"
+        )
+        return LinkReport(wan, Condition("LinkSized", "Unknown", "KVSizeUnknown", message), False)
+    wan["kvBytesPerToken"] = kv_bpt
+    if spec.workload is None:
+        message = (
+            "cannot size the WAN link: set workload (requestRate, meanInputTokens, "
+            "meanOutputTokens, meanMDHitRate) to the traffic you expect"
+        )
+        return LinkReport(wan, Condition("LinkSized", "Unknown", "WorkloadUnknown", message), False)
+    w = spec.workload
+    sizing = size_wan_link(
+        WorkloadProfile(w.request_rate, w.mean_input_tokens, w.mean_output_tokens,
+                        w.mean_md_hit_rate),
+        kv_bpt,
+        LinkState(spec.wan.declared_gbps, spec.wan.rtt_ms),
+        ttft_budget_s=spec.slo.ttft_p99_ms / 1000.0,
+    )  # fmt: skip
+    wan.update(
+        requiredGbps=round(sizing.required_gbps, 3),
+        expectedRelayShare=round(sizing.expected_relay_share, 4),
+        recommendedRelayReplicas={
+            "min": sizing.relay_replicas_min,
+            "max": sizing.relay_replicas_max,
+        },
+    )
+    if math.isfinite(sizing.headroom):
+        wan["headroom"] = round(sizing.headroom, 3)
+    relay_note = _relay_note(spec, sizing.relay_replicas_max)
+    if not sizing.sufficient:
+        message = (
+            f"declared {spec.wan.declared_gbps:g} Gbps is below the required "
+            f"{sizing.required_gbps:.3g} Gbps for this workload: raise wan.declaredGbps, "
+            "or expect more requests to be relayed and queued" + relay_note
+        )
+        return LinkReport(wan, Condition("LinkSized", "False", "LinkUndersized", message), True)
+    message = (
+        f"declared {spec.wan.declared_gbps:g} Gbps covers the required "
+        f"{sizing.required_gbps:.3g} Gbps" + relay_note
+    )
+    return LinkReport(wan, Condition("LinkSized", "True", "LinkSufficient", message), False)
+
+
+def _relay_note(spec: PDDSpec, recommended_max: int) -> str:
+    if spec.relay.max_replicas >= recommended_max:
+        return ""
+    return (
+        f"; relay.maxReplicas ({spec.relay.max_replicas}) is below the "
+        f"{recommended_max} relays this workload may need at its burst"
+    )

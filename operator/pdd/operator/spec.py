@@ -1,0 +1,180 @@
+"""The PDDDeployment spec as typed, frozen models.
+
+The CRD (crds/pdddeployments.yaml) is what users and ``kubectl explain`` see; these
+models are what the operator reads. They carry the same field names and defaults so
+that a CR behaves the same whether the API server applied the schema defaults (a real
+cluster) or not (an emulator, an old object): tests check the two agree field by field.
+Cross-field rules live in ``validation.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+
+class _Spec(BaseModel):
+    """Base for every spec section: camelCase on the wire, immutable, no unknown keys."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, frozen=True, extra="forbid"
+    )
+
+
+class PvcSource(_Spec):
+    claim_name: str = Field(min_length=1)
+    sub_path: str | None = None
+
+
+class HostPathSource(_Spec):
+    path: str = Field(min_length=1)
+
+
+class ImageSource(_Spec):
+    path: str = Field(min_length=1)
+
+
+class ModelSource(_Spec):
+    """Where the checkpoint lives; exactly one of the three (checked in validation)."""
+
+    pvc: PvcSource | None = None
+    host_path: HostPathSource | None = None
+    image: ImageSource | None = None
+
+
+KVDtype = Literal["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8"]
+
+
+class ModelShape(_Spec):
+    """The few config.json fields that size the KV cache (the operator can't read weights)."""
+
+    num_layers: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0, alias="numKVHeads")
+    head_dim: int = Field(gt=0)
+    dtype: KVDtype = "bfloat16"
+
+
+class ModelSpec(_Spec):
+    source: ModelSource
+    served_name: str = Field(min_length=1)
+    mount_path: str = "/models"
+    kv_bytes_per_token: int | None = Field(default=None, gt=0)
+    config: ModelShape | None = None
+
+
+class Images(_Spec):
+    worker: str = Field(min_length=1)
+    router: str = Field(min_length=1)
+    redis: str = "redis:7.4-alpine"
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    pull_secrets: list[str] = Field(default_factory=list)
+
+
+class GpuType(_Spec):
+    label_key: str = "nvidia.com/gpu.product"
+    value: str = Field(min_length=1)
+
+
+class Pool(_Spec):
+    """A node pool: where a role's pods may run and what each pod asks for."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    resources: dict[str, Any] = Field(default_factory=dict)
+    gpu_type: GpuType | None = None
+
+    def node_selector_with_gpu(self) -> dict[str, str]:
+        """The node selector plus the GPU type label, which is how pools differ by chip."""
+        selector = dict(self.node_selector)
+        if self.gpu_type is not None:
+            selector[self.gpu_type.label_key] = self.gpu_type.value
+        return selector
+
+
+class RoleReplicas(_Spec):
+    replicas: int = Field(default=1, ge=0)
+
+
+class Relay(_Spec):
+    min_replicas: int = Field(default=1, ge=1)
+    max_replicas: int = Field(default=4, ge=1)
+    target_load: float = Field(default=0.7, gt=0, le=1)
+
+
+class SecretKeyRef(_Spec):
+    name: str = Field(min_length=1)
+    key: str = "kubeconfig"
+
+
+class RemoteCluster(_Spec):
+    kubeconfig_secret: SecretKeyRef
+    namespace: str | None = None
+    service_domain: str = "clusterset.local"
+    main_decode_host: str | None = None
+    pool: Pool = Field(default_factory=Pool)
+
+
+class Wan(_Spec):
+    declared_gbps: float = Field(gt=0)
+    rtt_ms: float = Field(default=30.0, ge=0)
+
+
+class Workload(_Spec):
+    request_rate: float = Field(ge=0)
+    mean_input_tokens: float = Field(ge=0)
+    mean_output_tokens: float = Field(ge=0)
+    mean_md_hit_rate: float = Field(ge=0, le=1, alias="meanMDHitRate")
+
+
+class Slo(_Spec):
+    ttft_p99_ms: float = Field(default=5000.0, gt=0)
+    tpot_ms: float = Field(default=50.0, gt=0)
+
+
+class Router(_Spec):
+    replicas: int = Field(default=1, ge=1)
+    redis_url: str | None = None
+    managed_redis: bool = False
+    resources: dict[str, Any] = Field(default_factory=dict)
+
+
+class Handoff(_Spec):
+    policy: Literal["auto", "oneShot", "catchUp"] = "auto"
+    catch_up_threshold: int = Field(default=64, ge=1)
+
+
+class AnomalousTraffic(_Spec):
+    min_input_tokens: int = Field(default=32768, ge=1)
+    max_output_tokens: int = Field(default=500, ge=1)
+
+
+class PDDSpec(_Spec):
+    """The whole ``spec`` of a PDDDeployment."""
+
+    model: ModelSpec
+    images: Images
+    pool_a: Pool = Field(default_factory=Pool)
+    prefill: RoleReplicas = Field(default_factory=RoleReplicas)
+    relay: Relay = Field(default_factory=Relay)
+    pool_b: Pool | None = None
+    remote_cluster: RemoteCluster | None = None
+    main_decode: RoleReplicas = Field(default_factory=RoleReplicas)
+    wan: Wan
+    workload: Workload | None = None
+    slo: Slo = Field(default_factory=Slo)
+    router: Router = Field(default_factory=Router)
+    handoff: Handoff = Field(default_factory=Handoff)
+    anomalous_traffic: AnomalousTraffic = Field(default_factory=AnomalousTraffic)
+
+    @property
+    def main_pool(self) -> Pool:
+        """The pool MD runs on: pool B, or the remote cluster's pool."""
+        if self.remote_cluster is not None:
+            return self.remote_cluster.pool
+        return self.pool_b if self.pool_b is not None else Pool()
+
+    @property
+    def redis_enabled(self) -> bool:
+        return self.router.managed_redis or self.router.redis_url is not None

@@ -1,0 +1,93 @@
+"""Spec validation: everything is checked before anything is created.
+
+The CRD's schema and CEL rules refuse most mistakes at admission. This module repeats
+the same rules (and the schema's types and ranges, through the models) because the
+operator must not trust that admission ran: an old CRD, an emulator, or a CR written
+before a rule existed all reach the handlers. Every message says what to change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from pdd.operator.spec import PDDSpec
+
+#: Child names append up to 22 characters ("-shared-secret") to the PDDDeployment's
+#: name and Service names must stay DNS labels (<= 63); 40 leaves room for the role.
+MAX_NAME_LENGTH = 40
+
+
+class InvalidSpecError(ValueError):
+    """A PDDDeployment spec that cannot be deployed; ``problems`` each carry the fix."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(problems))
+
+
+def parse_spec(raw: dict[str, Any], name: str) -> PDDSpec:
+    """Parse and fully validate a CR's spec, or raise InvalidSpecError with every problem."""
+    problems = name_problems(name)
+    try:
+        spec = PDDSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise InvalidSpecError(problems + [_describe(err) for err in exc.errors()]) from None
+    problems += spec_problems(spec)
+    if problems:
+        raise InvalidSpecError(problems)
+    return spec
+
+
+def name_problems(name: str) -> list[str]:
+    if len(name) > MAX_NAME_LENGTH:
+        return [
+            f"metadata.name {name!r} has {len(name)} characters; use at most "
+            f"{MAX_NAME_LENGTH} so that child object names stay valid DNS labels"
+        ]
+    return []
+
+
+def spec_problems(spec: PDDSpec) -> list[str]:
+    """The cross-field rules (the CRD's x-kubernetes-validations, one message each)."""
+    problems: list[str] = []
+    relay = spec.relay
+    if relay.max_replicas < relay.min_replicas:
+        problems.append(
+            f"relay.maxReplicas ({relay.max_replicas}) is below minReplicas "
+            f"({relay.min_replicas}); raise maxReplicas or lower minReplicas"
+        )
+    if (spec.pool_b is None) == (spec.remote_cluster is None):
+        problems.append(
+            "set exactly one of poolB (MD on a node pool of this cluster) or remoteCluster "
+            "(MD in cluster B, reached through a kubeconfig Secret)"
+        )
+    source = spec.model.source
+    given = [n for n, v in (("pvc", source.pvc), ("hostPath", source.host_path),
+                            ("image", source.image)) if v is not None]  # fmt: skip
+    if len(given) != 1:
+        problems.append(
+            f"model.source needs exactly one of pvc, hostPath or image; got {given or 'none'}"
+        )
+    router = spec.router
+    if router.managed_redis and router.redis_url is not None:
+        problems.append(
+            "router.redisUrl and router.managedRedis are both set; use one: an external "
+            "Redis URL, or managedRedis: true for a Redis the operator runs"
+        )
+    if router.replicas > 1 and not spec.redis_enabled:
+        problems.append(
+            f"router.replicas ({router.replicas}) > 1 needs shared state: set "
+            "router.redisUrl or router.managedRedis: true, or use one router replica"
+        )
+    return problems
+
+
+def _describe(error: Any) -> str:
+    """A pydantic error as 'spec.path.to.field: what is wrong'."""
+    path = ".".join(str(part) for part in error["loc"])
+    message = error["msg"]
+    if error["type"] == "extra_forbidden":
+        message = "unknown field (check the spelling against `kubectl explain pdddeployment.spec`)"
+    return f"spec.{path}: {message}"

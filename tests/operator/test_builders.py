@@ -1,0 +1,259 @@
+"""Pure builders: every child object, checked field by field and against Kubernetes' schemas."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from pdd.operator.builders.config import build_worker_config, config_hash
+from pdd.operator.builders.deployments import build_worker_deployment
+from pdd.operator.builders.hpa import build_relay_hpa, target_quantity
+from pdd.operator.builders.meta import Site, with_spec_hash
+from pdd.operator.naming import (
+    CONFIG_HASH_ANNOTATION,
+    OWNER_UID_LABEL,
+    SPEC_HASH_ANNOTATION,
+    Owner,
+    Role,
+)
+from pdd.operator.plan import Cluster, build_plan, possible_children, ref_of
+from pdd.operator.spec import PDDSpec
+
+TOKEN = "s3cret-token"
+
+
+def by_kind_name(plan_children: Any) -> dict[tuple[str, str, str], dict[str, Any]]:
+    return {(c, o["kind"], o["metadata"]["name"]): o for c, o in plan_children}
+
+
+def test_every_rendered_object_is_valid_for_current_kubernetes(
+    pool_b_spec: PDDSpec, remote_spec: PDDSpec, owner: Owner
+) -> None:
+    version = kubernetes_validate.latest_version()
+    for spec in (pool_b_spec, remote_spec):
+        for _, obj in build_plan(spec, owner, TOKEN).children:
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_pool_placement_node_selectors_tolerations_resources(
+    pool_b_spec: PDDSpec, owner: Owner
+) -> None:
+    children = by_kind_name(build_plan(pool_b_spec, owner, TOKEN).children)
+    local = Cluster.LOCAL
+
+    def pod(role: str) -> dict[str, Any]:
+        return children[(local, "Deployment", f"qwen-{role}")]["spec"]["template"]["spec"]
+
+    for role in ("prefill", "relay"):
+        assert pod(role)["nodeSelector"] == {
+            "pool": "prefill",
+            "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        }
+        assert pod(role)["tolerations"] == [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        ]
+        assert pod(role)["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+    assert pod("main")["nodeSelector"] == {
+        "pool": "decode",
+        "nvidia.com/gpu.product": "NVIDIA-H200",
+    }
+    assert pod("main")["tolerations"] == []
+    assert "nodeSelector" not in pod("router")  # CPU only: not pinned to a GPU pool
+    assert pod("prefill")["containers"][0]["args"] == [
+        "worker", "--role", "prefill", "--config", "/etc/pdd/config.json"
+    ]  # fmt: skip
+
+
+def test_replicas_per_role_and_relay_left_to_the_hpa(pool_b_spec: PDDSpec, owner: Owner) -> None:
+    children = by_kind_name(build_plan(pool_b_spec, owner, TOKEN).children)
+    replicas = {
+        role: children[(Cluster.LOCAL, "Deployment", f"qwen-{role}")]["spec"].get("replicas")
+        for role in ("prefill", "relay", "main", "router", "redis")
+    }
+    assert replicas == {"prefill": 2, "relay": None, "main": 3, "router": 2, "redis": 1}
+
+
+def test_labels_and_owner_references(pool_b_spec: PDDSpec, owner: Owner) -> None:
+    for _, obj in build_plan(pool_b_spec, owner, TOKEN).children:
+        meta = obj["metadata"]
+        assert meta["namespace"] == "serving"
+        assert meta["labels"]["app.kubernetes.io/instance"] == "qwen"
+        assert meta["labels"][OWNER_UID_LABEL] == owner.uid
+        assert meta["ownerReferences"] == [
+            {
+                "apiVersion": "pdd.dev/v1alpha1",
+                "kind": "PDDDeployment",
+                "name": "qwen",
+                "uid": owner.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        if obj["kind"] == "Deployment":
+            selector = obj["spec"]["selector"]["matchLabels"]
+            template_labels = obj["spec"]["template"]["metadata"]["labels"]
+            assert selector.items() <= template_labels.items()
+
+
+def test_remote_cluster_objects_have_labels_but_no_owner_refs(
+    remote_spec: PDDSpec, owner: Owner
+) -> None:
+    plan = build_plan(remote_spec, owner, TOKEN)
+    remote = [obj for cluster, obj in plan.children if cluster is Cluster.REMOTE]
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in remote) == [
+        ("ConfigMap", "qwen-config"),
+        ("Deployment", "qwen-main"),
+        ("PodDisruptionBudget", "qwen-main"),
+        ("Secret", "qwen-shared-secret"),
+        ("Service", "qwen-main"),
+    ]
+    for obj in remote:
+        assert "ownerReferences" not in obj["metadata"]
+        assert obj["metadata"]["namespace"] == "serving-b"
+        assert obj["metadata"]["labels"][OWNER_UID_LABEL] == owner.uid
+    main = next(o for o in remote if o["kind"] == "Deployment")
+    assert main["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "b"}
+    local_kinds = {
+        (o["kind"], o["metadata"]["name"]) for c, o in plan.children if c is Cluster.LOCAL
+    }
+    assert ("Deployment", "qwen-main") not in local_kinds
+    # Everything planned is something deletion knows how to find.
+    for cluster, obj in plan.children:
+        namespace = obj["metadata"]["namespace"]
+        assert ref_of(cluster, obj) in possible_children(owner, cluster, namespace)
+
+
+def test_relay_hpa_uses_the_pods_metric(pool_b_spec: PDDSpec, owner: Owner) -> None:
+    hpa = build_relay_hpa(pool_b_spec, owner)
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "qwen-relay",
+    }
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 3)
+    assert hpa["spec"]["metrics"] == [
+        {
+            "type": "Pods",
+            "pods": {
+                "metric": {"name": "pdd_relay_load"},
+                "target": {"type": "AverageValue", "averageValue": "600m"},
+            },
+        }
+    ]
+    assert target_quantity(0.75) == "750m" and target_quantity(1.0) == "1000m"
+
+
+def test_pdbs_and_headless_services(pool_b_spec: PDDSpec, owner: Owner) -> None:
+    children = by_kind_name(build_plan(pool_b_spec, owner, TOKEN).children)
+    for role in ("prefill", "relay", "main", "router"):
+        pdb = children[(Cluster.LOCAL, "PodDisruptionBudget", f"qwen-{role}")]
+        assert pdb["spec"]["maxUnavailable"] == 1
+        assert pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == role
+    for role in ("prefill", "relay", "main"):
+        service = children[(Cluster.LOCAL, "Service", f"qwen-{role}")]
+        assert service["spec"]["clusterIP"] == "None"
+        assert [p["port"] for p in service["spec"]["ports"]] == [8000, 9000]
+    router = children[(Cluster.LOCAL, "Service", "qwen-router")]
+    assert router["spec"]["type"] == "ClusterIP" and router["spec"]["ports"][0]["port"] == 8080
+
+
+def test_config_map_contents(pool_b_spec: PDDSpec, owner: Owner) -> None:
+    children = by_kind_name(build_plan(pool_b_spec, owner, TOKEN).children)
+    config = json.loads(
+        children[(Cluster.LOCAL, "ConfigMap", "qwen-config")]["data"]["config.json"]
+    )
+    assert config["model"] == {
+        "servedName": "qwen3-8b",
+        "path": "/models",
+        "kvBytesPerToken": 2 * 36 * 8 * 128 * 2,
+    }
+    assert config["peers"]["prefill"] == {
+        "host": "qwen-prefill.serving.svc",
+        "httpPort": 8000,
+        "kvPort": 9000,
+    }
+    assert config["peers"]["router"] == {"host": "qwen-router.serving.svc", "port": 8080}
+    assert config["store"] == {"redisUrl": "redis://qwen-redis.serving.svc:6379/0"}
+    assert config["handoff"] == {"policy": "auto", "catchUpThreshold": 64}
+    assert config["anomalousTraffic"] == {"minInputTokens": 32768, "maxOutputTokens": 500}
+    assert config["relay"] == {"targetLoad": 0.6, "loadMetric": "pdd_relay_load"}
+    secret = children[(Cluster.LOCAL, "Secret", "qwen-shared-secret")]
+    assert base64.b64decode(secret["data"]["token"]).decode() == TOKEN
+    env = children[(Cluster.LOCAL, "Deployment", "qwen-prefill")]["spec"]["template"]["spec"][
+        "containers"
+    ][0]["env"]
+    secret_env = next(e for e in env if e["name"] == config["sharedSecretEnv"])
+    assert secret_env["valueFrom"]["secretKeyRef"] == {"name": "qwen-shared-secret", "key": "token"}
+
+
+def test_remote_configs_address_peers_across_clusters(remote_spec: PDDSpec, owner: Owner) -> None:
+    seen_from_a = build_worker_config(remote_spec, owner, Site("serving"))
+    seen_from_b = build_worker_config(remote_spec, owner, Site("serving-b", remote=True))
+    assert seen_from_a["peers"]["main"]["host"] == "qwen-main.serving-b.svc.clusterset.local"
+    assert seen_from_a["peers"]["relay"]["host"] == "qwen-relay.serving.svc"
+    assert seen_from_b["peers"]["main"]["host"] == "qwen-main.serving-b.svc"
+    assert seen_from_b["peers"]["relay"]["host"] == "qwen-relay.serving.svc.clusterset.local"
+    assert seen_from_a["model"]["path"] == "/opt/model"
+    assert seen_from_a["store"] == {"redisUrl": None}
+
+
+def test_a_config_change_rolls_pods_and_nothing_else_does(
+    pool_b_spec: PDDSpec, owner: Owner
+) -> None:
+    config = build_worker_config(pool_b_spec, owner, Site("serving"))
+    changed = pool_b_spec.model_copy(
+        update={"handoff": pool_b_spec.handoff.model_copy(update={"catch_up_threshold": 32})}
+    )
+    new_config = build_worker_config(changed, owner, Site("serving"))
+    assert config_hash(config) != config_hash(new_config)
+    assert config_hash(config) == config_hash(
+        build_worker_config(pool_b_spec, owner, Site("serving"))
+    )
+    deployment = build_worker_deployment(
+        changed, owner, Role.PREFILL, Site("serving"), config_hash(new_config)
+    )
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations[CONFIG_HASH_ANNOTATION] == config_hash(new_config)
+
+
+def test_spec_hash_is_stable_and_sensitive(pool_b_spec: PDDSpec, owner: Owner) -> None:
+    first = build_plan(pool_b_spec, owner, TOKEN)
+    assert first == build_plan(pool_b_spec, owner, TOKEN)
+    obj = first.children[0][1]
+    assert with_spec_hash(obj) == obj  # re-annotating an annotated object is a no-op
+    more = pool_b_spec.model_copy(
+        update={"prefill": pool_b_spec.prefill.model_copy(update={"replicas": 5})}
+    )
+    before = by_kind_name(first.children)[(Cluster.LOCAL, "Deployment", "qwen-prefill")]
+    after = by_kind_name(build_plan(more, owner, TOKEN).children)[
+        (Cluster.LOCAL, "Deployment", "qwen-prefill")
+    ]
+    key = SPEC_HASH_ANNOTATION
+    assert before["metadata"]["annotations"][key] != after["metadata"]["annotations"][key]
+
+
+@pytest.mark.parametrize(
+    ("source", "volume"),
+    [
+        (
+            {"pvc": {"claimName": "weights"}},
+            {"persistentVolumeClaim": {"claimName": "weights", "readOnly": True}},
+        ),
+        ({"hostPath": {"path": "/data/m"}}, {"hostPath": {"path": "/data/m", "type": "Directory"}}),
+        ({"image": {"path": "/opt/m"}}, None),
+    ],
+)
+def test_model_sources(remote_cr: dict[str, Any], owner: Owner, source: dict, volume: Any) -> None:
+    raw = dict(remote_cr["spec"], model={"source": source, "servedName": "m"})
+    spec = PDDSpec.model_validate(raw)
+    deployment = build_worker_deployment(spec, owner, Role.PREFILL, Site("serving"), "h")
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    if volume is None:
+        assert "model" not in volumes
+    else:
+        assert {k: v for k, v in volumes["model"].items() if k != "name"} == volume

@@ -1,0 +1,411 @@
+"""The operator end to end in-process: kopf against kmock's Kubernetes emulators.
+
+One emulator per cluster (A, and B for the remote variant). kopf logs in through the
+operator's own login handler, which reads KUBECONFIG, pointed at emulator A; cluster B
+is reached through a kubeconfig Secret, exactly as in a real deployment. The emulator
+has no controllers and assigns no uids, so tests set uids and play the Deployment
+controller by patching status where they need readiness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import itertools
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonpatch
+import kmock
+import kopf
+import pytest
+import yaml
+
+import pdd.operator.handlers  # noqa: F401  (registers the handlers)
+from pdd.operator.runtime import OperatorOptions
+
+DATA = Path(__file__).parent / "data"
+CR = "pdd.dev/v1alpha1/pdddeployments"
+DEPLOYMENTS = "apps/v1/deployments"
+HPAS = "autoscaling/v2/horizontalpodautoscalers"
+CHILD_RESOURCES = {
+    "v1/configmaps": "ConfigMap",
+    "v1/secrets": "Secret",
+    "v1/services": "Service",
+    DEPLOYMENTS: "Deployment",
+    HPAS: "HorizontalPodAutoscaler",
+    "policy/v1/poddisruptionbudgets": "PodDisruptionBudget",
+}
+VERBS = ["get", "list", "watch", "create", "patch", "update", "delete"]
+DEADLINE_S = 20.0
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class VersionedEmulator(kmock.KubernetesEmulator):
+    """kmock's emulator plus what kopf's optimistic concurrency needs from a server:
+    an increasing resourceVersion on every write, and 422 (not 500) when a JSON patch's
+    resourceVersion test fails, so kopf retries on the next event instead of looping.
+    """
+
+    async def _handle(self, request: Any) -> Any:
+        if request.resource is not None and request.action in (
+            kmock.action.CREATE,
+            kmock.action.UPDATE,
+        ):
+            version = str(next(RESOURCE_VERSIONS))
+            if isinstance(request.data, dict):
+                request.data.setdefault("metadata", {})["resourceVersion"] = version
+            elif isinstance(request.data, list):  # a JSON patch
+                op = {"op": "add", "path": "/metadata/resourceVersion", "value": version}
+                request.data.append(op)
+        try:
+            return await super()._handle(request)
+        except jsonpatch.JsonPatchTestFailed as exc:
+            raise kmock.KubernetesError(status=422, reason="Invalid", message=str(exc)) from None
+
+
+RESOURCE_VERSIONS = itertools.count(1)
+
+
+@asynccontextmanager
+async def emulator() -> AsyncIterator[tuple[kmock.KubernetesEmulator, str]]:
+    async with VersionedEmulator() as k8s, kmock.Server(k8s) as server:
+        k8s.resources["v1/namespaces"] = {"kind": "Namespace", "namespaced": False, "verbs": VERBS}
+        k8s.resources["v1/events"] = {"kind": "Event", "namespaced": True, "verbs": VERBS}
+        for resource, kind in CHILD_RESOURCES.items():
+            k8s.resources[resource] = {"kind": kind, "namespaced": True, "verbs": VERBS}
+        k8s.resources[CR] = {
+            "kind": "PDDDeployment",
+            "singular": "pdddeployment",
+            "namespaced": True,
+            "verbs": VERBS,
+            "subresources": ["status"],
+        }
+        yield k8s, str(server.url).rstrip("/")
+
+
+def kubeconfig(url: str) -> str:
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "emulator",
+            "contexts": [{"name": "emulator", "context": {"cluster": "c", "user": "u"}}],
+            "clusters": [{"name": "c", "cluster": {"server": url}}],
+            "users": [{"name": "u", "user": {"token": "test-token"}}],
+        }
+    )
+
+
+def live(k8s: kmock.KubernetesEmulator, resource: str, ns: str, name: str) -> dict | None:
+    try:
+        obj = k8s.objects[resource, ns, name]
+    except KeyError:
+        return None
+    return None if obj.deleted else obj.raw
+
+
+def versions(k8s: kmock.KubernetesEmulator, resource: str, ns: str, name: str) -> int:
+    return len(k8s.objects[resource, ns, name].history)
+
+
+def children(k8s: kmock.KubernetesEmulator, ns: str) -> list[tuple[str, str]]:
+    found = []
+    for resource in CHILD_RESOURCES:
+        for name in ("config", "shared-secret", "prefill", "relay", "main", "router", "redis"):
+            for prefix in ("qwen", "remote"):
+                if live(k8s, resource, ns, f"{prefix}-{name}") is not None:
+                    found.append((resource, f"{prefix}-{name}"))
+    return found
+
+
+def condition(cr: dict | None, type_: str) -> dict:
+    for c in ((cr or {}).get("status") or {}).get("conditions", []):
+        if c["type"] == type_:
+            return c
+    return {}
+
+
+def events(k8s: kmock.KubernetesEmulator, reason: str) -> list[dict]:
+    return [
+        r.data
+        for r in list(k8s)
+        if r.resource is not None and r.resource.plural == "events" and r.method == "POST"
+        if (r.data or {}).get("reason") == reason
+    ]
+
+
+async def wait_for(predicate: Callable[[], Any], what: str, timeout: float = DEADLINE_S) -> Any:
+    """Poll ``predicate`` until it is truthy; fail with ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
+
+def watching(k8s: kmock.KubernetesEmulator, since: int) -> bool:
+    return any(
+        r.resource is not None and r.resource.plural == "pdddeployments" and r.params.get("watch")
+        for r in list(k8s)[since:]
+    )
+
+
+@asynccontextmanager
+async def running_operator(k8s: kmock.KubernetesEmulator) -> AsyncIterator[None]:
+    """The operator as `pdd operator` runs it, in its own thread and event loop (kopf
+    treats every task created in its loop as its own and would cancel the emulator's),
+    until the block ends.
+
+    Yields once kopf watches PDDDeployments, so objects created next arrive as watch
+    events (the emulator would otherwise list and replay them, and kopf would see stale
+    duplicates that a real API server never sends).
+    """
+    options = OperatorOptions(
+        status_interval_s=0.3, remote_retry_delay_s=0.5, remote_cleanup_retries=1
+    )
+    stop = threading.Event()
+    since = len(list(k8s))
+    operator = kopf.operator(
+        clusterwide=True, standalone=True, stop_flag=stop, memo=kopf.Memo(options=options)
+    )
+    thread = threading.Thread(target=asyncio.run, args=(operator,), name="kopf")
+    thread.start()
+    try:
+        await wait_for(lambda: watching(k8s, since), "kopf to watch PDDDeployments")
+        yield
+    finally:
+        stop.set()
+        await asyncio.to_thread(thread.join, 30)
+        assert not thread.is_alive(), "the operator did not stop"
+
+
+@pytest.fixture
+async def cluster_a(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[kmock.KubernetesEmulator, httpx.AsyncClient]]:
+    async with emulator() as (k8s, url), httpx.AsyncClient(base_url=url) as client:
+        path = tmp_path / "kubeconfig"
+        path.write_text(kubeconfig(url))
+        monkeypatch.setenv("KUBECONFIG", str(path))
+        yield k8s, client
+
+
+def load_cr(name: str, uid: str) -> dict[str, Any]:
+    cr = yaml.safe_load((DATA / name).read_text())
+    cr["metadata"]["uid"] = uid  # the emulator does not assign uids
+    return cr
+
+
+async def create(client: httpx.AsyncClient, path: str, obj: dict[str, Any]) -> None:
+    response = await client.post(path, json=obj)
+    response.raise_for_status()
+
+
+CR_PATH = "/apis/pdd.dev/v1alpha1/namespaces/serving/pdddeployments"
+
+
+def reconciled(requests: list[Any]) -> bool:
+    """Has a reconcile walked every child (the router PDB is planned last) and then read
+    the PDDDeployment back to write its status?"""
+    plurals = [(r.resource.plural, r.name) for r in requests if r.resource is not None]
+    if ("poddisruptionbudgets", "qwen-router") not in plurals:
+        return False
+    last_child = plurals.index(("poddisruptionbudgets", "qwen-router"))
+    return ("pdddeployments", "qwen") in plurals[last_child:]
+
+
+async def test_create_then_reconcile_again_changes_nothing(cluster_a: Any) -> None:
+    k8s, client = cluster_a
+    async with running_operator(k8s):
+        await create(client, CR_PATH, load_cr("pool-b.yaml", "uid-qwen"))
+        main = await wait_for(lambda: live(k8s, DEPLOYMENTS, "serving", "qwen-main"), "MD")
+        pod = main["spec"]["template"]["spec"]
+        assert pod["nodeSelector"] == {"pool": "decode", "nvidia.com/gpu.product": "NVIDIA-H200"}
+        assert main["metadata"]["ownerReferences"][0]["uid"] == "uid-qwen"
+        hpa = await wait_for(lambda: live(k8s, HPAS, "serving", "qwen-relay"), "the relay HPA")
+        assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "pdd_relay_load"
+        cr = await wait_for(
+            lambda: (c := live(k8s, CR, "serving", "qwen")) and condition(c, "LinkSized") and c,
+            "LinkSized",
+        )
+        assert condition(cr, "LinkSized")["status"] == "True"
+        assert cr["status"]["wan"]["declaredGbps"] == 25
+        assert condition(cr, "Ready")["reason"] == "ReplicasNotReady"
+
+        # Play the Deployment controller: every role ready -> Ready=True via the daemon.
+        for role, ready in (("prefill", 2), ("relay", 1), ("main", 3), ("router", 2)):
+            path = f"/apis/apps/v1/namespaces/serving/deployments/qwen-{role}/status"
+            status = {"status": {"readyReplicas": ready, "updatedReplicas": ready}}
+            (await client.patch(path, json=status)).raise_for_status()
+        await wait_for(
+            lambda: condition(live(k8s, CR, "serving", "qwen"), "Ready").get("status") == "True",
+            "Ready=True",
+        )
+        cr = live(k8s, CR, "serving", "qwen")
+        assert cr["status"]["roles"]["main"]["summary"] == "3/3"
+        built = children(k8s, "serving")
+        history = {key: versions(k8s, key[0], "serving", key[1]) for key in built}
+
+    mark = len(list(k8s))
+    async with running_operator(k8s):  # a restart: kopf resumes and reconciles again
+        await wait_for(lambda: reconciled(list(k8s)[mark:]), "the resumed reconcile to finish")
+    writes = [
+        (r.method, r.resource.plural, r.name)
+        for r in list(k8s)[mark:]
+        if r.resource is not None and r.resource.plural not in ("pdddeployments", "events")
+        if r.method in ("POST", "PATCH", "PUT", "DELETE")
+    ]
+    assert writes == []
+    assert {key: versions(k8s, key[0], "serving", key[1]) for key in built} == history
+    assert sorted(built) == sorted(children(k8s, "serving"))
+
+
+async def test_spec_change_updates_and_rolls_the_affected_children(cluster_a: Any) -> None:
+    k8s, client = cluster_a
+    async with running_operator(k8s):
+        await create(client, CR_PATH, load_cr("pool-b.yaml", "uid-qwen"))
+        before = await wait_for(
+            lambda: live(k8s, DEPLOYMENTS, "serving", "qwen-prefill"), "prefill"
+        )
+        await wait_for(
+            lambda: live(k8s, "policy/v1/poddisruptionbudgets", "serving", "qwen-router"), "all"
+        )
+        hpa_versions = versions(k8s, HPAS, "serving", "qwen-relay")
+        config_key = "pdd.dev/config-hash"
+        old_hash = before["spec"]["template"]["metadata"]["annotations"][config_key]
+        patch = {"spec": {"prefill": {"replicas": 4}, "handoff": {"catchUpThreshold": 32}}}
+        mark = len(list(k8s))
+        response = await client.patch(
+            f"{CR_PATH}/qwen",
+            json=patch,
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        response.raise_for_status()
+        after = await wait_for(
+            lambda: (
+                (d := live(k8s, DEPLOYMENTS, "serving", "qwen-prefill"))
+                and d["spec"]["replicas"] == 4
+                and d
+            ),
+            "prefill scaled to 4",
+        )
+        assert after["spec"]["template"]["metadata"]["annotations"][config_key] != old_hash
+        await wait_for(  # the relay reads the same config: it rolls too
+            lambda: (
+                (d := live(k8s, DEPLOYMENTS, "serving", "qwen-relay"))
+                and d["spec"]["template"]["metadata"]["annotations"][config_key] != old_hash
+            ),
+            "the relay's pods to roll",
+        )
+        await wait_for(lambda: reconciled(list(k8s)[mark:]), "the reconcile to finish")
+        config = live(k8s, "v1/configmaps", "serving", "qwen-config")
+        assert '"catchUpThreshold": 32' in config["data"]["config.json"]
+        assert versions(k8s, HPAS, "serving", "qwen-relay") == hpa_versions
+
+
+async def test_undersized_link_is_reported_with_an_event(cluster_a: Any) -> None:
+    k8s, client = cluster_a
+    cr = load_cr("pool-b.yaml", "uid-small")
+    cr["spec"]["wan"]["declaredGbps"] = 1
+    async with running_operator(k8s):
+        await create(client, CR_PATH, cr)
+        linked = await wait_for(
+            lambda: condition(live(k8s, CR, "serving", "qwen"), "LinkSized"), "LinkSized"
+        )
+        assert (linked["status"], linked["reason"]) == ("False", "LinkUndersized")
+        warning = (await wait_for(lambda: events(k8s, "LinkUndersized"), "the event"))[0]
+        assert warning["type"] == "Warning" and "raise wan.declaredGbps" in warning["message"]
+        assert live(k8s, DEPLOYMENTS, "serving", "qwen-main") is not None  # deploys anyway
+
+
+async def test_invalid_spec_gets_a_clear_condition_and_no_children(cluster_a: Any) -> None:
+    k8s, client = cluster_a
+    cr = load_cr("pool-b.yaml", "uid-bad")
+    cr["spec"]["relay"] = {"minReplicas": 3, "maxReplicas": 2}
+    async with running_operator(k8s):
+        await create(client, CR_PATH, cr)
+        degraded = await wait_for(
+            lambda: condition(live(k8s, CR, "serving", "qwen"), "Degraded"), "Degraded"
+        )
+        assert (degraded["status"], degraded["reason"]) == ("True", "InvalidSpec")
+        assert "relay.maxReplicas (2) is below minReplicas (3)" in degraded["message"]
+        assert condition(live(k8s, CR, "serving", "qwen"), "Ready")["status"] == "False"
+        await wait_for(lambda: events(k8s, "InvalidSpec"), "the InvalidSpec event")
+        assert children(k8s, "serving") == []
+
+
+async def test_remote_cluster_waits_for_its_secret_then_deploys_and_deletes_both(
+    cluster_a: Any,
+) -> None:
+    k8s_a, client_a = cluster_a
+    async with emulator() as (k8s_b, url_b), running_operator(k8s_a):
+        await create(client_a, CR_PATH, load_cr("remote.yaml", "uid-remote"))
+        blocked = await wait_for(
+            lambda: condition(live(k8s_a, CR, "serving", "remote"), "Degraded"), "Degraded"
+        )
+        assert blocked["reason"] == "RemoteClusterUnavailable"
+        assert "kubectl -n serving create secret generic cluster-b" in blocked["message"]
+        assert children(k8s_a, "serving") == []  # nothing half-way
+
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "cluster-b", "namespace": "serving", "uid": "uid-secret"},
+            "data": {"kubeconfig": base64.b64encode(kubeconfig(url_b).encode()).decode()},
+        }
+        await create(client_a, "/api/v1/namespaces/serving/secrets", secret)
+        main = await wait_for(
+            lambda: live(k8s_b, DEPLOYMENTS, "serving-b", "remote-main"), "MD in B"
+        )
+        assert "ownerReferences" not in main["metadata"]
+        assert main["metadata"]["labels"]["pdd.dev/owner-uid"] == "uid-remote"
+        assert main["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "b"}
+        await wait_for(lambda: live(k8s_a, DEPLOYMENTS, "serving", "remote-router"), "router")
+        assert live(k8s_a, DEPLOYMENTS, "serving", "remote-main") is None
+        token_a = live(k8s_a, "v1/secrets", "serving", "remote-shared-secret")["data"]
+        token_b = live(k8s_b, "v1/secrets", "serving-b", "remote-shared-secret")["data"]
+        assert token_a == token_b
+        await wait_for(
+            lambda: (
+                condition(live(k8s_a, CR, "serving", "remote"), "Degraded").get("status") == "False"
+            ),
+            "Degraded=False once cluster B is reachable",
+        )
+
+        (await client_a.delete(f"{CR_PATH}/remote")).raise_for_status()
+        await wait_for(lambda: live(k8s_a, CR, "serving", "remote") is None, "the CR to go")
+        assert children(k8s_b, "serving-b") == []
+        assert children(k8s_a, "serving") == []
+
+
+async def test_moving_md_back_from_cluster_b_cleans_cluster_b(cluster_a: Any) -> None:
+    k8s_a, client_a = cluster_a
+    async with emulator() as (k8s_b, url_b), running_operator(k8s_a):
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "cluster-b", "namespace": "serving", "uid": "uid-secret"},
+            "data": {"kubeconfig": base64.b64encode(kubeconfig(url_b).encode()).decode()},
+        }
+        await create(client_a, "/api/v1/namespaces/serving/secrets", secret)
+        cr = load_cr("remote.yaml", "uid-move")
+        await create(client_a, CR_PATH, copy.deepcopy(cr))
+        await wait_for(lambda: live(k8s_b, DEPLOYMENTS, "serving-b", "remote-main"), "MD in B")
+        response = await client_a.patch(
+            f"{CR_PATH}/remote",
+            json={"spec": {"remoteCluster": None, "poolB": {"nodeSelector": {"pool": "b2"}}}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        response.raise_for_status()
+        await wait_for(lambda: live(k8s_a, DEPLOYMENTS, "serving", "remote-main"), "MD in A")
+        await wait_for(lambda: children(k8s_b, "serving-b") == [], "cluster B to be emptied")

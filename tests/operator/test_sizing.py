@@ -1,0 +1,71 @@
+"""WAN link sizing in status, via the shared cost model."""
+
+from __future__ import annotations
+
+from pdd.common.cost_model import LinkState, WorkloadProfile, size_wan_link
+from pdd.operator.kv_size import resolve_kv_bytes_per_token
+from pdd.operator.sizing import size_link
+from pdd.operator.spec import PDDSpec, Wan, Workload
+
+KV_BPT = 2 * 36 * 8 * 128 * 2  # the pool-b example's model.config
+
+
+def test_sufficient_link_reports_the_cost_models_numbers(pool_b_spec: PDDSpec) -> None:
+    report = size_link(pool_b_spec)
+    expected = size_wan_link(
+        WorkloadProfile(10, 8000, 500, 0.9), KV_BPT, LinkState(25, 30), ttft_budget_s=5.0
+    )
+    assert report.wan["requiredGbps"] == round(expected.required_gbps, 3)
+    assert report.wan["kvBytesPerToken"] == KV_BPT
+    assert report.wan["declaredGbps"] == 25
+    assert report.wan["recommendedRelayReplicas"] == {
+        "min": expected.relay_replicas_min,
+        "max": expected.relay_replicas_max,
+    }
+    assert report.condition.status == "True" and report.condition.reason == "LinkSufficient"
+    assert not report.undersized
+    # required = rate * input * miss * bytes * 8 * burst(2): 10 * 8000 * 0.1 * 147456 * 8 * 2
+    assert report.wan["requiredGbps"] == round(10 * 8000 * 0.1 * KV_BPT * 8 * 2 / 1e9, 3)
+
+
+def test_undersized_link_is_false_with_the_fix(pool_b_spec: PDDSpec) -> None:
+    small = pool_b_spec.model_copy(update={"wan": Wan(declared_gbps=1, rtt_ms=30)})
+    report = size_link(small)
+    assert report.undersized
+    assert (report.condition.status, report.condition.reason) == ("False", "LinkUndersized")
+    assert "raise wan.declaredGbps" in report.condition.message
+    assert report.wan["headroom"] < 1
+
+
+def test_kv_size_unknown_says_which_fields_to_set(remote_spec: PDDSpec) -> None:
+    model = remote_spec.model.model_copy(update={"kv_bytes_per_token": None, "config": None})
+    report = size_link(remote_spec.model_copy(update={"model": model}))
+    assert (report.condition.status, report.condition.reason) == ("Unknown", "KVSizeUnknown")
+    assert "model.kvBytesPerToken" in report.condition.message
+    assert "requiredGbps" not in report.wan
+
+
+def test_workload_unknown(remote_spec: PDDSpec) -> None:
+    report = size_link(remote_spec)
+    assert (report.condition.status, report.condition.reason) == ("Unknown", "WorkloadUnknown")
+
+
+def test_explicit_kv_bytes_win_over_model_config(pool_b_spec: PDDSpec) -> None:
+    model = pool_b_spec.model.model_copy(update={"kv_bytes_per_token": 1000})
+    assert resolve_kv_bytes_per_token(model) == 1000
+    assert resolve_kv_bytes_per_token(pool_b_spec.model) == KV_BPT
+
+
+def test_relay_max_below_recommendation_is_mentioned(pool_b_spec: PDDSpec) -> None:
+    heavy = pool_b_spec.model_copy(
+        update={
+            "workload": Workload(
+                request_rate=200, mean_input_tokens=64000, mean_output_tokens=1000,
+                mean_md_hit_rate=0.5,
+            ),
+            "wan": Wan(declared_gbps=10, rtt_ms=30),
+        }
+    )  # fmt: skip
+    report = size_link(heavy)
+    assert report.wan["recommendedRelayReplicas"]["max"] > heavy.relay.max_replicas
+    assert "relay.maxReplicas (3) is below" in report.condition.message
