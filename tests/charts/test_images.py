@@ -1,0 +1,100 @@
+"""The Dockerfiles build small, non-root images whose names the chart and examples use."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+COMPONENTS = {"worker": "worker", "router": "router", "operator": "operator"}
+
+
+def dockerfile(component: str) -> str:
+    return (REPO / "docker" / f"{component}.Dockerfile").read_text()
+
+
+def final_stage(text: str) -> str:
+    """The instructions of the last FROM stage: what ships."""
+    return re.split(r"(?m)^FROM ", text)[-1]
+
+
+def image_label(text: str) -> str:
+    match = re.search(r'org\.opencontainers\.image\.ref\.name="([^"]+)"', text)
+    assert match, "Dockerfile lacks the org.opencontainers.image.ref.name label"
+    return match[1]
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_image_is_slim_non_root_and_runs_its_subcommand(component: str) -> None:
+    text = dockerfile(component)
+    assert re.search(r"(?m)^ARG PYTHON_IMAGE=python:3\.11-slim$", text)
+    stage = final_stage(text)
+    users = re.findall(r"(?m)^USER (\S+)$", stage)
+    assert users and users[-1].split(":")[0] == "10001", "the image must end as USER 10001"
+    assert f'ENTRYPOINT ["pdd", "{component}"]' in stage
+    assert "pip install" not in stage, "install in the build stage; ship only the venv"
+
+
+@pytest.mark.parametrize("component", ["router", "operator"])
+def test_router_and_operator_images_carry_no_torch(component: str) -> None:
+    text = dockerfile(component)
+    instructions = [line for line in text.splitlines() if not line.startswith("#")]
+    assert [line for line in instructions if "torch" in line] == []
+    assert re.search(r"(?m)^RUN pip install \.$", text), "the base package only, no extras"
+
+
+def test_worker_image_takes_torch_from_the_cpu_index_by_default() -> None:
+    text = dockerfile("worker")
+    assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in text
+    assert "ARG TORCH_VERSION=2.13.0" in text
+    assert 'pip install ".[worker]"' in text
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_one_image_naming_scheme(component: str, chart) -> None:
+    app_version = yaml.safe_load((chart.path / "Chart.yaml").read_text())["appVersion"]
+    assert (
+        image_label(dockerfile(component)) == f"ghcr.io/pdd-project/pdd-{component}:{app_version}"
+    )
+
+
+def test_chart_deploys_the_operator_image_the_dockerfile_builds(chart) -> None:
+    values = yaml.safe_load((chart.path / "values.yaml").read_text())
+    assert values["operator"]["image"] == image_label(dockerfile("operator"))
+
+
+def test_examples_deploy_the_worker_and_router_images_the_dockerfiles_build(chart) -> None:
+    expected = (image_label(dockerfile("worker")), image_label(dockerfile("router")))
+    deployments = [
+        doc
+        for path in sorted(chart.examples.glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc and doc.get("kind") == "PDDDeployment"
+    ]
+    assert deployments, "examples/ holds no PDDDeployment"
+    for doc in deployments:
+        images = doc["spec"]["images"]
+        assert (images["worker"], images["router"]) == expected, doc["metadata"]["name"]
+
+
+def test_dockerignore_keeps_the_build_context_to_the_sources() -> None:
+    lines = [
+        line
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line and line[0] != "#"
+    ]
+    assert lines[0] == "*", "start from an empty context and allow-list the sources"
+    included = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
+    for component in ("common", "worker", "router", "operator"):
+        assert component in included
+    copied = {
+        src
+        for component in COMPONENTS
+        for src in re.findall(r"(?m)^COPY (?!--from)(.+) \S+$", dockerfile(component))
+    }
+    for sources in copied:
+        for source in sources.split():
+            assert source in included, f"{source} is COPYed but .dockerignore leaves it out"

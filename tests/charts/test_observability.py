@@ -1,0 +1,85 @@
+"""The Grafana dashboard and the prometheus-adapter rule speak the metric names PDD exports."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import yaml
+
+from pdd.operator.naming import RELAY_LOAD_METRIC
+
+#: The metrics the router and workers export (names fixed by the project's issue list).
+PDD_METRICS = {
+    "pdd_router_requests_total",
+    "pdd_router_ttft_seconds",
+    "pdd_wan_bytes_total",
+    "pdd_relay_load",
+    "pdd_prefix_hit_tokens_total",
+    "pdd_prompt_tokens_total",
+}
+HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+METRIC_NAME = re.compile(r"\bpdd_[a-z_]+\b")
+
+
+def _base_name(name: str) -> str:
+    for suffix in HISTOGRAM_SUFFIXES:
+        if name.endswith(suffix) and name.removesuffix(suffix) in PDD_METRICS:
+            return name.removesuffix(suffix)
+    return name
+
+
+def test_dashboard_charts_every_pdd_metric_and_no_unknown_one(chart, find_object) -> None:
+    objects = chart.objects({"grafana": {"dashboard": {"enabled": True}}})
+    config_map = find_object(objects, "ConfigMap", "pdd-dashboard")
+    dashboard = json.loads(config_map["data"]["pdd-overview.json"])
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    used = {_base_name(name) for expr in exprs for name in METRIC_NAME.findall(expr)}
+    assert used == PDD_METRICS
+    titles = {panel["title"] for panel in dashboard["panels"]}
+    assert {"Time to first token", "Pipeline mix", "WAN throughput", "Relay load"} <= titles
+
+
+def test_dashboard_reads_ttft_as_a_histogram_and_mix_by_pipeline(chart) -> None:
+    dashboard = json.loads((chart.path / "dashboards" / "pdd-overview.json").read_text())
+    exprs = {panel["title"]: [t["expr"] for t in panel["targets"]] for panel in dashboard["panels"]}
+    assert all(
+        "histogram_quantile" in e and "pdd_router_ttft_seconds_bucket" in e
+        for e in exprs["Time to first token"]
+    )
+    assert any("by (pipeline)" in e for e in exprs["Pipeline mix"])
+    assert any("reason" in e for e in exprs["Pipeline choice reasons"])
+
+
+def test_dashboard_configmap_is_found_by_the_grafana_sidecar_label(chart, find_object) -> None:
+    objects = chart.objects({"grafana": {"dashboard": {"enabled": True, "namespace": "grafana"}}})
+    config_map = find_object(objects, "ConfigMap", "pdd-dashboard")
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert config_map["metadata"]["namespace"] == "grafana"
+
+
+def test_dashboard_is_off_by_default(chart) -> None:
+    assert [o for o in chart.objects() if o["metadata"]["name"] == "pdd-dashboard"] == []
+
+
+def test_adapter_rule_exposes_relay_load_per_pod_under_the_hpa_metric_name(
+    chart, find_object
+) -> None:
+    objects = chart.objects({"metricsAdapter": {"namespace": "monitoring"}})
+    config_map = find_object(objects, "ConfigMap", "pdd-adapter-rules")
+    assert config_map["metadata"]["namespace"] == "monitoring"
+    [rule] = yaml.safe_load(config_map["data"]["config.yaml"])["rules"]
+    assert rule["seriesQuery"].startswith("pdd_relay_load{")
+    assert rule["name"]["as"] == RELAY_LOAD_METRIC  # what the operator's relay HPA asks for
+    # A Pods metric needs the series tied to pods and namespaces.
+    assert rule["resources"]["overrides"] == {
+        "namespace": {"resource": "namespace"},
+        "pod": {"resource": "pod"},
+    }
+    assert "<<.LabelMatchers>>" in rule["metricsQuery"]
+    assert "by (<<.GroupBy>>)" in rule["metricsQuery"]
+
+
+def test_adapter_rules_can_be_switched_off(chart) -> None:
+    objects = chart.objects({"metricsAdapter": {"rules": {"enabled": False, "window": "1m"}}})
+    assert [o for o in objects if o["metadata"]["name"] == "pdd-adapter-rules"] == []

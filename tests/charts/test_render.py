@@ -1,0 +1,120 @@
+"""The chart renders and lints with real Helm, and its schema turns bad values away by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import helm_python
+import pytest
+
+from pdd.operator.main import parse_args
+
+#: helm lint severities: 1 info (e.g. "icon is recommended"), 2 warning, 3 error.
+WARNING = 2
+
+
+def test_chart_lints_clean_in_strict_mode(chart, chart_values: dict[str, Any] | None) -> None:
+    report = helm_python.lint(chart.path, chart_values, strict=True, namespace=chart.namespace)
+    assert report["errors"] == []
+    findings = [m for m in report["messages"] if m["severity"] >= WARNING]
+    assert findings == []
+
+
+def test_chart_renders_the_operator_and_its_identity(chart, find_object, chart_values) -> None:
+    objects = chart.objects(chart_values)
+    pod = find_object(objects, "Deployment", "pdd-operator")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "pdd-operator"
+    find_object(objects, "ServiceAccount", "pdd-operator")
+    role = find_object(objects, "ClusterRole", "pdd-operator")
+    binding = find_object(objects, "ClusterRoleBinding", "pdd-operator")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "pdd-operator", "namespace": chart.namespace}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [
+        ({"replicaCount": "two"}, "/replicaCount"),
+        ({"replicaCount": 2}, "/replicaCount"),
+        ({"redis": {"port": "6379"}}, "/redis/port"),
+        ({"redis": {"enabeld": True}}, "enabeld"),
+        ({"operator": {"image": "Not An Image!"}}, "/operator/image"),
+        ({"operator": {"statusIntervalSeconds": 0}}, "/operator/statusIntervalSeconds"),
+    ],
+    ids=[
+        "wrong-type",
+        "two-standalone-operators",
+        "port-as-string",
+        "typo-key",
+        "bad-image",
+        "zero-interval",
+    ],
+)
+def test_schema_rejects_bad_values_naming_the_field(chart, values, field: str) -> None:
+    with pytest.raises(helm_python.HelmValuesError) as err:
+        chart.render(values)
+    assert field in str(err.value)
+    report = helm_python.lint(chart.path, values, strict=True)
+    assert any(field in message for message in report["errors"]), report["errors"]
+
+
+def test_managed_redis_renders_a_service_that_selects_its_pod(chart, find_object) -> None:
+    objects = chart.objects({"redis": {"enabled": True, "port": 6380}})
+    service = find_object(objects, "Service", "pdd-redis")
+    redis = find_object(objects, "Deployment", "pdd-redis")
+    assert service["spec"]["ports"][0]["port"] == 6380
+    assert redis["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] == 6380
+    pod_labels = redis["spec"]["template"]["metadata"]["labels"]
+    assert pod_labels.items() >= service["spec"]["selector"].items()
+    notes = chart.render({"redis": {"enabled": True, "port": 6380}})["templates/NOTES.txt"]
+    assert f"redis://pdd-redis.{chart.namespace}.svc:6380/0" in notes
+
+
+def test_without_managed_redis_nothing_redis_renders(chart) -> None:
+    objects = chart.objects()
+    assert [o["metadata"]["name"] for o in objects if "redis" in o["metadata"]["name"]] == []
+
+
+def test_operator_args_are_ones_pdd_operator_accepts(chart, find_object, chart_values) -> None:
+    container = _operator_container(chart.objects(chart_values), find_object)
+    args = parse_args(container["args"])
+    assert args.liveness.endswith(f":{container['ports'][0]['containerPort']}/healthz")
+    probe = container["livenessProbe"]["httpGet"]
+    assert (probe["path"], probe["port"]) == ("/healthz", container["ports"][0]["name"])
+    watched = (chart_values or {}).get("operator", {}).get("watchNamespaces", [])
+    assert args.namespace == watched
+    assert args.all_namespaces is (not watched)
+
+
+def test_operator_image_and_interval_come_from_values(chart, find_object) -> None:
+    values = {"operator": {"image": "registry.local/pdd-operator:dev", "statusIntervalSeconds": 5}}
+    container = _operator_container(chart.objects(values), find_object)
+    assert container["image"] == "registry.local/pdd-operator:dev"
+    assert parse_args(container["args"]).status_interval == 5.0
+
+
+def test_operator_runs_locked_down(chart, find_object) -> None:
+    pod = find_object(chart.objects(), "Deployment", "pdd-operator")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001
+    container = pod["containers"][0]["securityContext"]
+    assert container["allowPrivilegeEscalation"] is False
+    assert container["readOnlyRootFilesystem"] is True
+
+
+def test_notes_print_the_redis_url_and_the_adapter_hand_off(chart) -> None:
+    notes = chart.render({"redis": {"enabled": True}})["templates/NOTES.txt"]
+    assert f"redis://pdd-redis.{chart.namespace}.svc:6379/0" in notes
+    assert "rules.existing=pdd-adapter-rules" in notes
+    assert "/v1/chat/completions" in notes
+
+
+def _operator_container(objects, find_object) -> dict[str, Any]:
+    deployment = find_object(objects, "Deployment", "pdd-operator")
+    return deployment["spec"]["template"]["spec"]["containers"][0]
