@@ -1,0 +1,90 @@
+"""``pdd generate``: the installed command against transformers, and bad input.
+
+Bad input must be one line on stderr with exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from pdd.worker import generate_cli
+
+PDD = Path(sys.executable).with_name("pdd")
+
+
+def test_installed_command_matches_transformers(hf_checkpoint: Callable[..., Path]) -> None:
+    ckpt = hf_checkpoint("qwen2")
+    prompt = [(i * 37 + 3) % 318 + 2 for i in range(19)]
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
+    expected = model.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=64,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )[0, len(prompt) :].tolist()
+    argv = [str(PDD), "generate", "--model", str(ckpt), "--max-tokens", "64", "--ignore-eos"]
+    argv += ["--prompt-ids", ",".join(map(str, prompt)), "--json"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"token_ids": expected}
+
+
+def test_text_prompt_and_seeded_sampling(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--model", "tiny", "--max-tokens", "12", "--ignore-eos", "--json"]
+    seeded = [*base, "--prompt", "hello", "--temperature", "0.8", "--seed", "3"]
+    assert generate_cli.main(seeded) == 0
+    first = json.loads(capsys.readouterr().out)["token_ids"]
+    assert generate_cli.main(seeded) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == first
+    as_ids = [*base, "--prompt-ids", ",".join(str(b) for b in b"hello")]
+    assert generate_cli.main([*as_ids, "--temperature", "0.8", "--seed", "3"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == first
+    assert len(first) == 12
+    assert generate_cli.main(["--model", "tiny", "--prompt", "hi", "--max-tokens", "3"]) == 0
+    assert capsys.readouterr().out.endswith("\n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--prompt-ids", "1,x"], "comma-separated integers"),
+        (["--prompt-ids", ","], "empty"),
+        (["--prompt-ids", "1,2,999"], "outside the vocabulary"),
+        (["--prompt-ids", ",".join(["7"] * 4096)], "context window is 4096"),
+        (["--prompt-ids", "1", "--max-tokens", "0"], "max_tokens"),
+        (["--prompt-ids", "1", "--temperature", "-1"], "temperature"),
+        (["--prompt-ids", "1", "--dtype", "int3"], "dtype 'int3' is not supported"),
+        (["--prompt-ids", "1", "--device", "tpu9"], "not a torch device"),
+        (["--prompt-ids", "1", "--max-tokens", "many"], "invalid int value"),
+        ([], "one of the arguments --prompt-ids --prompt is required"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert generate_cli.main(["--model", "tiny", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("pdd generate: error: ")
+    assert message in err
+
+
+def test_unusable_checkpoints_exit_2_without_traceback(hf_checkpoint: Callable[..., Path]) -> None:
+    ckpt = hf_checkpoint("llama")
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**config, "architectures": ["BertModel"]}))
+    argv = [str(PDD), "generate", "--model", str(ckpt), "--prompt-ids", "1,2"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1
+    assert "unsupported architecture BertModel" in done.stderr
+    assert "Traceback" not in done.stderr
