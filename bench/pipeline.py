@@ -1,0 +1,138 @@
+"""Pipelines side by side: mono, naive cross-datacenter PD, and PDD on the same requests.
+
+    python bench/pipeline.py [--conversations 16] [--gbps 0.05] [--rtt-ms 30]
+        [--jitter-ms 5] [--max-tokens 48] [--json OUT]
+
+Starts real worker processes (P, RLD, MD, mono) and a WAN link emulator in
+front of each WAN-facing worker, then replays the same two-turn conversations
+(turn 2 = turn 1 + its answer + a new message, the traffic that makes the
+decode-side radix cache pay) through each system:
+
+* ``mono``: one colocated instance (no WAN at all: the lower bound);
+* ``naive``: P then MD across the WAN, shipping the full KV, no DRC;
+* ``pdd``: P-RLD-MD: dual-path KV, eager tokens from RLD, only MD's miss on the WAN.
+
+Reported per system: TTFT p50/p90/p99, the largest inter-token stall seen by
+any client, and the KV bytes that crossed the WAN. Systems run one after the
+other, pdd before naive (so pdd's MD starts cold; naive empties MD's cache anyway).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import tempfile
+from pathlib import Path
+
+import httpx
+
+from pdd.common.wire import PipelinePlan, SamplingSpec
+from pdd.worker.driver import RunResult, run_plan
+from pdd.worker.local_cluster import LinkSpec, LocalCluster, WorkerSpec
+
+SPECS = [
+    WorkerSpec("p", "prefill"),
+    WorkerSpec("rld", "relay", wan_facing=True),
+    WorkerSpec("md", "main", wan_facing=True),
+    WorkerSpec("mono", "mono"),
+]
+SYSTEMS = {"mono": "mono", "pdd": "P-RLD-MD", "naive": "naive"}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--conversations", type=int, default=16)
+    p.add_argument("--prompt-tokens", type=int, default=400)
+    p.add_argument("--turn2-tokens", type=int, default=40, help="new tokens in turn 2")
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--gbps", type=float, default=0.05)
+    p.add_argument("--rtt-ms", type=float, default=30.0)
+    p.add_argument("--jitter-ms", type=float, default=5.0)
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--json", help="write the results here as JSON")
+    return p.parse_args(argv)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def wan_bytes(cluster: LocalCluster) -> float:
+    return cluster["p"].metrics().get("pdd_wan_bytes_total", 0.0)
+
+
+async def run_turn(
+    cluster: LocalCluster, system: str, prompts: list[list[int]], tag: str, max_tokens: int
+) -> list[RunResult]:
+    def plan(i: int, prompt: list[int]) -> PipelinePlan:
+        return cluster.plan(
+            f"{system}-{tag}-{i}", prompt, SYSTEMS[system],
+            SamplingSpec(max_tokens=max_tokens, ignore_eos=True),
+            main="mono" if system == "mono" else "md",
+        )  # fmt: skip
+
+    async with httpx.AsyncClient(timeout=60.0) as client:
+        runs = [run_plan(plan(i, p), client, cluster.secret, 600.0) for i, p in enumerate(prompts)]
+        return list(await asyncio.gather(*runs))
+
+
+async def run_system(cluster: LocalCluster, system: str, args: argparse.Namespace) -> dict:
+    rng = random.Random(7)
+    turn1 = [
+        [rng.randrange(256) for _ in range(args.prompt_tokens)] for _ in range(args.conversations)
+    ]
+    before = wan_bytes(cluster)
+    first = await run_turn(cluster, system, turn1, "t1", args.max_tokens)
+    turn2 = [
+        p + r.token_ids + [rng.randrange(256) for _ in range(args.turn2_tokens)]
+        for p, r in zip(turn1, first, strict=True)
+    ]
+    second = await run_turn(cluster, system, turn2, "t2", args.max_tokens)
+    results = first + second
+    ttft = [r.first_token_s * 1000 for r in results if r.first_token_s is not None]
+    return {
+        "system": system,
+        "requests": len(results),
+        "ttft_p50_ms": percentile(ttft, 0.5),
+        "ttft_p90_ms": percentile(ttft, 0.9),
+        "ttft_p99_ms": percentile(ttft, 0.99),
+        "ttft_mean_ms": statistics.fmean(ttft),
+        "max_stall_ms": max(r.max_gap_s for r in results) * 1000,
+        "wan_kv_bytes": wan_bytes(cluster) - before,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    link = LinkSpec(gbps=args.gbps, rtt_ms=args.rtt_ms, jitter_ms=args.jitter_ms)
+    with tempfile.TemporaryDirectory(prefix="pdd-bench-") as logs:
+        cluster = LocalCluster.start(
+            SPECS, Path(logs), link,
+            common_args=["--model", args.model, "--torch-threads", "1", "--num-blocks", "2048"],
+        )  # fmt: skip
+        try:
+            results = [asyncio.run(run_system(cluster, s, args)) for s in SYSTEMS]
+        finally:
+            cluster.stop()
+    print(
+        f"{args.conversations} two-turn conversations, {args.prompt_tokens}-token prompts, "
+        f"WAN {args.gbps} Gbit/s RTT {args.rtt_ms} ms jitter {args.jitter_ms} ms"
+    )
+    head = f"{'system':<8}{'TTFT p50':>10}{'p90':>10}{'p99':>10}{'max stall':>11}{'WAN KV MB':>11}"
+    print(head + "   (ms)")
+    for r in results:
+        print(
+            f"{r['system']:<8}{r['ttft_p50_ms']:>10.1f}{r['ttft_p90_ms']:>10.1f}"
+            f"{r['ttft_p99_ms']:>10.1f}{r['max_stall_ms']:>11.1f}{r['wan_kv_bytes'] / 1e6:>11.2f}"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"config": vars(args), "results": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

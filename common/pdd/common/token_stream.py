@@ -1,0 +1,109 @@
+"""Join the token streams of several instances into one ordered stream.
+
+In PDD a request's tokens come from up to two instances: the relay (RLD)
+streams the first ones, the main decode (MD) continues after the handoff, and
+around the handoff both may report the same positions. Every token carries its
+output position (``seq``), so the merge is exact: each position is released
+once, in order, and only when every position before it has been released.
+
+Two sources that disagree on a position would fork the client's text; that is
+a correctness bug upstream (the token-exactness invariant is broken), so it is
+raised as :class:`TokenConflictError` instead of being silently resolved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pdd.common.wire import TokenEvent
+
+
+class TokenConflictError(RuntimeError):
+    """Two sources produced different tokens for the same output position."""
+
+
+@dataclass
+class TokenStreamMerger:
+    """Accepts events from any source in any order; emits each position exactly once.
+
+    ``accept`` returns the events now ready to forward. ``duplicates`` counts
+    positions seen again (the same token from another source, or a resend);
+    ``gaps`` lists positions still missing below the highest one seen. A
+    resend of the last released token marked ``finished`` only finishes the
+    stream (an instance learns that a request ended after streaming its last
+    token); it is not released again.
+    """
+
+    request_id: str
+    emitted: list[TokenEvent] = field(default_factory=list)
+    duplicates: int = 0
+    errors: dict[str, str] = field(default_factory=dict)
+    _pending: dict[int, TokenEvent] = field(default_factory=dict)
+    _finished_at: int | None = None
+
+    @property
+    def next_seq(self) -> int:
+        """The position the client is waiting for."""
+        return len(self.emitted)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Token IDs released so far (what a replacement instance must continue from)."""
+        return [e.token_id for e in self.emitted]  # type: ignore[misc]
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.emitted) and self.emitted[-1].finished
+
+    @property
+    def gaps(self) -> list[int]:
+        if not self._pending:
+            return []
+        return [s for s in range(self.next_seq, max(self._pending)) if s not in self._pending]
+
+    def accept(self, event: TokenEvent) -> list[TokenEvent]:
+        """Take one event; return the events released by it, in order."""
+        if event.request_id != self.request_id:
+            raise ValueError(
+                f"event for request {event.request_id!r} given to the merger of {self.request_id!r}"
+            )
+        if not event.is_token:
+            if event.error is not None:
+                self.errors[event.source] = event.error
+            return []
+        if self._is_known(event):
+            return []
+        if self._finished_at is not None and event.seq > self._finished_at:
+            return []  # a source kept going after another one finished the request
+        self._pending[event.seq] = event
+        if event.finished:
+            self._finished_at = event.seq
+        return self._release()
+
+    def _is_known(self, event: TokenEvent) -> bool:
+        """True for a position already held; raises when the token differs."""
+        known = (
+            self.emitted[event.seq] if event.seq < self.next_seq else self._pending.get(event.seq)
+        )
+        if known is None:
+            return False
+        if known.token_id != event.token_id:
+            raise TokenConflictError(
+                f"request {self.request_id}: position {event.seq} is token {known.token_id} from "
+                f"{known.source} but {event.token_id} from {event.source}; the instances diverged"
+            )
+        if event.finished and not known.finished and event.seq == self.next_seq - 1:
+            self.emitted[-1] = event  # the finish of a token already released: no new token
+            return True
+        self.duplicates += 1
+        return True
+
+    def _release(self) -> list[TokenEvent]:
+        ready: list[TokenEvent] = []
+        while self.next_seq in self._pending and not self.finished:
+            event = self._pending.pop(self.next_seq)
+            self.emitted.append(event)
+            ready.append(event)
+        if self.finished:
+            self._pending.clear()
+        return ready

@@ -1,0 +1,194 @@
+"""Wire schemas between the router (or a driver) and the workers' control APIs.
+
+The router never imports the worker: it speaks to workers only through these
+models, so they live here, torch-free. A request is described once, as a
+:class:`PipelinePlan` naming every instance it visits; each instance reads the
+part that concerns it. Tokens come back as :class:`TokenEvent` lines numbered by
+output position, so a client-side merger can join the streams of several
+instances into one gapless, duplicate-free stream (see ``token_stream.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from pdd.worker.cache_events import (  # torch-free pydantic models, re-exported for the router
+    CACHE_EVENT_LIST_ADAPTER,
+    AllCleared,
+    BlockRemoved,
+    BlockStored,
+    CacheEvent,
+)
+
+__all__ = [
+    "CACHE_EVENT_LIST_ADAPTER",
+    "AllCleared",
+    "BlockRemoved",
+    "BlockStored",
+    "CacheEvent",
+    "CacheEventsPage",
+    "Endpoint",
+    "HandoffIds",
+    "LoadReport",
+    "PipelinePlan",
+    "SamplingSpec",
+    "StateReport",
+    "TokenEvent",
+]
+
+Pipeline = Literal["P-RLD-MD", "P-MD", "P-RLD", "mono", "naive"]
+HandoffMode = Literal["auto", "one-shot", "catch-up"]
+Role = Literal["prefill", "relay", "main", "mono"]
+
+#: Which instances each pipeline needs, by plan field.
+PIPELINE_STAGES: dict[str, tuple[str, ...]] = {
+    "P-RLD-MD": ("prefill", "relay", "main"),
+    "P-MD": ("prefill", "main"),
+    "P-RLD": ("prefill", "relay"),
+    "naive": ("prefill", "main"),
+    "mono": ("main",),
+}
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Endpoint(_Wire):
+    """One worker instance and its three addresses.
+
+    ``fast_addr`` is reached from the same datacenter, ``wan_addr`` across the
+    WAN (in tests: through a link emulator). Both lead to the same data port.
+    """
+
+    instance_id: str = Field(min_length=1)
+    http_url: str = Field(min_length=1)
+    fast_addr: str = Field(min_length=1, description="HOST:PORT of the data plane, in-datacenter")
+    wan_addr: str = Field(min_length=1, description="HOST:PORT of the data plane, WAN-facing")
+
+
+class SamplingSpec(_Wire):
+    """How to sample; ``seed`` must be set for seeded sampling across instances."""
+
+    max_tokens: int = Field(default=16, ge=1)
+    temperature: float = Field(default=0.0, ge=0.0)
+    top_k: int = Field(default=0, ge=0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+
+class PipelinePlan(_Wire):
+    """Everything an instance needs to play its part in one request.
+
+    For ``mono`` the request goes to ``main`` (the colocated instance).
+    ``naive`` is cross-datacenter PD without PDD: P ships the full KV to MD.
+    """
+
+    request_id: str = Field(min_length=1, max_length=200)
+    prompt_ids: list[int] = Field(min_length=1)
+    sampling: SamplingSpec = SamplingSpec()
+    pipeline: Pipeline = "P-RLD-MD"
+    prefill: Endpoint | None = None
+    relay: Endpoint | None = None
+    main: Endpoint | None = None
+    handoff: HandoffMode = "auto"
+    catchup_threshold: int = Field(default=64, ge=1)
+
+    @model_validator(mode="after")
+    def _stages_present(self) -> PipelinePlan:
+        missing = [s for s in PIPELINE_STAGES[self.pipeline] if getattr(self, s) is None]
+        if missing:
+            raise ValueError(f"pipeline {self.pipeline} needs endpoints for: {', '.join(missing)}")
+        return self
+
+    @property
+    def decode_sources(self) -> tuple[Endpoint, ...]:
+        """The instances whose streams carry this request's tokens (relay first)."""
+        if self.pipeline == "mono":
+            return (self.main,)  # type: ignore[return-value]
+        stages = PIPELINE_STAGES[self.pipeline]
+        return tuple(getattr(self, s) for s in ("relay", "main") if s in stages)
+
+
+class TokenEvent(_Wire):
+    """One line of a token stream.
+
+    A token event has ``token_id`` set and ``seq`` = its output position
+    (0-based). A status event (``token_id`` None) says a source stopped early:
+    ``error`` set means it failed (the merger records it and the driver routes
+    around it); ``seq`` is then the next position it would have produced.
+    """
+
+    request_id: str
+    seq: int = Field(ge=0)
+    token_id: int | None = None
+    source: str
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+
+    @property
+    def is_token(self) -> bool:
+        return self.token_id is not None
+
+
+class LoadReport(_Wire):
+    """What ``GET /load`` answers: the router's and the autoscaler's view of an instance."""
+
+    instance_id: str
+    role: Role
+    running: int = Field(ge=0)
+    waiting: int = Field(ge=0)
+    kv_blocks_free: int = Field(ge=0)
+    kv_blocks_total: int = Field(ge=0)
+    relay_load: float = Field(ge=0.0, le=1.0)
+
+
+class StateReport(_Wire):
+    """``GET /v1/pdd/debug/state``: enough to prove, across processes, that nothing leaked.
+
+    After every request has ended: ``live_requests`` is 0, ``kv_blocks_locked``
+    is 0 (no prefix lock remains), and ``kv_blocks_free + kv_blocks_cached ==
+    kv_blocks_total`` (every block is free or held only by the prefix cache).
+    """
+
+    instance_id: str
+    live_requests: int
+    engine_requests: int
+    kv_blocks_free: int
+    kv_blocks_cached: int
+    kv_blocks_locked: int
+    kv_blocks_total: int
+
+    @property
+    def quiescent(self) -> bool:
+        return (
+            self.live_requests == 0
+            and self.engine_requests == 0
+            and self.kv_blocks_locked == 0
+            and self.kv_blocks_free + self.kv_blocks_cached == self.kv_blocks_total
+        )
+
+
+class CacheEventsPage(BaseModel):
+    """``GET /v1/pdd/cache-events?since=N``: events with cursors ``since+1 .. next_cursor``.
+
+    ``reset`` is True when events older than ``since`` were dropped (buffer
+    overflow or a restart): the subscriber must drop its view of this instance
+    and rebuild it from the events that follow.
+    """
+
+    instance_id: str
+    next_cursor: int
+    reset: bool = False
+    events: list[CacheEvent]
+
+
+class HandoffIds(_Wire):
+    """``POST /v1/pdd/requests/{id}/handoff``: the tokens a dead relay already streamed."""
+
+    token_ids: list[int]

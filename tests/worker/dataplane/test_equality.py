@@ -1,0 +1,107 @@
+"""Every pipeline and handoff mode streams exactly what the colocated mono instance does.
+
+Each case is one batch of 50 concurrent requests (greedy and seeded sampling
+mixed) checked token by token against mono, plus the byte counters: only MD's
+miss crosses the WAN, the handoff carries token IDs, and nothing leaks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+N = 50
+MAX_TOKENS = 12
+#: Wire bytes per request besides KV: handshake, plan, chunk headers, replies (a few KB).
+_PER_REQUEST_OVERHEAD = 4096
+
+
+@pytest.fixture(scope="module")
+def batch(dp) -> tuple[list[list[int]], list[list[int]]]:
+    prompts = dp.prompts(N, seed=11)
+    return prompts, asyncio.run(dp.reference(prompts, MAX_TOKENS, "eq"))
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "handoff"),
+    [
+        ("P-RLD-MD", "one-shot"),
+        ("P-RLD-MD", "catch-up"),
+        ("P-MD", "auto"),
+        ("P-RLD", "auto"),
+        ("naive", "auto"),
+    ],
+)
+async def test_pipeline_equals_mono(dp, batch, pipeline: str, handoff: str) -> None:
+    prompts, expected = batch
+    # A tiny catch-up threshold makes the catch-up case hand over in several chunks.
+    threshold = 2 if handoff == "catch-up" else 64
+    plans = [
+        dp.cluster.plan(
+            f"eq-{pipeline}-{handoff}-{i}", p, pipeline, dp.sampling(i, MAX_TOKENS),
+            handoff=handoff, catchup_threshold=threshold,
+        )
+        for i, p in enumerate(prompts)
+    ]  # fmt: skip
+    delta = dp.counters("p", "rld", "md")
+    results = await dp.run_all(plans)
+
+    assert [r.token_ids for r in results] == expected
+    assert all(r.duplicates == 0 and not r.errors for r in results)
+    first_sources = {r.sources[0] for r in results}
+    assert "p" not in first_sources  # the first token always comes from the decode side
+
+    bpt = dp.kv_bytes_per_token
+    n = len(plans)
+    md_miss = delta("md", "pdd_prompt_tokens") - delta("md", "pdd_prefix_hit_tokens")
+    wan, wan_wire = delta("p", "pdd_wan_bytes"), delta("p", "pdd_wan_wire_bytes", gauge=True)
+    if pipeline in ("P-RLD-MD", "P-MD", "naive"):
+        assert md_miss > 0
+        assert wan == md_miss * bpt  # only MD's miss crosses the WAN
+        assert wan <= wan_wire <= 1.01 * wan + _PER_REQUEST_OVERHEAD * n
+    else:
+        assert wan == wan_wire == 0  # P-RLD: nothing crosses the WAN
+    if pipeline in ("P-RLD-MD", "P-RLD"):
+        rld_miss = delta("rld", "pdd_prompt_tokens") - delta("rld", "pdd_prefix_hit_tokens")
+        assert delta("p", "pdd_fastpath_bytes") == rld_miss * bpt
+    dp.assert_quiescent()
+
+
+async def test_naive_ships_the_full_kv_even_when_md_holds_the_prefix(dp) -> None:
+    """The naive baseline has no DRC: a repeated prompt still crosses the WAN in full."""
+    prompt = dp.prompts(1, seed=5, lo=96, hi=97)[0]
+    for i in range(2):
+        delta = dp.counters("p", "md")
+        plan = dp.cluster.plan(f"naive-rep-{i}", prompt, "naive", dp.sampling(0, 4))
+        await dp.run_all([plan])
+        assert delta("md", "pdd_prefix_hit_tokens") == 0
+        assert delta("p", "pdd_wan_bytes") >= len(prompt) * dp.kv_bytes_per_token
+    dp.assert_quiescent()
+
+
+async def test_handoff_carries_token_ids_not_kv(dp, batch) -> None:
+    """One-shot handoffs: 4 bytes per token plus an 8-byte header per reply, on the wire too."""
+    prompts, expected = batch
+    link = dp.cluster["rld"].link
+    before = link.stats()
+    delta = dp.counters("rld", "md")
+    plans = [
+        dp.cluster.plan(f"ids-{i}", p, "P-RLD-MD", dp.sampling(i, MAX_TOKENS), handoff="one-shot")
+        for i, p in enumerate(prompts[:10])
+    ]
+    results = await dp.run_all(plans)
+    assert [r.token_ids for r in results] == expected[:10]
+
+    handoffs = delta("rld", "pdd_handoff")
+    tokens = delta("rld", "pdd_handoff_tokens")
+    payload = delta("rld", "pdd_handoff_bytes")
+    assert handoffs == delta("rld", "pdd_handoff", 'mode="one-shot"') > 0
+    headers, rest = divmod(payload - 4 * tokens, 8)
+    assert rest == 0 and handoffs <= headers <= len(plans)  # one 8-byte header per reply
+    # Everything RLD sent back across the WAN (ids, framing, handshakes) is far below the KV
+    # of the tokens it handed over.
+    sent_back = link.stats()["reverse"]["bytes"] - before["reverse"]["bytes"]
+    assert sent_back < payload + 2048 * len(plans)
+    assert sent_back < tokens * dp.kv_bytes_per_token
+    dp.assert_quiescent()

@@ -1,0 +1,133 @@
+"""The worker's HTTP control API (FastAPI): health, load, metrics, and the request verbs.
+
+Every ``/v1/pdd/*`` route requires ``Authorization: Bearer <shared secret>``;
+``/health``, ``/ready``, ``/load`` and ``/metrics`` are open (probes and
+scrapers). Errors have one JSON shape, ``{"error": {"type", "message"}}``.
+Streams are NDJSON: one ``TokenEvent`` per line, ending when the instance is
+done with the request (a status event with ``error`` set if it failed).
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import Depends, FastAPI, Header, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+
+from pdd.common.wire import CacheEventsPage, HandoffIds, PipelinePlan
+from pdd.worker.metrics import CONTENT_TYPE_LATEST
+from pdd.worker.request import RequestError
+from pdd.worker.roles.base import NoSuchRequestError, RoleBase, RoleMismatchError
+from pdd.worker.roles.cache_feed import CacheFeed
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, type_: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.type, self.message = status, type_, message
+
+
+def _error(status: int, type_: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"type": type_, "message": message}}, status_code=status)
+
+
+def _auth(secret: str) -> Callable[..., None]:
+    def check(authorization: str | None = Header(default=None)) -> None:
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), secret.encode()):
+            raise ApiError(401, "unauthorized", "send Authorization: Bearer <shared secret>")
+
+    return check
+
+
+def create_app(role: RoleBase, feed: CacheFeed, ready: Callable[[], bool]) -> FastAPI:
+    app = FastAPI(title=f"pdd worker ({role.role})")
+    auth = Depends(_auth(role.settings.secret))
+    _install_errors(app)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "role": role.role, "endpoint": role.settings.endpoint.model_dump()}
+
+    @app.get("/ready")
+    async def is_ready() -> JSONResponse:
+        ok = ready()
+        return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+
+    @app.get("/load")
+    async def load() -> dict:
+        return role.load_report().model_dump()
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        role.refresh_gauges()
+        return Response(role.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/pdd/debug/state", dependencies=[auth])
+    async def state() -> dict:
+        return role.state_report().model_dump()
+
+    @app.get("/v1/pdd/cache-events", dependencies=[auth])
+    async def cache_events(since: int = 0) -> CacheEventsPage:
+        return await feed.page(since)
+
+    @app.post("/v1/pdd/requests", dependencies=[auth], status_code=202)
+    async def start(request: Request) -> dict:
+        plan = PipelinePlan.model_validate_json(await request.body())
+        await role.start_request(plan)
+        return {"request_id": plan.request_id, "accepted_by": role.settings.instance_id}
+
+    @app.get("/v1/pdd/requests/{request_id}/stream", dependencies=[auth])
+    async def stream(request_id: str) -> StreamingResponse:
+        events = role.hub.get(request_id).follow(role.settings.transfer_timeout_s)
+        return StreamingResponse(_ndjson(events), media_type="application/x-ndjson")
+
+    @app.delete("/v1/pdd/requests/{request_id}", dependencies=[auth])
+    async def cancel(request_id: str) -> dict:
+        await role.cancel(request_id)
+        return {"request_id": request_id, "cancelled": True}
+
+    @app.post("/v1/pdd/requests/{request_id}/handoff", dependencies=[auth])
+    async def handoff(request_id: str, body: HandoffIds) -> dict:
+        await role.handoff(request_id, body.token_ids)
+        return {"request_id": request_id, "accepted": len(body.token_ids)}
+
+    @app.post("/v1/pdd/requests/{request_id}/takeover", dependencies=[auth])
+    async def takeover(request_id: str) -> dict:
+        await role.takeover(request_id)
+        return {"request_id": request_id, "takeover": True}
+
+    return app
+
+
+async def _ndjson(events: AsyncIterator) -> AsyncIterator[bytes]:
+    async for event in events:
+        yield event.model_dump_json().encode() + b"\n"
+
+
+def _install_errors(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return _error(exc.status, exc.type, exc.message)
+
+    @app.exception_handler(ValidationError)
+    async def invalid(_: Request, exc: ValidationError) -> JSONResponse:
+        return _error(400, "invalid_request", str(exc))
+
+    @app.exception_handler(RequestError)
+    async def refused(_: Request, exc: RequestError) -> JSONResponse:
+        return _error(400, "invalid_request", str(exc))
+
+    @app.exception_handler(ValueError)
+    async def bad_value(_: Request, exc: ValueError) -> JSONResponse:
+        return _error(400, "invalid_request", str(exc))
+
+    @app.exception_handler(NoSuchRequestError)
+    async def unknown(_: Request, exc: NoSuchRequestError) -> JSONResponse:
+        return _error(404, "not_found", f"no live request {exc.args[0]!r} on this instance")
+
+    @app.exception_handler(RoleMismatchError)
+    async def mismatch(_: Request, exc: RoleMismatchError) -> JSONResponse:
+        return _error(409, "wrong_role", str(exc))

@@ -1,0 +1,207 @@
+"""What every role shares: settings, the engine runner, streams, metrics, peer connections.
+
+A role is the worker's behaviour for one part of a pipeline. The control API
+and the data-plane server call the same few entry points on any role; a role
+that does not play a part answers ``RoleMismatchError`` (HTTP 409), so a
+misrouted request fails loudly instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pdd.common.wire import Endpoint, LoadReport, PipelinePlan, Role, StateReport
+from pdd.worker.engine_runner import EngineRunner
+from pdd.worker.metrics import WorkerMetrics
+from pdd.worker.request import UnknownRequestError
+from pdd.worker.roles.protocol import send_error, split_addr
+from pdd.worker.roles.streams import StreamHub
+from pdd.worker.sampling import SamplingParams
+from pdd.worker.transport import ByteCounters, Channel, TransportConfig, connect
+
+log = logging.getLogger(__name__)
+
+OpHandler = Callable[[Channel, dict[str, Any]], Awaitable[None]]
+
+
+class RoleMismatchError(Exception):
+    """The operation is for another role (e.g. a plan POSTed to a relay)."""
+
+
+class NoSuchRequestError(KeyError):
+    """No request with this id is live on this instance."""
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    role: Role
+    instance_id: str
+    secret: str
+    handoff: str = "auto"  # default when the plan says "auto": auto | one-shot | catch-up
+    catchup_load_level: float = 0.5  # auto: relay load above this -> one-shot (frees RLD soonest)
+    transfer_timeout_s: float = 30.0
+    chunk_bytes: int = 1 << 20  # KV bytes per chunk (and frame)
+    advertise_fast: str = ""  # data address for peers in this datacenter
+    advertise_wan: str = ""  # data address for peers across the WAN
+    http: str = ""  # HOST:PORT of the control API
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return Endpoint(
+            instance_id=self.instance_id,
+            http_url=f"http://{self.http}",
+            fast_addr=self.advertise_fast,
+            wan_addr=self.advertise_wan,
+        )
+
+    @property
+    def transport(self) -> TransportConfig:
+        t = self.transfer_timeout_s
+        return TransportConfig(
+            read_timeout_s=t,
+            write_timeout_s=t,
+            connect_timeout_s=min(t, 10.0),
+            chunk_bytes=self.chunk_bytes,
+        )
+
+
+def sampling_params(plan: PipelinePlan, max_tokens: int | None = None) -> SamplingParams:
+    s = plan.sampling
+    return SamplingParams(
+        max_tokens=max_tokens or s.max_tokens,
+        temperature=s.temperature,
+        top_k=s.top_k,
+        top_p=s.top_p,
+        seed=s.seed,
+        ignore_eos=s.ignore_eos,
+        stop_token_ids=s.stop_token_ids,
+    )
+
+
+class RoleBase:
+    """Entry points (overridden per role) and the shared machinery."""
+
+    role: Role
+
+    def __init__(
+        self, settings: WorkerSettings, runner: EngineRunner, metrics: WorkerMetrics
+    ) -> None:
+        self.settings = settings
+        self.runner = runner
+        self.metrics = metrics
+        self.hub = StreamHub(settings.instance_id)
+        self.wan_counters = ByteCounters()
+        self.fast_counters = ByteCounters()
+        self._tasks: set[asyncio.Task] = set()
+        self.live: set[str] = set()  # requests holding engine or transfer state here
+        self.ops: dict[str, OpHandler] = {}
+
+    # --- entry points -----------------------------------------------------------------------
+    async def start_request(self, plan: PipelinePlan) -> None:
+        raise RoleMismatchError(f"a {self.role} instance does not accept plans")
+
+    async def cancel(self, request_id: str) -> None:
+        raise NoSuchRequestError(request_id)
+
+    async def handoff(self, request_id: str, token_ids: list[int]) -> None:
+        raise RoleMismatchError(f"a {self.role} instance takes no handoff (main decode does)")
+
+    async def takeover(self, request_id: str) -> None:
+        raise RoleMismatchError(f"a {self.role} instance takes no takeover (relay does)")
+
+    async def on_channel(self, channel: Channel, first: dict[str, Any]) -> None:
+        """Run the data-plane conversation that ``first`` (the opening META) names."""
+        op = first.get("op")
+        handler = self.ops.get(op) if isinstance(op, str) else None
+        if handler is None:
+            await send_error(
+                channel,
+                str(first.get("request_id", "")),
+                "unknown_op",
+                f"a {self.role} instance does not handle op {op!r}",
+            )
+            return
+        await handler(channel, first)
+
+    # --- reports ----------------------------------------------------------------------------
+    def relay_load(self) -> float:
+        snap = self.runner.snapshot
+        s = snap.stats
+        held = s.num_total_blocks - s.num_free_blocks - s.num_cached_blocks
+        max_running = self.runner.engine.scheduler.config.max_running
+        return min(1.0, max(s.num_running / max_running, held / s.num_total_blocks))
+
+    def load_report(self) -> LoadReport:
+        s = self.runner.snapshot.stats
+        return LoadReport(
+            instance_id=self.settings.instance_id,
+            role=self.role,
+            running=s.num_running,
+            waiting=s.num_waiting,
+            kv_blocks_free=s.num_free_blocks,
+            kv_blocks_total=s.num_total_blocks,
+            relay_load=self.relay_load(),
+        )
+
+    def state_report(self) -> StateReport:
+        snap = self.runner.snapshot
+        s = snap.stats
+        return StateReport(
+            instance_id=self.settings.instance_id,
+            live_requests=len(self.live),
+            engine_requests=s.num_running + s.num_waiting + s.num_awaiting_kv,
+            kv_blocks_free=s.num_free_blocks,
+            kv_blocks_cached=s.num_cached_blocks,
+            kv_blocks_locked=snap.locked_blocks,
+            kv_blocks_total=s.num_total_blocks,
+        )
+
+    def refresh_gauges(self) -> None:
+        s = self.runner.snapshot.stats
+        self.metrics.kv_blocks_free.set(s.num_free_blocks)
+        self.metrics.kv_blocks_total.set(s.num_total_blocks)
+        self.metrics.running.set(s.num_running)
+        self.metrics.relay_load.set(self.relay_load())
+        self.metrics.wan_wire_bytes.set(self.wan_counters.wire_sent)
+        self.metrics.fast_wire_bytes.set(self.fast_counters.wire_sent)
+
+    # --- helpers ----------------------------------------------------------------------------
+    def spawn(self, coro: Awaitable[None], name: str) -> None:
+        """Run ``coro`` in the background, logging (not losing) its failure."""
+        task = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s failed", task.get_name(), exc_info=task.exception())
+
+    async def open_channel(self, addr: str, wan: bool) -> Channel:
+        host, port = split_addr(addr)
+        return await connect(
+            host,
+            port,
+            self.settings.secret,
+            self.settings.instance_id,
+            config=self.settings.transport,
+            counters=self.wan_counters if wan else self.fast_counters,
+        )
+
+    async def abort_engine_request(self, request_id: str) -> None:
+        """Abort if the engine still holds it (it may have finished on its own)."""
+        with contextlib.suppress(UnknownRequestError):
+            await self.runner.call(lambda e: e.abort(request_id))
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task

@@ -1,0 +1,194 @@
+"""Main decode (MD): take the WAN KV after the prefix it holds, then the relay's token IDs.
+
+Once its KV is complete MD continues the request: in P-MD (and naive) it
+starts from the first token and streams from position 0; in P-RLD-MD it asks
+the relay for the token IDs generated meanwhile, recomputes their KV in one
+extend pass (``resume``/``extend``; catch-up chunks are computed with sampling
+held), acknowledges the final chunk, and streams from the first position the
+relay did not. If the relay is unreachable, the IDs the client already
+received (POSTed by the stream layer to ``/handoff``) serve instead. Finished
+sequences stay in MD's radix cache (the DRC), so the next turn hits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from pdd.common.wire import PipelinePlan
+from pdd.worker.request import RequestError
+from pdd.worker.roles.base import NoSuchRequestError, RoleBase
+from pdd.worker.roles.kv_receiver import KVReceiveError, receive_kv
+from pdd.worker.roles.protocol import FLAG_FINAL, FLAG_FINISHED, expect, send_meta
+from pdd.worker.roles.session import DecodeSession
+from pdd.worker.transport import (
+    Channel,
+    MsgType,
+    TransportError,
+    decode_token_ids,
+    request_key,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class MainRequest:
+    """MD's view of one request; created by whichever comes first (KV or a /handoff POST)."""
+
+    posted: asyncio.Future[list[int]] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    session: DecodeSession | None = None
+
+
+class MainDecodeRole(RoleBase):
+    role = "main"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.requests: dict[str, MainRequest] = {}
+        self.ops = {"prepare": self._on_prepare}
+
+    def _entry(self, rid: str) -> MainRequest:
+        if rid not in self.requests:
+            self.requests[rid] = MainRequest()
+        return self.requests[rid]
+
+    async def _on_prepare(self, channel: Channel, msg: dict[str, Any]) -> None:
+        plan = PipelinePlan.model_validate(msg.get("plan"))
+        rid = plan.request_id
+        self.live.add(rid)
+        self.hub.get(rid).start()
+        entry = self._entry(rid)
+        try:
+            first_token = await receive_kv(self, channel, plan, use_cache=plan.pipeline != "naive")
+        except KVReceiveError as exc:
+            self._end(rid, error=str(exc))
+            return
+        self.spawn(self._continue(plan, entry, first_token), f"main-{rid}")
+
+    async def _continue(self, plan: PipelinePlan, entry: MainRequest, first_token: int) -> None:
+        rid = plan.request_id
+        try:
+            if plan.relay is None or plan.pipeline != "P-RLD-MD":
+                await self._start(rid, entry, [first_token], emit_from=0)
+            elif entry.posted.done():
+                await self._start_from_posted(rid, entry, first_token, handed=1, started=False)
+            else:
+                await self._handoff_from_relay(plan, entry, first_token)
+            if entry.session is not None:
+                await entry.session.done.wait()
+        except Exception as exc:  # every failure ends the request here with a clear outcome
+            if not isinstance(exc, RequestError | TransportError | TimeoutError):
+                log.exception("main decode of %s failed", rid)
+            await self.abort_engine_request(rid)
+            self._end(rid, error=f"main decode gave up on the request: {exc}")
+            return
+        self._end(rid)
+
+    async def _start(self, rid: str, entry: MainRequest, ids: list[int], emit_from: int) -> None:
+        session = DecodeSession(rid, self.hub, output=list(ids), emit_from=emit_from)
+        session.emitted = emit_from
+        entry.session = session
+        self.runner.subscribe(rid, session.on_output)
+        await self.runner.call(lambda e: e.resume(rid, ids))
+
+    async def _handoff_from_relay(
+        self, plan: PipelinePlan, entry: MainRequest, first_token: int
+    ) -> None:
+        """KV complete: take the relay's IDs (one-shot or catch-up chunks) and continue."""
+        rid = plan.request_id
+        handed, started = 1, False  # positions MD holds: the first token, then the relay's
+        try:
+            channel = await self.open_channel(plan.relay.wan_addr, wan=True)  # type: ignore[union-attr]
+            try:
+                await send_meta(channel, rid, op="kv_complete", have=handed)
+                while True:
+                    frame = await expect(channel, MsgType.TOKEN_IDS)
+                    ids = decode_token_ids(frame.payload).ids
+                    if frame.flags & FLAG_FINISHED:  # the relay finished it; keep the KV cached
+                        self.runner.unsubscribe(rid)
+                        await self.abort_engine_request(rid)
+                        if entry.session is not None:
+                            entry.session.end_silently()
+                        return
+                    final = bool(frame.flags & FLAG_FINAL)
+                    if not started:
+                        await self._start_held(rid, entry, [first_token, *ids], hold=not final)
+                        started = True
+                    else:
+                        entry.session.output.extend(ids)  # type: ignore[union-attr]
+                        await self.runner.call(
+                            lambda e, i=ids, h=not final: e.extend(rid, i, hold=h)
+                        )
+                    handed += len(ids)
+                    if final:
+                        await channel.send(MsgType.ACK, request_key(rid))
+                        entry.session.stream_from(handed)  # type: ignore[union-attr]
+                        return
+                    await self.runner.next_step()  # the chunk is computed; ask for the next
+                    await send_meta(channel, rid, op="more", have=handed)
+            finally:
+                await channel.close()
+        except TransportError as exc:
+            log.warning("relay unreachable for %s (%s); waiting for the streamed ids", rid, exc)
+            await self._start_from_posted(rid, entry, first_token, handed, started)
+
+    async def _start_held(self, rid: str, entry: MainRequest, ids: list[int], hold: bool) -> None:
+        """Resume with the handed IDs, streaming nothing until the handoff is final."""
+        session = DecodeSession(rid, self.hub, output=list(ids), emit_from=len(ids))
+        session.emitted = len(ids)
+        session.stop_at(len(ids))
+        entry.session = session
+        self.runner.subscribe(rid, session.on_output)
+        await self.runner.call(lambda e: e.resume(rid, ids, hold=hold))
+
+    async def _start_from_posted(
+        self, rid: str, entry: MainRequest, first_token: int, handed: int, started: bool
+    ) -> None:
+        """The relay is gone: continue after the IDs the client already has."""
+        posted = await asyncio.wait_for(entry.posted, self.settings.transfer_timeout_s)
+        if not started:
+            ids = posted or [first_token]
+            await self._start(rid, entry, ids, emit_from=len(posted))
+            return
+        session = entry.session
+        rest = posted[handed:]
+        session.output.extend(rest)  # type: ignore[union-attr]
+        await self.runner.call(lambda e: e.extend(rid, rest, hold=False))
+        session.stream_from(len(posted))  # type: ignore[union-attr]
+
+    def _end(self, rid: str, error: str | None = None) -> None:
+        entry = self.requests.pop(rid, None)
+        if error is not None:
+            seq = entry.session.emitted if entry and entry.session else 0
+            self.hub.fail(rid, seq, error)
+        else:
+            self.hub.get(rid).close()
+        self.runner.unsubscribe(rid)
+        self.live.discard(rid)
+
+    # --- control API --------------------------------------------------------------------------
+    async def handoff(self, request_id: str, token_ids: list[int]) -> None:
+        """The relay died: continue after these IDs (they may arrive before the KV does)."""
+        known = request_id in self.requests
+        entry = self._entry(request_id)
+        if not entry.posted.done():
+            entry.posted.set_result(list(token_ids))
+        if not known:
+            self.spawn(self._expire(request_id), f"expire-{request_id}")
+
+    async def _expire(self, request_id: str) -> None:
+        """Forget IDs posted for a request whose KV never came."""
+        await asyncio.sleep(2 * self.settings.transfer_timeout_s)
+        if request_id not in self.live:
+            self.requests.pop(request_id, None)
+
+    async def cancel(self, request_id: str) -> None:
+        if request_id not in self.requests:
+            raise NoSuchRequestError(request_id)
+        await self.abort_engine_request(request_id)
+        self._end(request_id, error="cancelled")

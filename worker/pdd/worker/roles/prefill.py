@@ -1,0 +1,170 @@
+"""Prefill (P): prefill what its own cache misses, then ship KV on two paths at once.
+
+Per request: in parallel, handshake with the decode-side receivers (each
+answers how much of the prompt it already holds, and locks it) and prefill;
+then stream the KV each receiver lacks, all of it to the relay over the fast
+path, only the main decode's miss over the WAN, each followed by the first
+token. P never streams a token to the client: the first token the client sees
+comes from a decode-side instance. P holds the request's KV until both
+transfers have ended, however they ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from dataclasses import dataclass
+
+from pdd.common.wire import Endpoint, PipelinePlan
+from pdd.worker.engine import Engine
+from pdd.worker.request import RequestOutput
+from pdd.worker.roles.base import RoleBase, sampling_params
+from pdd.worker.roles.protocol import expect_meta, int_field, send_meta
+from pdd.worker.transport import Channel, MsgType, encode_json, request_key
+
+log = logging.getLogger(__name__)
+
+PREFILL_PIPELINES = ("P-RLD-MD", "P-MD", "P-RLD", "naive")
+
+
+@dataclass(frozen=True)
+class Target:
+    endpoint: Endpoint
+    wan: bool
+
+    @property
+    def path(self) -> str:
+        return "wan" if self.wan else "fast"
+
+
+def targets_of(plan: PipelinePlan) -> list[Target]:
+    """Who gets KV: the relay over the fast path, the main decode over the WAN."""
+    out = []
+    if plan.relay is not None and plan.pipeline in ("P-RLD-MD", "P-RLD"):
+        out.append(Target(plan.relay, wan=False))
+    if plan.main is not None and plan.pipeline in ("P-RLD-MD", "P-MD", "naive"):
+        out.append(Target(plan.main, wan=True))
+    return out
+
+
+def with_seed(plan: PipelinePlan) -> PipelinePlan:
+    """Fix the seed here, so every instance that samples this request draws the same."""
+    if plan.sampling.seed is not None:
+        return plan
+    sampling = plan.sampling.model_copy(update={"seed": secrets.randbits(63)})
+    return plan.model_copy(update={"sampling": sampling})
+
+
+class PrefillRole(RoleBase):
+    role = "prefill"
+
+    async def start_request(self, plan: PipelinePlan) -> None:
+        if plan.pipeline not in PREFILL_PIPELINES:
+            raise ValueError(f"a prefill instance runs {PREFILL_PIPELINES}, not {plan.pipeline}")
+        if plan.request_id in self.live:
+            raise ValueError(f"request {plan.request_id!r} is already running here")
+        self.live.add(plan.request_id)
+        self.spawn(self._run(with_seed(plan)), f"prefill-{plan.request_id}")
+
+    async def cancel(self, request_id: str) -> None:
+        await self.abort_engine_request(request_id)
+
+    async def _run(self, plan: PipelinePlan) -> None:
+        """Prefill and each path run at once; a slow WAN handshake never delays the relay."""
+        rid = plan.request_id
+        prefill = asyncio.ensure_future(self._prefill(plan))
+        try:
+            paths = [self._path(plan, t, prefill) for t in targets_of(plan)]
+            await asyncio.gather(prefill, *paths)
+        except Exception:
+            log.exception("prefill of %s failed", rid)
+        finally:
+            prefill.cancel()
+            await self.abort_engine_request(rid)  # releases the held KV (finished or not)
+            self.runner.unsubscribe(rid)
+            self.live.discard(rid)
+
+    async def _path(self, plan: PipelinePlan, target: Target, prefill: asyncio.Future) -> None:
+        """One receiver: handshake (learn its hit), wait for the first token, ship its miss."""
+        try:
+            channel, hit = await self._prepare(plan, target)
+        except Exception as exc:
+            self.metrics.transfer_failures.labels(target.path).inc()
+            log.warning(
+                "handshake with %s for %s failed: %s",
+                target.endpoint.instance_id,
+                plan.request_id,
+                exc,
+            )
+            return
+        try:
+            first_token = await asyncio.shield(prefill)
+            await self._ship(plan, target, channel, hit, first_token)
+        finally:
+            with contextlib.suppress(Exception):
+                await channel.close()
+
+    async def _prefill(self, plan: PipelinePlan) -> int:
+        """Prefill the prompt (only P's miss is computed) and sample the first token."""
+        first: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def on_output(out: RequestOutput) -> None:
+            if out.new_token_ids and not first.done():
+                first.set_result(out.new_token_ids[0])
+
+        def add(engine: Engine) -> int:
+            hit = engine.cache.match_prefix(plan.prompt_ids[:-1]).num_tokens
+            params = sampling_params(plan, max_tokens=1)
+            engine.add_request(plan.prompt_ids, params, plan.request_id, hold_kv=True)
+            return hit
+
+        self.runner.subscribe(plan.request_id, on_output)
+        hit = await self.runner.call(add)
+        self.metrics.count_prompt(len(plan.prompt_ids), hit)
+        return await first
+
+    async def _prepare(self, plan: PipelinePlan, target: Target) -> tuple[Channel, int]:
+        """Open the channel and learn (and have the receiver lock) the prefix it holds."""
+        addr = target.endpoint.wan_addr if target.wan else target.endpoint.fast_addr
+        channel = await self.open_channel(addr, wan=target.wan)
+        try:
+            await send_meta(
+                channel, plan.request_id, op="prepare", plan=plan.model_dump(mode="json")
+            )
+            hit = int_field(await expect_meta(channel, "prepared"), "hit")
+        except BaseException:
+            await channel.close()
+            raise
+        return channel, hit
+
+    async def _ship(
+        self, plan: PipelinePlan, target: Target, channel: Channel, hit: int, first_token: int
+    ) -> None:
+        rid, n = plan.request_id, len(plan.prompt_ids)
+        key = request_key(rid)
+        counter = self.metrics.wan_bytes if target.wan else self.metrics.fastpath_bytes
+        try:
+            if hit < n:
+                chunk_tokens = max(1, self.settings.chunk_bytes // self._bytes_per_token - 1)
+                chunks = await self.runner.call(lambda e: e.export_kv(rid, hit, n, chunk_tokens))
+                for start in range(hit, n, chunk_tokens):
+                    blob = await self.runner.call(lambda e: next(chunks))
+                    await channel.send(MsgType.KV_CHUNK, key, blob)
+                    counter.inc(min(chunk_tokens, n - start) * self._bytes_per_token)
+            await channel.send(MsgType.KV_DONE, key, encode_json({"first_token": first_token}))
+            await expect_meta(channel, "imported")
+        except Exception as exc:
+            self.metrics.transfer_failures.labels(target.path).inc()
+            log.warning(
+                "KV to %s (%s) for %s failed: %s",
+                target.endpoint.instance_id,
+                target.path,
+                rid,
+                exc,
+            )
+
+    @property
+    def _bytes_per_token(self) -> int:
+        return self.runner.engine.layout.bytes_per_token

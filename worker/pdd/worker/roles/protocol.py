@@ -1,0 +1,91 @@
+"""The data-plane conversation between instances, on top of the framed transport.
+
+One connection per request and purpose, opened by the side that has something
+to send; its first frame is a META ``{"op": ...}`` naming the purpose:
+
+``prepare`` (P -> RLD over the fast path, P -> MD over the WAN)
+    META ``{op, plan}`` -> receiver attaches the request (locking the prefix it
+    already holds) and answers META ``{op: "prepared", hit}``; P then streams
+    KV_CHUNK frames for ``[hit, n)`` and a KV_DONE ``{first_token}``; the
+    receiver answers META ``{op: "imported", n}`` once all of it is in its pool.
+``kv_complete`` (MD -> RLD over the WAN)
+    META ``{op, request_id, have}`` -> RLD answers TOKEN_IDS for the output
+    positions ``[have, ...)`` it generated (flags: FINAL = last chunk, FINISHED
+    = RLD already finished the request). After a non-final chunk MD asks
+    META ``{op: "more", have}``; after the final one it sends ACK, and only
+    then does RLD free the request's KV.
+
+Either side may answer ERROR ``{code, message}`` instead; the other side ends
+the request with that outcome.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pdd.worker.transport import (
+    Channel,
+    Frame,
+    MsgType,
+    TransportError,
+    decode_error,
+    decode_json,
+    encode_error,
+    encode_json,
+    request_key,
+)
+
+FLAG_FINAL = 1
+FLAG_FINISHED = 2
+
+
+class PeerError(TransportError):
+    """The peer answered with an ERROR frame; the message is the peer's."""
+
+
+class ProtocolError(TransportError):
+    """The peer sent a frame this step of the conversation does not allow."""
+
+
+async def send_meta(channel: Channel, rid: str, **fields: Any) -> None:
+    """A META frame ``{request_id, **fields}`` tagged with the request's key."""
+    await channel.send(MsgType.META, request_key(rid), encode_json({"request_id": rid, **fields}))
+
+
+async def send_error(channel: Channel, request_id: str, code: str, message: str) -> None:
+    if channel.is_open:
+        await channel.send(MsgType.ERROR, request_key(request_id), encode_error(code, message))
+
+
+async def expect(channel: Channel, *allowed: MsgType, timeout_s: float | None = None) -> Frame:
+    """The next frame, which must be one of ``allowed``; an ERROR becomes ``PeerError``."""
+    frame = await (channel.recv() if timeout_s is None else channel.recv(timeout_s))
+    if frame.msg_type == MsgType.ERROR:
+        info = decode_error(frame.payload)
+        raise PeerError(f"{channel.peer.name} failed ({info.code}): {info.message}")
+    if frame.msg_type not in allowed:
+        names = "/".join(t.name for t in allowed)
+        raise ProtocolError(f"expected {names} from {channel.peer.name}, got {frame.msg_type.name}")
+    return frame
+
+
+async def expect_meta(channel: Channel, op: str, timeout_s: float | None = None) -> dict[str, Any]:
+    msg = decode_json((await expect(channel, MsgType.META, timeout_s=timeout_s)).payload)
+    if msg.get("op") != op:
+        raise ProtocolError(f"expected op {op!r} from {channel.peer.name}, got {msg.get('op')!r}")
+    return msg
+
+
+def int_field(msg: dict[str, Any], name: str) -> int:
+    value = msg.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ProtocolError(f"field {name!r} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def split_addr(addr: str) -> tuple[str, int]:
+    """``"host:port"`` -> ``("host", port)``."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"address {addr!r} is not HOST:PORT")
+    return host, int(port)

@@ -1,0 +1,174 @@
+"""Relay decode (RLD): decode at once from fast-path KV, then hand token IDs to MD.
+
+RLD streams eager tokens while MD's copy of the KV crosses the WAN. When MD
+says its KV is complete, RLD answers with the token IDs it generated (never
+their KV): all at once (one-shot: RLD is freed soonest) or in chunks while it
+keeps relaying (catch-up: MD's batch never stalls on one long extend), chosen
+per request by the plan, the worker's flag, or RLD's load. RLD stops
+streaming at the handoff point and frees the request when MD acknowledges; if
+the acknowledgement never comes, it streams on and finishes the request itself.
+Without a main decode (P-RLD) or after a takeover, it simply runs to completion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from pdd.common.wire import PipelinePlan
+from pdd.worker.roles.base import NoSuchRequestError, RoleBase
+from pdd.worker.roles.kv_receiver import KVReceiveError, receive_kv
+from pdd.worker.roles.protocol import (
+    FLAG_FINAL,
+    FLAG_FINISHED,
+    expect,
+    expect_meta,
+    int_field,
+    send_error,
+)
+from pdd.worker.roles.session import DecodeSession
+from pdd.worker.transport import (
+    Channel,
+    MsgType,
+    TransportError,
+    encode_token_ids,
+    request_key,
+)
+
+log = logging.getLogger(__name__)
+
+
+def choose_handoff_mode(plan_mode: str, worker_mode: str, load: float, level: float) -> str:
+    """Forced by the plan, else by the worker's flag, else by load.
+
+    A busy relay hands over all at once (one-shot frees it soonest); an idle
+    one can afford to keep relaying while MD catches up in small chunks.
+    """
+    if plan_mode != "auto":
+        return plan_mode
+    if worker_mode != "auto":
+        return worker_mode
+    return "one-shot" if load > level else "catch-up"
+
+
+class RelayRole(RoleBase):
+    role = "relay"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sessions: dict[str, tuple[PipelinePlan, DecodeSession]] = {}
+        self._arrived = asyncio.Event()
+        self.ops = {"prepare": self._on_prepare, "kv_complete": self._on_kv_complete}
+
+    # --- P -> RLD: KV over the fast path, then decode ------------------------------------------
+    async def _on_prepare(self, channel: Channel, msg: dict[str, Any]) -> None:
+        plan = PipelinePlan.model_validate(msg.get("plan"))
+        rid = plan.request_id
+        self.live.add(rid)
+        self.hub.get(rid).start()
+        try:
+            first_token = await receive_kv(self, channel, plan, use_cache=True)
+        except KVReceiveError as exc:
+            self.hub.fail(rid, 0, str(exc))
+            self.live.discard(rid)
+            return
+        session = DecodeSession(rid, self.hub, output=[first_token])
+        self.sessions[rid] = (plan, session)
+        self._signal_arrival()
+        self.runner.subscribe(rid, session.on_output)
+        await self.runner.call(lambda e: e.resume(rid, [first_token]))
+        self.spawn(self._forget_when_done(rid, session), f"relay-{rid}")
+
+    async def _forget_when_done(self, rid: str, session: DecodeSession) -> None:
+        await session.done.wait()
+        self.live.discard(rid)
+        # Keep the record a while: MD may still ask, and must learn it finished here.
+        await asyncio.sleep(self.settings.transfer_timeout_s)
+        self.sessions.pop(rid, None)
+
+    def _signal_arrival(self) -> None:
+        self._arrived.set()
+        self._arrived = asyncio.Event()
+
+    async def _session(self, rid: str) -> tuple[PipelinePlan, DecodeSession]:
+        """The request's session, waiting (bounded) if its KV has not arrived yet."""
+        deadline = time.monotonic() + self.settings.transfer_timeout_s
+        while rid not in self.sessions:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise NoSuchRequestError(rid)
+            arrived = self._arrived
+            await asyncio.wait_for(arrived.wait(), remaining)
+        return self.sessions[rid]
+
+    # --- MD -> RLD: the token-ID handoff ------------------------------------------------------
+    async def _on_kv_complete(self, channel: Channel, msg: dict[str, Any]) -> None:
+        rid = str(msg.get("request_id"))
+        try:
+            plan, session = await self._session(rid)
+        except (NoSuchRequestError, TimeoutError):
+            await send_error(channel, rid, "unknown_request", f"relay has no request {rid!r}")
+            return
+        mode = self._mode(plan)
+        have = int_field(msg, "have")
+        try:
+            while True:
+                final = await self._hand(channel, plan, session, have, mode)
+                if final:
+                    break
+                have = int_field(await expect_meta(channel, "more"), "have")
+        except TransportError as exc:
+            log.warning("handoff of %s to %s failed: %s", rid, channel.peer.name, exc)
+            self.metrics.transfer_failures.labels("handoff").inc()
+            session.unlimit()
+
+    async def _hand(
+        self, channel: Channel, plan: PipelinePlan, session: DecodeSession, have: int, mode: str
+    ) -> bool:
+        """Send the IDs past ``have``; True once the handoff is over (final or finished)."""
+        ids = session.output[have:]
+        if session.finished:
+            await self._send_ids(channel, plan.request_id, have, ids, FLAG_FINISHED)
+            return True
+        final = mode == "one-shot" or len(ids) <= plan.catchup_threshold
+        if not final:
+            await self._send_ids(channel, plan.request_id, have, ids, 0)
+            return False
+        session.stop_at(len(session.output))
+        await self._send_ids(channel, plan.request_id, have, ids, FLAG_FINAL)
+        await expect(channel, MsgType.ACK)
+        self.metrics.handoffs.labels(mode).inc()
+        session.end_silently()
+        await self.abort_engine_request(plan.request_id)
+        self.runner.unsubscribe(plan.request_id)
+        return True
+
+    async def _send_ids(
+        self, channel: Channel, rid: str, start: int, ids: list[int], flags: int
+    ) -> None:
+        payload = encode_token_ids(start, ids)
+        await channel.send(MsgType.TOKEN_IDS, request_key(rid), payload, flags)
+        self.metrics.handoff_tokens.inc(len(ids))
+        self.metrics.handoff_bytes.inc(len(payload))
+
+    def _mode(self, plan: PipelinePlan) -> str:
+        s = self.settings
+        return choose_handoff_mode(plan.handoff, s.handoff, self.relay_load(), s.catchup_load_level)
+
+    # --- control API --------------------------------------------------------------------------
+    async def takeover(self, request_id: str) -> None:
+        """MD is gone: stream everything and finish here (RLD decodes on regardless)."""
+        entry = self.sessions.get(request_id)
+        if entry is None:
+            raise NoSuchRequestError(request_id)
+        entry[1].unlimit()
+
+    async def cancel(self, request_id: str) -> None:
+        entry = self.sessions.get(request_id)
+        if entry is None:
+            raise NoSuchRequestError(request_id)
+        self.runner.unsubscribe(request_id)
+        await self.abort_engine_request(request_id)
+        entry[1].end_silently()

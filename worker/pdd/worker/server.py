@@ -1,0 +1,185 @@
+"""``pdd worker``: one worker instance (prefill | relay | main | mono).
+
+One process is one engine driven by one engine thread, plus an asyncio loop
+that serves the HTTP control API (uvicorn) and the data-plane transport (KV
+chunks, token-ID handoffs). Startup order: load the model, start the engine
+thread, listen on the data port, then serve HTTP; ``/ready`` turns true once
+all of it is up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import torch
+import uvicorn
+from pydantic import ValidationError
+
+from pdd.worker.control_api import create_app
+from pdd.worker.engine import Engine
+from pdd.worker.engine_runner import EngineRunner
+from pdd.worker.metrics import WorkerMetrics
+from pdd.worker.roles.base import RoleBase, WorkerSettings
+from pdd.worker.roles.cache_feed import CacheFeed
+from pdd.worker.roles.main_decode import MainDecodeRole
+from pdd.worker.roles.mono import MonoRole
+from pdd.worker.roles.prefill import PrefillRole
+from pdd.worker.roles.protocol import send_error, split_addr
+from pdd.worker.roles.relay import RelayRole
+from pdd.worker.transport import Channel, MsgType, decode_json, serve
+
+log = logging.getLogger("pdd.worker")
+
+ROLES: dict[str, type[RoleBase]] = {
+    "prefill": PrefillRole,
+    "relay": RelayRole,
+    "main": MainDecodeRole,
+    "mono": MonoRole,
+}
+
+
+class ConfigError(ValueError):
+    """A command-line option is missing or inconsistent; the message says which."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pdd worker", description=__doc__.splitlines()[0])
+    p.add_argument("--role", required=True, choices=sorted(ROLES))
+    p.add_argument("--model", default="tiny", help='"tiny" or a checkpoint directory')
+    p.add_argument("--instance-id", required=True)
+    p.add_argument("--http", default="127.0.0.1:8000", help="HOST:PORT of the control API")
+    p.add_argument("--data", default="127.0.0.1:9000", help="HOST:PORT to listen for KV")
+    p.add_argument("--advertise-fast", help="data address peers in this datacenter use")
+    p.add_argument("--advertise-wan", help="data address peers across the WAN use")
+    p.add_argument("--secret-file", type=Path, help="shared secret (else $PDD_SHARED_SECRET)")
+    p.add_argument("--num-blocks", type=int)
+    p.add_argument("--kv-budget-mb", type=int, default=256)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-running", type=int, default=64)
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--handoff", default="auto", choices=("auto", "one-shot", "catch-up"))
+    p.add_argument(
+        "--catchup-threshold",
+        type=int,
+        default=64,
+        help="default catch-up chunk threshold (a plan may override it)",
+    )
+    p.add_argument(
+        "--catchup-load-level",
+        type=float,
+        default=0.5,
+        help="auto handoff: relay load above this -> one-shot",
+    )
+    p.add_argument("--transfer-timeout-s", type=float, default=30.0)
+    p.add_argument("--torch-threads", type=int, default=0, help="0 = torch default")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def read_secret(path: Path | None) -> str:
+    secret = path.read_text().strip() if path else os.environ.get("PDD_SHARED_SECRET", "")
+    if not secret:
+        raise ConfigError("no shared secret: pass --secret-file F or set PDD_SHARED_SECRET")
+    return secret
+
+
+def build_settings(args: argparse.Namespace) -> WorkerSettings:
+    return WorkerSettings(
+        role=args.role,
+        instance_id=args.instance_id,
+        secret=read_secret(args.secret_file),
+        handoff=args.handoff,
+        catchup_load_level=args.catchup_load_level,
+        transfer_timeout_s=args.transfer_timeout_s,
+        advertise_fast=args.advertise_fast or args.data,
+        advertise_wan=args.advertise_wan or args.advertise_fast or args.data,
+        http=args.http,
+    )
+
+
+def build_engine(args: argparse.Namespace) -> Engine:
+    return Engine(
+        args.model,
+        dtype=args.dtype,
+        device=args.device,
+        block_size=args.block_size,
+        num_blocks=args.num_blocks,
+        kv_budget_bytes=args.kv_budget_mb << 20,
+        max_running=args.max_running,
+    )
+
+
+async def run(args: argparse.Namespace) -> None:
+    settings = build_settings(args)
+    engine = build_engine(args)
+    runner = EngineRunner(engine, asyncio.get_running_loop())
+    runner.start()
+    role = ROLES[args.role](settings, runner, WorkerMetrics(args.role))
+    feed = CacheFeed(runner, settings.instance_id)
+    data_host, data_port = split_addr(args.data)
+    transport = await serve(
+        data_host,
+        data_port,
+        settings.secret,
+        _data_handler(role),
+        name=settings.instance_id,
+        config=settings.transport,
+    )
+    http_host, http_port = split_addr(args.http)
+    app = create_app(role, feed, ready=lambda: True)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=http_host, port=http_port, log_level="warning", lifespan="off")
+    )
+    log.info(
+        "%s %s: data on %s:%d, http on %s",
+        args.role,
+        settings.instance_id,
+        data_host,
+        transport.port,
+        args.http,
+    )
+    try:
+        await server.serve()
+    finally:
+        await role.close()
+        await transport.close()
+        runner.stop()
+
+
+def _data_handler(role: RoleBase) -> Callable[[Channel], Awaitable[None]]:
+    """Per connection: the opening META names the conversation; bad input gets an ERROR."""
+
+    async def handle(channel: Channel) -> None:
+        frame = await channel.recv()
+        try:
+            if frame.msg_type != MsgType.META:
+                raise ValueError(f"a conversation opens with META, not {frame.msg_type.name}")
+            await role.on_channel(channel, decode_json(frame.payload))
+        except (ValidationError, ValueError) as exc:
+            log.warning("bad data-plane message from %s: %s", channel.peer.name, exc)
+            await send_error(channel, "", "bad_request", str(exc))
+
+    return handle
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    try:
+        asyncio.run(run(args))
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return 2
+    except KeyboardInterrupt:
+        pass
+    return 0
