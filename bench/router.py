@@ -1,0 +1,194 @@
+"""Router overhead: the same requests through ``pdd router`` and straight to the workers.
+
+    python bench/router.py [--requests 64] [--concurrency 4] [--max-tokens 16]
+                           [--prompt-tokens 200] [--pipeline P-MD|mono] [--json OUT]
+
+Starts real ``pdd worker`` processes (the tiny model) and one ``pdd router`` on
+loopback. Each request runs twice at a fixed concurrency: once through the router
+(``/v1/completions``, non-streaming: tokenize, decide, proxy, merge, detokenize), and
+once driving the workers directly with the worker driver (``run_plan``, the same
+plan the router would build). Reported: p50/p99 latency of both, their ratio, the
+added milliseconds, and the pure decision cost (prefix lookup + ``policy.decide``)
+measured in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import httpx
+
+from pdd.common.block_hash import block_hashes
+from pdd.common.cost_model import LinkState
+from pdd.common.wire import SamplingSpec
+from pdd.router.instance_choice import InstanceLoad, Role
+from pdd.router.policy import PolicyConfig, RequestFeatures, decide
+from pdd.router.prefix_index import PrefixIndex, PrefixIndexConfig
+from pdd.router.recent_traffic import TrafficWindow
+from pdd.worker.cache_events import BlockStored
+from pdd.worker.driver import run_plan
+from pdd.worker.local_cluster import LocalCluster, WorkerSpec, free_port
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"p50_ms": percentile(values, 0.5) * 1e3, "p99_ms": percentile(values, 0.99) * 1e3}
+
+
+async def run_at_concurrency(
+    n: int, concurrency: int, one: Callable[[int], Awaitable[None]]
+) -> list[float]:
+    sem = asyncio.Semaphore(concurrency)
+    latencies: list[float] = []
+
+    async def task(i: int) -> None:
+        async with sem:
+            start = time.perf_counter()
+            await one(i)
+            latencies.append(time.perf_counter() - start)
+
+    await asyncio.gather(*(task(i) for i in range(n)))
+    return latencies
+
+
+def prompt(i: int, tokens: int) -> str:
+    """Distinct prompts (no cross-request cache hits) of ``tokens`` byte tokens."""
+    return (f"request {i:05d} " + "lorem ipsum dolor sit amet " * tokens)[:tokens]
+
+
+async def bench_router(url: str, args: argparse.Namespace) -> list[float]:
+    async with httpx.AsyncClient(timeout=120) as client:
+
+        async def one(i: int) -> None:
+            body = {
+                "model": "tiny",
+                "prompt": prompt(i, args.prompt_tokens),
+                "max_tokens": args.max_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
+            resp = await client.post(f"{url}/v1/completions", json=body)
+            resp.raise_for_status()
+
+        return await run_at_concurrency(args.requests, args.concurrency, one)
+
+
+async def bench_direct(cluster: LocalCluster, args: argparse.Namespace) -> list[float]:
+    sampling = SamplingSpec(max_tokens=args.max_tokens, ignore_eos=True)
+    async with httpx.AsyncClient(timeout=120) as client:
+
+        async def one(i: int) -> None:
+            ids = list(prompt(10_000 + i, args.prompt_tokens).encode())
+            if args.pipeline == "mono":
+                plan = cluster.plan(f"d{i}", ids, "mono", sampling, main="m")
+            else:
+                plan = cluster.plan(f"d{i}", ids, "P-MD", sampling, main="md")
+            await run_plan(plan, client, cluster.secret)
+
+        return await run_at_concurrency(args.requests, args.concurrency, one)
+
+
+def bench_decision(prompt_tokens: int, iterations: int = 2000) -> dict[str, float]:
+    """The router's per-request decision alone: block hashes, index lookup, policy."""
+    index = PrefixIndex(PrefixIndexConfig(block_size=16))
+    ids = list(range(prompt_tokens))
+    hashes = block_hashes(ids, 16)
+    index.apply("md", BlockStored(block_hashes=hashes[: len(hashes) // 2], parent_hash=None,
+                                  block_size=16))  # fmt: skip
+    loads = [InstanceLoad("p", Role.PREFILL, 1, 64), InstanceLoad("md", Role.MAIN, 3, 64),
+             InstanceLoad("rld", Role.RELAY, 0, 64)]  # fmt: skip
+    policy = PolicyConfig(kv_bytes_per_token=2048)
+    link, traffic = LinkState(10.0, 20.0), TrafficWindow(60.0)
+    times = []
+    for _ in range(iterations):
+        start = time.perf_counter()
+        hits = index.match(index.hashes(ids))
+        features = RequestFeatures.from_prompt(ids, 64, 16)
+        decide(features, hits, loads, link, traffic, policy)
+        times.append(time.perf_counter() - start)
+    return {"p50_us": percentile(times, 0.5) * 1e6, "p99_us": percentile(times, 0.99) * 1e6}
+
+
+def start_router(
+    cluster: LocalCluster, args: argparse.Namespace, log: Path
+) -> tuple[str, subprocess.Popen]:
+    port = free_port()
+    if args.pipeline == "mono":
+        workers = ["--mono", f"m={cluster['m'].url}"]
+    else:
+        workers = ["--prefill", f"p={cluster['p'].url}", "--main", f"md={cluster['md'].url}"]
+    argv = [sys.executable, "-m", "pdd.cli", "router", "--model", "tiny", "--host", "127.0.0.1",
+            "--port", str(port), *workers]  # fmt: skip
+    env = {**os.environ, "PDD_SHARED_SECRET": cluster.secret}
+    proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{url}/ready").status_code == 200:
+                return url, proc
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"router did not become ready; see {log}")
+        time.sleep(0.1)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--requests", type=int, default=64)
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--prompt-tokens", type=int, default=200)
+    p.add_argument("--pipeline", choices=("P-MD", "mono"), default="P-MD")
+    p.add_argument("--json", type=Path, help="write the results here")
+    args = p.parse_args()
+    logs = Path(tempfile.mkdtemp(prefix="pdd-bench-router-"))
+    specs = ([WorkerSpec("m", "mono")] if args.pipeline == "mono"
+             else [WorkerSpec("p", "prefill"), WorkerSpec("md", "main")])  # fmt: skip
+    common = ["--model", "tiny", "--num-blocks", "1024", "--torch-threads", "1"]
+    cluster = LocalCluster.start(specs, logs, common_args=common)
+    router = None
+    try:
+        url, router = start_router(cluster, args, logs / "router.log")
+        asyncio.run(bench_router(url, args))  # warm-up: connections, allocator, caches
+        via_router = asyncio.run(bench_router(url, args))
+        direct = asyncio.run(bench_direct(cluster, args))
+    finally:
+        if router is not None:
+            router.terminate()
+            router.wait(10)
+        cluster.stop()
+    r, d = summary(via_router), summary(direct)
+    result = {
+        "config": vars(args) | {"json": str(args.json) if args.json else None},
+        "router": r,
+        "direct": d,
+        "ratio_p50": r["p50_ms"] / d["p50_ms"],
+        "ratio_p99": r["p99_ms"] / d["p99_ms"],
+        "overhead_p50_ms": r["p50_ms"] - d["p50_ms"],
+        "overhead_mean_ms": (statistics.mean(via_router) - statistics.mean(direct)) * 1e3,
+        "decision": bench_decision(args.prompt_tokens),
+    }
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""The router's FastAPI app: thin routes over the serving classes, one error shape.
+
+Every failure a client can meet (bad JSON, a too-large body, an unknown model, a
+bad API key, saturation) leaves through one handler as an OpenAI ``ErrorResponse``
+with the matching status; ``/health``, ``/ready`` and ``/metrics`` are open (probes
+and scrapers), everything under ``/v1`` needs a key when keys are configured.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pdd.common.openai_protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
+from pdd.router.errors import (
+    AuthenticationError,
+    InvalidRequestError,
+    PayloadTooLargeError,
+    RouterError,
+)
+from pdd.router.metrics import CONTENT_TYPE_LATEST
+from pdd.router.runtime import RouterRuntime
+from pdd.router.serving_base import Served
+from pdd.router.serving_chat import OpenAIServingChat
+from pdd.router.serving_completions import OpenAIServingCompletion
+
+log = logging.getLogger(__name__)
+T = TypeVar("T", bound=BaseModel)
+
+
+def create_app(runtime: RouterRuntime) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await runtime.start()
+        try:
+            yield
+        finally:
+            await runtime.close()
+
+    app = FastAPI(title="pdd router", lifespan=lifespan)
+    chat = OpenAIServingChat(runtime)
+    completions = OpenAIServingCompletion(runtime)
+    _install_errors(app, runtime)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        ok = runtime.ready()
+        return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        runtime.refresh_gauges()
+        return Response(runtime.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict:
+        _authenticate(runtime, request)
+        name = runtime.config.served_name
+        card = {"id": name, "object": "model", "created": 0, "owned_by": "pdd"}
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        _authenticate(runtime, request)
+        body = await _parse(runtime, request, ChatCompletionRequest)
+        return _respond(await chat.create(body))
+
+    @app.post("/v1/completions")
+    async def completions_route(request: Request) -> Response:
+        _authenticate(runtime, request)
+        body = await _parse(runtime, request, CompletionRequest)
+        return _respond(await completions.create(body))
+
+    return app
+
+
+def _authenticate(runtime: RouterRuntime, request: Request) -> None:
+    keys = runtime.config.api_keys
+    if not keys:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    ok = scheme.lower() == "bearer" and any(
+        hmac.compare_digest(token.encode(), k.encode()) for k in keys
+    )
+    if not ok:
+        raise AuthenticationError("invalid API key: send Authorization: Bearer <key>")
+
+
+async def _parse(runtime: RouterRuntime, request: Request, model: type[T]) -> T:
+    """Size-limited body -> JSON -> the endpoint's request model, each failure a 4xx."""
+    limit = runtime.config.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLargeError(f"the request body is {declared} bytes; the limit is {limit}")
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit:
+            raise PayloadTooLargeError(f"the request body exceeds the {limit}-byte limit")
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidRequestError(f"the body is not valid JSON: {exc}") from exc
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        raise InvalidRequestError(f"{param}: {first['msg']}", param=param) from exc
+
+
+def _respond(served: Served) -> Response:
+    if isinstance(served.body, BaseModel):
+        return JSONResponse(served.body.model_dump(mode="json"), headers=served.headers)
+    return StreamingResponse(served.body, media_type="text/event-stream", headers=served.headers)
+
+
+def _install_errors(app: FastAPI, runtime: RouterRuntime) -> None:
+    def error_response(
+        status: int, body: ErrorResponse, headers: dict[str, str] | None = None
+    ) -> JSONResponse:
+        return JSONResponse(body.model_dump(mode="json"), status_code=status, headers=headers)
+
+    @app.exception_handler(RouterError)
+    async def router_error(_: Request, exc: RouterError) -> JSONResponse:
+        runtime.metrics.rejected.labels(exc.cause).inc()
+        return error_response(exc.status, exc.body(), exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        body = ErrorResponse.of(str(exc.detail), "invalid_request_error", code=exc.status_code)
+        return error_response(exc.status_code, body, getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(400, ErrorResponse.of(str(exc), "invalid_request_error", code=400))
+
+    @app.exception_handler(Exception)
+    async def internal(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        runtime.metrics.rejected.labels("internal").inc()
+        body = ErrorResponse.of(f"internal error: {exc!r}", "internal_error", code=500)
+        return error_response(500, body)

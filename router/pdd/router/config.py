@@ -1,0 +1,174 @@
+"""The router's configuration: command-line flags, optionally on top of the operator's file.
+
+The operator renders one JSON document per cluster (``/etc/pdd/config.json``, see
+``pdd.operator.builders.config``) with each worker role's Service host; the router
+reads it with ``--config`` and resolves those hosts to instances. Flags override the
+file, so a developer can run the same binary against ``--prefill p=http://...`` lists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pdd.common.cost_model import LinkState, kv_bytes_per_token, kv_bytes_per_token_from_hf_config
+from pdd.router.tokenization import TINY_MODEL
+
+WorkerRole = Literal["prefill", "relay", "main", "mono"]
+ROLES: tuple[WorkerRole, ...] = ("prefill", "relay", "main", "mono")
+
+#: KV bytes per token of the ``tiny`` preset (4 layers x 2 KV heads x 32 dims, float32);
+#: a test checks it against the worker's own ``tiny_config``.
+TINY_KV_BYTES_PER_TOKEN = kv_bytes_per_token(4, 2, 32, 4)
+
+
+class ConfigError(ValueError):
+    """A flag or config-file value is missing or inconsistent; the message says which."""
+
+
+@dataclass(frozen=True)
+class WorkerRef:
+    """A worker the router was told about: a fixed instance or a Service host to resolve.
+
+    ``instance_id`` is None for a DNS source: each address it resolves to is one
+    instance, named by what the worker's ``/health`` reports.
+    """
+
+    role: WorkerRole
+    http_url: str
+    instance_id: str | None = None
+    dns_host: str | None = None
+    http_port: int | None = None
+
+
+def parse_worker(role: WorkerRole, text: str) -> WorkerRef:
+    """``ID=URL`` (the form the issue and the flags use) -> a fixed instance."""
+    instance_id, sep, url = text.partition("=")
+    if not sep or not instance_id or not url.startswith(("http://", "https://")):
+        raise ConfigError(f"--{role} {text!r}: expected INSTANCE_ID=http://HOST:PORT")
+    return WorkerRef(role=role, http_url=url.rstrip("/"), instance_id=instance_id)
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """Everything the router process needs; derived values are properties."""
+
+    workers: tuple[WorkerRef, ...]
+    secret: str
+    model: str = TINY_MODEL
+    served_model_name: str | None = None
+    redis_url: str | None = None
+    api_keys: tuple[str, ...] = ()
+    link_gbps: float = 10.0
+    link_rtt_ms: float = 0.0
+    ttft_budget_s: float = 2.0
+    prefill_tokens_per_s: float = 10_000.0
+    kv_bytes_per_token: int | None = None
+    block_size: int = 16
+    host: str = "0.0.0.0"
+    port: int = 8080
+    #: Requests one instance may hold at once before the router stops sending more.
+    instance_capacity: int = 64
+    max_body_bytes: int = 4 << 20
+    max_prompt_tokens: int = 32_768
+    default_max_tokens: int = 256
+    poll_interval_s: float = 0.5
+    request_timeout_s: float = 300.0
+    retry_after_s: float = 1.0
+    handoff: Literal["auto", "one-shot", "catch-up"] = "auto"
+    catchup_threshold: int = 64
+    anomalous_min_input_tokens: int = 32_000
+    anomalous_output_tokens_below: int = 500
+    replica_id: str = field(default_factory=lambda: f"router-{os.getpid()}")
+
+    def __post_init__(self) -> None:
+        if not self.secret:
+            raise ConfigError("no shared secret: pass --secret, --secret-file or PDD_SHARED_SECRET")
+        if not self.workers:
+            raise ConfigError("no workers: pass --prefill/--relay/--main (or --mono) or --config")
+        roles = {w.role for w in self.workers}
+        if "mono" in roles and roles != {"mono"}:
+            raise ConfigError("--mono workers cannot be mixed with prefill/relay/main workers")
+        if "mono" not in roles and not {"prefill", "main"} <= roles:
+            raise ConfigError(
+                f"a PDD deployment needs at least one prefill and one main worker, got {roles}"
+            )
+        for name in ("instance_capacity", "max_body_bytes", "max_prompt_tokens", "block_size"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def served_name(self) -> str:
+        """The model name clients send; defaults to the checkpoint's directory name."""
+        return self.served_model_name or Path(self.model).name
+
+    @property
+    def mono(self) -> bool:
+        return all(w.role == "mono" for w in self.workers)
+
+    @property
+    def link(self) -> LinkState:
+        return LinkState(declared_gbps=self.link_gbps, rtt_ms=self.link_rtt_ms)
+
+    @property
+    def resolved_kv_bytes_per_token(self) -> int:
+        """Flag, else the checkpoint's config.json, else the tiny preset."""
+        if self.kv_bytes_per_token is not None:
+            return self.kv_bytes_per_token
+        if self.model == TINY_MODEL:
+            return TINY_KV_BYTES_PER_TOKEN
+        config_file = Path(self.model) / "config.json"
+        if not config_file.is_file():
+            raise ConfigError(f"{config_file} not found: pass --kv-bytes-per-token")
+        return kv_bytes_per_token_from_hf_config(json.loads(config_file.read_text()))
+
+
+def read_secret(secret: str | None, secret_file: Path | None, env_name: str) -> str:
+    if secret:
+        return secret
+    if secret_file is not None:
+        return secret_file.read_text().strip()
+    return os.environ.get(env_name, "")
+
+
+#: The CRD spells handoff policies in camelCase; plans use the worker's flag values.
+_HANDOFF_POLICIES = {"auto": "auto", "oneShot": "one-shot", "catchUp": "catch-up"}
+
+
+def file_settings(doc: dict[str, Any]) -> dict[str, Any]:
+    """RouterConfig fields from the operator's config document (version 1)."""
+    if doc.get("version") != 1:
+        raise ConfigError(f"config version {doc.get('version')!r} is not 1; upgrade the router")
+    model, wan, handoff = doc.get("model", {}), doc.get("wan", {}), doc.get("handoff", {})
+    anomalous = doc.get("anomalousTraffic", {})
+    settings: dict[str, Any] = {
+        "model": model.get("path"),
+        "served_model_name": model.get("servedName"),
+        "kv_bytes_per_token": model.get("kvBytesPerToken"),
+        "link_gbps": wan.get("declaredGbps"),
+        "link_rtt_ms": wan.get("rttMs"),
+        "redis_url": doc.get("store", {}).get("redisUrl"),
+        "port": doc.get("ports", {}).get("router"),
+        "handoff": _HANDOFF_POLICIES.get(handoff.get("policy")),
+        "catchup_threshold": handoff.get("catchUpThreshold"),
+        "anomalous_min_input_tokens": anomalous.get("minInputTokens"),
+        "anomalous_output_tokens_below": anomalous.get("maxOutputTokens"),
+    }
+    ttft_ms = doc.get("slo", {}).get("ttftP99Ms")
+    if ttft_ms is not None:
+        settings["ttft_budget_s"] = ttft_ms / 1000.0
+    settings["workers"] = tuple(
+        WorkerRef(
+            role=role,
+            http_url=f"http://{peer['host']}:{peer['httpPort']}",
+            dns_host=peer["host"],
+            http_port=int(peer["httpPort"]),
+        )
+        for role, peer in doc.get("peers", {}).items()
+        if role in ROLES
+    )
+    settings["secret_env"] = doc.get("sharedSecretEnv", "PDD_SHARED_SECRET")
+    return {k: v for k, v in settings.items() if v is not None}

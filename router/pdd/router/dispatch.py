@@ -1,0 +1,196 @@
+"""From token IDs to a route: the prefix index, the shared loads and R1's policy, joined.
+
+``Dispatcher.route`` gathers what the pure ``policy.decide`` needs (hits, instance
+loads, the link, the recent traffic window), turns its answer into the workers'
+endpoints, and raises typed errors for "nobody is up" (503) and "everybody is busy"
+(429). ``Lease`` counts the request against its instances in the shared store, so
+other router replicas see the load before the workers' own reports catch up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pdd.common.wire import Endpoint, PipelinePlan, SamplingSpec
+from pdd.router.config import RouterConfig, WorkerRole
+from pdd.router.errors import NotReadyError, SaturatedError
+from pdd.router.instance_choice import InstanceLoad, Role, available, choose_main_decode
+from pdd.router.policy import Decision, Pipeline, PolicyConfig, RequestFeatures, Saturated, decide
+from pdd.router.policy import is_anomalous as _is_anomalous
+from pdd.router.prefix_index import PrefixIndex
+from pdd.router.recent_traffic import RecentTraffic
+from pdd.router.registry import Instance, InstanceRegistry
+from pdd.router.state.base import RouterStore
+
+#: The policy's roles for the workers' roles; a mono instance plays main decode.
+POLICY_ROLE: dict[WorkerRole, Role] = {
+    "prefill": Role.PREFILL,
+    "relay": Role.RELAY,
+    "main": Role.MAIN,
+    "mono": Role.MAIN,
+}
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where one request goes and why (``reason`` for people, ``reason_code`` for metrics)."""
+
+    pipeline: str
+    reason: str
+    reason_code: str
+    prefill: Endpoint | None
+    relay: Endpoint | None
+    main: Endpoint | None
+    p_hit_tokens: int = 0
+    md_hit_tokens: int = 0
+
+    @property
+    def endpoints(self) -> list[Endpoint]:
+        return [e for e in (self.prefill, self.relay, self.main) if e is not None]
+
+    def plan(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: SamplingSpec,
+        config: RouterConfig,
+    ) -> PipelinePlan:
+        return PipelinePlan(
+            request_id=request_id,
+            prompt_ids=prompt_ids,
+            sampling=sampling,
+            pipeline=self.pipeline,
+            prefill=self.prefill,
+            relay=self.relay,
+            main=self.main,
+            handoff=config.handoff,
+            catchup_threshold=config.catchup_threshold,
+        )
+
+
+@dataclass
+class Lease:
+    """The in-flight count a request holds on each of its instances, released once each."""
+
+    store: RouterStore
+    held: set[str] = field(default_factory=set)
+
+    def acquire(self, instance_ids: Sequence[str]) -> None:
+        for i in instance_ids:
+            self.store.add_inflight(i, 1)
+            self.held.add(i)
+
+    def release(self, instance_id: str) -> None:
+        if instance_id in self.held:
+            self.held.discard(instance_id)
+            self.store.add_inflight(instance_id, -1)
+
+    def release_all(self) -> None:
+        for i in list(self.held):
+            self.release(i)
+
+
+def reason_code(decision: Decision, features: RequestFeatures, policy: PolicyConfig) -> str:
+    """A bounded label for the decision (the reason text carries numbers)."""
+    if decision.pipeline == Pipeline.P_MD:
+        fits = decision.estimate.md_first_token_s <= policy.ttft_budget_s
+        return "fits_ttft_budget" if fits else "relays_saturated"
+    if decision.pipeline == Pipeline.P_RLD:
+        return "anomalous"
+    return "anomalous_capped" if _is_anomalous(features, policy) else "transfer_exceeds_budget"
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        config: RouterConfig,
+        registry: InstanceRegistry,
+        index: PrefixIndex,
+        store: RouterStore,
+        policy: PolicyConfig,
+        traffic: RecentTraffic,
+    ) -> None:
+        self._config = config
+        self._registry = registry
+        self._index = index
+        self._store = store
+        self._policy = policy
+        self._traffic = traffic
+
+    def route(self, prompt_ids: Sequence[int], max_tokens: int | None) -> Route:
+        instances = self._ready_instances()
+        hits = self._index.match(self._index.hashes(prompt_ids))
+        loads = self._loads(instances)
+        features = RequestFeatures.from_prompt(prompt_ids, max_tokens, self._config.block_size)
+        if self._config.mono:
+            return self._route_mono(features, hits, loads, instances)
+        result = decide(
+            features, hits, loads, self._config.link, self._traffic.snapshot(), self._policy
+        )
+        if isinstance(result, Saturated):
+            raise SaturatedError(result.reason, result.retry_after_s)
+        self._traffic.record(result.pipeline == Pipeline.P_RLD, features.input_tokens)
+        a = result.instances
+        return Route(
+            pipeline=str(result.pipeline),
+            reason=result.reason,
+            reason_code=reason_code(result, features, self._policy),
+            prefill=instances[a.prefill].endpoint,
+            relay=instances[a.relay].endpoint if a.relay else None,
+            main=instances[a.main_decode].endpoint if a.main_decode else None,
+            p_hit_tokens=result.estimate.p_hit_tokens,
+            md_hit_tokens=result.estimate.md_hit_tokens,
+        )
+
+    def _route_mono(
+        self,
+        features: RequestFeatures,
+        hits: dict[str, int],
+        loads: list[InstanceLoad],
+        instances: dict[str, Instance],
+    ) -> Route:
+        """Colocated baseline: the best hit against load, affinity by rendezvous hashing."""
+        chosen = choose_main_decode(
+            available(loads, Role.MAIN), hits, features.input_tokens, features.affinity_key
+        )
+        if chosen is None:
+            raise SaturatedError("every mono instance is at capacity", self._policy.retry_after_s)
+        hit = min(hits.get(chosen.instance_id, 0), features.input_tokens)
+        return Route(
+            pipeline="mono",
+            reason=f"colocated deployment: {chosen.instance_id} holds {hit} prompt tokens",
+            reason_code="colocated",
+            prefill=None,
+            relay=None,
+            main=instances[chosen.instance_id].endpoint,
+            p_hit_tokens=hit,
+            md_hit_tokens=hit,
+        )
+
+    def _ready_instances(self) -> dict[str, Instance]:
+        needed: tuple[WorkerRole, ...] = ("mono",) if self._config.mono else ("prefill", "main")
+        for role in needed:
+            if not self._registry.ready(role):
+                raise NotReadyError(f"no {role} worker is ready; check the workers and --{role}")
+        return {
+            i.endpoint.instance_id: i
+            for i in self._registry.all()
+            if i.ready and i.endpoint is not None
+        }
+
+    def _loads(self, instances: dict[str, Instance]) -> list[InstanceLoad]:
+        """Active = the larger of the routers' in-flight count and the worker's own report."""
+        inflight = self._store.inflight()
+        loads = []
+        for instance_id, inst in instances.items():
+            reported = inst.load.running + inst.load.waiting if inst.load else 0
+            loads.append(
+                InstanceLoad(
+                    instance_id=instance_id,
+                    role=POLICY_ROLE[inst.role],
+                    active=max(reported, inflight.get(instance_id, 0)),
+                    capacity=self._config.instance_capacity,
+                )
+            )
+        return loads

@@ -1,0 +1,88 @@
+"""Typed errors of the router's request path, each mapped to one HTTP status.
+
+Serving code raises these; the app turns every one (and anything unexpected) into
+the single OpenAI ``ErrorResponse`` shape, so a client's error handling never meets
+a FastAPI default body. A mid-stream failure uses the same shape as an SSE frame.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pdd.common.openai_protocol import ErrorResponse
+
+
+class RouterError(Exception):
+    """Base: ``status`` and ``type`` are what the client sees beside the message."""
+
+    status: int = 500
+    type: str = "internal_error"
+    #: The ``cause`` label of ``pdd_router_rejected_requests_total``.
+    cause: str = "internal"
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {}
+
+    def body(self) -> ErrorResponse:
+        return ErrorResponse.of(self.message, self.type, code=self.status, param=self.param)
+
+
+class InvalidRequestError(RouterError):
+    status, type = 400, "invalid_request_error"
+    cause = "invalid_request"
+
+
+class PromptTooLongError(InvalidRequestError):
+    """The prompt exceeds the router's token limit."""
+
+    cause = "prompt_too_long"
+
+
+class AuthenticationError(RouterError):
+    status, type = 401, "authentication_error"
+    cause = "unauthorized"
+
+
+class ModelNotFoundError(RouterError):
+    status, type = 404, "not_found_error"
+    cause = "unknown_model"
+
+
+class PayloadTooLargeError(RouterError):
+    status, type = 413, "invalid_request_error"
+    cause = "body_too_large"
+
+
+class SaturatedError(RouterError):
+    """Every instance a request needs is at capacity: retry later, nothing was queued."""
+
+    status, type = 429, "rate_limit_error"
+    cause = "saturated"
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
+
+
+class UpstreamError(RouterError):
+    """A worker refused or lost the request and nobody could carry it on."""
+
+    status, type = 502, "upstream_error"
+    cause = "upstream"
+
+
+class NotReadyError(RouterError):
+    """The router knows no ready worker of a role the request needs."""
+
+    status, type = 503, "service_unavailable"
+    cause = "not_ready"

@@ -1,0 +1,62 @@
+"""The router's Prometheus metrics, one registry per router (tests run several in a process).
+
+Latency is measured where the client sees it: TTFT from the request's arrival to the
+first released token, ITL between released tokens (a handoff pause shows up here).
+Prefix hit ratios are the index's estimate at decision time, per role, so a drifting
+MD hit rate (the sign that P's and MD's caches fell out of step) is visible.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["CONTENT_TYPE_LATEST", "RouterMetrics"]
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_RATIO_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter(
+            "pdd_router_requests", "Routed requests", ["pipeline", "reason"], registry=r
+        )
+        self.rejected = Counter(
+            "pdd_router_rejected_requests", "Requests refused, by cause", ["cause"], registry=r
+        )
+        self.ttft = Histogram(
+            "pdd_router_ttft_seconds", "Time to first token", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.itl = Histogram(
+            "pdd_router_itl_seconds",
+            "Time between consecutive tokens",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prefix_hit_ratio = Histogram(
+            "pdd_router_prefix_hit_ratio",
+            "Share of the prompt the chosen instance holds (index estimate)",
+            ["role"],
+            buckets=_RATIO_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "pdd_router_output_tokens", "Tokens relayed to clients", ["source_role"], registry=r
+        )
+        self.relayed_share = Histogram(
+            "pdd_router_relayed_token_share",
+            "Per request: share of output tokens that came from a relay (RLD)",
+            buckets=_RATIO_BUCKETS,
+            registry=r,
+        )
+        self.redis_up = Gauge(
+            "pdd_router_redis_up", "1 when the shared Redis store is reachable", registry=r
+        )
+        self.instances_ready = Gauge(
+            "pdd_router_instances_ready", "Workers answering their polls", ["role"], registry=r
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

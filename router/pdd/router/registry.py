@@ -1,0 +1,162 @@
+"""The workers the router knows, kept fresh by one background poll loop.
+
+Each poll asks every instance for its identity (``/health``, once), its load
+(``/load``) and its new cache events (``/v1/pdd/cache-events?since=cursor``), which
+feed the prefix index. An instance that fails a poll is left out of decisions until
+it answers again; one whose event feed says ``reset`` (it restarted, or events
+were dropped) has its index entries rebuilt from what follows. Service hosts from
+the operator's config are re-resolved every poll, so scaled pods come and go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from pdd.common.wire import Endpoint, LoadReport
+from pdd.router.config import WorkerRef, WorkerRole
+from pdd.router.prefix_index import BlockSizeMismatchError, PrefixIndex
+from pdd.router.worker_client import WorkerCallError, WorkerClient
+
+log = logging.getLogger(__name__)
+
+#: Index housekeeping (dropping expired entries) every this many polls.
+_EXPIRE_EVERY = 60
+
+
+@dataclass
+class Instance:
+    role: WorkerRole
+    http_url: str
+    expected_id: str | None = None
+    endpoint: Endpoint | None = None
+    load: LoadReport | None = None
+    ready: bool = False
+    cursor: int = 0
+    problem: str | None = None
+
+    @property
+    def instance_id(self) -> str | None:
+        return self.endpoint.instance_id if self.endpoint else self.expected_id
+
+
+class MisconfiguredWorkerError(ValueError):
+    """A worker reports another identity than the router was told."""
+
+
+class InstanceRegistry:
+    def __init__(
+        self,
+        refs: tuple[WorkerRef, ...],
+        client: WorkerClient,
+        index: PrefixIndex,
+        interval_s: float,
+    ) -> None:
+        self._refs = refs
+        self._client = client
+        self._index = index
+        self._interval_s = interval_s
+        self._instances: dict[str, Instance] = {
+            r.http_url: Instance(r.role, r.http_url, r.instance_id)
+            for r in refs
+            if r.dns_host is None
+        }
+        self._task: asyncio.Task | None = None
+        self._polls = 0
+
+    def ready(self, role: WorkerRole) -> list[Instance]:
+        return [i for i in self._instances.values() if i.ready and i.role == role]
+
+    def all(self) -> list[Instance]:
+        return list(self._instances.values())
+
+    async def start(self) -> None:
+        await self.poll_once()
+        self._task = asyncio.create_task(self._loop(), name="worker-poll")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            await self.poll_once()
+
+    async def poll_once(self) -> None:
+        await self._resolve()
+        await asyncio.gather(*(self._poll(i) for i in list(self._instances.values())))
+        self._polls += 1
+        if self._polls % _EXPIRE_EVERY == 0:
+            self._index.expire()
+
+    async def _resolve(self) -> None:
+        """Add an instance per address each Service host resolves to; drop vanished ones."""
+        dns_refs = [r for r in self._refs if r.dns_host is not None]
+        if not dns_refs:
+            return
+        loop = asyncio.get_running_loop()
+        seen: set[str] = set()
+        for ref in dns_refs:
+            try:
+                infos = await loop.getaddrinfo(ref.dns_host, ref.http_port, type=socket.SOCK_STREAM)
+            except OSError as exc:
+                log.warning("cannot resolve %s workers at %s: %s", ref.role, ref.dns_host, exc)
+                seen.update(u for u, i in self._instances.items() if i.role == ref.role)
+                continue
+            for info in infos:
+                host = info[4][0]
+                netloc = f"[{host}]" if ":" in host else host
+                url = f"http://{netloc}:{ref.http_port}"
+                seen.add(url)
+                self._instances.setdefault(url, Instance(ref.role, url))
+        for url in set(self._instances) - seen:
+            gone = self._instances.pop(url)
+            if gone.instance_id is not None:
+                self._index.forget_instance(gone.instance_id)
+
+    async def _poll(self, inst: Instance) -> None:
+        try:
+            if inst.endpoint is None:
+                inst.endpoint = await self._identify(inst)
+            inst.load = await self._client.load(inst.http_url)
+            page = await self._client.cache_events(inst.http_url, inst.cursor)
+            if page.reset:
+                self._index.forget_instance(inst.endpoint.instance_id)
+            self._index.apply_all(inst.endpoint.instance_id, page.events)
+            inst.cursor = page.next_cursor
+        except (WorkerCallError, ValidationError, MisconfiguredWorkerError) as exc:
+            self._set_problem(inst, str(exc))
+            inst.endpoint = None  # re-read the identity: a restarted pod may differ
+            return
+        except BlockSizeMismatchError as exc:
+            self._set_problem(inst, str(exc))
+            return
+        if not inst.ready:
+            log.info("%s worker %s is ready", inst.role, inst.instance_id)
+        inst.ready, inst.problem = True, None
+
+    async def _identify(self, inst: Instance) -> Endpoint:
+        endpoint = await self._client.endpoint(inst.http_url)
+        if inst.expected_id is not None and endpoint.instance_id != inst.expected_id:
+            raise MisconfiguredWorkerError(
+                f"{inst.http_url} is instance {endpoint.instance_id!r}, not "
+                f"{inst.expected_id!r}: fix the --{inst.role} flag"
+            )
+        # A first contact or a comeback: rebuild this instance's index entries from its
+        # whole event log, so entries from a previous life of the process cannot linger.
+        self._index.forget_instance(endpoint.instance_id)
+        inst.cursor = 0
+        return endpoint
+
+    def _set_problem(self, inst: Instance, problem: str) -> None:
+        if inst.ready or inst.problem != problem:
+            log.warning("%s worker at %s left out: %s", inst.role, inst.http_url, problem)
+        inst.ready, inst.problem = False, problem

@@ -1,0 +1,77 @@
+"""Everything one router process holds, built from its config and started together."""
+
+from __future__ import annotations
+
+import time
+
+from pdd.router.config import RouterConfig
+from pdd.router.dispatch import Dispatcher
+from pdd.router.metrics import RouterMetrics
+from pdd.router.policy import PolicyConfig
+from pdd.router.prefix_index import PrefixIndex, PrefixIndexConfig
+from pdd.router.recent_traffic import RecentTraffic
+from pdd.router.registry import InstanceRegistry
+from pdd.router.state.base import RouterStore
+from pdd.router.state.memory import LocalStore
+from pdd.router.state.shared import SharedStore
+from pdd.router.tokenization import PromptTokenizer, load_prompt_tokenizer
+from pdd.router.worker_client import WorkerClient
+
+
+def build_policy(config: RouterConfig) -> PolicyConfig:
+    return PolicyConfig(
+        kv_bytes_per_token=config.resolved_kv_bytes_per_token,
+        ttft_budget_s=config.ttft_budget_s,
+        prefill_tokens_per_s=config.prefill_tokens_per_s,
+        anomalous_min_input_tokens=config.anomalous_min_input_tokens,
+        anomalous_output_tokens_below=config.anomalous_output_tokens_below,
+        retry_after_s=config.retry_after_s,
+    )
+
+
+class RouterRuntime:
+    """Tokenizer, store, index, worker registry and dispatcher of one router replica."""
+
+    def __init__(self, config: RouterConfig) -> None:
+        self.config = config
+        self.metrics = RouterMetrics()
+        self.tokenizer: PromptTokenizer = load_prompt_tokenizer(config.model)
+        self.client = WorkerClient(config.secret)
+        index_config = PrefixIndexConfig(block_size=config.block_size)
+        self.store: RouterStore = (
+            SharedStore(
+                config.redis_url,
+                config.replica_id,
+                index_config.ttl_s,
+                on_change=lambda up: self.metrics.redis_up.set(1 if up else 0),
+            )
+            if config.redis_url
+            else LocalStore(index_config.ttl_s)
+        )
+        # Wall-clock time: entries in a shared store are compared across hosts.
+        self.index = PrefixIndex(index_config, self.store.index, clock=time.time)
+        self.registry = InstanceRegistry(
+            config.workers, self.client, self.index, config.poll_interval_s
+        )
+        self.policy = build_policy(config)
+        self.dispatcher = Dispatcher(
+            config, self.registry, self.index, self.store, self.policy, RecentTraffic()
+        )
+
+    async def start(self) -> None:
+        await self.store.start()
+        await self.registry.start()
+
+    async def close(self) -> None:
+        await self.registry.close()
+        await self.store.close()
+        await self.client.aclose()
+
+    def ready(self) -> bool:
+        """Ready when every role a request needs has a worker answering."""
+        roles = ("mono",) if self.config.mono else ("prefill", "main")
+        return all(self.registry.ready(role) for role in roles)
+
+    def refresh_gauges(self) -> None:
+        for role in ("prefill", "relay", "main", "mono"):
+            self.metrics.instances_ready.labels(role).set(len(self.registry.ready(role)))

@@ -1,0 +1,119 @@
+"""``pdd router``: the OpenAI-compatible front door of a PDD deployment.
+
+Flags, optionally on top of the operator's rendered config (``--config``); then one
+uvicorn server around the app. Exit status 2 for a configuration error, with the
+message saying what to fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from pdd.router.app import create_app
+from pdd.router.config import (
+    ROLES,
+    ConfigError,
+    RouterConfig,
+    file_settings,
+    parse_worker,
+    read_secret,
+)
+from pdd.router.runtime import RouterRuntime
+
+log = logging.getLogger("pdd.router")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pdd router", description=__doc__.splitlines()[0])
+    p.add_argument("--config", type=Path, help="the operator's config.json (flags override it)")
+    p.add_argument("--model", help='"tiny" or a checkpoint directory (tokenizer and template)')
+    p.add_argument("--served-model-name", help="the model name clients send")
+    for role in ROLES:
+        p.add_argument(
+            f"--{role}", action="append", default=[], metavar="ID=URL",
+            help=f"a {role} worker (repeatable, or comma-separated)",
+        )  # fmt: skip
+    p.add_argument("--secret", help="shared worker secret (prefer --secret-file)")
+    p.add_argument("--secret-file", type=Path)
+    p.add_argument("--redis", help="redis://HOST:PORT/DB shared by router replicas")
+    p.add_argument(
+        "--api-key", action="append", default=[], help="accepted client key (repeatable)"
+    )
+    p.add_argument("--link-gbps", type=float, help="declared WAN bandwidth P -> MD")
+    p.add_argument("--link-rtt-ms", type=float, help="declared WAN round-trip time")
+    p.add_argument("--ttft-budget-s", type=float, help="TTFT budget the P-MD path must meet")
+    p.add_argument("--prefill-tokens-per-s", type=float)
+    p.add_argument("--kv-bytes-per-token", type=int)
+    p.add_argument("--block-size", type=int)
+    p.add_argument("--instance-capacity", type=int, help="requests per instance before 429")
+    p.add_argument("--max-prompt-tokens", type=int)
+    p.add_argument("--max-body-bytes", type=int)
+    p.add_argument("--default-max-tokens", type=int)
+    p.add_argument("--poll-interval-s", type=float)
+    p.add_argument("--request-timeout-s", type=float)
+    p.add_argument("--handoff", choices=("auto", "one-shot", "catch-up"))
+    p.add_argument("--catchup-threshold", type=int)
+    p.add_argument("--replica-id", help="this replica's name in the shared store")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+#: Flags copied to RouterConfig fields when given (same name, dashes to underscores).
+_PLAIN_FLAGS = (
+    "model", "served_model_name", "link_gbps", "link_rtt_ms", "ttft_budget_s",
+    "prefill_tokens_per_s", "kv_bytes_per_token", "block_size", "instance_capacity",
+    "max_prompt_tokens", "max_body_bytes", "default_max_tokens", "poll_interval_s",
+    "request_timeout_s", "handoff", "catchup_threshold", "replica_id", "host", "port",
+)  # fmt: skip
+
+
+def build_config(args: argparse.Namespace) -> RouterConfig:
+    settings: dict[str, Any] = {}
+    secret_env = "PDD_SHARED_SECRET"
+    if args.config is not None:
+        try:
+            settings = file_settings(json.loads(args.config.read_text()))
+        except (OSError, json.JSONDecodeError, KeyError) as exc:
+            raise ConfigError(f"cannot read --config {args.config}: {exc}") from exc
+        secret_env = settings.pop("secret_env")
+    settings.update({k: getattr(args, k) for k in _PLAIN_FLAGS if getattr(args, k) is not None})
+    workers = tuple(
+        parse_worker(role, item)
+        for role in ROLES
+        for flag in getattr(args, role)
+        for item in flag.split(",")
+        if item
+    )
+    if workers:
+        settings["workers"] = workers
+    if args.redis:
+        settings["redis_url"] = args.redis
+    settings["api_keys"] = tuple(args.api_key)
+    settings["secret"] = read_secret(args.secret, args.secret_file, secret_env)
+    settings.setdefault("workers", ())
+    return RouterConfig(**settings)
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per worker poll otherwise
+    try:
+        config = build_config(args)
+        runtime = RouterRuntime(config)
+    except (ConfigError, ValueError, FileNotFoundError) as exc:
+        log.error("%s", exc)
+        return 2
+    log.info("serving %r on %s:%d", config.served_name, config.host, config.port)
+    uvicorn.run(create_app(runtime), host=config.host, port=config.port, log_level="warning")
+    return 0

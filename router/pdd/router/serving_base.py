@@ -1,0 +1,133 @@
+"""What both OpenAI endpoints share: checks, sampling, routing a prompt, the result type.
+
+Per endpoint a serving class (``serving_chat``, ``serving_completions``) turns a
+validated request into a :class:`Served`: a response model, or an async iterator of
+SSE frames, plus the route (the app puts ``x-pdd-pipeline`` and ``x-pdd-reason`` on
+the response). Problems are raised as typed ``RouterError``s; in the middle of a
+stream they become an ``ErrorResponse`` frame followed by ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from pydantic import BaseModel
+
+from pdd.common.openai_protocol import SSE_DONE, ErrorResponse, SamplingFields, new_id, sse_frame
+from pdd.common.wire import SamplingSpec
+from pdd.router.dispatch import Lease, Route
+from pdd.router.errors import (
+    InvalidRequestError,
+    ModelNotFoundError,
+    PromptTooLongError,
+    RouterError,
+)
+from pdd.router.generation import Generation
+from pdd.router.runtime import RouterRuntime
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Served:
+    generation: Generation
+    body: BaseModel | AsyncIterator[bytes]
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Where the request went and why; header values must be latin-1, so the reason
+        (ASCII in practice) is percent-quoted to be safe."""
+        route = self.generation.route
+        hops = [("prefill", route.prefill, route.p_hit_tokens), ("relay", route.relay, None)]
+        hops.append(("main", route.main, route.md_hit_tokens))
+        path = " ".join(
+            f"{role}={ep.instance_id}" + (f":{hit}" if hit is not None else "")
+            for role, ep, hit in hops
+            if ep is not None
+        )
+        return {
+            "x-pdd-request-id": self.generation.plan.request_id,
+            "x-pdd-pipeline": route.pipeline,
+            "x-pdd-reason": quote(route.reason, safe=" :;,.()=<>/%+-_'"),
+            "x-pdd-route": path,
+        }
+
+
+class OpenAIServing:
+    def __init__(self, runtime: RouterRuntime) -> None:
+        self.runtime = runtime
+
+    def check(self, request: SamplingFields) -> None:
+        served = self.runtime.config.served_name
+        if request.model != served:
+            raise ModelNotFoundError(
+                f"model {request.model!r} is not served here; this router serves {served!r}",
+                param="model",
+            )
+        if request.n != 1:
+            raise InvalidRequestError("only n=1 is supported", param="n")
+
+    def sampling(self, request: SamplingFields, max_tokens: int | None) -> SamplingSpec:
+        """OpenAI's sampling fields in the workers' terms (top_k -1 means off: 0 there)."""
+        return SamplingSpec(
+            max_tokens=max_tokens or self.runtime.config.default_max_tokens,
+            temperature=request.temperature,
+            top_k=max(0, request.top_k),
+            top_p=request.top_p,
+            seed=request.seed,
+            ignore_eos=request.ignore_eos,
+        )
+
+    def start(
+        self, prompt_ids: list[int], request: SamplingFields, max_tokens: int | None, param: str
+    ) -> Generation:
+        """Check the prompt's length, route it, and hold the route's in-flight lease."""
+        arrived_at = time.monotonic()
+        limit = self.runtime.config.max_prompt_tokens
+        if not prompt_ids:
+            raise InvalidRequestError("the prompt is empty after templating", param=param)
+        if len(prompt_ids) > limit:
+            raise PromptTooLongError(
+                f"the prompt has {len(prompt_ids)} tokens; this router accepts at most {limit}",
+                param=param,
+            )
+        route = self.runtime.dispatcher.route(prompt_ids, max_tokens)
+        self._record(route, len(prompt_ids))
+        lease = Lease(self.runtime.store)
+        lease.acquire([e.instance_id for e in route.endpoints])
+        plan = route.plan(
+            new_id("pdd"), prompt_ids, self.sampling(request, max_tokens), self.runtime.config
+        )
+        return Generation(self.runtime, route, plan, request.stop_strings, arrived_at, lease)
+
+    def _record(self, route: Route, prompt_tokens: int) -> None:
+        m = self.runtime.metrics
+        m.requests.labels(route.pipeline, route.reason_code).inc()
+        if route.prefill is not None:
+            m.prefix_hit_ratio.labels("prefill").observe(route.p_hit_tokens / prompt_tokens)
+        if route.main is not None:
+            m.prefix_hit_ratio.labels("main").observe(route.md_hit_tokens / prompt_tokens)
+
+    async def collect(self, generation: Generation) -> str:
+        """The whole output text (non-streaming)."""
+        return "".join([d.text async for d in generation.deltas()])
+
+    async def sse(self, frames: AsyncIterator[BaseModel]) -> AsyncIterator[bytes]:
+        """SSE bytes of ``frames``, then ``[DONE]``; an error mid-stream becomes one
+        ``ErrorResponse`` frame (the status line has already gone out)."""
+        try:
+            async for frame in frames:
+                yield sse_frame(frame)
+        except RouterError as exc:
+            self.runtime.metrics.rejected.labels(exc.cause).inc()
+            yield sse_frame(exc.body())
+        except Exception as exc:  # the client must get an error frame, whatever broke
+            log.exception("stream failed")
+            self.runtime.metrics.rejected.labels("internal").inc()
+            message = f"internal error in the stream: {exc!r}"
+            yield sse_frame(ErrorResponse.of(message, "internal_error", code=500))
+        yield SSE_DONE

@@ -1,0 +1,57 @@
+"""``POST /v1/completions``: a text (or token-ID) prompt, routed and relayed."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from pdd.common.openai_protocol import (
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    new_id,
+)
+from pdd.router.generation import Generation
+from pdd.router.serving_base import OpenAIServing, Served
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    async def create(self, request: CompletionRequest) -> Served:
+        self.check(request)
+        prompt_ids = self.runtime.tokenizer.completion_ids(request.prompt)
+        generation = self.start(prompt_ids, request, request.output_token_limit, "prompt")
+        echo = self._echo(request)
+        if request.stream:
+            return Served(generation, self.sse(self._chunks(request, generation, echo)))
+        text = echo + await self.collect(generation)
+        response = CompletionResponse(
+            model=request.model,
+            choices=[CompletionChoice(text=text, finish_reason=generation.finish_reason)],
+            usage=generation.usage(),
+        )
+        return Served(generation, response)
+
+    def _echo(self, request: CompletionRequest) -> str:
+        if not request.echo:
+            return ""
+        if isinstance(request.prompt, str):
+            return request.prompt
+        return self.runtime.tokenizer.tokenizer.decode(request.prompt)
+
+    async def _chunks(
+        self, request: CompletionRequest, generation: Generation, echo: str
+    ) -> AsyncIterator[CompletionResponse]:
+        rid = new_id("cmpl")
+
+        def frame(text: str, finish: str | None = None) -> CompletionResponse:
+            choice = CompletionChoice(text=text, finish_reason=finish)
+            return CompletionResponse(id=rid, model=request.model, choices=[choice])
+
+        if echo:
+            yield frame(echo)
+        async for delta in generation.deltas():
+            if delta.text or delta.finish_reason:
+                yield frame(delta.text, delta.finish_reason)
+        if request.include_usage_in_stream:
+            yield CompletionResponse(
+                id=rid, model=request.model, choices=[], usage=generation.usage()
+            )

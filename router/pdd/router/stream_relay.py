@@ -1,0 +1,140 @@
+"""One request's token streams, from every decode-side worker, merged into one.
+
+The relay (RLD) streams the first tokens and the main decode (MD) continues after
+the handoff; every token carries its output position, so ``TokenStreamMerger``
+releases each position exactly once, in order. A decode-side source that breaks
+is routed around as the worker driver does (RLD gone before the handoff: hand MD
+the IDs the client already has; MD gone: tell RLD to take over). Whenever the
+stream ends before the request finished (client disconnect, timeout, failure), the
+request is cancelled on every worker it touched, so their KV and locks are freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from pdd.common.token_stream import TokenStreamMerger
+from pdd.common.wire import Endpoint, PipelinePlan, TokenEvent
+from pdd.router.errors import UpstreamError
+from pdd.router.worker_client import WorkerCallError, WorkerClient
+
+log = logging.getLogger(__name__)
+
+#: Cleanup tasks outlive the request that spawned them; keep them referenced.
+_background: set[asyncio.Task] = set()
+
+
+@dataclass(frozen=True)
+class _StreamEnd:
+    source: str
+    broken: str | None
+
+
+async def relay_tokens(
+    plan: PipelinePlan, client: WorkerClient, timeout_s: float
+) -> AsyncIterator[TokenEvent]:
+    """Start ``plan`` and yield its merged tokens; raises ``UpstreamError`` on failure."""
+    queue: asyncio.Queue[TokenEvent | _StreamEnd] = asyncio.Queue()
+    readers = [
+        asyncio.create_task(_read(client, ep, plan.request_id, queue)) for ep in plan.decode_sources
+    ]
+    merger = TokenStreamMerger(plan.request_id)
+    try:
+        entry = plan.main if plan.pipeline == "mono" else plan.prefill
+        assert entry is not None  # PipelinePlan's validator guarantees it
+        try:
+            await client.start(entry.http_url, plan)
+        except WorkerCallError as exc:
+            raise UpstreamError(f"{entry.instance_id} refused the request: {exc.detail}") from exc
+        deadline = time.monotonic() + timeout_s
+        async for event in _merged(plan, client, queue, merger, len(readers), deadline):
+            yield event
+    finally:
+        for task in readers:
+            task.cancel()
+        if not merger.finished:
+            _spawn(_cancel_everywhere(plan, client))
+
+
+async def _merged(
+    plan: PipelinePlan,
+    client: WorkerClient,
+    queue: asyncio.Queue[TokenEvent | _StreamEnd],
+    merger: TokenStreamMerger,
+    open_streams: int,
+    deadline: float,
+) -> AsyncIterator[TokenEvent]:
+    """Yields released tokens; the deadline is checked per wait, never across a yield."""
+    while not merger.finished:
+        if open_streams == 0:
+            raise UpstreamError(
+                f"request {plan.request_id}: every worker stream ended after "
+                f"{merger.next_seq} tokens without a finish; errors: {merger.errors or 'none'}"
+            )
+        try:
+            item = await asyncio.wait_for(queue.get(), max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            raise UpstreamError(
+                f"request {plan.request_id} did not finish in time ({merger.next_seq} tokens)"
+            ) from None
+        if isinstance(item, _StreamEnd):
+            open_streams -= 1
+            if item.broken is not None:
+                merger.errors.setdefault(item.source, item.broken)
+                await _route_around(plan, client, item.source, merger)
+            continue
+        for event in merger.accept(item):
+            yield event
+        if item.error is not None and not merger.finished:
+            await _route_around(plan, client, item.source, merger)
+
+
+async def _route_around(
+    plan: PipelinePlan, client: WorkerClient, failed: str, merger: TokenStreamMerger
+) -> None:
+    """A decode-side source failed: ask the other one to carry the request."""
+    if plan.pipeline != "P-RLD-MD" or plan.relay is None or plan.main is None:
+        return
+    log.warning(
+        "request %s: %s failed (%s); routing around it",
+        plan.request_id,
+        failed,
+        merger.errors.get(failed),
+    )
+    with contextlib.suppress(WorkerCallError):
+        if failed == plan.relay.instance_id:
+            await client.handoff(plan.main.http_url, plan.request_id, merger.token_ids)
+        elif failed == plan.main.instance_id:
+            await client.takeover(plan.relay.http_url, plan.request_id)
+
+
+async def _read(
+    client: WorkerClient,
+    endpoint: Endpoint,
+    request_id: str,
+    queue: asyncio.Queue[TokenEvent | _StreamEnd],
+) -> None:
+    broken: str | None = None
+    try:
+        async for event in client.stream(endpoint.http_url, request_id):
+            queue.put_nowait(event)
+    except WorkerCallError as exc:
+        broken = exc.detail
+    queue.put_nowait(_StreamEnd(endpoint.instance_id, broken))
+
+
+async def _cancel_everywhere(plan: PipelinePlan, client: WorkerClient) -> None:
+    endpoints = [e for e in (plan.prefill, plan.relay, plan.main) if e is not None]
+    await asyncio.gather(*(client.cancel(e.http_url, plan.request_id) for e in endpoints))
+
+
+def _spawn(coro: Coroutine[Any, Any, None]) -> None:
+    task = asyncio.get_running_loop().create_task(coro)
+    _background.add(task)
+    task.add_done_callback(_background.discard)

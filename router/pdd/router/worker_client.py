@@ -1,0 +1,102 @@
+"""The router's HTTP client for the workers' control API (torch-free, wire schemas only).
+
+Every ``/v1/pdd/*`` call carries ``Authorization: Bearer <shared secret>``; probes
+(``/health``, ``/load``) are open on the worker but get the header too, harmlessly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import httpx
+
+from pdd.common.wire import (
+    CacheEventsPage,
+    Endpoint,
+    HandoffIds,
+    LoadReport,
+    PipelinePlan,
+    TokenEvent,
+)
+
+
+class WorkerCallError(RuntimeError):
+    """A worker answered with an error status or could not be reached."""
+
+    def __init__(self, url: str, detail: str) -> None:
+        super().__init__(f"{url}: {detail}")
+        self.url = url
+        self.detail = detail
+
+
+class WorkerClient:
+    """One pooled ``httpx.AsyncClient`` for every worker; cheap to share."""
+
+    def __init__(self, secret: str, timeout_s: float = 5.0) -> None:
+        self._headers = {"Authorization": f"Bearer {secret}"}
+        self._http = httpx.AsyncClient(
+            headers=self._headers,
+            timeout=httpx.Timeout(timeout_s),
+            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _get_json(self, url: str, params: dict | None = None) -> dict:
+        try:
+            resp = await self._http.get(url, params=params)
+        except httpx.HTTPError as exc:
+            raise WorkerCallError(url, repr(exc)) from exc
+        if resp.status_code != 200:
+            raise WorkerCallError(url, f"answered {resp.status_code}: {resp.text[:300]}")
+        return resp.json()
+
+    async def endpoint(self, http_url: str) -> Endpoint:
+        """The worker's own identity and data addresses, from ``/health``."""
+        return Endpoint.model_validate((await self._get_json(f"{http_url}/health"))["endpoint"])
+
+    async def load(self, http_url: str) -> LoadReport:
+        return LoadReport.model_validate(await self._get_json(f"{http_url}/load"))
+
+    async def cache_events(self, http_url: str, since: int) -> CacheEventsPage:
+        body = await self._get_json(f"{http_url}/v1/pdd/cache-events", {"since": since})
+        return CacheEventsPage.model_validate(body)
+
+    async def start(self, http_url: str, plan: PipelinePlan) -> None:
+        await self._post(f"{http_url}/v1/pdd/requests", plan.model_dump_json(), expect=202)
+
+    async def handoff(self, http_url: str, request_id: str, token_ids: list[int]) -> None:
+        url = f"{http_url}/v1/pdd/requests/{request_id}/handoff"
+        await self._post(url, HandoffIds(token_ids=token_ids).model_dump_json(), expect=200)
+
+    async def takeover(self, http_url: str, request_id: str) -> None:
+        await self._post(f"{http_url}/v1/pdd/requests/{request_id}/takeover", "{}", expect=200)
+
+    async def cancel(self, http_url: str, request_id: str) -> None:
+        """Best effort: the request may already have finished there (404 is fine)."""
+        with contextlib.suppress(httpx.HTTPError):
+            await self._http.delete(f"{http_url}/v1/pdd/requests/{request_id}")
+
+    async def _post(self, url: str, body: str, expect: int) -> None:
+        headers = {"Content-Type": "application/json"}
+        try:
+            resp = await self._http.post(url, content=body, headers=headers)
+        except httpx.HTTPError as exc:
+            raise WorkerCallError(url, repr(exc)) from exc
+        if resp.status_code != expect:
+            raise WorkerCallError(url, f"answered {resp.status_code}: {resp.text[:300]}")
+
+    async def stream(self, http_url: str, request_id: str) -> AsyncIterator[TokenEvent]:
+        """The instance's NDJSON token stream for ``request_id`` until it closes."""
+        url = f"{http_url}/v1/pdd/requests/{request_id}/stream"
+        try:
+            async with self._http.stream("GET", url, timeout=None) as resp:
+                if resp.status_code != 200:
+                    raise WorkerCallError(url, f"answered {resp.status_code}")
+                async for line in resp.aiter_lines():
+                    if line.strip():
+                        yield TokenEvent.model_validate_json(line)
+        except httpx.HTTPError as exc:
+            raise WorkerCallError(url, repr(exc)) from exc

@@ -1,0 +1,83 @@
+"""The router's configuration: flags, the operator's rendered config file, defaults."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pdd.operator.builders.config import build_worker_config, render_config
+from pdd.operator.builders.meta import Site
+from pdd.operator.naming import Owner
+from pdd.operator.spec import PDDSpec
+from pdd.router.config import TINY_KV_BYTES_PER_TOKEN, ConfigError, parse_worker
+from pdd.router.server import build_config, build_parser
+
+OPERATOR_CR = Path(__file__).parents[1] / "operator" / "data" / "pool-b.yaml"
+
+
+def parse(*argv: str):
+    return build_config(build_parser().parse_args(list(argv)))
+
+
+def test_tiny_kv_bytes_match_the_workers_tiny_model():
+    from pdd.worker.model.config import tiny_config  # the worker side imports torch
+
+    assert tiny_config().kv_bytes_per_token(4) == TINY_KV_BYTES_PER_TOKEN
+
+
+def test_worker_flags_accept_repeats_and_comma_lists():
+    config = parse(
+        "--secret", "s",
+        "--prefill", "p0=http://a:1,p1=http://b:2/",
+        "--main", "md=http://c:3", "--main", "md2=http://d:4",
+        "--api-key", "k1", "--api-key", "k2", "--ttft-budget-s", "0.5",
+    )  # fmt: skip
+    assert [(w.role, w.instance_id, w.http_url) for w in config.workers] == [
+        ("prefill", "p0", "http://a:1"),
+        ("prefill", "p1", "http://b:2"),
+        ("main", "md", "http://c:3"),
+        ("main", "md2", "http://d:4"),
+    ]
+    assert config.api_keys == ("k1", "k2") and config.ttft_budget_s == 0.5
+    assert config.served_name == "tiny" and not config.mono
+
+
+@pytest.mark.parametrize("bad", ["p0", "=http://a:1", "p0=a:1"])
+def test_malformed_worker_flag_says_the_expected_form(bad):
+    with pytest.raises(ConfigError, match="INSTANCE_ID=http://HOST:PORT"):
+        parse_worker("prefill", bad)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--main", "md=http://c:3"], "shared secret"),
+        (["--secret", "s"], "no workers"),
+        (["--secret", "s", "--main", "md=http://c:3"], "at least one prefill"),
+        (["--secret", "s", "--mono", "m=http://c:3", "--main", "md=http://c:4"], "mixed"),
+    ],
+)
+def test_inconsistent_flags_are_refused_with_the_fix(argv, message, monkeypatch):
+    monkeypatch.delenv("PDD_SHARED_SECRET", raising=False)
+    with pytest.raises(ConfigError, match=message):
+        parse(*argv)
+
+
+def test_reads_the_config_the_operator_renders(tmp_path, monkeypatch):
+    spec = PDDSpec.model_validate(yaml.safe_load(OPERATOR_CR.read_text())["spec"])
+    owner = Owner(name="qwen", namespace="serving", uid="u")
+    doc = build_worker_config(spec, owner, Site("serving"))
+    path = tmp_path / "config.json"
+    path.write_text(render_config(doc))
+    monkeypatch.setenv(doc["sharedSecretEnv"], "from-env")
+    config = parse("--config", str(path), "--link-rtt-ms", "7")
+    assert config.secret == "from-env"
+    assert config.served_name == spec.model.served_name
+    assert config.kv_bytes_per_token == doc["model"]["kvBytesPerToken"]
+    assert config.link_gbps == spec.wan.declared_gbps and config.link_rtt_ms == 7.0
+    assert config.ttft_budget_s == spec.slo.ttft_p99_ms / 1000
+    assert config.port == doc["ports"]["router"]
+    assert config.redis_url == doc["store"]["redisUrl"]
+    hosts = {w.role: (w.dns_host, w.http_port) for w in config.workers}
+    assert hosts["main"] == (doc["peers"]["main"]["host"], doc["peers"]["main"]["httpPort"])
+    assert set(hosts) == {"prefill", "relay", "main"}

@@ -1,0 +1,166 @@
+"""The official openai client against ``pdd router`` with real P/RLD/MD workers behind it."""
+
+import time
+
+import httpx
+import openai
+import pytest
+
+MODEL = "tiny"
+KEY = "sk-test-1"
+MESSAGES = [{"role": "user", "content": "Tell me about the quick brown fox and the lazy dog."}]
+
+
+@pytest.fixture(scope="module")
+def router(worker_flags, start_router):
+    return start_router(*worker_flags(), "--api-key", KEY, "--api-key", "sk-test-2")
+
+
+@pytest.fixture(scope="module")
+def slow_link_router(worker_flags, start_router):
+    """Declares a WAN so slow that no transfer fits the budget: every request relays."""
+    return start_router(*worker_flags(), "--link-gbps", "0.0001", "--ttft-budget-s", "0.05")
+
+
+def client(router, key=KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{router.url}/v1", api_key=key, max_retries=0)
+
+
+def chat(router, stream: bool, **kwargs):
+    args = {"model": MODEL, "messages": MESSAGES, "max_tokens": 24, "temperature": 0.0}
+    return client(router).chat.completions.with_raw_response.create(
+        **{**args, **kwargs}, stream=stream
+    )
+
+
+def test_chat_streaming_equals_non_streaming(router):
+    raw = chat(router, stream=False)
+    whole = raw.parse()
+    assert raw.headers["x-pdd-pipeline"] == "P-MD"
+    assert "budget" in raw.headers["x-pdd-reason"]
+    assert whole.usage.prompt_tokens > 0 and whole.usage.completion_tokens > 0
+    assert whole.choices[0].finish_reason in ("stop", "length")
+    raw_stream = chat(router, stream=True, stream_options={"include_usage": True})
+    chunks = list(raw_stream.parse())
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == (
+        whole.usage.completion_tokens
+    )
+
+
+def test_relayed_pipeline_gives_the_same_tokens(router, slow_link_router):
+    """P-RLD-MD (tokens from the relay, then MD after the handoff) must be token-exact
+    with P-MD: the same greedy text, gapless and without duplicates."""
+    args = {"model": MODEL, "prompt": "The lazy dog sleeps while", "max_tokens": 40}
+    direct = client(router).completions.create(
+        **args, temperature=0.0, extra_body={"ignore_eos": True}
+    )
+    raw = openai.OpenAI(base_url=f"{slow_link_router.url}/v1", api_key="x", max_retries=0)
+    relayed = raw.completions.with_raw_response.create(
+        **args, temperature=0.0, stream=True, extra_body={"ignore_eos": True}
+    )
+    assert relayed.headers["x-pdd-pipeline"] == "P-RLD-MD"
+    assert "rld=" not in relayed.headers["x-pdd-route"]
+    text = "".join(c.choices[0].text for c in relayed.parse() if c.choices)
+    assert text == direct.choices[0].text
+    assert direct.usage.completion_tokens == 40
+
+
+def test_completion_usage_reports_cached_tokens_on_a_repeat(router):
+    prompt = "A prompt long enough to fill several sixteen-token blocks of the prefix cache. " * 2
+    args = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0.0}
+    first = client(router).completions.create(**args)
+    assert first.usage.prompt_tokens == len(prompt.encode())
+    cached = 0
+    for _ in range(50):  # the index learns the blocks from the workers' cache events
+        again = client(router).completions.create(**args)
+        cached = again.usage.prompt_tokens_details.cached_tokens
+        if cached:
+            break
+    assert cached >= 16 and cached % 16 == 0
+    assert again.choices[0].text == first.choices[0].text
+
+
+def test_models_and_probes(router):
+    assert [m.id for m in client(router).models.list().data] == [MODEL]
+    assert httpx.get(f"{router.url}/ready").status_code == 200
+    metrics = httpx.get(f"{router.url}/metrics").text
+    assert 'pdd_router_requests_total{pipeline="P-MD",reason="fits_ttft_budget"}' in metrics
+    assert "pdd_router_ttft_seconds_bucket" in metrics
+
+
+def _error(resp: httpx.Response) -> dict:
+    body = resp.json()
+    assert set(body) == {"error"} and body["error"]["message"]
+    return body["error"]
+
+
+def test_bad_requests_get_openai_errors_and_the_router_keeps_serving(router):
+    url, auth = f"{router.url}/v1/chat/completions", {"Authorization": f"Bearer {KEY}"}
+    bad_json = httpx.post(url, content=b'{"model": "tiny", "messages": [', headers=auth)
+    assert bad_json.status_code == 400 and _error(bad_json)["type"] == "invalid_request_error"
+    missing = httpx.post(url, json={"model": MODEL}, headers=auth)
+    assert missing.status_code == 400 and _error(missing)["param"] == "messages"
+    unknown = httpx.post(url, json={"model": "gpt-9", "messages": MESSAGES}, headers=auth)
+    assert unknown.status_code == 404 and _error(unknown)["param"] == "model"
+    long_prompt = [{"role": "user", "content": "x" * 40_000}]
+    too_long = httpx.post(url, json={"model": MODEL, "messages": long_prompt}, headers=auth)
+    assert too_long.status_code == 400 and "at most 32768" in _error(too_long)["message"]
+    huge = httpx.post(url, content=b"{" + b" " * (5 << 20) + b"}", headers=auth)
+    assert huge.status_code == 413 and _error(huge)
+    with pytest.raises(openai.AuthenticationError):
+        client(router, key="sk-wrong").chat.completions.create(model=MODEL, messages=MESSAGES)
+    no_key = httpx.post(url, json={"model": MODEL, "messages": MESSAGES})
+    assert no_key.status_code == 401 and _error(no_key)["type"] == "authentication_error"
+    ok = client(router, key="sk-test-2").chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=2
+    )
+    assert ok.usage.completion_tokens >= 1
+    metrics = httpx.get(f"{router.url}/metrics").text
+    for cause in ("invalid_request", "unknown_model", "prompt_too_long", "unauthorized"):
+        assert f'pdd_router_rejected_requests_total{{cause="{cause}"}}' in metrics
+
+
+def test_saturated_router_answers_429_with_retry_after(worker_flags, start_router, cluster):
+    """One MD that takes one request at a time: a second request is refused, not queued."""
+    small = start_router(*worker_flags(mains=("md1",)), "--instance-capacity", "1")
+    body = {"model": MODEL, "prompt": "hold the line", "max_tokens": 3000, "stream": True}
+    body["ignore_eos"] = True
+    with httpx.stream("POST", f"{small.url}/v1/completions", json=body, timeout=60) as held:
+        assert held.status_code == 200
+        lines = held.iter_lines()  # keep it: dropping it closes the stream
+        next(lines)  # the first token arrived: md1 is busy with this request
+        refused = httpx.post(f"{small.url}/v1/completions", json={**body, "stream": False})
+        assert refused.status_code == 429
+        assert int(refused.headers["retry-after"]) >= 1
+        assert _error(refused)["type"] == "rate_limit_error"
+    # Closing the stream cancelled the request on the workers: md1 takes work again (once
+    # the router's next poll of md1's load has seen it).
+    cluster.wait_quiescent()
+    again = {**body, "stream": False, "max_tokens": 2}
+    deadline = time.monotonic() + 20
+    while (ok := httpx.post(f"{small.url}/v1/completions", json=again)).status_code == 429:
+        assert time.monotonic() < deadline, "md1 still refused after the request ended"
+        time.sleep(0.1)
+    assert ok.status_code == 200, ok.text
+
+
+def test_client_disconnect_cancels_the_request_on_the_workers(router, cluster):
+    body = {"model": MODEL, "prompt": "never finish", "max_tokens": 3500, "stream": True}
+    body["ignore_eos"] = True
+    auth = {"Authorization": f"Bearer {KEY}"}
+    with httpx.stream("POST", f"{router.url}/v1/completions", json=body, headers=auth) as resp:
+        request_id = resp.headers["x-pdd-request-id"]
+        main = resp.headers["x-pdd-route"].split("main=")[1].split(":")[0]
+        lines = resp.iter_lines()
+        for _ in range(3):
+            next(lines)
+    # The worker's own stream replays the request's tokens and ends when it does; a
+    # cancelled request ends long before its 3500 tokens.
+    url = f"{cluster[main].url}/v1/pdd/requests/{request_id}/stream"
+    events = httpx.get(url, headers={"Authorization": f"Bearer {cluster.secret}"}, timeout=120)
+    tokens = [line for line in events.text.splitlines() if '"token_id":null' not in line]
+    assert 0 < len(tokens) < 3500
+    states = cluster.wait_quiescent()
+    assert all(s.quiescent for s in states.values()), states

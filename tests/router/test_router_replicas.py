@@ -1,0 +1,115 @@
+"""Two router replicas on one Redis: shared prefix index and loads, and Redis outages.
+
+Router B polls the workers once, at start, and never again (``--poll-interval-s
+600``): whatever it knows afterwards about caches and loads came through Redis.
+"""
+
+import time
+
+import httpx
+import pytest
+import redis
+
+from pdd.common.block_hash import block_hashes
+from pdd.router.chat_template import render_plain
+
+MODEL = "tiny"
+FROZEN = ("--poll-interval-s", "600")
+
+
+def until(condition, message: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(message)
+        time.sleep(0.05)
+
+
+def chat(router, messages, max_tokens=16) -> httpx.Response:
+    body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    resp = httpx.post(f"{router.url}/v1/chat/completions", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    return resp
+
+
+def route(resp: httpx.Response) -> dict[str, tuple[str, int]]:
+    """``x-pdd-route`` as {role: (instance, hit tokens)}."""
+    hops = {}
+    for hop in resp.headers["x-pdd-route"].split():
+        role, _, rest = hop.partition("=")
+        instance, _, hit = rest.partition(":")
+        hops[role] = (instance, int(hit or 0))
+    return hops
+
+
+@pytest.fixture
+def replicas(own_redis, worker_flags, start_router):
+    a = start_router(*worker_flags(), "--redis", own_redis.url, "--replica-id", "a")
+    b = start_router(*worker_flags(), "--redis", own_redis.url, "--replica-id", "b", *FROZEN)
+    return a, b
+
+
+def test_conversation_turns_land_on_one_md_across_replicas(replicas, own_redis):
+    a, b = replicas
+    messages = [{"role": "user", "content": "Plan a trip to Paris in spring, day by day."}]
+    first = chat(a, messages)
+    md = route(first)["main"][0]
+    r = redis.Redis.from_url(own_redis.url)
+    first_block = block_hashes(list(render_plain(messages).encode()), 16)[0]
+    until(lambda: r.hexists(f"pdd:idx:h:{first_block}", md), "A did not publish MD's blocks")
+    for replica in (b, a, b):
+        answer = first.json()["choices"][0]["message"]["content"]
+        messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "More."}]
+        first = chat(replica, messages)
+        instance, hit = route(first)["main"]
+        assert instance == md
+        assert hit >= 16  # B's only source for MD's cache is what A wrote to Redis
+
+
+def test_replicas_see_each_others_load(own_redis, worker_flags, start_router):
+    one_md = (*worker_flags(mains=("md1",)), "--instance-capacity", "1", "--redis", own_redis.url)
+    c = start_router(*one_md, "--replica-id", "c")
+    d = start_router(*one_md, "--replica-id", "d", *FROZEN)
+    body = {"model": MODEL, "prompt": "busy", "max_tokens": 3000, "stream": True}
+    body["ignore_eos"] = True
+    with httpx.stream("POST", f"{c.url}/v1/completions", json=body, timeout=60) as held:
+        lines = held.iter_lines()  # keep it: dropping it closes the stream
+        next(lines)
+        refused = httpx.post(f"{d.url}/v1/completions", json={**body, "stream": False})
+        assert refused.status_code == 429, refused.text
+    until(
+        lambda: (
+            httpx.post(
+                f"{d.url}/v1/completions", json={**body, "stream": False, "max_tokens": 1}
+            ).status_code
+            == 200
+        ),
+        "D still refuses after C's request ended",
+    )
+
+
+def test_killing_redis_mid_run_loses_no_request(replicas, own_redis):
+    a, b = replicas
+    messages = [{"role": "user", "content": "Count slowly from one to twenty."}]
+    body = {"model": MODEL, "messages": messages, "max_tokens": 200, "stream": True}
+    body["ignore_eos"] = True
+    with httpx.stream("POST", f"{a.url}/v1/chat/completions", json=body, timeout=60) as inflight:
+        lines = inflight.iter_lines()
+        next(lines)
+        own_redis.kill()
+        for replica in (a, b, a, b):
+            chat(replica, messages, max_tokens=8)
+        rest = [line for line in lines if line]
+    assert rest[-1] == "data: [DONE]" and '"error"' not in "".join(rest)
+    assert 'finish_reason":"length"' in "".join(rest)
+    own_redis.start()
+    for replica in (a, b):
+        until(
+            lambda replica=replica: (
+                "pdd_router_redis_up 1.0" in httpx.get(f"{replica.url}/metrics").text
+            ),
+            "a replica did not reconnect to Redis",
+        )
+    r = redis.Redis.from_url(own_redis.url)
+    assert r.keys("pdd:idx:i:*")  # the index was re-seeded from the replicas' local state
+    chat(b, messages, max_tokens=4)
