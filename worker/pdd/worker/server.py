@@ -21,6 +21,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from pdd.worker.control_api import create_app
+from pdd.worker.deploy_config import DeployConfigError, flag_defaults, read_config_file
 from pdd.worker.engine import Engine
 from pdd.worker.engine_runner import EngineRunner
 from pdd.worker.metrics import WorkerMetrics
@@ -49,14 +50,22 @@ class ConfigError(ValueError):
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pdd worker", description=__doc__.splitlines()[0])
-    p.add_argument("--role", required=True, choices=sorted(ROLES))
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=os.environ.get("PDD_CONFIG"),
+        help="the operator's rendered config.json (else $PDD_CONFIG); flags override it",
+    )
+    p.add_argument("--role", choices=sorted(ROLES), help="required, or $PDD_ROLE with --config")
     p.add_argument("--model", default="tiny", help='"tiny" or a checkpoint directory')
-    p.add_argument("--instance-id", required=True)
+    p.add_argument("--instance-id", help="required, or $PDD_INSTANCE_ID with --config")
     p.add_argument("--http", default="127.0.0.1:8000", help="HOST:PORT of the control API")
+    p.add_argument("--advertise-http", help="HOST:PORT the router uses (default: --http)")
     p.add_argument("--data", default="127.0.0.1:9000", help="HOST:PORT to listen for KV")
     p.add_argument("--advertise-fast", help="data address peers in this datacenter use")
     p.add_argument("--advertise-wan", help="data address peers across the WAN use")
     p.add_argument("--secret-file", type=Path, help="shared secret (else $PDD_SHARED_SECRET)")
+    p.add_argument("--secret-env", default="PDD_SHARED_SECRET", help=argparse.SUPPRESS)
     p.add_argument("--num-blocks", type=int)
     p.add_argument("--kv-budget-mb", type=int, default=256)
     p.add_argument("--block-size", type=int, default=16)
@@ -64,12 +73,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None)
     p.add_argument("--device", default="cpu")
     p.add_argument("--handoff", default="auto", choices=("auto", "one-shot", "catch-up"))
-    p.add_argument(
-        "--catchup-threshold",
-        type=int,
-        default=64,
-        help="default catch-up chunk threshold (a plan may override it)",
-    )
     p.add_argument(
         "--catchup-load-level",
         type=float,
@@ -82,10 +85,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def read_secret(path: Path | None) -> str:
-    secret = path.read_text().strip() if path else os.environ.get("PDD_SHARED_SECRET", "")
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Flags, with the operator's config file (if any) supplying the defaults."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.config is not None:
+        try:
+            defaults = flag_defaults(read_config_file(args.config), os.environ)
+        except DeployConfigError as exc:
+            parser.error(str(exc))
+        parser.set_defaults(**defaults)
+        args = parser.parse_args(argv)
+    for dest, flag in (("role", "--role"), ("instance_id", "--instance-id")):
+        if getattr(args, dest) is None:
+            parser.error(f"{flag} is required (or --config with ${'PDD_' + dest.upper()} set)")
+    return args
+
+
+def read_secret(path: Path | None, env_name: str) -> str:
+    secret = path.read_text().strip() if path else os.environ.get(env_name, "")
     if not secret:
-        raise ConfigError("no shared secret: pass --secret-file F or set PDD_SHARED_SECRET")
+        raise ConfigError(f"no shared secret: pass --secret-file F or set {env_name}")
     return secret
 
 
@@ -93,13 +113,13 @@ def build_settings(args: argparse.Namespace) -> WorkerSettings:
     return WorkerSettings(
         role=args.role,
         instance_id=args.instance_id,
-        secret=read_secret(args.secret_file),
+        secret=read_secret(args.secret_file, args.secret_env),
         handoff=args.handoff,
         catchup_load_level=args.catchup_load_level,
         transfer_timeout_s=args.transfer_timeout_s,
         advertise_fast=args.advertise_fast or args.data,
         advertise_wan=args.advertise_wan or args.advertise_fast or args.data,
-        http=args.http,
+        http=args.advertise_http or args.http,
     )
 
 
@@ -169,7 +189,7 @@ def _data_handler(role: RoleBase) -> Callable[[Channel], Awaitable[None]]:
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )

@@ -1,0 +1,117 @@
+"""A worker pod starts from the config the operator renders, identity from the pod env."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from pdd.operator.builders.config import build_worker_config, render_config
+from pdd.operator.builders.meta import Site
+from pdd.operator.naming import Owner
+from pdd.operator.spec import PDDSpec
+from pdd.worker.deploy_config import DeployConfigError, flag_defaults, read_config_file
+from pdd.worker.local_cluster import free_port
+from pdd.worker.server import parse_args
+
+EXAMPLE_CR = Path(__file__).parents[2] / "examples" / "node-pools.yaml"
+POD_ENV = {"PDD_ROLE": "relay", "PDD_INSTANCE_ID": "qwen-relay-7f9c", "PDD_POD_IP": "10.1.2.3"}
+
+
+def operator_config() -> dict:
+    docs = [d for d in yaml.safe_load_all(EXAMPLE_CR.read_text()) if d]
+    cr = next(d for d in docs if d["kind"] == "PDDDeployment")
+    spec = PDDSpec.model_validate(cr["spec"])
+    owner = Owner(name=cr["metadata"]["name"], namespace="serving", uid="u")
+    return build_worker_config(spec, owner, Site("serving"))
+
+
+def write(tmp_path: Path, doc: dict) -> Path:
+    path = tmp_path / "config.json"
+    path.write_text(render_config(doc))
+    return path
+
+
+def test_defaults_come_from_the_rendered_config_and_pod_env():
+    doc = operator_config()
+    defaults = flag_defaults(doc, POD_ENV)
+    kv, http = doc["ports"]["kv"], doc["ports"]["http"]
+    assert defaults["role"] == "relay" and defaults["instance_id"] == "qwen-relay-7f9c"
+    assert defaults["model"] == doc["model"]["path"]
+    assert defaults["data"] == f"0.0.0.0:{kv}" and defaults["http"] == f"0.0.0.0:{http}"
+    assert defaults["advertise_fast"] == defaults["advertise_wan"] == f"10.1.2.3:{kv}"
+    assert defaults["advertise_http"] == f"10.1.2.3:{http}"
+    assert defaults["secret_env"] == doc["sharedSecretEnv"]
+
+
+def test_flags_override_the_file(tmp_path, monkeypatch):
+    path = write(tmp_path, operator_config())
+    for name, value in POD_ENV.items():
+        monkeypatch.setenv(name, value)
+    args = parse_args(["--config", str(path), "--role", "main", "--model", "tiny"])
+    assert args.role == "main" and args.model == "tiny"
+    assert args.instance_id == "qwen-relay-7f9c"
+
+
+def test_unknown_config_version_is_refused_with_the_fix(tmp_path):
+    doc = {**operator_config(), "version": 2}
+    with pytest.raises(DeployConfigError, match="upgrade the worker image"):
+        flag_defaults(doc, POD_ENV)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(DeployConfigError, match="not valid JSON"):
+        read_config_file(bad)
+
+
+def test_missing_identity_is_a_usage_error(tmp_path, capsys):
+    path = write(tmp_path, operator_config())
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--config", str(path)])
+    assert exc.value.code == 2
+    assert "--role is required" in capsys.readouterr().err
+
+
+def test_worker_process_serves_from_the_operator_config(tmp_path):
+    doc = operator_config()
+    http_port, kv_port = free_port(), free_port()
+    doc["ports"] = {**doc["ports"], "http": http_port, "kv": kv_port}
+    doc["model"] = {**doc["model"], "path": "tiny"}
+    env = {
+        **os.environ,
+        "PDD_CONFIG": str(write(tmp_path, doc)),
+        "PDD_ROLE": "mono",
+        "PDD_INSTANCE_ID": "pod-0",
+        "PDD_POD_IP": "127.0.0.1",
+        doc["sharedSecretEnv"]: "s3cret",
+    }
+    cmd = [sys.executable, "-m", "pdd.cli", "worker", "--torch-threads", "1", "--num-blocks", "64"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        health = _wait_health(f"http://127.0.0.1:{http_port}/health", proc, deadline_s=60)
+        assert health["role"] == "mono"
+        assert health["endpoint"] == {
+            "instance_id": "pod-0",
+            "http_url": f"http://127.0.0.1:{http_port}",
+            "fast_addr": f"127.0.0.1:{kv_port}",
+            "wan_addr": f"127.0.0.1:{kv_port}",
+        }
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _wait_health(url: str, proc: subprocess.Popen, deadline_s: float) -> dict:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"worker exited {proc.returncode}: {proc.stderr.read().decode()}")
+        try:
+            return json.loads(httpx.get(url, timeout=1).text)
+        except httpx.TransportError:
+            time.sleep(0.2)
+    raise AssertionError(f"{url} not healthy within {deadline_s}s")
