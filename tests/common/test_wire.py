@@ -74,16 +74,23 @@ def test_bad_values_are_refused() -> None:
         SamplingSpec(max_tokens=0)
     with pytest.raises(ValidationError):
         PipelinePlan(request_id="r", prompt_ids=[], pipeline="mono", main=endpoint("m"))
-    with pytest.raises(ValidationError):
-        LoadReport(
-            instance_id="i",
-            role="relay",
-            running=0,
-            waiting=0,
-            kv_blocks_free=1,
-            kv_blocks_total=1,
-            relay_load=1.5,
-        )
+    load = dict(
+        instance_id="i",
+        role="relay",
+        running=0,
+        waiting=0,
+        kv_blocks_free=1,
+        kv_blocks_total=1,
+        relay_load=0.5,
+        capacity=4,
+    )
+    LoadReport(**load)
+    with pytest.raises(ValidationError, match="relay_load"):
+        LoadReport(**{**load, "relay_load": 1.5})
+    with pytest.raises(ValidationError, match="capacity"):
+        LoadReport(**{**load, "capacity": 0})
+    with pytest.raises(ValidationError, match="cached_tokens"):
+        TokenEvent(request_id="r", seq=0, token_id=5, source="p", cached_tokens=-1)
 
 
 def test_token_event_kinds() -> None:

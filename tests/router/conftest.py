@@ -74,7 +74,8 @@ ROUTER_MODEL = "tiny"
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
     """One P, one RLD and two MDs (``pdd worker`` processes), the MDs and RLD behind WAN
-    link emulators; started once for every router integration test."""
+    link emulators, plus ``md_one``, an MD that runs one request at a time (for the
+    saturation tests); started once for every router integration test."""
     from pdd.worker.local_cluster import LinkSpec, LocalCluster, WorkerSpec
 
     specs = [
@@ -82,6 +83,7 @@ def cluster(tmp_path_factory):
         WorkerSpec("rld", "relay", wan_facing=True),
         WorkerSpec("md1", "main", wan_facing=True),
         WorkerSpec("md2", "main", wan_facing=True),
+        WorkerSpec("md_one", "main", wan_facing=True, args=("--max-running", "1")),
     ]
     common = ["--model", "tiny", "--num-blocks", "512", "--torch-threads", "1"]
     c = LocalCluster.start(

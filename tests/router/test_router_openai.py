@@ -67,18 +67,31 @@ def test_relayed_pipeline_gives_the_same_tokens(router, slow_link_router):
     assert direct.usage.completion_tokens == 40
 
 
-def test_completion_usage_reports_cached_tokens_on_a_repeat(router):
+def test_forced_naive_baseline_ships_full_kv_with_the_same_tokens(
+    router, worker_flags, start_router
+):
+    """``--force-pipeline naive`` (the benchmark baseline) routes P -> MD with no DRC."""
+    naive = start_router(*worker_flags(), "--force-pipeline", "naive")
+    args = {"model": MODEL, "prompt": "Naive cross-datacenter PD is", "max_tokens": 16}
+    expected = client(router).completions.create(**args, temperature=0.0)
+    for _ in range(2):  # a repeat, whose prefix MD could hold, still goes naive
+        raw = openai.OpenAI(base_url=f"{naive.url}/v1", api_key="x", max_retries=0)
+        got = raw.completions.with_raw_response.create(**args, temperature=0.0)
+        assert got.headers["x-pdd-pipeline"] == "naive"
+        assert "forced baseline" in got.headers["x-pdd-reason"]
+        assert got.parse().choices[0].text == expected.choices[0].text
+
+
+def test_completion_usage_reports_the_real_prefix_hit_on_a_repeat(router):
     prompt = "A prompt long enough to fill several sixteen-token blocks of the prefix cache. " * 2
     args = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0.0}
     first = client(router).completions.create(**args)
-    assert first.usage.prompt_tokens == len(prompt.encode())
-    cached = 0
-    for _ in range(50):  # the index learns the blocks from the workers' cache events
-        again = client(router).completions.create(**args)
-        cached = again.usage.prompt_tokens_details.cached_tokens
-        if cached:
-            break
-    assert cached >= 16 and cached % 16 == 0
+    n = first.usage.prompt_tokens
+    assert n == len(prompt.encode())
+    assert first.usage.prompt_tokens_details.cached_tokens == 0  # P never saw it
+    again = client(router).completions.create(**args)  # no wait for the index: P measures it
+    # P's cache holds every full block of the prompt but the one with its last token.
+    assert again.usage.prompt_tokens_details.cached_tokens == (n - 1) // 16 * 16
     assert again.choices[0].text == first.choices[0].text
 
 
@@ -123,25 +136,26 @@ def test_bad_requests_get_openai_errors_and_the_router_keeps_serving(router):
 
 
 def test_saturated_router_answers_429_with_retry_after(worker_flags, start_router, cluster):
-    """One MD that takes one request at a time: a second request is refused, not queued."""
-    small = start_router(*worker_flags(mains=("md1",)), "--instance-capacity", "1")
+    """One MD that takes one request at a time (its load report says so): a second request
+    is refused, not queued."""
+    small = start_router(*worker_flags(mains=("md_one",)))
     body = {"model": MODEL, "prompt": "hold the line", "max_tokens": 3000, "stream": True}
     body["ignore_eos"] = True
     with httpx.stream("POST", f"{small.url}/v1/completions", json=body, timeout=60) as held:
         assert held.status_code == 200
         lines = held.iter_lines()  # keep it: dropping it closes the stream
-        next(lines)  # the first token arrived: md1 is busy with this request
+        next(lines)  # the first token arrived: md_one is busy with this request
         refused = httpx.post(f"{small.url}/v1/completions", json={**body, "stream": False})
         assert refused.status_code == 429
         assert int(refused.headers["retry-after"]) >= 1
         assert _error(refused)["type"] == "rate_limit_error"
-    # Closing the stream cancelled the request on the workers: md1 takes work again (once
-    # the router's next poll of md1's load has seen it).
+    # Closing the stream cancelled the request on the workers: md_one takes work again (once
+    # the router's next poll of md_one's load has seen it).
     cluster.wait_quiescent()
     again = {**body, "stream": False, "max_tokens": 2}
     deadline = time.monotonic() + 20
     while (ok := httpx.post(f"{small.url}/v1/completions", json=again)).status_code == 429:
-        assert time.monotonic() < deadline, "md1 still refused after the request ended"
+        assert time.monotonic() < deadline, "md_one still refused after the request ended"
         time.sleep(0.1)
     assert ok.status_code == 200, ok.text
 

@@ -1,4 +1,4 @@
-"""Shared worker-test fixtures: tiny HF checkpoints and low torch thread counts."""
+"""Shared worker-test fixtures: tiny models and checkpoints, the leak check, few torch threads."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from pdd.worker.engine import Engine
+from pdd.worker.model.loader import LoadedModel, load_model
 
 # Loaded by path: with --import-mode=importlib the tests folder is not on sys.path.
 _spec = importlib.util.spec_from_file_location(
@@ -24,7 +27,7 @@ def _few_torch_threads() -> None:
     torch.set_num_threads(2)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """Factory: ``hf_checkpoint("qwen2", tie_word_embeddings=True) -> Path``.
 
@@ -36,3 +39,26 @@ def hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pat
         return write_hf_checkpoint(tmp_path_factory.mktemp(arch), arch, **kwargs)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny() -> LoadedModel:
+    """The built-in tiny model, loaded once (engines may share a ``LoadedModel``)."""
+    return load_model("tiny")
+
+
+def _assert_no_leaks(engine: Engine) -> None:
+    """Every block back in the pool once the prefix cache is emptied; no lock left."""
+    engine.check_integrity()
+    assert not engine.has_unfinished()
+    assert engine.stats.num_locked_blocks == 0
+    engine.reset_prefix_cache()
+    stats = engine.stats
+    assert stats.num_cached_blocks == 0
+    assert stats.num_free_blocks == stats.num_total_blocks
+
+
+@pytest.fixture(scope="session")
+def assert_no_leaks() -> Callable[[Engine], None]:
+    """``assert_no_leaks(engine)``: the end-of-test check that nothing leaked."""
+    return _assert_no_leaks

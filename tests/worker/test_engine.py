@@ -8,8 +8,8 @@ through ``pdd generate``'s ``main()``. Every test ends with no leaked block or l
 
 from __future__ import annotations
 
-import importlib.util
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,30 +18,14 @@ from transformers import AutoModelForCausalLM
 
 from pdd.worker import generate_cli
 from pdd.worker.engine import Engine
-from pdd.worker.model.loader import load_model
+from pdd.worker.model.loader import LoadedModel
 from pdd.worker.request import FinishReason
 from pdd.worker.sampling import SamplingParams
-
-_spec = importlib.util.spec_from_file_location(
-    "pdd_test_checkpoints_engine", Path(__file__).with_name("checkpoints.py")
-)
-checkpoints = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(checkpoints)
 
 NEW_TOKENS = 64
 BUDGET = 32  # tokens per step: the 150-token prompt takes 5 chunks
 PROMPT_LENS = (5, 23, 150, 41)
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
-
-
-def assert_no_leaks(engine: Engine) -> None:
-    """Every block back in the pool once the prefix cache is emptied; no lock left."""
-    engine.check_integrity()
-    assert not engine.has_unfinished()
-    assert engine.cache.protected_blocks == 0
-    engine.reset_prefix_cache()
-    assert engine.cache.num_cached_blocks == 0
-    assert engine.pool.num_free == engine.pool.num_total
 
 
 def prompts(vocab: int) -> list[list[int]]:
@@ -50,8 +34,8 @@ def prompts(vocab: int) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
-def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return checkpoints.write_hf_checkpoint(tmp_path_factory.mktemp(request.param), request.param)
+def checkpoint(request: pytest.FixtureRequest, hf_checkpoint: Callable[..., Path]) -> Path:
+    return hf_checkpoint(request.param)
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +75,9 @@ def run_staggered(engine: Engine, ps: list[list[int]]) -> tuple[list[list[int]],
 
 
 def test_continuous_batching_matches_transformers(
-    checkpoint: Path, reference: list[list[int]]
+    checkpoint: Path,
+    reference: list[list[int]],
+    assert_no_leaks: Callable[[Engine], None],
 ) -> None:
     engine = Engine(
         str(checkpoint), block_size=8, num_blocks=128, max_num_batched_tokens=BUDGET, max_running=4
@@ -108,7 +94,9 @@ def test_continuous_batching_matches_transformers(
 
 
 def test_second_run_hits_the_prefix_cache_and_matches(
-    checkpoint: Path, reference: list[list[int]]
+    checkpoint: Path,
+    reference: list[list[int]],
+    assert_no_leaks: Callable[[Engine], None],
 ) -> None:
     engine = Engine(str(checkpoint), block_size=8, num_blocks=160, max_num_batched_tokens=BUDGET)
     ps = prompts(engine.model_config.vocab_size)
@@ -129,15 +117,16 @@ def test_second_run_hits_the_prefix_cache_and_matches(
 def test_pdd_generate_main_matches_transformers(
     checkpoint: Path, reference: list[list[int]], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    prompt = prompts(checkpoints.BASE_CONFIG["vocab_size"])[1]
+    prompt = prompts(json.loads((checkpoint / "config.json").read_text())["vocab_size"])[1]
     argv = ["--model", str(checkpoint), "--prompt-ids", ",".join(map(str, prompt))]
     argv += ["--max-tokens", str(NEW_TOKENS), "--ignore-eos", "--json"]
     assert generate_cli.main(argv) == 0
     assert json.loads(capsys.readouterr().out) == {"token_ids": reference[1]}
 
 
-def test_handed_over_request_decodes_every_step_beside_a_chunked_prefill() -> None:
-    tiny = load_model("tiny")
+def test_handed_over_request_decodes_every_step_beside_a_chunked_prefill(
+    tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
+) -> None:
     sender = Engine(tiny, block_size=4, num_blocks=64)
     prompt = [5, 6, 7, 8, 9, 10, 11, 12, 13]
     pid = sender.add_request(prompt, SamplingParams(max_tokens=1), hold_kv=True)

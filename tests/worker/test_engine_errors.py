@@ -21,7 +21,7 @@ from pdd.worker.model.errors import (
     CorruptCheckpointError,
     UnsupportedArchitectureError,
 )
-from pdd.worker.model.loader import LoadedModel, load_model
+from pdd.worker.model.loader import LoadedModel
 from pdd.worker.request import (
     FinishReason,
     NoFreeBlocksError,
@@ -35,14 +35,6 @@ from pdd.worker.sampling import SamplingParams
 from pdd.worker.tokenizer import ByteTokenizer
 
 
-def assert_no_leaks(engine: Engine) -> None:
-    engine.check_integrity()
-    assert not engine.has_unfinished()
-    assert engine.cache.protected_blocks == 0
-    engine.reset_prefix_cache()
-    assert engine.pool.num_free == engine.pool.num_total
-
-
 def drain(engine: Engine) -> list[RequestOutput]:
     outs: list[RequestOutput] = []
     while engine.has_unfinished():
@@ -50,16 +42,13 @@ def drain(engine: Engine) -> list[RequestOutput]:
     return outs
 
 
-@pytest.fixture(scope="module")
-def tiny() -> LoadedModel:
-    return load_model("tiny")
-
-
 def prompts(n: int, length: int) -> list[list[int]]:
     return [[(r * 17 + i * 5) % 250 for i in range(length + 3 * r)] for r in range(n)]
 
 
-def test_bad_requests_are_refused_and_the_engine_keeps_serving(tiny: LoadedModel) -> None:
+def test_bad_requests_are_refused_and_the_engine_keeps_serving(
+    tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
+) -> None:
     engine = Engine(tiny, block_size=4, num_blocks=16, max_model_len=100)
     running = engine.add_request([1, 2, 3], SamplingParams(max_tokens=8, ignore_eos=True))
     engine.step()
@@ -82,6 +71,7 @@ def test_bad_requests_are_refused_and_the_engine_keeps_serving(tiny: LoadedModel
 
 def test_requests_overflowing_the_pool_queue_or_get_preempted_and_finish_correctly(
     tiny: LoadedModel,
+    assert_no_leaks: Callable[[Engine], None],
 ) -> None:
     batch = prompts(6, 20)
     params = SamplingParams(max_tokens=24, ignore_eos=True)
@@ -95,6 +85,7 @@ def test_requests_overflowing_the_pool_queue_or_get_preempted_and_finish_correct
 
 def test_random_arrivals_and_aborts_on_a_tiny_pool_keep_every_invariant(
     tiny: LoadedModel,
+    assert_no_leaks: Callable[[Engine], None],
 ) -> None:
     rng = random.Random(7)
     shared = [rng.randrange(250) for _ in range(12)]  # common prefix: cache hits and sharing
@@ -133,7 +124,9 @@ def test_random_arrivals_and_aborts_on_a_tiny_pool_keep_every_invariant(
     assert_no_leaks(engine)
 
 
-def test_attach_without_room_is_refused_with_a_retry_hint(tiny: LoadedModel) -> None:
+def test_attach_without_room_is_refused_with_a_retry_hint(
+    tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
+) -> None:
     engine = Engine(tiny, block_size=4, num_blocks=9)
     params = SamplingParams(max_tokens=4)
     engine.attach_request(list(range(20)), params, "a")  # 5 blocks, not preemptible
@@ -149,7 +142,9 @@ def test_attach_without_room_is_refused_with_a_retry_hint(tiny: LoadedModel) -> 
     assert_no_leaks(engine)
 
 
-def test_abort_mid_generation_frees_everything(tiny: LoadedModel) -> None:
+def test_abort_mid_generation_frees_everything(
+    tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
+) -> None:
     engine = Engine(tiny, block_size=4, num_blocks=64, max_num_batched_tokens=8)
     ids = [engine.add_request(p, SamplingParams(max_tokens=50)) for p in prompts(3, 20)]
     for _ in range(4):
@@ -161,7 +156,9 @@ def test_abort_mid_generation_frees_everything(tiny: LoadedModel) -> None:
     assert_no_leaks(engine)
 
 
-def test_stop_on_eos_stop_ids_and_max_tokens(tiny: LoadedModel) -> None:
+def test_stop_on_eos_stop_ids_and_max_tokens(
+    tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
+) -> None:
     prompt = [10, 11, 12]
     (free_run,) = Engine(tiny).generate([prompt], SamplingParams(max_tokens=12, ignore_eos=True))
     stop_at = free_run[4]

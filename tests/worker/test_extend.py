@@ -7,30 +7,19 @@ in one batch, and an extend is never split by the prefill token budget.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
 from pdd.worker.engine import Engine
 from pdd.worker.kv_transfer import decode_chunk, payload_tensor
-from pdd.worker.model.loader import LoadedModel, load_model
+from pdd.worker.model.loader import LoadedModel
 from pdd.worker.request import InvalidRequestStateError, PromptTooLongError, UnknownRequestError
 from pdd.worker.sampling import SamplingParams
 
 TOTAL = 40
 CASES = [(7, 12), (30, 20), (16, 5)]  # (prompt length, handed-over tokens k)
-
-
-def assert_no_leaks(engine: Engine) -> None:
-    engine.check_integrity()
-    assert not engine.has_unfinished()
-    assert engine.cache.protected_blocks == 0
-    engine.reset_prefix_cache()
-    assert engine.pool.num_free == engine.pool.num_total
-
-
-@pytest.fixture(scope="module")
-def tiny() -> LoadedModel:
-    return load_model("tiny")
 
 
 def kv_of(engine: Engine, request_id: str, end: int) -> torch.Tensor:
@@ -58,7 +47,9 @@ def params(seed: int | None = None) -> SamplingParams:
 
 @pytest.mark.parametrize("seed", [None, 77], ids=["greedy", "seeded"])
 def test_extend_several_requests_in_one_pass_equals_prefill_and_continues(
-    tiny: LoadedModel, seed: int | None
+    tiny: LoadedModel,
+    seed: int | None,
+    assert_no_leaks: Callable[[Engine], None],
 ) -> None:
     prompts = [prompt(n, salt) for salt, (n, _) in enumerate(CASES)]
     reference = Engine(tiny, block_size=4, num_blocks=256).generate(prompts, params(seed))
@@ -91,7 +82,9 @@ def test_extend_several_requests_in_one_pass_equals_prefill_and_continues(
     assert_no_leaks(fresh)
 
 
-def test_catch_up_handoff_holds_sampling_between_chunks(tiny: LoadedModel) -> None:
+def test_catch_up_handoff_holds_sampling_between_chunks(
+    tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
+) -> None:
     p = prompt(21, 5)
     (reference,) = Engine(tiny, block_size=4, num_blocks=128).generate([p], params(9))
     engine = Engine(tiny, block_size=4, num_blocks=128)
@@ -111,7 +104,9 @@ def test_catch_up_handoff_holds_sampling_between_chunks(tiny: LoadedModel) -> No
     assert_no_leaks(engine)
 
 
-def test_extend_errors_leave_the_engine_serving(tiny: LoadedModel) -> None:
+def test_extend_errors_leave_the_engine_serving(
+    tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
+) -> None:
     engine = Engine(tiny, block_size=4, num_blocks=64, max_model_len=64)
     with pytest.raises(UnknownRequestError, match="nope"):
         engine.extend("nope", [1, 2])

@@ -37,9 +37,9 @@ def test_write_then_gather_follows_block_table() -> None:
     cache.write(1, slots, k, -k)
 
     gk, gv = cache.gather(1, torch.tensor([table]))
-    assert gk.shape == (1, 6, 2, 4)
-    torch.testing.assert_close(gk[0, :5], k)
-    torch.testing.assert_close(gv[0, :5], -k)
+    assert gk.shape == (1, 2, 6, 4)  # [B, Hkv, tokens, D]
+    torch.testing.assert_close(gk[0, :, :5].transpose(0, 1), k)
+    torch.testing.assert_close(gv[0, :, :5].transpose(0, 1), -k)
     assert cache.k[0].abs().sum() == 0  # other layers untouched
 
 

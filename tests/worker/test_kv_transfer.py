@@ -9,6 +9,7 @@ nothing, and the handoff then completes with the good chunks.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -32,19 +33,6 @@ from pdd.worker.sampling import SamplingParams
 
 MAX_TOKENS = 30
 PROMPT = [(i * 13 + 5) % 250 for i in range(45)]
-
-
-def assert_no_leaks(engine: Engine) -> None:
-    engine.check_integrity()
-    assert not engine.has_unfinished()
-    assert engine.cache.protected_blocks == 0
-    engine.reset_prefix_cache()
-    assert engine.pool.num_free == engine.pool.num_total
-
-
-@pytest.fixture(scope="module")
-def tiny() -> LoadedModel:
-    return load_model("tiny")
 
 
 def params(seed: int | None) -> SamplingParams:
@@ -73,7 +61,9 @@ def finish(receiver: Engine, rid: str) -> list[int]:
 
 
 @pytest.mark.parametrize("seed", [None, 2024], ids=["greedy", "seeded"])
-def test_export_import_continue_equals_one_engine(tiny: LoadedModel, seed: int | None) -> None:
+def test_export_import_continue_equals_one_engine(
+    tiny: LoadedModel, seed: int | None, assert_no_leaks: Callable[[Engine], None]
+) -> None:
     (reference,) = Engine(tiny, block_size=4, num_blocks=128).generate([PROMPT], params(seed))
     sender = Engine(tiny, block_size=4, num_blocks=64)
     rid, first = prefill(sender, PROMPT, params(seed))
@@ -92,7 +82,9 @@ def test_export_import_continue_equals_one_engine(tiny: LoadedModel, seed: int |
 
 @pytest.mark.parametrize("export_from", ["hit", "zero"])
 def test_receiver_attaches_import_after_its_cached_prefix(
-    tiny: LoadedModel, export_from: str
+    tiny: LoadedModel,
+    export_from: str,
+    assert_no_leaks: Callable[[Engine], None],
 ) -> None:
     (reference,) = Engine(tiny, block_size=4, num_blocks=128).generate([PROMPT], params(None))
     receiver = Engine(tiny, block_size=8, num_blocks=64)
@@ -112,7 +104,36 @@ def test_receiver_attaches_import_after_its_cached_prefix(
     assert_no_leaks(receiver)
 
 
-def test_refused_chunks_change_nothing_and_the_handoff_completes(tiny: LoadedModel) -> None:
+def test_attach_without_the_cache_takes_all_kv_and_leaves_the_cache_alone(
+    tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
+) -> None:
+    """The naive pipeline: MD holds the prompt but must import all of it, caching nothing."""
+    (reference,) = Engine(tiny, block_size=4, num_blocks=128).generate([PROMPT], params(None))
+    receiver = Engine(tiny, block_size=8, num_blocks=64)
+    receiver.generate([[*PROMPT, 1]], SamplingParams(max_tokens=2))  # caches the whole prompt
+    receiver.drain_cache_events()
+    cached = receiver.stats.num_cached_blocks
+    assert receiver.attach_request(PROMPT, params(None), "r1", use_cache=False) == 0
+    assert receiver.stats.num_cached_blocks == cached  # nothing evicted for it
+
+    sender = Engine(tiny, block_size=4, num_blocks=64)
+    rid, first = prefill(sender, PROMPT, params(None))
+    for chunk in sender.export_kv(rid, 0, len(PROMPT), chunk_tokens=16):
+        receiver.import_kv("r1", chunk)
+    sender.release(rid)
+    receiver.resume("r1", [first])
+    assert [first, *finish(receiver, "r1")] == reference
+    assert receiver.drain_cache_events() == []  # its blocks went back to the pool, not the cache
+    assert receiver.stats.num_cached_blocks == cached
+    assert receiver.attach_request(PROMPT, params(None), "r2") == 40  # the old entry still hits
+    receiver.abort("r2")
+    assert_no_leaks(sender)
+    assert_no_leaks(receiver)
+
+
+def test_refused_chunks_change_nothing_and_the_handoff_completes(
+    tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
+) -> None:
     (reference,) = Engine(tiny, block_size=4, num_blocks=128).generate([PROMPT], params(None))
     sender = Engine(tiny, block_size=4, num_blocks=64)
     rid, first = prefill(sender, PROMPT, params(None))
@@ -153,7 +174,9 @@ def test_refused_chunks_change_nothing_and_the_handoff_completes(tiny: LoadedMod
     assert_no_leaks(receiver)
 
 
-def test_bf16_engines_exchange_bf16_kv(tiny: LoadedModel) -> None:
+def test_bf16_engines_exchange_bf16_kv(
+    tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
+) -> None:
     bf16 = load_model("tiny", dtype="bfloat16")
     (reference,) = Engine(bf16, block_size=4, num_blocks=128).generate([PROMPT], params(None))
     sender = Engine(bf16, block_size=4, num_blocks=64)
@@ -174,7 +197,9 @@ def test_bf16_engines_exchange_bf16_kv(tiny: LoadedModel) -> None:
         assert_no_leaks(engine)
 
 
-def test_export_of_a_released_request_is_refused(tiny: LoadedModel) -> None:
+def test_export_of_a_released_request_is_refused(
+    tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
+) -> None:
     sender = Engine(tiny, block_size=4, num_blocks=64)
     rid, _ = prefill(sender, PROMPT, params(None))
     stream = sender.export_kv(rid, 0, len(PROMPT), chunk_tokens=8)

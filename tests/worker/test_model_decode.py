@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pdd.worker import batch as batch_module
 from pdd.worker.batch import ForwardBatch, SeqInput
 from pdd.worker.kv_cache import PagedKVCache
 from pdd.worker.model import LoadedModel, load_model
@@ -51,7 +52,11 @@ def decode_greedy(loaded: LoadedModel, batched: bool) -> list[list[torch.Tensor]
     return history
 
 
-def test_batched_decode_matches_one_by_one(loaded) -> None:
+@pytest.mark.parametrize("group_overhead", [None, 0], ids=["default-groups", "group-each"])
+def test_batched_decode_matches_one_by_one(loaded, group_overhead, monkeypatch) -> None:
+    """Also with every sequence its own attention group, reordered by length."""
+    if group_overhead is not None:
+        monkeypatch.setattr(batch_module, "GROUP_OVERHEAD", group_overhead)
     batched, single = decode_greedy(loaded, batched=True), decode_greedy(loaded, batched=False)
     for seq_b, seq_s in zip(batched, single, strict=True):
         torch.testing.assert_close(torch.stack(seq_b), torch.stack(seq_s), atol=1e-4, rtol=0)

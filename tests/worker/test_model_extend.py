@@ -12,6 +12,7 @@ import random
 import pytest
 import torch
 
+from pdd.worker import batch as batch_module
 from pdd.worker.batch import ForwardBatch, SeqInput
 from pdd.worker.kv_cache import PagedKVCache
 from pdd.worker.model import LoadedModel, load_model
@@ -99,8 +100,12 @@ def test_chunked_prefill_matches_single_prefill(loaded) -> None:
     torch.testing.assert_close(kv_a.read_tokens(ta, 0, 31), kv_b.read_tokens(tb, 0, 31))
 
 
-def test_mixed_batch_matches_each_sequence_alone(loaded) -> None:
-    """A fresh prefill, an extend and a decode in one step give what each gives alone."""
+@pytest.mark.parametrize("group_overhead", [None, 0], ids=["default-groups", "group-each"])
+def test_mixed_batch_matches_each_sequence_alone(loaded, group_overhead, monkeypatch) -> None:
+    """A fresh prefill, an extend and a decode in one step give what each gives alone,
+    whether they share one attention call or each has its own."""
+    if group_overhead is not None:
+        monkeypatch.setattr(batch_module, "GROUP_OVERHEAD", group_overhead)
     full = prompts(loaded.config.vocab_size, [12, 19, 26])
     kv_a, kv_b = (PagedKVCache(loaded.kv_layout(BLOCK_SIZE), NUM_BLOCKS, "cpu") for _ in "ab")
     blocks_a, blocks_b = Blocks(seed=6), Blocks(seed=7)

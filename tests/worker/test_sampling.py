@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -99,7 +101,9 @@ def test_out_of_range_params_raise_a_typed_error_naming_the_field(field: str, va
         SamplingParams(**{field: value})
 
 
-def test_seeded_sampling_is_reproducible_across_engines_and_batches() -> None:
+def test_seeded_sampling_is_reproducible_across_engines_and_batches(
+    assert_no_leaks: Callable[[Engine], None],
+) -> None:
     params = SamplingParams(max_tokens=24, temperature=0.9, top_p=0.95, seed=1234, ignore_eos=True)
     prompt = [10, 20, 30, 40, 50]
     first = Engine("tiny", block_size=4, num_blocks=128)
@@ -116,6 +120,4 @@ def test_seeded_sampling_is_reproducible_across_engines_and_batches() -> None:
     top1 = SamplingParams(max_tokens=24, temperature=0.9, top_k=1, seed=5, ignore_eos=True)
     assert first.generate([prompt], top1)[0] == greedy
     for engine in (first, second):
-        engine.check_integrity()
-        engine.reset_prefix_cache()
-        assert engine.pool.num_free == engine.pool.num_total
+        assert_no_leaks(engine)

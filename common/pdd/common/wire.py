@@ -121,6 +121,14 @@ class TokenEvent(_Wire):
     (0-based). A status event (``token_id`` None) says a source stopped early:
     ``error`` set means it failed (the merger records it and the driver routes
     around it); ``seq`` is then the next position it would have produced.
+
+    Two prefix-cache facts ride on token events, for the router's usage report
+    and its prefix index (measured, where the index only estimates):
+    ``cached_tokens`` on the seq-0 event: prompt tokens the computing instance
+    (P, or mono) took from its prefix cache instead of prefilling them;
+    ``md_hit_tokens`` on the first event the main decode (or mono) streams:
+    prompt tokens it held when the request reached it (absent for naive, which
+    bypasses MD's cache).
     """
 
     request_id: str
@@ -130,6 +138,8 @@ class TokenEvent(_Wire):
     finished: bool = False
     finish_reason: str | None = None
     error: str | None = None
+    cached_tokens: int | None = Field(default=None, ge=0)
+    md_hit_tokens: int | None = Field(default=None, ge=0)
 
     @property
     def is_token(self) -> bool:
@@ -146,6 +156,7 @@ class LoadReport(_Wire):
     kv_blocks_free: int = Field(ge=0)
     kv_blocks_total: int = Field(ge=0)
     relay_load: float = Field(ge=0.0, le=1.0)
+    capacity: int = Field(ge=1, description="requests it runs at once (its max_running)")
 
 
 class StateReport(_Wire):

@@ -70,8 +70,10 @@ class RouterConfig:
     block_size: int = 16
     host: str = "0.0.0.0"
     port: int = 8080
-    #: Requests one instance may hold at once before the router stops sending more.
-    instance_capacity: int = 64
+    #: Requests one instance may hold at once before the router stops sending more:
+    #: what the worker reports (its max_running); a number here caps every instance
+    #: below that (an operator's override, e.g. to shed load before the workers queue).
+    instance_capacity: int | None = None
     max_body_bytes: int = 4 << 20
     max_prompt_tokens: int = 32_768
     default_max_tokens: int = 256
@@ -82,6 +84,9 @@ class RouterConfig:
     catchup_threshold: int = 64
     anomalous_min_input_tokens: int = 32_000
     anomalous_output_tokens_below: int = 500
+    #: Baselines for benchmarks: "naive" sends every request P -> MD shipping the full
+    #: KV with no decode-side cache (naive cross-datacenter PD); None lets the policy choose.
+    force_pipeline: Literal["naive"] | None = None
     replica_id: str = field(default_factory=lambda: f"router-{os.getpid()}")
 
     def __post_init__(self) -> None:
@@ -96,7 +101,9 @@ class RouterConfig:
             raise ConfigError(
                 f"a PDD deployment needs at least one prefill and one main worker, got {roles}"
             )
-        for name in ("instance_capacity", "max_body_bytes", "max_prompt_tokens", "block_size"):
+        if self.instance_capacity is not None and self.instance_capacity <= 0:
+            raise ConfigError(f"instance_capacity must be positive, got {self.instance_capacity}")
+        for name in ("max_body_bytes", "max_prompt_tokens", "block_size"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
 

@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 from pdd.common.wire import Endpoint, PipelinePlan, SamplingSpec
 from pdd.router.config import RouterConfig, WorkerRole
 from pdd.router.errors import NotReadyError, SaturatedError
-from pdd.router.instance_choice import InstanceLoad, Role, available, choose_main_decode
+from pdd.router.instance_choice import (
+    InstanceLoad,
+    Role,
+    available,
+    choose_main_decode,
+    choose_prefill,
+)
 from pdd.router.policy import Decision, Pipeline, PolicyConfig, RequestFeatures, Saturated, decide
 from pdd.router.policy import is_anomalous as _is_anomalous
 from pdd.router.prefix_index import PrefixIndex
@@ -125,6 +131,8 @@ class Dispatcher:
         features = RequestFeatures.from_prompt(prompt_ids, max_tokens, self._config.block_size)
         if self._config.mono:
             return self._route_mono(features, hits, loads, instances)
+        if self._config.force_pipeline == "naive":
+            return self._route_naive(features, hits, loads, instances)
         result = decide(
             features, hits, loads, self._config.link, self._traffic.snapshot(), self._policy
         )
@@ -168,6 +176,35 @@ class Dispatcher:
             md_hit_tokens=hit,
         )
 
+    def _route_naive(
+        self,
+        features: RequestFeatures,
+        hits: dict[str, int],
+        loads: list[InstanceLoad],
+        instances: dict[str, Instance],
+    ) -> Route:
+        """Naive cross-datacenter PD: the same P and MD choice, the full KV over the WAN.
+
+        MD keeps no decode-side cache on this pipeline, so its hit is 0 by construction.
+        """
+        prefill = choose_prefill(available(loads, Role.PREFILL), hits, features.input_tokens)
+        main = choose_main_decode(
+            available(loads, Role.MAIN), {}, features.input_tokens, features.affinity_key
+        )
+        if prefill is None or main is None:
+            raise SaturatedError(
+                "every prefill or main-decode instance is at capacity", self._policy.retry_after_s
+            )
+        return Route(
+            pipeline="naive",
+            reason="forced baseline: P -> MD shipping the full KV, no decode-side cache",
+            reason_code="forced",
+            prefill=instances[prefill.instance_id].endpoint,
+            relay=None,
+            main=instances[main.instance_id].endpoint,
+            p_hit_tokens=min(hits.get(prefill.instance_id, 0), features.input_tokens),
+        )
+
     def _ready_instances(self) -> dict[str, Instance]:
         needed: tuple[WorkerRole, ...] = ("mono",) if self._config.mono else ("prefill", "main")
         for role in needed:
@@ -180,17 +217,21 @@ class Dispatcher:
         }
 
     def _loads(self, instances: dict[str, Instance]) -> list[InstanceLoad]:
-        """Active = the larger of the routers' in-flight count and the worker's own report."""
+        """Active = the larger of the routers' in-flight count and the worker's own report;
+        capacity = what the worker reports (its max_running), capped by the config's."""
         inflight = self._store.inflight()
+        cap = self._config.instance_capacity
         loads = []
         for instance_id, inst in instances.items():
-            reported = inst.load.running + inst.load.waiting if inst.load else 0
+            if inst.load is None:  # not polled yet: a ready instance always has a report
+                continue
+            capacity = inst.load.capacity if cap is None else min(cap, inst.load.capacity)
             loads.append(
                 InstanceLoad(
                     instance_id=instance_id,
                     role=POLICY_ROLE[inst.role],
-                    active=max(reported, inflight.get(instance_id, 0)),
-                    capacity=self._config.instance_capacity,
+                    active=max(inst.load.running + inst.load.waiting, inflight.get(instance_id, 0)),
+                    capacity=capacity,
                 )
             )
         return loads

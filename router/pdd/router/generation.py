@@ -4,6 +4,10 @@ The merged token stream (``stream_relay``) is turned into text incrementally, cu
 the client's stop strings (the workers only know stop token IDs), and timed where
 the client sees it. The request's in-flight lease on P is released at the first
 token (P's part is over by then); the rest when the stream ends, however it ends.
+
+The workers measure what the router only estimated: the prefix hit P really had
+(reported to the client as ``cached_tokens``) and what MD really held at the
+handshake (fed back into the prefix index, correcting it).
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from pdd.common.openai_protocol import UsageInfo
-from pdd.common.wire import PipelinePlan
+from pdd.common.wire import PipelinePlan, TokenEvent
 from pdd.router.detokenize import IncrementalDetokenizer, StopStrings
 from pdd.router.dispatch import Lease, Route
+from pdd.router.prefix_index import PrefixIndex
 from pdd.router.runtime import RouterRuntime
 from pdd.router.stream_relay import relay_tokens
 
@@ -24,6 +29,22 @@ from pdd.router.stream_relay import relay_tokens
 class TextDelta:
     text: str
     finish_reason: str | None = None
+
+
+@dataclass
+class MeasuredHits:
+    """The prefix hits the workers measured for one request, taken from its token events."""
+
+    index: PrefixIndex
+    plan: PipelinePlan
+    cached_tokens: int = 0  # prompt tokens the computing instance took from its cache
+
+    def observe(self, event: TokenEvent) -> None:
+        if event.cached_tokens is not None:
+            self.cached_tokens = min(event.cached_tokens, len(self.plan.prompt_ids))
+        if event.md_hit_tokens is not None and self.plan.main is not None:
+            hashes = self.index.hashes(self.plan.prompt_ids)
+            self.index.confirm(self.plan.main.instance_id, hashes, event.md_hit_tokens)
 
 
 class Generation:
@@ -46,11 +67,12 @@ class Generation:
         self._stops = StopStrings(stop)
         self._arrived_at = arrived_at
         self._lease = lease
+        self.hits = MeasuredHits(runtime.index, plan)
 
     @property
     def cached_tokens(self) -> int:
-        """Prompt tokens the computing instance already held (the index's estimate)."""
-        return min(self.route.p_hit_tokens, self.prompt_tokens)
+        """Prompt tokens the computing instance (P, or mono) took from its prefix cache."""
+        return self.hits.cached_tokens
 
     def usage(self) -> UsageInfo:
         return UsageInfo.of(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
@@ -70,6 +92,7 @@ class Generation:
                 else:
                     rt.metrics.itl.observe(now - last)
                 last = now
+                self.hits.observe(event)
                 self._count(event.source == relay_id)
                 text, stopped = self._stops.feed(detok.push(event.token_id))  # type: ignore[arg-type]
                 if stopped or event.finished:

@@ -51,7 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-tokens-per-s", type=float)
     p.add_argument("--kv-bytes-per-token", type=int)
     p.add_argument("--block-size", type=int)
-    p.add_argument("--instance-capacity", type=int, help="requests per instance before 429")
+    p.add_argument(
+        "--instance-capacity",
+        type=int,
+        help="cap on requests per instance before 429 (default: each worker's reported capacity)",
+    )
     p.add_argument("--max-prompt-tokens", type=int)
     p.add_argument("--max-body-bytes", type=int)
     p.add_argument("--default-max-tokens", type=int)
@@ -59,6 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--request-timeout-s", type=float)
     p.add_argument("--handoff", choices=("auto", "one-shot", "catch-up"))
     p.add_argument("--catchup-threshold", type=int)
+    p.add_argument(
+        "--force-pipeline",
+        choices=("naive",),
+        help="baseline for benchmarks: every request P -> MD with the full KV, no DRC",
+    )
     p.add_argument("--replica-id", help="this replica's name in the shared store")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
@@ -72,6 +81,7 @@ _PLAIN_FLAGS = (
     "prefill_tokens_per_s", "kv_bytes_per_token", "block_size", "instance_capacity",
     "max_prompt_tokens", "max_body_bytes", "default_max_tokens", "poll_interval_s",
     "request_timeout_s", "handoff", "catchup_threshold", "replica_id", "host", "port",
+    "force_pipeline",
 )  # fmt: skip
 
 

@@ -30,6 +30,12 @@ class WorkerCallError(RuntimeError):
         self.detail = detail
 
 
+#: Idle pooled connections are dropped well before the workers' uvicorn closes them
+#: (its keep-alive timeout is 5 s); reusing one the server is closing at that moment
+#: fails the request with a bare ReadError before a byte is sent.
+KEEPALIVE_EXPIRY_S = 2.0
+
+
 class WorkerClient:
     """One pooled ``httpx.AsyncClient`` for every worker; cheap to share."""
 
@@ -38,7 +44,11 @@ class WorkerClient:
         self._http = httpx.AsyncClient(
             headers=self._headers,
             timeout=httpx.Timeout(timeout_s),
-            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
+            limits=httpx.Limits(
+                max_connections=1000,
+                max_keepalive_connections=200,
+                keepalive_expiry=KEEPALIVE_EXPIRY_S,
+            ),
         )
 
     async def aclose(self) -> None:

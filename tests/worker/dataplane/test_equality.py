@@ -69,14 +69,22 @@ async def test_pipeline_equals_mono(dp, batch, pipeline: str, handoff: str) -> N
 
 
 async def test_naive_ships_the_full_kv_even_when_md_holds_the_prefix(dp) -> None:
-    """The naive baseline has no DRC: a repeated prompt still crosses the WAN in full."""
+    """The naive baseline bypasses MD's cache (the DRC), and leaves it to everyone else."""
     prompt = dp.prompts(1, seed=5, lo=96, hi=97)[0]
+    n, bpt = len(prompt), dp.kv_bytes_per_token
+    await dp.run_all([dp.cluster.plan("naive-warm", prompt, "P-MD", dp.sampling(0, 4))])
+    delta = dp.counters("p", "md")
     for i in range(2):
-        delta = dp.counters("p", "md")
         plan = dp.cluster.plan(f"naive-rep-{i}", prompt, "naive", dp.sampling(0, 4))
-        await dp.run_all([plan])
-        assert delta("md", "pdd_prefix_hit_tokens") == 0
-        assert delta("p", "pdd_wan_bytes") >= len(prompt) * dp.kv_bytes_per_token
+        (result,) = await dp.run_all([plan])
+        assert result.events[0].md_hit_tokens is None  # no handshake hit to report
+    assert delta("md", "pdd_prefix_hit_tokens") == 0
+    assert delta("p", "pdd_wan_bytes") == 2 * n * bpt
+    # MD still holds the prompt from the P-MD turn: the naive requests neither evicted nor
+    # replaced it.
+    plan = dp.cluster.plan("naive-after", prompt, "P-MD", dp.sampling(0, 4))
+    (after,) = await dp.run_all([plan])
+    assert after.events[0].md_hit_tokens == n
     dp.assert_quiescent()
 
 

@@ -5,14 +5,23 @@ whose K/V is already cached". Prefill is start_pos 0, decode is q_len 1, a prefi
 chunk or the recompute "extend" of relayed tokens is any q_len after any start_pos, and
 one batch may mix them all. Building all index tensors here, vectorised and once per
 step, keeps the model's forward free of per-sequence Python.
+
+Attention is the one padded operation (every query of a sequence against every key of
+the widest sequence beside it), so the builder sorts sequences by length and cuts
+them into attention groups, each one SDPA call padded only to its own widest member.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+# What one more attention call costs, in padded (query + 1) x key units (see _group_order):
+# its fixed per-call overhead on the CPU is about that of gathering and attending ~2k keys.
+GROUP_OVERHEAD = 2048
 
 
 class InvalidBatchError(ValueError):
@@ -36,29 +45,50 @@ class SeqInput:
 
 
 @dataclass(frozen=True)
+class AttentionGroup:
+    """Sequences whose attention is ONE padded SDPA call: tokens [start, end) of the batch.
+
+    Queries are padded per sequence to ``max_q`` (through ``query_index``) and keys to
+    ``key_len``: the group's new tokens when nothing is cached (``block_tables`` is
+    None: a fresh prefill), else the first ``key_len`` positions gathered through
+    ``block_tables``. ``attn_mask`` (True = visible) hides padding and the future; it
+    is None where every key is visible (decodes of one length) or where plain causal
+    attention is exact (fresh prefills of one length).
+    """
+
+    start: int
+    end: int
+    num_seqs: int
+    max_q: int
+    key_len: int
+    query_index: torch.Tensor | None  # [end - start] long into [num_seqs * max_q]; None: unpadded
+    block_tables: torch.Tensor | None  # [num_seqs, blocks] long, padded with block 0
+    attn_mask: torch.Tensor | None  # [num_seqs, 1, max_q, key_len] bool
+
+    @property
+    def is_causal(self) -> bool:
+        """Plain (top-left) causal attention is exact: equal-length fresh prefills."""
+        return self.attn_mask is None and self.max_q > 1
+
+
+@dataclass(frozen=True)
 class ForwardBatch:
-    """Flat [T] token tensors plus what the attention needs to pad per sequence.
+    """Flat [T] token tensors plus the attention groups that pad them per sequence.
 
     Tokens of all sequences are concatenated (T in total) so embeddings, norms and MLPs
-    run without padding. Attention pads queries to [B, max_q] through ``query_index``
-    and keys either to the new tokens (``prefill_only``: nothing cached, no gather) or
-    to the gathered blocks of ``block_tables``; ``attn_mask`` (True = visible) hides
-    padding and the future. ``attn_mask`` is None for a fresh prefill of equal-length
-    sequences (one, or a benchmark batch), where plain causal attention is exact and
-    runs the fastest kernel.
+    run without padding; only attention pads, per group. The builder may reorder the
+    sequences (to group similar lengths), so the token tensors are in group order, but
+    ``logits_indices`` lists the returned tokens in the caller's sequence order and
+    ``q_lens`` / ``kv_lens`` follow the caller's order too.
     """
 
     input_ids: torch.Tensor  # [T] long
     positions: torch.Tensor  # [T] long: position of each token in its sequence
     slot_mapping: torch.Tensor  # [T] long: flat cache slot to write each token's K/V
-    block_tables: torch.Tensor  # [B, max_blocks] long, padded with block 0
     logits_indices: torch.Tensor  # [N] long: tokens whose logits are returned
-    query_index: torch.Tensor | None  # [T] long into [B * max_q]; None when no padding
-    attn_mask: torch.Tensor | None  # [B, 1, max_q, max_kv] bool
+    groups: tuple[AttentionGroup, ...]  # covering [0, T) in order
     q_lens: tuple[int, ...]
     kv_lens: tuple[int, ...]
-    max_q: int
-    prefill_only: bool
 
     @property
     def batch_size(self) -> int:
@@ -74,14 +104,16 @@ class ForwardBatch:
     ) -> ForwardBatch:
         """Validate the inputs and build every index tensor, on ``device``."""
         _validate(seqs, block_size)
-        q_lens = [len(s.token_ids) for s in seqs]
+        order, bounds = _group_order(seqs)
+        caller_q_lens = tuple(len(s.token_ids) for s in seqs)
+        caller_kv_lens = tuple(s.start_pos + q for s, q in zip(seqs, caller_q_lens, strict=True))
+        seqs = [seqs[i] for i in order]
+        q_lens = [caller_q_lens[i] for i in order]
         starts = [s.start_pos for s in seqs]
-        kv_lens = [s + q for s, q in zip(starts, q_lens, strict=True)]
-        max_q, b = max(q_lens), len(seqs)
-        prefill_only = not any(starts)
+        kv_lens = [caller_kv_lens[i] for i in order]
 
         q_len_t = torch.tensor(q_lens)
-        seq_of_token = torch.repeat_interleave(torch.arange(b), q_len_t)
+        seq_of_token = torch.repeat_interleave(torch.arange(len(seqs)), q_len_t)
         first_token = torch.cumsum(q_len_t, 0) - q_len_t
         offset_in_seq = torch.arange(len(seq_of_token)) - first_token[seq_of_token]
         positions = torch.tensor(starts)[seq_of_token] + offset_in_seq
@@ -91,30 +123,111 @@ class ForwardBatch:
         want_all = torch.tensor([s.all_logits for s in seqs])
         is_last = offset_in_seq == q_len_t[seq_of_token] - 1
         logits_indices = torch.nonzero(want_all[seq_of_token] | is_last).flatten()
-        padded = len(seq_of_token) != b * max_q
-        query_index = seq_of_token * max_q + offset_in_seq if padded else None
-        key_width = max_q if prefill_only else tables.shape[1] * block_size
-        mask = None
-        if not (prefill_only and not padded):
-            mask = _attention_mask(torch.tensor(starts), torch.tensor(kv_lens), max_q, key_width)
+        if order != sorted(order):  # back to the caller's sequence order (stable within one)
+            caller_seq = torch.tensor(order)[seq_of_token[logits_indices]]
+            logits_indices = logits_indices[torch.argsort(caller_seq, stable=True)]
 
-        def dev(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device)
-
-        ids = torch.tensor([t for s in seqs for t in s.token_ids], dtype=torch.long)
+        layout = _Layout(q_lens, starts, kv_lens, first_token.tolist(), block_size)
+        groups = tuple(
+            _attention_group(layout, a, b, tables, seq_of_token, offset_in_seq, device)
+            for a, b in bounds
+        )
+        ids = array("q")
+        for s in seqs:
+            ids.extend(s.token_ids)
         return cls(
-            input_ids=ids.to(device),
+            input_ids=_long_tensor(ids).to(device),
             positions=positions.to(device),
             slot_mapping=slots.to(device),
-            block_tables=tables.to(device),
             logits_indices=logits_indices.to(device),
-            query_index=dev(query_index),
-            attn_mask=dev(mask),
-            q_lens=tuple(q_lens),
-            kv_lens=tuple(kv_lens),
-            max_q=max_q,
-            prefill_only=prefill_only,
+            groups=groups,
+            q_lens=caller_q_lens,
+            kv_lens=caller_kv_lens,
         )
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Per-sequence lengths in batch order, shared by the group builders."""
+
+    q_lens: list[int]
+    starts: list[int]
+    kv_lens: list[int]
+    first_token: list[int]
+    block_size: int
+
+
+def _group_order(seqs: Sequence[SeqInput]) -> tuple[list[int], list[tuple[int, int]]]:
+    """A sequence order and its cut into attention groups ``[a, b)`` of that order.
+
+    A group costs ``num_seqs * key_len * (max_q + 1)`` (padded query-key pairs plus
+    gathering the keys) and ``GROUP_OVERHEAD`` per call; over the order sorted by
+    length the cheapest cut is found exactly by dynamic programming. When one
+    group is cheapest the caller's order is kept.
+    """
+    b = len(seqs)
+    caller_kv = [s.start_pos + len(s.token_ids) for s in seqs]
+    order = sorted(range(b), key=caller_kv.__getitem__)  # stable: ties keep the caller's order
+    q = [len(seqs[i].token_ids) for i in order]
+    kv = [caller_kv[i] for i in order]  # ascending
+    fresh = [seqs[i].start_pos == 0 for i in order]
+    best, cut = [0] + [float("inf")] * b, [0] * (b + 1)
+    for j in range(1, b + 1):
+        max_q, all_fresh, best_j, cut_j = 0, True, best[j], 0
+        for i in range(j - 1, -1, -1):  # the group order[i:j]
+            max_q = q[i] if q[i] > max_q else max_q
+            all_fresh = all_fresh and fresh[i]
+            group = (j - i) * (max_q if all_fresh else kv[j - 1]) * (max_q + 1) + GROUP_OVERHEAD
+            if group >= best_j:
+                break  # wider groups only cost more, and best[i] >= 0
+            if best[i] + group < best_j:
+                best_j, cut_j = best[i] + group, i
+        best[j], cut[j] = best_j, cut_j
+    bounds, j = [], b
+    while j > 0:
+        bounds.append((cut[j], j))
+        j = cut[j]
+    if len(bounds) == 1:
+        return list(range(b)), [(0, b)]
+    return order, bounds[::-1]
+
+
+def _attention_group(
+    layout: _Layout,
+    a: int,
+    b: int,
+    tables: torch.Tensor,
+    seq_of_token: torch.Tensor,
+    offset_in_seq: torch.Tensor,
+    device: torch.device | str,
+) -> AttentionGroup:
+    """The group of batch sequences [a, b), its index tensors on ``device``."""
+    q_lens, starts, kv_lens = layout.q_lens[a:b], layout.starts[a:b], layout.kv_lens[a:b]
+    max_q, cached = max(q_lens), any(starts)
+    key_len = max(kv_lens) if cached else max_q
+    start = layout.first_token[a]
+    end = start + sum(q_lens)
+    query_index = None
+    if end - start != (b - a) * max_q:
+        query_index = (seq_of_token[start:end] - a) * max_q + offset_in_seq[start:end]
+    all_visible = max_q == 1 and min(kv_lens) == key_len
+    plain_causal = not cached and query_index is None
+    mask = None
+    if not (all_visible or plain_causal):
+        mask = _attention_mask(torch.tensor(starts), torch.tensor(kv_lens), max_q, key_len)
+    block_tables = None
+    if cached:
+        block_tables = tables[a:b, : -(-key_len // layout.block_size)]
+    return AttentionGroup(
+        start=start,
+        end=end,
+        num_seqs=b - a,
+        max_q=max_q,
+        key_len=key_len,
+        query_index=None if query_index is None else query_index.to(device),
+        block_tables=None if block_tables is None else block_tables.to(device),
+        attn_mask=None if mask is None else mask.to(device),
+    )
 
 
 def _validate(seqs: Sequence[SeqInput], block_size: int) -> None:
@@ -138,8 +251,16 @@ def _padded_tables(seqs: Sequence[SeqInput], kv_lens: list[int], block_size: int
     """[B, max_blocks] with only the blocks each sequence uses, padded with block 0."""
     used = [-(-n // block_size) for n in kv_lens]
     width = max(used)
-    rows = [list(s.block_table[:u]) + [0] * (width - u) for s, u in zip(seqs, used, strict=True)]
-    return torch.tensor(rows, dtype=torch.long)
+    flat = array("q")
+    for s, u in zip(seqs, used, strict=True):
+        flat.extend(s.block_table[:u])
+        flat.extend([0] * (width - u))
+    return _long_tensor(flat).view(len(seqs), width)
+
+
+def _long_tensor(values: array) -> torch.Tensor:
+    """A CPU long tensor over ``values``' memory (non-empty): ~3x faster than from a list."""
+    return torch.frombuffer(values, dtype=torch.long)
 
 
 def _attention_mask(

@@ -4,13 +4,8 @@
 (decodes, prefill chunks, extends), one batched forward pass computes them, and
 requests whose pass reached the end of their sequence sample their next token.
 
-The engine also runs both ends of PDD's handoffs (wire format in
-``kv_transfer.py``): a sender exports a request's KV (``hold_kv`` keeps it
-after the request finishes); a receiver attaches a request (reusing what its
-prefix cache holds), imports the rest, and resumes it with the token IDs
-generated elsewhere, which are recomputed in ONE extend pass before decoding
-continues. ``extend`` hands more token IDs to a running request the same way
-(catch-up handoff: ``hold=True`` computes them without sampling yet).
+The handoff side (KV export, attach / import / resume, extend, release) lives
+in ``handoff.py`` as ``HandoffMixin``; options and stats in ``engine_config.py``.
 
 Everything here is single-threaded: call it from one thread (the worker's
 event loop runs it in an executor).
@@ -20,16 +15,17 @@ from __future__ import annotations
 
 import itertools
 import secrets
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
 from pdd.worker.batch import ForwardBatch, SeqInput
 from pdd.worker.block_pool import BlockPool
 from pdd.worker.cache_events import CacheEvent
+from pdd.worker.engine_config import EngineConfig, EngineConfigError, EngineStats
+from pdd.worker.handoff import HandoffMixin
 from pdd.worker.kv_cache import KVLayout, PagedKVCache
-from pdd.worker.kv_transfer import KVRangeError, encode_chunk, import_chunk
 from pdd.worker.model.loader import LoadedModel, load_model
 from pdd.worker.radix_cache import RadixCache
 from pdd.worker.request import (
@@ -47,46 +43,10 @@ from pdd.worker.sampling import SamplingParams, sample
 from pdd.worker.scheduler import ScheduledSeq, Scheduler, SchedulerConfig
 from pdd.worker.tokenizer import Tokenizer
 
-
-class EngineConfigError(ValueError):
-    """An engine option is out of range; the message names it."""
+__all__ = ["Engine", "EngineConfig", "EngineConfigError", "EngineStats"]
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    """Engine options. The KV pool is ``num_blocks`` blocks, else what fits ``kv_budget_bytes``."""
-
-    dtype: str | None = None  # None: the checkpoint's own
-    device: str = "cpu"
-    block_size: int = 16
-    num_blocks: int | None = None
-    kv_budget_bytes: int = 256 * 2**20
-    max_num_batched_tokens: int = 512  # per-step token budget; prefills beyond it are chunked
-    max_running: int = 64  # capped at max_num_batched_tokens: every running request decodes
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
-
-    def __post_init__(self) -> None:
-        for name in ("block_size", "max_num_batched_tokens", "max_running", "kv_budget_bytes"):
-            if getattr(self, name) < 1:
-                raise EngineConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("num_blocks", "max_model_len"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise EngineConfigError(f"{name} must be >= 1 (or None), got {value}")
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    num_total_blocks: int
-    num_free_blocks: int
-    num_cached_blocks: int  # held by the prefix cache (evictable + protected)
-    num_running: int
-    num_waiting: int
-    num_awaiting_kv: int
-    num_preemptions: int  # since start
-
-
-class Engine:
+class Engine(HandoffMixin):
     """Continuous-batching engine for one model on one device.
 
     ``model`` is ``"tiny"``, a checkpoint directory, or an already loaded model
@@ -163,12 +123,20 @@ class Engine:
         req.finish_reason = req.finish_reason or FinishReason.ABORT
         self._release(req)
 
-    def release(self, request_id: str) -> None:
-        """Free a finished ``hold_kv`` request's blocks (its computed blocks stay cached)."""
-        req = self._get(request_id)
-        if req.status is not RequestStatus.FINISHED:
-            self._state_error(req, "release", "finished (hold_kv) requests; use abort()")
-        self._release(req)
+    def fail_scheduled(self, error: str) -> list[RequestOutput]:
+        """Abort every queued or running request after a failed step; one output each.
+
+        A step that raised left those requests in an unknown state: retrying them
+        would most likely fail the same way forever, so each ends with ``error`` and
+        gives back its blocks and locks. Attached requests (awaiting KV) were not part
+        of the step and stay.
+        """
+        failed = [*self.scheduler.running, *self.scheduler.waiting]
+        for req in failed:
+            self.abort(req.request_id)
+        return [
+            RequestOutput(r.request_id, [], True, FinishReason.ABORT, error=error) for r in failed
+        ]
 
     def has_unfinished(self) -> bool:
         """True when ``step()`` has work: queued requests or running ones with tokens to compute.
@@ -285,112 +253,15 @@ class Engine:
             self._release(req)
         return RequestOutput(req.request_id, new, True, reason, req.num_cached_tokens)
 
-    # --- handoffs: extend, KV export / attach / import / resume -------------------------------
-    def extend(self, request_id: str, token_ids: Sequence[int], hold: bool = False) -> None:
-        """Append token IDs generated elsewhere; the next step computes them in ONE pass.
-
-        With ``hold`` the request then waits without sampling (catch-up handoff:
-        more chunks follow); a later ``extend`` with ``hold=False`` resumes decoding.
-        """
-        req = self._get(request_id)
-        if req.status not in (RequestStatus.RUNNING, RequestStatus.WAITING):
-            self._state_error(req, "extend", "running or waiting requests (attached: resume())")
-        tokens = self.limits.check_appended(req, token_ids)
-        req.output_ids.extend(tokens)
-        if req.num_uncomputed == 0:  # held and caught up: recompute the last token for logits
-            req.num_computed -= 1
-        req.unchunked = req.status is RequestStatus.RUNNING
-        req.hold_sampling = hold
-
-    def export_kv(
-        self, request_id: str, start: int, end: int, chunk_tokens: int = 256
-    ) -> Iterator[bytes]:
-        """Chunks of the KV of tokens ``[start, end)`` of a live request, read lazily.
-
-        Works on running, attached and finished ``hold_kv`` requests. The
-        request must keep its KV while the iterator runs (a released or
-        preempted request makes the next chunk raise ``InvalidRequestStateError``).
-        """
-        req = self._get(request_id)
-        if not 0 <= start < end <= req.num_computed:
-            raise KVRangeError(
-                f"cannot export [{start}, {end}) of request {request_id!r}: it holds KV for "
-                f"[0, {req.num_computed})"
-            )
-        if chunk_tokens < 1:
-            raise KVRangeError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-        return self._export_chunks(req, start, end, chunk_tokens)
-
-    def attach_request(
-        self, token_ids: Sequence[int], params: SamplingParams | None, request_id: str
-    ) -> int:
-        """Receive a request whose KV comes from elsewhere; returns the prefix hit in tokens.
-
-        Locks the longest cached prefix of ``token_ids`` and allocates blocks for
-        the rest; the KV of ``[hit, len(token_ids))`` is then expected through
-        :meth:`import_kv` before :meth:`resume`. Raises ``RequestError``
-        subclasses (``NoFreeBlocksError`` when the pool cannot make room now).
-        """
-        req = self._new_request(token_ids, params, request_id, hold_kv=False)
-        hit = self.scheduler.attach(req)
-        self._requests[req.request_id] = req
-        return hit
-
-    def import_kv(self, request_id: str, chunk: bytes) -> int:
-        """Import one KV chunk into an attached request; returns the tokens now held.
-
-        Raises a ``KVTransferError`` subclass (checksum, fingerprint, dtype,
-        layout, range, token mismatch) and changes nothing when the chunk does not fit.
-        """
-        req = self._get(request_id)
-        if req.status is not RequestStatus.AWAITING_KV:
-            self._state_error(req, "import KV into", "attached requests")
-        req.num_computed = import_chunk(
-            self.kv, req.block_table, req.prompt_ids, req.num_computed, chunk, self.fingerprint
-        )
-        return req.num_computed
-
-    def resume(self, request_id: str, pending_token_ids: Sequence[int], hold: bool = False) -> None:
-        """Start decoding an attached request after the tokens generated elsewhere.
-
-        ``pending_token_ids`` (at least the first token the prefill sampled) are
-        appended as output and computed, with any prompt tail whose KV did not
-        arrive, in the next step; then it samples on (unless ``hold``, see
-        :meth:`extend`). Handoffs join the running batch ahead of the queue.
-        """
-        req = self._get(request_id)
-        if req.status is not RequestStatus.AWAITING_KV:
-            self._state_error(req, "resume", "attached requests")
-        tokens = self.limits.check_appended(req, pending_token_ids)
-        if not tokens and req.num_computed == len(req.prompt_ids):
-            raise RequestError("resume needs at least one pending token id (the first output)")
-        req.unchunked = req.num_computed == len(req.prompt_ids)
-        req.output_ids.extend(tokens)
-        req.hold_sampling = hold
-        self.scheduler.start(req)
-
-    @property
-    def fingerprint(self) -> str:
-        """The model fingerprint stamped on exported KV (dtype is checked separately)."""
-        return self.model_config.fingerprint()
-
-    def _export_chunks(
-        self, req: Request, start: int, end: int, chunk_tokens: int
-    ) -> Iterator[bytes]:
-        for a in range(start, end, chunk_tokens):
-            b = min(a + chunk_tokens, end)
-            if req.num_computed < b:
-                raise InvalidRequestStateError(
-                    f"request {req.request_id!r} lost its KV during export (released or "
-                    "preempted); export again"
-                )
-            data = self.kv.read_tokens(req.block_table, a, b)
-            yield encode_chunk(data, a, self.fingerprint, req.tokens[:b])
-
     # --- cache and stats ----------------------------------------------------------------------
     def drain_cache_events(self) -> list[CacheEvent]:
         """Prefix-cache store/remove events since the last drain (for the router's index)."""
         return self.cache.drain_events()
+
+    @property
+    def num_dropped_cache_events(self) -> int:
+        """Cache events lost to the bounded event buffer since start (subscribers must resync)."""
+        return self.cache.num_dropped_events
 
     def reset_prefix_cache(self) -> int:
         """Evict every unlocked cached block; returns how many were freed."""
@@ -415,11 +286,17 @@ class Engine:
             raise RuntimeError("a request holds a prefix lock but no blocks")
 
     @property
+    def max_running(self) -> int:
+        """Requests decoded at once: the instance's capacity (``max_running``, capped)."""
+        return self.scheduler.config.max_running
+
+    @property
     def stats(self) -> EngineStats:
         return EngineStats(
             num_total_blocks=self.pool.num_total,
             num_free_blocks=self.pool.num_free,
             num_cached_blocks=self.cache.num_cached_blocks,
+            num_locked_blocks=self.cache.protected_blocks,
             num_running=self.scheduler.num_running,
             num_waiting=self.scheduler.num_waiting,
             num_awaiting_kv=sum(

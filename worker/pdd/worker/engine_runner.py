@@ -37,7 +37,6 @@ class RunnerSnapshot:
     """Engine state as of the end of the last loop turn (read without the engine thread)."""
 
     stats: EngineStats
-    locked_blocks: int
     steps: int
 
 
@@ -90,8 +89,9 @@ class EngineRunner:
             if self.engine.has_unfinished():
                 try:
                     outputs = self.engine.step()
-                except Exception:  # a bug in one step must not kill the worker's engine thread
-                    log.exception("engine step failed")
+                except Exception as exc:  # a bug in one step must not kill the engine thread
+                    log.exception("engine step failed; failing the requests it held")
+                    outputs = self.engine.fail_scheduled(f"engine step failed: {exc!r}")
                 self._steps += 1
             self.snapshot = self._take_snapshot()
             self._loop.call_soon_threadsafe(self._deliver, outputs)
@@ -118,7 +118,6 @@ class EngineRunner:
     def _take_snapshot(self) -> RunnerSnapshot:
         return RunnerSnapshot(
             stats=self.engine.stats,
-            locked_blocks=self.engine.cache.protected_blocks,
             steps=self._steps,
         )
 

@@ -65,6 +65,7 @@ class RequestOutput:
     finished: bool
     finish_reason: FinishReason | None = None
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache at admission
+    error: str | None = None  # set when the engine gave up on the request (finish is ABORT)
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,7 @@ class Request:
     params: SamplingParams
     seed: int
     hold_kv: bool = False  # keep the blocks after finishing until Engine.release()
+    use_cache: bool = True  # False: never matched against nor inserted into the prefix cache
     status: RequestStatus = RequestStatus.WAITING
     output_ids: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens[:num_computed] have KV in block_table

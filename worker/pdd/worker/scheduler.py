@@ -140,8 +140,11 @@ class Scheduler:
 
     # --- blocks -------------------------------------------------------------------------------
     def _claim_prefix(self, req: Request, token_ids: list[int]) -> int:
-        """Lock the longest cached prefix of ``token_ids``, adopt its blocks; return its length."""
-        match = self.cache.match_prefix(token_ids)
+        """Lock the longest cached prefix of ``token_ids``, adopt its blocks; return its length.
+
+        A ``use_cache=False`` request matches nothing (the empty prefix).
+        """
+        match = self.cache.match_prefix(token_ids if req.use_cache else [])
         self.cache.lock(match.handle)
         self.pool.incref(match.blocks)
         req.prefix_handle = match.handle
@@ -166,6 +169,8 @@ class Scheduler:
 
         Requests already ``scheduled`` this step are never victims.
         """
+        if self._grow(req, num_tokens):
+            return True  # the common case: no need to look at the other requests
         busy = {id(s.request) for s in scheduled}
         while not self._grow(req, num_tokens):
             victim = next((r for r in reversed(self.running) if id(r) not in busy), None)
@@ -186,7 +191,7 @@ class Scheduler:
 
     def _release_blocks(self, req: Request, cache_computed: bool) -> None:
         full_blocks = req.num_computed // self.config.block_size
-        if cache_computed and full_blocks:
+        if cache_computed and req.use_cache and full_blocks:
             computed = req.tokens[: full_blocks * self.config.block_size]
             self.cache.insert(computed, req.block_table[:full_blocks])
         self.pool.free(req.block_table)

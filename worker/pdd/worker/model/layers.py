@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pdd.worker.batch import ForwardBatch
+from pdd.worker.batch import AttentionGroup, ForwardBatch
 from pdd.worker.kv_cache import PagedKVCache
 from pdd.worker.model.config import ModelConfig
 from pdd.worker.model.rope import apply_rotary
@@ -34,9 +34,9 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     """Grouped-query attention over the new tokens plus the cached prefix.
 
-    Writes the new tokens' K/V to their cache slots first, then attends: a fresh
-    prefill attends over the new K/V directly; anything with a cached prefix gathers
-    its blocks through the block table. Queries are padded per sequence only here.
+    Writes the new tokens' K/V to their cache slots first, then attends per attention
+    group (see batch.py): a fresh prefill attends over the new K/V directly; anything
+    with a cached prefix gathers its blocks through the block table.
     """
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
@@ -44,9 +44,11 @@ class Attention(nn.Module):
         self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
         self.head_dim = config.head_dim
+        self.scale = self.head_dim**-0.5
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.split = (q_size, kv_size, kv_size)
-        self.qkv_proj = nn.Linear(config.hidden_size, sum(self.split), bias=config.attention_bias)
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, q_size + 2 * kv_size, bias=config.attention_bias
+        )
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.o_proj_bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
@@ -57,32 +59,60 @@ class Attention(nn.Module):
         batch: ForwardBatch,
         kv: PagedKVCache,
         rope: tuple[torch.Tensor, torch.Tensor],
-        attn_bias: torch.Tensor | None,
+        attn_biases: tuple[torch.Tensor | None, ...],
     ) -> torch.Tensor:
-        """Attention output [T, hidden]; ``attn_bias`` is the batch mask made additive."""
-        t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
+        """Attention output [T, hidden]; ``attn_biases``: each group's mask made additive."""
+        t, heads = x.shape[0], self.num_heads
+        qkv = self.qkv_proj(x).view(t, -1, self.head_dim)  # [T, H + 2 Hkv, D]
+        v = qkv[:, heads + self.num_kv_heads :]
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+            q = apply_rotary(self.q_norm(qkv[:, :heads]), *rope)
+            k = apply_rotary(self.k_norm(qkv[:, heads : heads + self.num_kv_heads]), *rope)
+        else:  # rotate q and k in one pass: half the kernel launches of a decode step's RoPE
+            qk = apply_rotary(qkv[:, : heads + self.num_kv_heads], *rope)
+            q, k = qk[:, :heads], qk[:, heads:]
         kv.write(self.layer_idx, batch.slot_mapping, k, v)
-        if batch.prefill_only:
-            keys, values = _pad(k, batch), _pad(v, batch)
+        outs = [
+            self._attend(g, bias, q, k, v, kv)
+            for g, bias in zip(batch.groups, attn_biases, strict=True)
+        ]
+        return self.o_proj(outs[0] if len(outs) == 1 else torch.cat(outs))
+
+    def _attend(
+        self,
+        g: AttentionGroup,
+        bias: torch.Tensor | None,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv: PagedKVCache,
+    ) -> torch.Tensor:
+        """One group's attention output [g.end - g.start, H * D]."""
+        q = q[g.start : g.end]
+        if g.block_tables is None:
+            keys = _pad(k[g.start : g.end], g).transpose(1, 2)
+            values = _pad(v[g.start : g.end], g).transpose(1, 2)
         else:
-            keys, values = kv.gather(self.layer_idx, batch.block_tables)
+            keys, values = kv.gather(self.layer_idx, g.block_tables)
+            keys, values = keys[:, :, : g.key_len], values[:, :, : g.key_len]
+        if g.max_q == 1:
+            # Decode: the query heads sharing a KV head become that head's query rows,
+            # so SDPA reads each K/V slab once without expanding it per query head.
+            heads = q.view(g.num_seqs, self.num_kv_heads, -1, self.head_dim)
+            out = F.scaled_dot_product_attention(
+                heads, keys, values, attn_mask=bias, scale=self.scale
+            )
+            return out.reshape(g.num_seqs, -1)
         out = F.scaled_dot_product_attention(
-            _pad(q, batch).transpose(1, 2),
-            keys.transpose(1, 2),
-            values.transpose(1, 2),
-            attn_mask=attn_bias,
-            is_causal=attn_bias is None,
-            scale=self.head_dim**-0.5,
+            _pad(q, g).transpose(1, 2),
+            keys,
+            values,
+            attn_mask=bias,
+            is_causal=g.is_causal,
+            scale=self.scale,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
-        return self.o_proj(_unpad(out.transpose(1, 2), batch))
+        return _unpad(out.transpose(1, 2), g)
 
 
 class MLP(nn.Module):
@@ -119,9 +149,9 @@ class DecoderLayer(nn.Module):
         batch: ForwardBatch,
         kv: PagedKVCache,
         rope: tuple[torch.Tensor, torch.Tensor],
-        attn_bias: torch.Tensor | None,
+        attn_biases: tuple[torch.Tensor | None, ...],
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), batch, kv, rope, attn_bias)
+        x = x + self.self_attn(self.input_layernorm(x), batch, kv, rope, attn_biases)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -138,16 +168,16 @@ def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor
     )
 
 
-def _pad(x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-    """Flat [T, H, D] -> [B, max_q, H, D] (a view when every sequence has max_q tokens)."""
-    shape = (batch.batch_size, batch.max_q, x.shape[1], x.shape[2])
-    if batch.query_index is None:
+def _pad(x: torch.Tensor, g: AttentionGroup) -> torch.Tensor:
+    """Flat [T, H, D] -> [n, max_q, H, D] (a view when every sequence has max_q tokens)."""
+    shape = (g.num_seqs, g.max_q, x.shape[1], x.shape[2])
+    if g.query_index is None:
         return x.view(shape)
     padded = x.new_zeros((shape[0] * shape[1], shape[2], shape[3]))
-    return padded.index_copy_(0, batch.query_index, x).view(shape)
+    return padded.index_copy_(0, g.query_index, x).view(shape)
 
 
-def _unpad(y: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-    """[B, max_q, H, D] -> flat [T, H * D], dropping padding queries."""
-    flat = y.reshape(batch.batch_size * batch.max_q, -1)
-    return flat if batch.query_index is None else flat.index_select(0, batch.query_index)
+def _unpad(y: torch.Tensor, g: AttentionGroup) -> torch.Tensor:
+    """[n, max_q, H, D] -> flat [T, H * D], dropping padding queries."""
+    flat = y.reshape(g.num_seqs * g.max_q, -1)
+    return flat if g.query_index is None else flat.index_select(0, g.query_index)

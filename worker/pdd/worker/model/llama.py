@@ -61,9 +61,9 @@ class LlamaForCausalLM(nn.Module):
             )
         h = self.model.embed_tokens(batch.input_ids)
         rope = self.rotary.cos_sin(batch.positions, h.dtype)
-        attn_bias = additive_mask(batch.attn_mask, h.dtype)
+        biases = tuple(additive_mask(g.attn_mask, h.dtype) for g in batch.groups)
         for layer in self.model.layers:
-            h = layer(h, batch, kv, rope, attn_bias)
+            h = layer(h, batch, kv, rope, biases)
         h = self.model.norm(h.index_select(0, batch.logits_indices))
         head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(h, head).float()

@@ -129,12 +129,14 @@ class RoleBase:
         await handler(channel, first)
 
     # --- reports ----------------------------------------------------------------------------
+    @property
+    def max_running(self) -> int:
+        return self.runner.engine.max_running  # fixed at start: safe to read off the engine thread
+
     def relay_load(self) -> float:
-        snap = self.runner.snapshot
-        s = snap.stats
+        s = self.runner.snapshot.stats
         held = s.num_total_blocks - s.num_free_blocks - s.num_cached_blocks
-        max_running = self.runner.engine.scheduler.config.max_running
-        return min(1.0, max(s.num_running / max_running, held / s.num_total_blocks))
+        return min(1.0, max(s.num_running / self.max_running, held / s.num_total_blocks))
 
     def load_report(self) -> LoadReport:
         s = self.runner.snapshot.stats
@@ -146,18 +148,18 @@ class RoleBase:
             kv_blocks_free=s.num_free_blocks,
             kv_blocks_total=s.num_total_blocks,
             relay_load=self.relay_load(),
+            capacity=self.max_running,
         )
 
     def state_report(self) -> StateReport:
-        snap = self.runner.snapshot
-        s = snap.stats
+        s = self.runner.snapshot.stats
         return StateReport(
             instance_id=self.settings.instance_id,
             live_requests=len(self.live),
             engine_requests=s.num_running + s.num_waiting + s.num_awaiting_kv,
             kv_blocks_free=s.num_free_blocks,
             kv_blocks_cached=s.num_cached_blocks,
-            kv_blocks_locked=snap.locked_blocks,
+            kv_blocks_locked=s.num_locked_blocks,
             kv_blocks_total=s.num_total_blocks,
         )
 

@@ -40,7 +40,7 @@ class CacheFeed:
 
     async def _pull(self) -> None:
         def drain(engine: Engine) -> tuple[list[CacheEvent], int]:
-            return engine.drain_cache_events(), engine.cache.num_dropped_events
+            return engine.drain_cache_events(), engine.num_dropped_cache_events
 
         events, dropped = await self._runner.call(drain)
         if dropped > self._dropped_seen:

@@ -42,6 +42,8 @@ class MainRequest:
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
     session: DecodeSession | None = None
+    prefill_hit: int | None = None  # P's own hit: streamed on seq 0 if MD streams it
+    md_hit: int | None = None  # MD's handshake hit (None for naive: it bypasses the cache)
 
 
 class MainDecodeRole(RoleBase):
@@ -63,12 +65,15 @@ class MainDecodeRole(RoleBase):
         self.live.add(rid)
         self.hub.get(rid).start()
         entry = self._entry(rid)
+        use_cache = plan.pipeline != "naive"
         try:
-            first_token = await receive_kv(self, channel, plan, use_cache=plan.pipeline != "naive")
+            received = await receive_kv(self, channel, plan, use_cache=use_cache)
         except KVReceiveError as exc:
             self._end(rid, error=str(exc))
             return
-        self.spawn(self._continue(plan, entry, first_token), f"main-{rid}")
+        entry.prefill_hit = received.prefill_hit
+        entry.md_hit = received.hit if use_cache else None
+        self.spawn(self._continue(plan, entry, received.first_token), f"main-{rid}")
 
     async def _continue(self, plan: PipelinePlan, entry: MainRequest, first_token: int) -> None:
         rid = plan.request_id
@@ -89,10 +94,23 @@ class MainDecodeRole(RoleBase):
             return
         self._end(rid)
 
+    def _new_session(
+        self, rid: str, entry: MainRequest, ids: list[int], emit_from: int
+    ) -> DecodeSession:
+        """The session streaming positions ``emit_from..`` of ``ids`` and what follows."""
+        entry.session = DecodeSession(
+            rid,
+            self.hub,
+            output=list(ids),
+            emit_from=emit_from,
+            emitted=emit_from,
+            cached_tokens=entry.prefill_hit,
+            md_hit_tokens=entry.md_hit,
+        )
+        return entry.session
+
     async def _start(self, rid: str, entry: MainRequest, ids: list[int], emit_from: int) -> None:
-        session = DecodeSession(rid, self.hub, output=list(ids), emit_from=emit_from)
-        session.emitted = emit_from
-        entry.session = session
+        session = self._new_session(rid, entry, ids, emit_from)
         self.runner.subscribe(rid, session.on_output)
         await self.runner.call(lambda e: e.resume(rid, ids))
 
@@ -139,10 +157,8 @@ class MainDecodeRole(RoleBase):
 
     async def _start_held(self, rid: str, entry: MainRequest, ids: list[int], hold: bool) -> None:
         """Resume with the handed IDs, streaming nothing until the handoff is final."""
-        session = DecodeSession(rid, self.hub, output=list(ids), emit_from=len(ids))
-        session.emitted = len(ids)
+        session = self._new_session(rid, entry, ids, emit_from=len(ids))
         session.stop_at(len(ids))
-        entry.session = session
         self.runner.subscribe(rid, session.on_output)
         await self.runner.call(lambda e: e.resume(rid, ids, hold=hold))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pdd.common.wire import PipelinePlan
-from pdd.worker.engine import Engine
+from pdd.worker.request import RequestOutput
 from pdd.worker.roles.base import NoSuchRequestError, RoleBase, sampling_params
 from pdd.worker.roles.session import DecodeSession
 
@@ -23,23 +23,24 @@ class MonoRole(RoleBase):
         rid = plan.request_id
         if rid in self.sessions:
             raise ValueError(f"request {rid!r} is already running here")
-
-        def add(engine: Engine) -> int:
-            hit = engine.cache.match_prefix(plan.prompt_ids[:-1]).num_tokens
-            engine.add_request(plan.prompt_ids, sampling_params(plan), rid)
-            return hit
-
         session = DecodeSession(rid, self.hub)
+        n, params = len(plan.prompt_ids), sampling_params(plan)
+
+        def on_output(out: RequestOutput) -> None:
+            if session.cached_tokens is None:  # the first output: the admission's real hit
+                session.cached_tokens = session.md_hit_tokens = out.num_cached_tokens
+                self.metrics.count_prompt(n, out.num_cached_tokens)
+            session.on_output(out)
+
         self.sessions[rid] = session
         self.live.add(rid)
         self.hub.get(rid).start()
-        self.runner.subscribe(rid, session.on_output)
+        self.runner.subscribe(rid, on_output)
         try:
-            hit = await self.runner.call(add)
+            await self.runner.call(lambda e: e.add_request(plan.prompt_ids, params, rid))
         except Exception:
             self._forget(rid)
             raise
-        self.metrics.count_prompt(len(plan.prompt_ids), hit)
         self.spawn(self._forget_when_done(rid, session), f"mono-{rid}")
 
     async def _forget_when_done(self, rid: str, session: DecodeSession) -> None:

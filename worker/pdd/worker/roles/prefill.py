@@ -18,7 +18,6 @@ import secrets
 from dataclasses import dataclass
 
 from pdd.common.wire import Endpoint, PipelinePlan
-from pdd.worker.engine import Engine
 from pdd.worker.request import RequestOutput
 from pdd.worker.roles.base import RoleBase, sampling_params
 from pdd.worker.roles.protocol import expect_meta, int_field, send_meta
@@ -27,6 +26,12 @@ from pdd.worker.transport import Channel, MsgType, encode_json, request_key
 log = logging.getLogger(__name__)
 
 PREFILL_PIPELINES = ("P-RLD-MD", "P-MD", "P-RLD", "naive")
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    first_token: int
+    cached_tokens: int  # prompt tokens P's prefix cache supplied (not prefilled)
 
 
 @dataclass(frozen=True)
@@ -100,30 +105,30 @@ class PrefillRole(RoleBase):
             )
             return
         try:
-            first_token = await asyncio.shield(prefill)
-            await self._ship(plan, target, channel, hit, first_token)
+            prefilled = await asyncio.shield(prefill)
+            await self._ship(plan, target, channel, hit, prefilled)
         finally:
             with contextlib.suppress(Exception):
                 await channel.close()
 
-    async def _prefill(self, plan: PipelinePlan) -> int:
+    async def _prefill(self, plan: PipelinePlan) -> Prefilled:
         """Prefill the prompt (only P's miss is computed) and sample the first token."""
-        first: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        first: asyncio.Future[Prefilled] = asyncio.get_running_loop().create_future()
 
         def on_output(out: RequestOutput) -> None:
-            if out.new_token_ids and not first.done():
-                first.set_result(out.new_token_ids[0])
+            if out.error is not None and not first.done():
+                first.set_exception(RuntimeError(out.error))
+            elif out.new_token_ids and not first.done():
+                first.set_result(Prefilled(out.new_token_ids[0], out.num_cached_tokens))
 
-        def add(engine: Engine) -> int:
-            hit = engine.cache.match_prefix(plan.prompt_ids[:-1]).num_tokens
-            params = sampling_params(plan, max_tokens=1)
-            engine.add_request(plan.prompt_ids, params, plan.request_id, hold_kv=True)
-            return hit
-
+        params = sampling_params(plan, max_tokens=1)
         self.runner.subscribe(plan.request_id, on_output)
-        hit = await self.runner.call(add)
-        self.metrics.count_prompt(len(plan.prompt_ids), hit)
-        return await first
+        await self.runner.call(
+            lambda e: e.add_request(plan.prompt_ids, params, plan.request_id, hold_kv=True)
+        )
+        prefilled = await first
+        self.metrics.count_prompt(len(plan.prompt_ids), prefilled.cached_tokens)
+        return prefilled
 
     async def _prepare(self, plan: PipelinePlan, target: Target) -> tuple[Channel, int]:
         """Open the channel and learn (and have the receiver lock) the prefix it holds."""
@@ -140,7 +145,7 @@ class PrefillRole(RoleBase):
         return channel, hit
 
     async def _ship(
-        self, plan: PipelinePlan, target: Target, channel: Channel, hit: int, first_token: int
+        self, plan: PipelinePlan, target: Target, channel: Channel, hit: int, first: Prefilled
     ) -> None:
         rid, n = plan.request_id, len(plan.prompt_ids)
         key = request_key(rid)
@@ -153,7 +158,8 @@ class PrefillRole(RoleBase):
                     blob = await self.runner.call(lambda e: next(chunks))
                     await channel.send(MsgType.KV_CHUNK, key, blob)
                     counter.inc(min(chunk_tokens, n - start) * self._bytes_per_token)
-            await channel.send(MsgType.KV_DONE, key, encode_json({"first_token": first_token}))
+            done = {"first_token": first.first_token, "cached_tokens": first.cached_tokens}
+            await channel.send(MsgType.KV_DONE, key, encode_json(done))
             await expect_meta(channel, "imported")
         except Exception as exc:
             self.metrics.transfer_failures.labels(target.path).inc()

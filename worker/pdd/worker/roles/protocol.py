@@ -6,7 +6,8 @@ to send; its first frame is a META ``{"op": ...}`` naming the purpose:
 ``prepare`` (P -> RLD over the fast path, P -> MD over the WAN)
     META ``{op, plan}`` -> receiver attaches the request (locking the prefix it
     already holds) and answers META ``{op: "prepared", hit}``; P then streams
-    KV_CHUNK frames for ``[hit, n)`` and a KV_DONE ``{first_token}``; the
+    KV_CHUNK frames for ``[hit, n)`` and a KV_DONE ``{first_token,
+    cached_tokens}`` (cached_tokens: P's own prefix hit, for the stream); the
     receiver answers META ``{op: "imported", n}`` once all of it is in its pool.
 ``kv_complete`` (MD -> RLD over the WAN)
     META ``{op, request_id, have}`` -> RLD answers TOKEN_IDS for the output

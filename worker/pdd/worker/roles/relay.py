@@ -69,12 +69,15 @@ class RelayRole(RoleBase):
         self.live.add(rid)
         self.hub.get(rid).start()
         try:
-            first_token = await receive_kv(self, channel, plan, use_cache=True)
+            received = await receive_kv(self, channel, plan, use_cache=True)
         except KVReceiveError as exc:
             self.hub.fail(rid, 0, str(exc))
             self.live.discard(rid)
             return
-        session = DecodeSession(rid, self.hub, output=[first_token])
+        first_token = received.first_token
+        session = DecodeSession(
+            rid, self.hub, output=[first_token], cached_tokens=received.prefill_hit
+        )
         self.sessions[rid] = (plan, session)
         self._signal_arrival()
         self.runner.subscribe(rid, session.on_output)

@@ -7,6 +7,10 @@ decode that took over at position k starts at k (the relay streamed the rest);
 a relay that handed its tokens over stops at the handoff point (the main
 decode continues), and lifts the limit again if the handoff fails. So every
 position is streamed by exactly one instance, and the merge is exact.
+
+The prefix-cache facts the router reports and indexes ride along: the
+prefilling instance's hit on the seq-0 event, the main decode's own hit on the
+first event it streams (see ``TokenEvent``).
 """
 
 from __future__ import annotations
@@ -29,10 +33,18 @@ class DecodeSession:
     finished: bool = False
     finish_reason: str | None = None
     finish_sent: bool = False
+    cached_tokens: int | None = None  # the prefilling instance's hit, on the seq-0 event
+    md_hit_tokens: int | None = None  # this main decode's hit, on the first event it streams
+    md_hit_seq: int | None = None  # the position that carries it (again if re-sent as final)
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
     def on_output(self, out: RequestOutput) -> None:
         """Engine-runner subscriber: record the new tokens, stream what is ours."""
+        if out.error is not None:  # the engine gave up: end the stream with the error
+            self.finished = True
+            self.hub.fail(self.request_id, len(self.output), out.error)
+            self.done.set()
+            return
         self.output.extend(out.new_token_ids)
         if out.finished:
             self.finished = True
@@ -56,7 +68,11 @@ class DecodeSession:
         last = self.finished and seq == len(self.output) - 1
         self.finish_sent = self.finish_sent or last
         reason = self.finish_reason if last else None
-        self.hub.emit(self.request_id, seq, self.output[seq], last, reason)
+        if self.md_hit_seq is None:
+            self.md_hit_seq = seq
+        md_hit = self.md_hit_tokens if seq == self.md_hit_seq else None
+        cached = self.cached_tokens if seq == 0 else None
+        self.hub.emit(self.request_id, seq, self.output[seq], last, reason, cached, md_hit)
 
     def stop_at(self, position: int) -> None:
         """Stream up to ``position`` now, nothing after it (handed over to another instance)."""

@@ -95,7 +95,14 @@ class StreamHub:
         return stream
 
     def emit(
-        self, request_id: str, seq: int, token_id: int, finished: bool, reason: str | None
+        self,
+        request_id: str,
+        seq: int,
+        token_id: int,
+        finished: bool,
+        reason: str | None,
+        cached_tokens: int | None = None,
+        md_hit_tokens: int | None = None,
     ) -> None:
         event = TokenEvent(
             request_id=request_id,
@@ -104,6 +111,8 @@ class StreamHub:
             source=self.source,
             finished=finished,
             finish_reason=reason,
+            cached_tokens=cached_tokens,
+            md_hit_tokens=md_hit_tokens,
         )
         self.get(request_id).push(event)
 

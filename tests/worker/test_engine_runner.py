@@ -1,0 +1,47 @@
+"""The engine thread survives a failing step and fails exactly the requests it held."""
+
+import asyncio
+
+from pdd.worker.engine import Engine
+from pdd.worker.engine_runner import EngineRunner
+from pdd.worker.request import FinishReason, RequestOutput
+from pdd.worker.sampling import SamplingParams
+
+
+async def _collect(runner: EngineRunner, request_id: str, prompt: list[int]) -> RequestOutput:
+    """Submit a request and wait for its final output."""
+    done: asyncio.Future[RequestOutput] = asyncio.get_running_loop().create_future()
+
+    def on_output(out: RequestOutput) -> None:
+        if out.finished and not done.done():
+            done.set_result(out)
+
+    runner.subscribe(request_id, on_output)
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    await runner.call(lambda e: e.add_request(prompt, params, request_id))
+    return await asyncio.wait_for(done, timeout=60)
+
+
+async def test_failed_step_ends_its_requests_with_an_error_and_keeps_serving(
+    tiny, assert_no_leaks
+):
+    engine = Engine(tiny, num_blocks=64)
+    real_step, failures = engine.step, [RuntimeError("simulated kernel fault")]
+
+    def flaky_step():
+        if failures:
+            raise failures.pop()
+        return real_step()
+
+    engine.step = flaky_step
+    runner = EngineRunner(engine, asyncio.get_running_loop())
+    runner.start()
+    try:
+        failed = await _collect(runner, "doomed", [1, 2, 3, 4, 5])
+        assert failed.finish_reason is FinishReason.ABORT
+        assert failed.error is not None and "simulated kernel fault" in failed.error
+        ok = await _collect(runner, "after", [1, 2, 3, 4, 5])
+        assert ok.error is None
+    finally:
+        runner.stop()
+    assert_no_leaks(engine)
