@@ -1,0 +1,248 @@
+"""``pdd bench``: replay a trace against each mode's stack and report.
+
+    pdd bench --trace ../shared/traces/claude-code --modes mono,samedc,naive,pdd \\
+        --max-requests 300 --json results.json
+
+For each mode it brings a stack up (``pdd up``'s machinery, on a free port), replays
+the same synthesized workload through the router's OpenAI API, reads the stack's
+counters around the run, and stops the stack; ``--url`` replays against a stack
+already running instead (``--stack`` names its stack.json for the counters). Then it
+checks the greedy outputs are equal across modes and writes the table, CSV, JSON and
+PNG plots (see ``report`` and ``plots``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from pdd.local import plots, report
+from pdd.local.probes import Probes, WanSampler, delta
+from pdd.local.replay import Outcome, Replayer, ReplayTarget
+from pdd.local.stack import LocalStack, StackInfo, StackStartError
+from pdd.local.topology import MODES, TopologyError
+from pdd.local.traces import TraceFormatError, detect, load_trace
+from pdd.local.traces.base import Trace, ideal_hit_ratios
+from pdd.local.traces.synth import Job, Scaling, ScalingError, synthesize
+from pdd.local.up import add_stack_flags, say, stack_config
+from pdd.worker.local_cluster import free_port
+
+#: Synthesized tokens per trace block, by format: both land prompts at a few hundred
+#: tokens at the median, within the tiny model's 4096-token context.
+DEFAULT_TOKENS_PER_BLOCK = {"claude-code": 0.25, "mooncake": 16.0}
+#: Replay seconds per trace second, by format. Session traces are closed loop (the
+#: stack's answers pace them), so their think gaps shrink a hundredfold; arrival traces
+#: are open loop, and their recorded rate (about 3.4 requests/s) is kept.
+DEFAULT_TIME_SCALE = {"claude-code": 0.01, "mooncake": 1.0}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pdd bench", description=__doc__.splitlines()[0])
+    p.add_argument("--trace", type=Path, required=True, help="a trace file or folder")
+    p.add_argument("--format", choices=("claude-code", "mooncake"), help="default: detected")
+    p.add_argument("--modes", default="naive,pdd", help=f"comma-separated, of {','.join(MODES)}")
+    p.add_argument("--url", help="replay against this running router instead (one mode)")
+    p.add_argument("--stack", type=Path, help="stack.json of the --url stack, for its counters")
+    p.add_argument("--max-requests", type=int, help="first N requests (whole chains first)")
+    p.add_argument("--tokens-per-block", type=float, help="synthesized tokens per trace block")
+    p.add_argument("--output-scale", type=float, default=1 / 16)
+    p.add_argument("--max-output-tokens", type=int, default=128)
+    p.add_argument("--time-scale", type=float, help="replay s per trace s (default by format)")
+    p.add_argument("--session-gap-s", type=float, default=60.0, help="between session starts")
+    p.add_argument("--max-context-tokens", type=int, default=4096)
+    p.add_argument(
+        "--slo-ttft-s",
+        type=float,
+        default=report.Slo.ttft_s,
+        help="also the router's TTFT budget unless --ttft-budget-s",
+    )
+    p.add_argument("--slo-stall-s", type=float, default=report.Slo.stall_s)
+    p.add_argument("--request-timeout-s", type=float, default=300.0)
+    p.add_argument("--out-dir", type=Path, help="default bench-results/<trace name>")
+    p.add_argument("--json", type=Path, help="default <out-dir>/results.json")
+    p.add_argument("--csv", type=Path, help="default <out-dir>/results.csv")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--max-think-s", type=float, default=300.0, help="cap, in trace seconds")
+    add_stack_flags(p, None)
+    return p
+
+
+def build_scaling(args: argparse.Namespace, fmt: str) -> Scaling:
+    return Scaling(
+        tokens_per_block=args.tokens_per_block or DEFAULT_TOKENS_PER_BLOCK[fmt],
+        output_scale=args.output_scale,
+        max_output_tokens=args.max_output_tokens,
+        time_scale=args.time_scale if args.time_scale is not None else DEFAULT_TIME_SCALE[fmt],
+        max_think_s=args.max_think_s,
+        max_context_tokens=args.max_context_tokens,
+    )
+
+
+def parse_modes(args: argparse.Namespace) -> list[str]:
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise TopologyError(f"--modes {args.modes!r}: each must be one of {', '.join(MODES)}")
+    if args.url and len(modes) != 1:
+        raise TopologyError("--url replays one running stack: give exactly one --modes label")
+    return modes
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        modes = parse_modes(args)
+        fmt = args.format or detect(args.trace)
+        trace = load_trace(args.trace, fmt, args.session_gap_s).limit(args.max_requests)
+        scaling = build_scaling(args, fmt)
+    except (TraceFormatError, ScalingError, TopologyError) as exc:
+        say(f"pdd bench: {exc}")
+        return 2
+    out_dir = args.out_dir or Path("bench-results") / args.trace.name.split(".")[0]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    workload = synthesize(trace, scaling)
+    for line in (*trace.notes, scaling.describe(trace.block_size)):
+        say(line)
+    say(f"{len(workload)} requests, modes {', '.join(modes)}; results in {out_dir}")
+    slo = report.Slo(args.slo_ttft_s, args.slo_stall_s)
+    try:
+        runs = [_run_mode(args, mode, workload, out_dir) for mode in modes]
+    except StackStartError as exc:
+        say(f"pdd bench: {exc}")
+        return 1
+    document = _document(args, fmt, trace, scaling, runs, slo)
+    _write(args, out_dir, document, trace, runs)
+    print(report.table(list(document["modes"].values())))
+    return 0
+
+
+def _run_mode(args: argparse.Namespace, mode: str, workload: Trace[Job], out_dir: Path):
+    if args.url:
+        info = StackInfo.load(args.stack) if args.stack else None
+        probes = info.probes if info else Probes(router_url=args.url.removesuffix("/v1"))
+        model = info.model if info else Path(args.model).name
+        target = ReplayTarget(args.url, model, args.request_timeout_s)
+        return asyncio.run(measure(mode, workload, target, probes, not args.no_progress))
+    log_dir = (args.log_dir or out_dir / "logs") / mode
+    say(f"== {mode}: bringing the stack up")
+    config = stack_config(args, mode, free_port(), log_dir)
+    if config.ttft_budget_s is None:  # the router keeps P-MD while MD meets the SLO
+        config = replace(config, ttft_budget_s=args.slo_ttft_s)
+    stack = LocalStack.start(config, say)
+    try:
+        target = ReplayTarget(stack.info.base_url, stack.info.model, args.request_timeout_s)
+        run = asyncio.run(measure(mode, workload, target, stack.info.probes, not args.no_progress))
+        for death in stack.supervisor.deaths():
+            say(f"pdd bench: during {mode}: {death.describe()}")
+        return run
+    finally:
+        stack.stop()
+
+
+async def measure(
+    mode: str, workload: Trace[Job], target: ReplayTarget, probes: Probes, progress: bool
+) -> report.ModeRun:
+    """Replay ``workload`` once against ``target``; counters are read before and after."""
+    bar = _progress_bar(mode, len(workload), progress)
+    errors = 0
+
+    def on_outcome(o: Outcome) -> None:
+        nonlocal errors
+        errors += o.error is not None
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(errors=errors, refresh=False)
+
+    async with httpx.AsyncClient(timeout=30.0) as client:
+        router0, workers0 = await probes.metrics(client)
+        wan0 = await probes.wan_bytes(client)
+        sampler, stop = WanSampler(probes), asyncio.Event()
+        sampling = asyncio.create_task(sampler.run(client, stop))
+        t0 = time.monotonic()
+        outcomes = await Replayer(target, on_outcome).run(workload)
+        wall = time.monotonic() - t0
+        stop.set()
+        await sampling
+        router1, workers1 = await probes.metrics(client)
+        wan1 = await probes.wan_bytes(client)
+    if bar is not None:
+        bar.close()
+    return report.ModeRun(
+        mode=mode,
+        outcomes=outcomes,
+        wall_s=wall,
+        wan_bytes=None if wan0 is None or wan1 is None else wan1 - wan0,
+        router=delta(router0, router1),
+        workers=delta(workers0, workers1),
+        wan_series=sampler.series,
+    )
+
+
+def _progress_bar(mode: str, total: int, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=mode, unit="req", file=sys.stderr)
+
+
+def _document(
+    args: argparse.Namespace,
+    fmt: str,
+    trace: Trace,
+    scaling: Scaling,
+    runs: list[report.ModeRun],
+    slo: report.Slo,
+) -> dict[str, Any]:
+    mismatched = report.compare_outputs(runs)
+    summaries = {}
+    for run in runs:
+        summary = report.summarize(run, slo)
+        summary["mismatches"] = len(mismatched.get(run.mode, []))
+        summaries[run.mode] = summary
+    return {
+        "trace": str(args.trace),
+        "format": fmt,
+        "notes": list(trace.notes),
+        "scaling": scaling.describe(trace.block_size),
+        "scaling_params": asdict(scaling),
+        "link": {"gbps": args.wan_gbps, "rtt_ms": args.wan_rtt_ms, "jitter_ms": args.wan_jitter_ms},
+        "slo": asdict(slo),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "python": platform.python_version(),
+        },
+        "reference_mode": runs[0].mode if runs else None,
+        "mismatch_examples": {m: keys[:10] for m, keys in mismatched.items() if keys},
+        "modes": summaries,
+    }
+
+
+def _write(
+    args: argparse.Namespace,
+    out_dir: Path,
+    document: dict[str, Any],
+    trace: Trace,
+    runs: list[report.ModeRun],
+) -> None:
+    json_path = args.json or out_dir / "results.json"
+    csv_path = args.csv or out_dir / "results.csv"
+    report.write_json(document, json_path)
+    report.write_csv(list(document["modes"].values()), csv_path)
+    report.write_requests_csv(runs, out_dir / "requests.csv")
+    written = [json_path, csv_path, out_dir / "requests.csv"]
+    if not args.no_plots:
+        written += plots.write_all(ideal_hit_ratios(trace), runs, out_dir)
+    say("wrote " + ", ".join(str(p) for p in written))

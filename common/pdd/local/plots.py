@@ -1,0 +1,91 @@
+"""PNG plots for people: TTFT CDF per mode, per-request hit ratios, WAN throughput.
+
+matplotlib is imported inside each function (with the Agg backend) so the bench
+module stays importable where matplotlib is not installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pdd.local.probes import throughput_mbps
+from pdd.local.report import ModeRun
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def ttft_cdf(runs: Sequence[ModeRun], path: Path) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for run in runs:
+        ttft = sorted(o.ttft_s for o in run.outcomes if o.ok and o.ttft_s is not None)
+        if ttft:
+            ax.step(ttft, [(i + 1) / len(ttft) for i in range(len(ttft))], label=run.mode)
+    ax.set_xscale("log")
+    ax.set_xlabel("time to first token (s)")
+    ax.set_ylabel("share of requests")
+    ax.set_title("TTFT CDF per mode")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def hit_histogram(ideal: Mapping[str, float], runs: Sequence[ModeRun], path: Path) -> None:
+    """The trace's per-request prefix hit (infinite cache) beside the router's per-request
+    estimate of what the serving instance held (usage.cached_tokens / prompt tokens)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    bins = [i / 20 for i in range(21)]
+    series = {"trace (infinite cache)": list(ideal.values())}
+    for run in runs:
+        series[run.mode] = [
+            o.cached_tokens / o.prompt_tokens
+            for o in run.outcomes
+            if o.ok and o.cached_tokens is not None and o.prompt_tokens
+        ]
+    for label, values in series.items():
+        if values:
+            ax.hist(values, bins=bins, histtype="step", label=label, density=True)
+    ax.set_xlabel("per-request prefix hit ratio")
+    ax.set_ylabel("density")
+    ax.set_title("Prefix hit ratio per request")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def wan_throughput(runs: Sequence[ModeRun], path: Path) -> None:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for run in runs:
+        points = throughput_mbps(run.wan_series)
+        if points:
+            ax.plot([t for t, _ in points], [v for _, v in points], label=run.mode)
+    ax.set_xlabel("time since replay start (s)")
+    ax.set_ylabel("WAN throughput (Mbit/s)")
+    ax.set_title("WAN link throughput over time")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_all(ideal: Mapping[str, float], runs: Sequence[ModeRun], out_dir: Path) -> list[Path]:
+    paths = [out_dir / "ttft_cdf.png", out_dir / "hit_ratio.png", out_dir / "wan_throughput.png"]
+    ttft_cdf(runs, paths[0])
+    hit_histogram(ideal, runs, paths[1])
+    wan_throughput(runs, paths[2])
+    return paths

@@ -1,0 +1,194 @@
+"""Per-mode figures from a replay, the cross-mode token check, and the outputs:
+a table for the terminal, CSV and JSON for machines.
+
+Latencies are client-side (what ``replay`` measured); WAN bytes come from the link
+emulators' counters; pipeline shares, the relay's token share and the P/MD hit
+ratios from the router's and workers' Prometheus counters (differences over the run).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pdd.local.probes import Samples, by_label, total
+from pdd.local.replay import Outcome
+
+
+@dataclass(frozen=True)
+class Slo:
+    """A request meets the SLO when its first token and its longest pause are in bounds.
+
+    Defaults are for the scaled replay on the tiny model (a colocated stack answers in
+    tens of ms here), not the seconds a production SLO would name."""
+
+    ttft_s: float = 0.5
+    stall_s: float = 0.5
+
+    def met(self, o: Outcome) -> bool:
+        stall = max(o.gaps, default=0.0)
+        return o.ok and o.ttft_s is not None and o.ttft_s <= self.ttft_s and stall <= self.stall_s
+
+
+@dataclass
+class ModeRun:
+    """Everything measured for one mode."""
+
+    mode: str
+    outcomes: list[Outcome]
+    wall_s: float
+    wan_bytes: int | None = None
+    router: Samples = field(default_factory=dict)  # counter differences over the run
+    workers: Samples = field(default_factory=dict)
+    wan_series: list[tuple[float, int]] = field(default_factory=list)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def hit_ratio(workers: Samples, role: str) -> float | None:
+    hit = total(workers, "pdd_prefix_hit_tokens_total", role=role)
+    return _ratio(hit, total(workers, "pdd_prompt_tokens_total", role=role))
+
+
+def summarize(run: ModeRun, slo: Slo) -> dict[str, Any]:
+    done = [o for o in run.outcomes if o.ok]
+    ttft = [o.ttft_s for o in done if o.ttft_s is not None]
+    gaps = [g for o in done for g in o.gaps]
+    stalls = [max(o.gaps, default=0.0) for o in done]
+    e2e = [o.e2e_s for o in done if o.e2e_s is not None]
+    pipelines = by_label(run.router, "pdd_router_requests_total", "pipeline")
+    tokens = by_label(run.router, "pdd_router_output_tokens_total", "source_role")
+    p_role, md_role = ("mono", "mono") if run.mode == "mono" else ("prefill", "main")
+    met = sum(slo.met(o) for o in run.outcomes)
+    return {
+        "mode": run.mode,
+        "requests": len(run.outcomes),
+        "completed": len(done),
+        "errors": sum(o.error is not None for o in run.outcomes),
+        "skipped": sum(o.skipped for o in run.outcomes),
+        "mismatches": 0,  # filled in by compare_outputs
+        "ttft_p50": percentile(ttft, 50),
+        "ttft_p90": percentile(ttft, 90),
+        "ttft_p99": percentile(ttft, 99),
+        "itl_p50": percentile(gaps, 50),
+        "itl_p99": percentile(gaps, 99),
+        "stall_max": max(stalls, default=None),
+        "e2e_p50": percentile(e2e, 50),
+        "e2e_p99": percentile(e2e, 99),
+        "wall_s": run.wall_s,
+        "slo_attainment": _ratio(met, len(run.outcomes) - sum(o.skipped for o in run.outcomes)),
+        "goodput_rps": met / run.wall_s if run.wall_s > 0 else None,
+        "wan_bytes": run.wan_bytes,
+        "wan_gb": run.wan_bytes / 1e9 if run.wan_bytes is not None else None,
+        "kv_wan_bytes_reported": total(run.workers, "pdd_wan_bytes_total"),
+        "handoff_bytes": total(run.workers, "pdd_handoff_bytes_total"),
+        "pipeline_share": {k: v / sum(pipelines.values()) for k, v in pipelines.items() if v},
+        "rld_token_share": _ratio(tokens.get("relay", 0.0), sum(tokens.values())),
+        "p_hit_ratio": hit_ratio(run.workers, p_role),
+        "md_hit_ratio": hit_ratio(run.workers, md_role),
+    }
+
+
+def compare_outputs(runs: Sequence[ModeRun]) -> dict[str, list[str]]:
+    """Per mode: keys of requests whose greedy output differs from the first mode's.
+
+    Only requests completed in both are compared (an error is counted as an error,
+    not also as a mismatch)."""
+    if not runs:
+        return {}
+    reference = {o.key: o.text for o in runs[0].outcomes if o.ok}
+    return {run.mode: _differing(run, reference) for run in runs}
+
+
+def _differing(run: ModeRun, reference: dict[str, str]) -> list[str]:
+    return sorted(
+        o.key for o in run.outcomes if o.ok and o.key in reference and o.text != reference[o.key]
+    )
+
+
+# -- outputs -----------------------------------------------------------------------------
+
+_TABLE_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("requests", "requests", "d"),
+    ("errors", "errors", "d"),
+    ("skipped", "skipped (too long)", "d"),
+    ("mismatches", "token mismatches", "d"),
+    ("ttft_p50", "TTFT p50 (s)", ".3f"),
+    ("ttft_p90", "TTFT p90 (s)", ".3f"),
+    ("ttft_p99", "TTFT p99 (s)", ".3f"),
+    ("itl_p50", "ITL p50 (s)", ".4f"),
+    ("itl_p99", "ITL p99 (s)", ".4f"),
+    ("stall_max", "largest stall (s)", ".3f"),
+    ("e2e_p50", "end-to-end p50 (s)", ".3f"),
+    ("e2e_p99", "end-to-end p99 (s)", ".3f"),
+    ("slo_attainment", "within SLO (share)", ".3f"),
+    ("goodput_rps", "goodput (req/s in SLO)", ".3f"),
+    ("wan_gb", "WAN GB", ".4f"),
+    ("rld_token_share", "tokens from RLD", ".3f"),
+    ("p_hit_ratio", "P hit ratio", ".3f"),
+    ("md_hit_ratio", "MD hit ratio", ".3f"),
+)
+
+
+def _cell(value: Any, fmt: str) -> str:
+    if value is None:
+        return "-"
+    return format(value, fmt)
+
+
+def _pipelines(summary: dict[str, Any]) -> str:
+    share = summary["pipeline_share"]
+    return " ".join(f"{k}:{v:.2f}" for k, v in sorted(share.items())) or "-"
+
+
+def table(summaries: Sequence[dict[str, Any]]) -> str:
+    """A Markdown table: one column per mode, one row per figure."""
+    modes = [s["mode"] for s in summaries]
+    lines = ["| | " + " | ".join(modes) + " |", "|---" * (len(modes) + 1) + "|"]
+    for key, label, fmt in _TABLE_ROWS:
+        lines.append(f"| {label} | " + " | ".join(_cell(s[key], fmt) for s in summaries) + " |")
+    lines.append("| pipelines (share) | " + " | ".join(_pipelines(s) for s in summaries) + " |")
+    return "\n".join(lines)
+
+
+def write_csv(summaries: Sequence[dict[str, Any]], path: Path) -> None:
+    rows = [{**s, "pipeline_share": json.dumps(s["pipeline_share"])} for s in summaries]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_json(document: dict[str, Any], path: Path) -> None:
+    path.write_text(json.dumps(document, indent=2))
+
+
+def write_requests_csv(runs: Sequence[ModeRun], path: Path) -> None:
+    """One row per request and mode, for digging past the summary."""
+    fields = ["mode", "key", "sent_at", "prompt_tokens", "max_tokens", "completion_tokens",
+              "cached_tokens", "ttft_s", "e2e_s", "stall_s", "skipped", "error"]  # fmt: skip
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(fields)
+        for run in runs:
+            for o in run.outcomes:
+                stall = max(o.gaps, default=None)
+                writer.writerow([run.mode, o.key, f"{o.sent_at:.4f}", o.prompt_tokens,
+                                 o.max_tokens, o.completion_tokens, o.cached_tokens, o.ttft_s,
+                                 o.e2e_s, stall, o.skipped, o.error])  # fmt: skip

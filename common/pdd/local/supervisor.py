@@ -1,0 +1,90 @@
+"""Child processes of ``pdd up``: watched while they run, all stopped on the way out.
+
+A child that exits on its own is a fault the user must hear about (with the tail of
+its log), never a silent gap. ``stop`` sends SIGTERM to every child still alive,
+waits, and SIGKILLs stragglers, so nothing outlives the supervisor.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen
+    log: Path
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass(frozen=True)
+class Death:
+    child: Child
+    returncode: int
+
+    def describe(self) -> str:
+        return (
+            f"{self.child.name} (pid {self.child.proc.pid}) exited with code {self.returncode}; "
+            f"log {self.child.log}:\n{self.child.log_tail()}"
+        )
+
+
+def spawn_pdd(argv: Sequence[str], log: Path, env: Mapping[str, str]) -> subprocess.Popen:
+    """``pdd <argv>`` in this interpreter, stdout and stderr into ``log``."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "pdd.cli", *argv],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+        )
+
+
+@dataclass
+class Supervisor:
+    children: list[Child] = field(default_factory=list)
+    _reported: set[int] = field(default_factory=set)
+
+    def add(self, name: str, proc: subprocess.Popen, log: Path) -> Child:
+        child = Child(name, proc, log)
+        self.children.append(child)
+        return child
+
+    def deaths(self) -> list[Death]:
+        """Children that exited since the last call (each reported once)."""
+        found = []
+        for child in self.children:
+            code = child.proc.poll()
+            if code is not None and child.proc.pid not in self._reported:
+                self._reported.add(child.proc.pid)
+                found.append(Death(child, code))
+        return found
+
+    def pids(self) -> dict[str, int]:
+        return {c.name: c.proc.pid for c in self.children}
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM everyone alive, wait up to ``grace_s`` in all, then SIGKILL the rest."""
+        alive = [c.proc for c in self.children if c.proc.poll() is None]
+        for proc in alive:
+            proc.terminate()
+        deadline = time.monotonic() + grace_s
+        for proc in alive:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -1,0 +1,126 @@
+"""``pdd up``: the whole pipeline on this machine, until Ctrl-C.
+
+    pdd up --model tiny --mode pdd --port 8080
+
+Starts the workers of the chosen mode and the WAN link emulators in front of the
+cluster-B side (see ``topology``), then the router, each health-gated with progress
+on the terminal; prints the OpenAI base URL and a curl to paste. A child that exits
+is reported with its log's tail (and, unless ``--keep-going``, stops the stack).
+SIGINT or SIGTERM stops every child and returns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from pdd.local.stack import LocalStack, StackStartError
+from pdd.local.topology import MODES, Counts, StackConfig, TopologyError
+from pdd.worker.local_cluster import LinkSpec
+
+
+def add_stack_flags(p: argparse.ArgumentParser, default_log_dir: Path | None) -> None:
+    """Flags shared by ``pdd up`` and ``pdd bench`` (which brings stacks up itself)."""
+    d = StackConfig()
+    p.add_argument("--model", default=d.model, help='"tiny" (built in) or a checkpoint directory')
+    p.add_argument("--host", default=d.host)
+    for role in ("prefill", "relay", "main", "mono"):
+        p.add_argument(f"--{role}", type=int, default=1, metavar="N", help=f"{role} workers")
+    p.add_argument("--wan-gbps", type=float, default=d.link.gbps, help="WAN line rate, Gbit/s")
+    p.add_argument("--wan-rtt-ms", type=float, default=d.link.rtt_ms, help="WAN round trip")
+    p.add_argument("--wan-jitter-ms", type=float, default=d.link.jitter_ms, help="WAN jitter")
+    p.add_argument("--redis", help="redis://HOST:PORT/DB for the router (default: embedded)")
+    p.add_argument("--ttft-budget-s", type=float, help="the router's TTFT budget for P-MD")
+    p.add_argument("--log-dir", type=Path, default=default_log_dir)
+    p.add_argument("--ready-timeout-s", type=float, default=d.ready_timeout_s)
+    p.add_argument(
+        "--worker-arg", action="append", default=[], metavar="ARG",
+        help="extra argument for every worker, e.g. --worker-arg=--kv-budget-mb=64",
+    )  # fmt: skip
+    p.add_argument("--router-arg", action="append", default=[], metavar="ARG")
+
+
+def stack_config(args: argparse.Namespace, mode: str, port: int, log_dir: Path) -> StackConfig:
+    return StackConfig(
+        mode=mode,  # type: ignore[arg-type]
+        model=args.model,
+        host=args.host,
+        port=port,
+        counts=Counts(args.prefill, args.relay, args.main, args.mono),
+        link=LinkSpec(gbps=args.wan_gbps, rtt_ms=args.wan_rtt_ms, jitter_ms=args.wan_jitter_ms),
+        redis_url=args.redis,
+        log_dir=log_dir,
+        worker_args=tuple(args.worker_arg),
+        router_args=tuple(args.router_arg),
+        ready_timeout_s=args.ready_timeout_s,
+        ttft_budget_s=args.ttft_budget_s,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pdd up", description=__doc__.splitlines()[0])
+    p.add_argument("--mode", choices=MODES, default="pdd", help="what runs (baselines too)")
+    p.add_argument("--port", type=int, default=8080, help="the router's (OpenAI API) port")
+    p.add_argument("--keep-going", action="store_true", help="report a dead child, keep serving")
+    add_stack_flags(p, Path("pdd-logs"))
+    return p
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def curl_example(base_url: str, model: str) -> str:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Hello!"}],
+        "max_tokens": 32,
+        "stream": True,
+    }
+    return (
+        f"curl -N {base_url}/chat/completions -H 'Content-Type: application/json' "
+        f"-d '{json.dumps(body)}'"
+    )
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    stack = None
+    try:
+        config = stack_config(args, args.mode, args.port, args.log_dir)
+        stack = LocalStack.start(config, say)
+        print(f"PDD ({args.mode}) is up. OpenAI base URL: {stack.info.base_url}", flush=True)
+        print(curl_example(stack.info.base_url, stack.info.model), flush=True)
+        say("Ctrl-C stops everything.")
+        return _watch(stack, args.keep_going)
+    except (TopologyError, StackStartError) as exc:
+        say(f"pdd up: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        say("stopping ...")
+        return 0
+    finally:
+        if stack is not None:
+            stack.stop()
+            say("stopped; no child process left")
+
+
+def _watch(stack: LocalStack, keep_going: bool) -> int:
+    while True:
+        deaths = stack.supervisor.deaths()
+        for death in deaths:
+            say(f"pdd up: {death.describe()}")
+        if deaths and not keep_going:
+            say("pdd up: stopping the stack because a component died (see --keep-going)")
+            return 1
+        time.sleep(0.5)

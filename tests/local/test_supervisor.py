@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pdd.local.supervisor import Supervisor
+
+
+def python(code: str, log: Path) -> subprocess.Popen:
+    with log.open("wb") as out:
+        return subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=subprocess.STDOUT)
+
+
+def wait_exit(proc: subprocess.Popen) -> None:
+    proc.wait(timeout=30)
+
+
+def test_a_dead_child_is_reported_once_with_its_log(tmp_path: Path) -> None:
+    sup = Supervisor()
+    dying = sup.add("md0", python("print('cuda? no'); raise SystemExit(3)", tmp_path / "a"),
+                    tmp_path / "a")  # fmt: skip
+    sup.add("p0", python("import time; time.sleep(60)", tmp_path / "b"), tmp_path / "b")
+    wait_exit(dying.proc)
+    (death,) = sup.deaths()
+    assert death.child.name == "md0" and death.returncode == 3
+    assert "cuda? no" in death.describe() and "code 3" in death.describe()
+    assert sup.deaths() == []
+    sup.stop()
+    assert all(c.proc.poll() is not None for c in sup.children)
+
+
+def test_stop_kills_a_child_that_ignores_sigterm(tmp_path: Path) -> None:
+    code = (
+        "import signal, time, sys\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('armed', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    sup = Supervisor()
+    child = sup.add("stubborn", python(code, tmp_path / "s"), tmp_path / "s")
+    deadline = time.monotonic() + 30
+    while "armed" not in child.log_tail() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sup.stop(grace_s=0.5)
+    assert child.proc.returncode == -9

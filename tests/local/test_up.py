@@ -1,0 +1,130 @@
+"""``pdd up`` for real: child processes, the OpenAI client, a bench smoke run, Ctrl-C.
+
+One stack (pdd mode: router, P, RLD, MD, two WAN link emulators) serves the module;
+the last test stops it with SIGINT and checks nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from pdd.local import bench
+from pdd.local.stack import StackInfo
+
+READY_TIMEOUT_S = 240
+
+
+@dataclass
+class Up:
+    proc: subprocess.Popen
+    output: Path
+    info: StackInfo
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def process_group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def wait_ready(proc: subprocess.Popen, output: Path, log_dir: Path) -> StackInfo:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while "base URL" not in output.read_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"pdd up did not come up (rc {proc.poll()}):\n{output.read_text()}")
+        time.sleep(0.2)
+    return StackInfo.load(log_dir / "stack.json")
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    tmp = tmp_path_factory.mktemp("up")
+    output = tmp / "pdd-up.out"
+    argv = [sys.executable, "-m", "pdd.cli", "up", "--mode", "pdd", "--port", str(free_port()),
+            "--log-dir", str(tmp / "logs"), "--worker-arg=--kv-budget-mb=32"]  # fmt: skip
+    with output.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield Up(proc, output, wait_ready(proc, output, tmp / "logs"))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_openai_client_streams_a_chat_completion(up: Up) -> None:
+    client = openai.OpenAI(
+        base_url=up.info.base_url, api_key="unused", max_retries=0, timeout=120.0
+    )
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    stream = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Hello from the test"}],
+        max_tokens=8,
+        temperature=0.0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "length"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
+
+
+def test_bench_replays_three_requests_against_the_running_stack(
+    up: Up, session_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "bench.json"
+    argv = ["--trace", str(session_dir), "--url", up.info.base_url, "--modes", "pdd",
+            "--stack", str(Path(up.info.log_dir) / "stack.json"), "--max-requests", "3",
+            "--tokens-per-block", "16", "--json", str(out), "--out-dir", str(tmp_path),
+            "--no-plots", "--no-progress"]  # fmt: skip
+    assert bench.main(argv) == 0
+    result = json.loads(out.read_text())["modes"]["pdd"]
+    assert (result["requests"], result["errors"], result["mismatches"]) == (3, 0, 0)
+    for key in ("ttft_p50", "ttft_p90", "ttft_p99"):
+        assert result[key] > 0
+    assert result["wan_bytes"] > 0  # KV crossed the emulated link
+    assert sum(result["pipeline_share"].values()) == pytest.approx(1.0)
+
+
+def test_sigint_stops_every_child(up: Up) -> None:
+    pids = list(up.info.pids.values())
+    assert len(pids) == 6  # router, p0, rld0, md0, and the two links
+    up.proc.send_signal(signal.SIGINT)
+    assert up.proc.wait(timeout=60) == 0
+    assert "stopped" in up.output.read_text()
+    assert [p for p in pids if Path(f"/proc/{p}").exists()] == []
+    assert process_group_members(up.proc.pid) == []
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{up.info.router_url}/health", timeout=2.0)
