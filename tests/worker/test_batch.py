@@ -108,3 +108,18 @@ def test_tensors_land_on_the_requested_device() -> None:
     b = ForwardBatch.build([SeqInput([1, 2], 1, [3])], BS, torch.device("cpu"))
     mask = b.groups[0].attn_mask
     assert {t.device.type for t in (b.input_ids, b.slot_mapping, mask)} == {"cpu"}
+
+
+def test_long_decodes_over_consecutive_blocks_attend_over_cache_spans(monkeypatch) -> None:
+    monkeypatch.setattr(batch_module, "SPAN_MIN_KEYS", 4)
+    runs = [SeqInput([1], 5, [3, 4, 9]), SeqInput([2], 8, [6, 7, 8])]  # 9: unused (6 keys)
+    (g,) = ForwardBatch.build(runs, BS, "cpu").groups
+    assert g.kv_spans == ((12, 6), (24, 9))  # (first slot, keys) per sequence
+    assert g.block_tables is None and g.attn_mask is None
+    scattered = [runs[0], SeqInput([2], 8, [6, 8, 7])]
+    (g,) = ForwardBatch.build(scattered, BS, "cpu").groups
+    assert g.kv_spans is None and g.block_tables is not None  # one copy-free call is not enough
+    accelerator = ForwardBatch.build(runs, BS, "meta").groups[0]  # a launch per sequence: no
+    assert accelerator.kv_spans is None and accelerator.block_tables is not None
+    monkeypatch.setattr(batch_module, "SPAN_MIN_KEYS", 8)  # mean keys 7.5: too short
+    assert ForwardBatch.build(runs, BS, "cpu").groups[0].kv_spans is None

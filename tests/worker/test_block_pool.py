@@ -82,17 +82,20 @@ def test_bad_sizes_raise() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["alloc", "incref", "free"]), st.integers(0, 5))))
+@given(st.lists(st.tuples(st.sampled_from(["alloc", "grow", "incref", "free"]), st.integers(0, 5))))
 def test_random_alloc_incref_free_matches_a_count_model(ops: list[tuple[str, int]]) -> None:
     pool = BlockPool(10)
     held: list[int] = []  # one entry per reference the test holds
     for op, n in ops:
-        if op == "alloc":
+        if op in ("alloc", "grow"):
+            after = held[-1] if op == "grow" and held else None
             if n > pool.num_free:
                 with pytest.raises(OutOfBlocksError):
-                    pool.allocate(n)
+                    pool.allocate(n, after=after)
             else:
-                held += pool.allocate(n)
+                new = pool.allocate(n, after=after)
+                assert len(set(new)) == n and not set(new) & set(held)
+                held += new
         elif op == "incref" and held:
             pool.incref(held[:n])
             held += held[:n]
@@ -104,3 +107,32 @@ def test_random_alloc_incref_free_matches_a_count_model(ops: list[tuple[str, int
         assert all(pool.refcount(b) == held.count(b) for b in set(held))
     pool.free(held)
     assert pool.num_free == pool.num_total
+
+
+def test_growing_sequences_stay_contiguous_runs() -> None:
+    pool = BlockPool(64)
+    tables = [pool.allocate(3) for _ in range(4)]
+    for _ in range(5):  # interleaved growth, as decodes of a batch cross block boundaries
+        for table in tables:
+            table += pool.allocate(1, after=table[-1])
+    for table in tables:
+        assert table == list(range(table[0], table[0] + 8))
+    pool.check_integrity()
+
+
+def test_growth_past_a_used_block_falls_back_to_any_free_block() -> None:
+    pool = BlockPool(4)
+    first = pool.allocate(4)
+    pool.free([first[0], first[2]])
+    grown = pool.allocate(2, after=first[3])  # nothing free after the last block
+    assert sorted(grown) == [first[0], first[2]]
+    assert pool.num_free == 0
+    pool.check_integrity()
+
+
+def test_allocation_scatters_when_no_free_run_is_long_enough() -> None:
+    pool = BlockPool(6)
+    blocks = pool.allocate(6)
+    pool.free(blocks[::2])
+    assert sorted(pool.allocate(3)) == sorted(blocks[::2])
+    pool.check_integrity()

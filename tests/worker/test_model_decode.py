@@ -60,3 +60,13 @@ def test_batched_decode_matches_one_by_one(loaded, group_overhead, monkeypatch) 
     batched, single = decode_greedy(loaded, batched=True), decode_greedy(loaded, batched=False)
     for seq_b, seq_s in zip(batched, single, strict=True):
         torch.testing.assert_close(torch.stack(seq_b), torch.stack(seq_s), atol=1e-4, rtol=0)
+
+
+def test_decode_over_cache_views_matches_gathered_decode(loaded, monkeypatch) -> None:
+    """The copy-free path (consecutive blocks, long keys) against gathering the same KV."""
+    monkeypatch.setattr(batch_module, "SPAN_MIN_KEYS", 0)
+    views = decode_greedy(loaded, batched=True)
+    monkeypatch.setattr(batch_module, "SPAN_MIN_KEYS", 10**9)
+    gathered = decode_greedy(loaded, batched=True)
+    for seq_v, seq_g in zip(views, gathered, strict=True):
+        torch.testing.assert_close(torch.stack(seq_v), torch.stack(seq_g), atol=1e-4, rtol=0)

@@ -22,6 +22,11 @@ import torch
 # What one more attention call costs, in padded (query + 1) x key units (see _group_order):
 # its fixed per-call overhead on the CPU is about that of gathering and attending ~2k keys.
 GROUP_OVERHEAD = 2048
+# A decode group attends sequence by sequence over views of the cache (no gather copy)
+# when its sequences average at least this many keys: below it, one padded call over a
+# gathered copy is cheaper than a call per sequence (measured on the CPU, tiny preset).
+# CPU only: on an accelerator a launch per sequence costs more than the copy.
+SPAN_MIN_KEYS = 192
 
 
 class InvalidBatchError(ValueError):
@@ -54,6 +59,10 @@ class AttentionGroup:
     ``block_tables``. ``attn_mask`` (True = visible) hides padding and the future; it
     is None where every key is visible (decodes of one length) or where plain causal
     attention is exact (fresh prefills of one length).
+
+    ``kv_spans`` replaces gathering for decode groups whose sequences each hold one
+    contiguous run of blocks: per sequence (first cache slot, key count), so attention
+    reads the cache through views, one unpadded call per sequence.
     """
 
     start: int
@@ -64,6 +73,7 @@ class AttentionGroup:
     query_index: torch.Tensor | None  # [end - start] long into [num_seqs * max_q]; None: unpadded
     block_tables: torch.Tensor | None  # [num_seqs, blocks] long, padded with block 0
     attn_mask: torch.Tensor | None  # [num_seqs, 1, max_q, key_len] bool
+    kv_spans: tuple[tuple[int, int], ...] | None = None
 
     @property
     def is_causal(self) -> bool:
@@ -127,7 +137,8 @@ class ForwardBatch:
             caller_seq = torch.tensor(order)[seq_of_token[logits_indices]]
             logits_indices = logits_indices[torch.argsort(caller_seq, stable=True)]
 
-        layout = _Layout(q_lens, starts, kv_lens, first_token.tolist(), block_size)
+        block_tables = [s.block_table for s in seqs]
+        layout = _Layout(q_lens, starts, kv_lens, first_token.tolist(), block_size, block_tables)
         groups = tuple(
             _attention_group(layout, a, b, tables, seq_of_token, offset_in_seq, device)
             for a, b in bounds
@@ -155,6 +166,7 @@ class _Layout:
     kv_lens: list[int]
     first_token: list[int]
     block_size: int
+    block_tables: list[Sequence[int]]
 
 
 def _group_order(seqs: Sequence[SeqInput]) -> tuple[list[int], list[tuple[int, int]]]:
@@ -210,13 +222,15 @@ def _attention_group(
     query_index = None
     if end - start != (b - a) * max_q:
         query_index = (seq_of_token[start:end] - a) * max_q + offset_in_seq[start:end]
+    on_cpu = torch.device(device).type == "cpu"
+    spans = _kv_spans(layout, a, b) if max_q == 1 and cached and on_cpu else None
     all_visible = max_q == 1 and min(kv_lens) == key_len
     plain_causal = not cached and query_index is None
     mask = None
-    if not (all_visible or plain_causal):
+    if not (all_visible or plain_causal or spans):
         mask = _attention_mask(torch.tensor(starts), torch.tensor(kv_lens), max_q, key_len)
     block_tables = None
-    if cached:
+    if cached and not spans:
         block_tables = tables[a:b, : -(-key_len // layout.block_size)]
     return AttentionGroup(
         start=start,
@@ -227,7 +241,33 @@ def _attention_group(
         query_index=None if query_index is None else query_index.to(device),
         block_tables=None if block_tables is None else block_tables.to(device),
         attn_mask=None if mask is None else mask.to(device),
+        kv_spans=spans,
     )
+
+
+def _kv_spans(layout: _Layout, a: int, b: int) -> tuple[tuple[int, int], ...] | None:
+    """(first slot, key count) per sequence of [a, b) when attending over views pays.
+
+    That needs every sequence's used blocks to be one run of consecutive ids (the pool
+    places them so) and keys long enough to outweigh a call per sequence.
+    """
+    kv_lens, bs = layout.kv_lens[a:b], layout.block_size
+    if sum(kv_lens) < SPAN_MIN_KEYS * (b - a):
+        return None
+    spans = []
+    for table, n in zip(layout.block_tables[a:b], kv_lens, strict=True):
+        if not _is_run(table, -(-n // bs)):
+            return None
+        spans.append((table[0] * bs, n))
+    return tuple(spans)
+
+
+def _is_run(table: Sequence[int], used: int) -> bool:
+    """The first ``used`` blocks are consecutive ids (the last one checked first: cheap)."""
+    first = table[0]
+    return table[used - 1] == first + used - 1 and list(table[:used]) == [
+        *range(first, first + used)
+    ]
 
 
 def _validate(seqs: Sequence[SeqInput], block_size: int) -> None:

@@ -7,6 +7,12 @@ one for every block it adopted, so a block returns to the free list only when it
 last holder lets go. Running out of blocks is a normal state (the scheduler makes
 the request wait, evicts from the prefix cache, or preempts), never a crash, so it
 is a typed error that says what was asked and what was left.
+
+Blocks are placed so that a sequence's table tends to be one contiguous run of ids:
+a growing sequence takes the blocks right after its last one when they are free, and
+a new one starts in the middle of the largest free run, leaving room on both sides.
+Attention reads a contiguous run of blocks as a view of the cache instead of copying
+it out block by block (see ``kv_cache.py``), so contiguity is worth a little search.
 """
 
 from __future__ import annotations
@@ -43,8 +49,9 @@ class BlockPool:
                 "the KV memory budget is too small for even one block"
             )
         self._refcounts = [0] * num_blocks
-        # A stack popped from the end: reversed so a fresh pool hands out 0, 1, 2, ...
-        self._free = list(range(num_blocks - 1, -1, -1))
+        # 1 where a block is free: bytearray.find walks free / used runs at C speed.
+        self._is_free = bytearray(b"\x01") * num_blocks
+        self._num_free = num_blocks
 
     @property
     def num_total(self) -> int:
@@ -52,7 +59,7 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return self._num_free
 
     @property
     def num_used(self) -> int:
@@ -61,16 +68,60 @@ class BlockPool:
     def can_allocate(self, n: int) -> bool:
         return n <= self.num_free
 
-    def allocate(self, n: int) -> list[int]:
-        """Take ``n`` free blocks at refcount 1, all or nothing (raises ``OutOfBlocksError``)."""
+    def allocate(self, n: int, after: int | None = None) -> list[int]:
+        """Take ``n`` free blocks at refcount 1, all or nothing (raises ``OutOfBlocksError``).
+
+        ``after``: the last block of the sequence being grown; the blocks following it
+        are taken first while they are free, so the sequence stays one contiguous run.
+        """
         if n < 0:
             raise ValueError(f"cannot allocate a negative number of blocks ({n})")
-        if n > self.num_free:
-            raise OutOfBlocksError(n, self.num_free, self.num_total)
-        blocks = [self._free.pop() for _ in range(n)]
+        if n > self._num_free:
+            raise OutOfBlocksError(n, self._num_free, self.num_total)
+        blocks: list[int] = []
+        if after is not None:
+            self._checked(after)
+            block, is_free = after + 1, self._is_free
+            while len(blocks) < n and block < len(is_free) and is_free[block]:
+                blocks.append(block)
+                is_free[block] = 0
+                block += 1
+        if len(blocks) < n:  # enough are free: n <= num_free was checked above
+            placed = self._place(n - len(blocks))
+            for block in placed:
+                self._is_free[block] = 0
+            blocks += placed
         for block in blocks:
             self._refcounts[block] = 1
+        self._num_free -= n
         return blocks
+
+    def _place(self, n: int) -> list[int]:
+        """``n`` free blocks: the middle of the largest free run if it is long enough.
+
+        Centring a new run leaves free blocks after it to grow into, and after the
+        run before it too; a free run at id 0 follows no run, so it starts there (a
+        fresh pool hands out 0, 1, 2, ...). When no run is long enough, the lowest ids.
+        """
+        runs = self._free_runs()
+        start, end = max(runs, key=lambda r: r[1] - r[0])
+        if end - start >= n:
+            first = start + (end - start - n) // 2 if start else 0
+            return list(range(first, first + n))
+        blocks: list[int] = []
+        for start, end in runs:
+            blocks += range(start, min(end, start + n - len(blocks)))
+        return blocks
+
+    def _free_runs(self) -> list[tuple[int, int]]:
+        """Maximal runs ``[start, end)`` of free blocks, in id order."""
+        runs, is_free, pos = [], self._is_free, 0
+        while (start := is_free.find(1, pos)) >= 0:
+            end = is_free.find(0, start)
+            end = len(is_free) if end < 0 else end
+            runs.append((start, end))
+            pos = end
+        return runs
 
     def incref(self, blocks: Iterable[int]) -> None:
         """Add a holder to blocks that are already allocated (sharing, never reviving)."""
@@ -100,20 +151,23 @@ class BlockPool:
         for block, count in counts.items():
             self._refcounts[block] -= count
             if self._refcounts[block] == 0:
-                self._free.append(block)
+                self._is_free[block] = 1
+                self._num_free += 1
 
     def refcount(self, block: int) -> int:
         return self._checked(block)
 
     def check_integrity(self) -> None:
-        """Raise if the free list and the reference counts disagree."""
-        free = set(self._free)
-        if len(free) != len(self._free):
-            raise RuntimeError("block pool free list holds a block twice")
+        """Raise if the free flags, the free count and the reference counts disagree."""
+        free = {b for b, flag in enumerate(self._is_free) if flag}
+        if len(free) != self._num_free:
+            raise RuntimeError(
+                f"block pool counts {self._num_free} free blocks but flags {len(free)} free"
+            )
         unreferenced = {b for b, rc in enumerate(self._refcounts) if rc == 0}
         if free != unreferenced:
             raise RuntimeError(
-                f"block pool free list {sorted(free)} != blocks at refcount 0 "
+                f"block pool free blocks {sorted(free)} != blocks at refcount 0 "
                 f"{sorted(unreferenced)}"
             )
         if any(rc < 0 for rc in self._refcounts):

@@ -73,6 +73,8 @@ class PagedKVCache:
         )
         self._kv = torch.zeros(shape, dtype=layout.dtype, device=self.device)
         self.k, self.v = self._kv[:, 0], self._kv[:, 1]
+        # Per layer [1, Hkv, slots, D] views for span(): one narrow() per call, not a slice.
+        self._spans = [(layer[0:1], layer[1:2]) for layer in self._kv]
         # First row of each K and V head in the [2 * Hkv * num_blocks, block_size * D] view.
         heads = torch.arange(2 * layout.num_kv_heads, device=self.device)
         self._head_rows = (heads * num_blocks).view(-1, 1)
@@ -115,6 +117,14 @@ class PagedKVCache:
         torch.index_select(blocks, 0, rows, out=out)
         k, v = out.view(2, lay.num_kv_heads, b, n * lay.block_size, lay.head_dim)
         return k.transpose(0, 1), v.transpose(0, 1)
+
+    def span(self, layer: int, first_slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V [1, Hkv, length, D] of ``length`` consecutive slots: views, nothing copied.
+
+        Valid for a sequence whose blocks are consecutive ids (so its slots are too).
+        """
+        k, v = self._spans[layer]
+        return k.narrow(2, first_slot, length), v.narrow(2, first_slot, length)
 
     def read_tokens(self, block_table: Sequence[int], start: int, end: int) -> torch.Tensor:
         """K/V of token positions [start, end) of one sequence: [L, 2, end-start, Hkv, D].

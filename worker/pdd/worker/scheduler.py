@@ -159,7 +159,8 @@ class Scheduler:
             self.cache.evict(needed - self.pool.num_free)
         if needed > self.pool.num_free:
             return False
-        req.block_table.extend(self.pool.allocate(needed))
+        after = req.block_table[-1] if req.block_table else None  # keep the run contiguous
+        req.block_table.extend(self.pool.allocate(needed, after=after))
         return True
 
     def _grow_or_preempt(
