@@ -23,6 +23,7 @@ Figures:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import random
 import statistics
@@ -37,17 +38,16 @@ from pdd.worker.model.config import ModelConfig, tiny_config
 from pdd.worker.model.loader import LoadedModel, load_model
 from pdd.worker.sampling import SamplingParams
 
-# The configs tests/worker/checkpoints.py writes (BASE_CONFIG per architecture).
-TEST_CONFIG = {
-    "vocab_size": 320,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 256,
-}
+
+def _test_checkpoint_config() -> dict:
+    """The config tests/worker/checkpoints.py writes (one source for both)."""
+    path = Path(__file__).parents[1] / "tests" / "worker" / "checkpoints.py"
+    spec = importlib.util.spec_from_file_location("pdd_test_checkpoints", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.BASE_CONFIG
+
+
 TEST_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
@@ -256,8 +256,9 @@ def extend_ratios(engine: Engine, context: int, k: int = 100, reps: int = 5) -> 
 # --- (d) KV bytes per token ---------------------------------------------------------------------
 def kv_bytes_per_token() -> dict[str, dict[str, int]]:
     configs = {"tiny": tiny_config()}
+    test_config = _test_checkpoint_config()
     for name, arch in TEST_ARCHS.items():
-        configs[f"test-{name}"] = ModelConfig.from_hf_dict({**TEST_CONFIG, "architectures": [arch]})
+        configs[f"test-{name}"] = ModelConfig.from_hf_dict({**test_config, "architectures": [arch]})
     return {
         name: {"float32": c.kv_bytes_per_token(4), "bfloat16": c.kv_bytes_per_token(2)}
         for name, c in configs.items()
