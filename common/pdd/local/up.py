@@ -94,7 +94,10 @@ def curl_example(base_url: str, model: str) -> str:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    # SIGINT too: a shell starts background jobs with SIGINT ignored, and Python keeps
+    # that, so without this `kill -INT` would leave the whole stack running.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _raise_interrupt)
     stack = None
     try:
         config = stack_config(args, args.mode, args.port, args.log_dir)
