@@ -149,4 +149,4 @@ class HandoffMixin:
                     "preempted); export again"
                 )
             data = self.kv.read_tokens(req.block_table, a, b)
-            yield encode_chunk(data, a, self.fingerprint, req.tokens[:b])
+            yield encode_chunk(data, a, self.fingerprint, req.token_range(0, b))

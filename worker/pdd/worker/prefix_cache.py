@@ -76,6 +76,11 @@ class PrefixCache(ABC):
         self._events = EventBuffer(event_capacity)
         self._events_with_tokens = events_with_tokens
         self._clock = 0  # logical time: deterministic LRU order, unlike a wall clock
+        self._init_index()
+
+    @abstractmethod
+    def _init_index(self) -> None:
+        """Set up the implementation's empty index (called once, by ``__init__``)."""
 
     @abstractmethod
     def match_prefix(self, token_ids: Sequence[int]) -> PrefixMatch:
@@ -217,17 +222,7 @@ class _NaiveHandle:
 class NaivePrefixCache(PrefixCache):
     """One entry per cached prefix (a tuple of block keys); every query scans."""
 
-    def __init__(
-        self,
-        pool: BlockPool,
-        block_size: int,
-        *,
-        event_capacity: int = 4096,
-        events_with_tokens: bool = False,
-    ) -> None:
-        super().__init__(
-            pool, block_size, event_capacity=event_capacity, events_with_tokens=events_with_tokens
-        )
+    def _init_index(self) -> None:
         self._entries: dict[tuple[BlockKey, ...], _Entry] = {}
 
     def match_prefix(self, token_ids: Sequence[int]) -> PrefixMatch:

@@ -23,7 +23,6 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pdd.worker.block_pool import BlockPool
 from pdd.worker.prefix_cache import (
     BlockKey,
     LockError,
@@ -71,17 +70,7 @@ _HeapEntry = tuple[int, int, _Node]  # (last_access, node id, node)
 class RadixCache(PrefixCache):
     """Radix-tree ``PrefixCache``; see the module docstring for the design."""
 
-    def __init__(
-        self,
-        pool: BlockPool,
-        block_size: int,
-        *,
-        event_capacity: int = 4096,
-        events_with_tokens: bool = False,
-    ) -> None:
-        super().__init__(
-            pool, block_size, event_capacity=event_capacity, events_with_tokens=events_with_tokens
-        )
+    def _init_index(self) -> None:
         self._root = _Node(0, [], [], [], None, 0)
         self._next_id = 1
         self._num_nodes = 0  # excluding the root

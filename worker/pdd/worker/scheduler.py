@@ -73,7 +73,8 @@ class Scheduler:
             budget -= min(n, budget)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
             req = self.waiting[0]
-            self._claim_prefix(req, req.tokens[:-1])  # at least one token left to compute
+            # at least one token left to compute
+            self._claim_prefix(req, req.token_range(0, req.num_tokens - 1))
             n = min(req.num_uncomputed, budget)
             if not self._grow(req, req.num_computed + n):
                 self._release_blocks(req, cache_computed=False)
@@ -193,7 +194,7 @@ class Scheduler:
     def _release_blocks(self, req: Request, cache_computed: bool) -> None:
         full_blocks = req.num_computed // self.config.block_size
         if cache_computed and req.use_cache and full_blocks:
-            computed = req.tokens[: full_blocks * self.config.block_size]
+            computed = req.token_range(0, full_blocks * self.config.block_size)
             self.cache.insert(computed, req.block_table[:full_blocks])
         self.pool.free(req.block_table)
         if req.prefix_handle is not None:

@@ -7,6 +7,8 @@ loader concatenates the checkpoint's separate tensors into them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,6 +17,20 @@ from pdd.worker.batch import AttentionGroup, ForwardBatch
 from pdd.worker.kv_cache import PagedKVCache
 from pdd.worker.model.config import ModelConfig
 from pdd.worker.model.rope import apply_rotary
+
+
+@dataclass(frozen=True)
+class LayerInputs:
+    """What every layer reads besides the hidden states, built once per forward.
+
+    ``rope`` is the (cos, sin) of the batch positions; ``attn_biases`` holds each
+    attention group's mask made additive (see ``additive_mask``).
+    """
+
+    batch: ForwardBatch
+    kv: PagedKVCache
+    rope: tuple[torch.Tensor, torch.Tensor]
+    attn_biases: tuple[torch.Tensor | None, ...]
 
 
 class RMSNorm(nn.Module):
@@ -53,15 +69,9 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        batch: ForwardBatch,
-        kv: PagedKVCache,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        attn_biases: tuple[torch.Tensor | None, ...],
-    ) -> torch.Tensor:
-        """Attention output [T, hidden]; ``attn_biases``: each group's mask made additive."""
+    def forward(self, x: torch.Tensor, inputs: LayerInputs) -> torch.Tensor:
+        """Attention output [T, hidden]."""
+        batch, kv, rope = inputs.batch, inputs.kv, inputs.rope
         t, heads = x.shape[0], self.num_heads
         qkv = self.qkv_proj(x).view(t, -1, self.head_dim)  # [T, H + 2 Hkv, D]
         v = qkv[:, heads + self.num_kv_heads :]
@@ -74,7 +84,7 @@ class Attention(nn.Module):
         kv.write(self.layer_idx, batch.slot_mapping, k, v)
         outs = [
             self._attend(g, bias, q, k, v, kv)
-            for g, bias in zip(batch.groups, attn_biases, strict=True)
+            for g, bias in zip(batch.groups, inputs.attn_biases, strict=True)
         ]
         return self.o_proj(outs[0] if len(outs) == 1 else torch.cat(outs))
 
@@ -160,15 +170,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        batch: ForwardBatch,
-        kv: PagedKVCache,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        attn_biases: tuple[torch.Tensor | None, ...],
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), batch, kv, rope, attn_biases)
+    def forward(self, x: torch.Tensor, inputs: LayerInputs) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), inputs)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

@@ -13,7 +13,7 @@ from torch import nn
 from pdd.worker.batch import ForwardBatch, InvalidBatchError
 from pdd.worker.kv_cache import PagedKVCache
 from pdd.worker.model.config import ModelConfig
-from pdd.worker.model.layers import DecoderLayer, RMSNorm, additive_mask
+from pdd.worker.model.layers import DecoderLayer, LayerInputs, RMSNorm, additive_mask
 from pdd.worker.model.rope import RotaryEmbedding
 
 
@@ -60,10 +60,14 @@ class LlamaForCausalLM(nn.Module):
                 f"{self.config.max_position_embeddings}; cap prompt + max_tokens to it"
             )
         h = self.model.embed_tokens(batch.input_ids)
-        rope = self.rotary.cos_sin(batch.positions, h.dtype)
-        biases = tuple(additive_mask(g.attn_mask, h.dtype) for g in batch.groups)
+        inputs = LayerInputs(
+            batch,
+            kv,
+            self.rotary.cos_sin(batch.positions, h.dtype),
+            tuple(additive_mask(g.attn_mask, h.dtype) for g in batch.groups),
+        )
         for layer in self.model.layers:
-            h = layer(h, batch, kv, rope, biases)
+            h = layer(h, inputs)
         h = self.model.norm(h.index_select(0, batch.logits_indices))
         head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(h, head).float()
