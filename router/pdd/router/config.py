@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pdd.common.cost_model import LinkState, kv_bytes_per_token, kv_bytes_per_token_from_hf_config
+from pdd.common.deploy_config import SHARED_SECRET_ENV, handoff_policy, version_mismatch
 from pdd.router.tokenization import TINY_MODEL
 
 WorkerRole = Literal["prefill", "relay", "main", "mono"]
@@ -141,14 +142,11 @@ def read_secret(secret: str | None, secret_file: Path | None, env_name: str) -> 
     return os.environ.get(env_name, "")
 
 
-#: The CRD spells handoff policies in camelCase; plans use the worker's flag values.
-_HANDOFF_POLICIES = {"auto": "auto", "oneShot": "one-shot", "catchUp": "catch-up"}
-
-
 def file_settings(doc: dict[str, Any]) -> dict[str, Any]:
     """RouterConfig fields from the operator's config document (version 1)."""
-    if doc.get("version") != 1:
-        raise ConfigError(f"config version {doc.get('version')!r} is not 1; upgrade the router")
+    mismatch = version_mismatch(doc, "router")
+    if mismatch is not None:
+        raise ConfigError(mismatch)
     model, wan, handoff = doc.get("model", {}), doc.get("wan", {}), doc.get("handoff", {})
     anomalous = doc.get("anomalousTraffic", {})
     settings: dict[str, Any] = {
@@ -159,7 +157,7 @@ def file_settings(doc: dict[str, Any]) -> dict[str, Any]:
         "link_rtt_ms": wan.get("rttMs"),
         "redis_url": doc.get("store", {}).get("redisUrl"),
         "port": doc.get("ports", {}).get("router"),
-        "handoff": _HANDOFF_POLICIES.get(handoff.get("policy")),
+        "handoff": handoff_policy(doc),
         "catchup_threshold": handoff.get("catchUpThreshold"),
         "anomalous_min_input_tokens": anomalous.get("minInputTokens"),
         "anomalous_output_tokens_below": anomalous.get("maxOutputTokens"),
@@ -177,5 +175,5 @@ def file_settings(doc: dict[str, Any]) -> dict[str, Any]:
         for role, peer in doc.get("peers", {}).items()
         if role in ROLES
     )
-    settings["secret_env"] = doc.get("sharedSecretEnv", "PDD_SHARED_SECRET")
+    settings["secret_env"] = doc.get("sharedSecretEnv", SHARED_SECRET_ENV)
     return {k: v for k, v in settings.items() if v is not None}

@@ -15,6 +15,7 @@ from typing import Any
 
 import uvicorn
 
+from pdd.common.deploy_config import SHARED_SECRET_ENV
 from pdd.router.app import create_app
 from pdd.router.config import (
     ROLES,
@@ -87,7 +88,7 @@ _PLAIN_FLAGS = (
 
 def build_config(args: argparse.Namespace) -> RouterConfig:
     settings: dict[str, Any] = {}
-    secret_env = "PDD_SHARED_SECRET"
+    secret_env = SHARED_SECRET_ENV
     if args.config is not None:
         try:
             settings = file_settings(json.loads(args.config.read_text()))

@@ -14,10 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-#: The config document's shape this reader understands (``CONFIG_VERSION`` in the operator).
-SUPPORTED_CONFIG_VERSION = 1
-#: The CRD's handoff policy names -> the worker's ``--handoff`` choices.
-HANDOFF_POLICIES = {"auto": "auto", "oneShot": "one-shot", "catchUp": "catch-up"}
+from pdd.common.deploy_config import handoff_policy, version_mismatch
 
 
 class DeployConfigError(ValueError):
@@ -42,16 +39,12 @@ def flag_defaults(doc: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, A
     Listens on all interfaces (a pod's only address is its own) and advertises the
     pod IP, which is how peers and the router reach this instance.
     """
-    version = doc.get("version")
-    if version != SUPPORTED_CONFIG_VERSION:
-        raise DeployConfigError(
-            f"config version {version!r} is not {SUPPORTED_CONFIG_VERSION}; "
-            "upgrade the worker image to match the operator"
-        )
+    mismatch = version_mismatch(doc, "worker")
+    if mismatch is not None:
+        raise DeployConfigError(mismatch)
     ports = doc.get("ports", {})
     http_port, kv_port = ports.get("http", 8000), ports.get("kv", 9000)
     pod_ip = env.get("PDD_POD_IP")
-    handoff = doc.get("handoff", {})
     defaults: dict[str, Any] = {
         "role": env.get("PDD_ROLE"),
         "instance_id": env.get("PDD_INSTANCE_ID"),
@@ -61,7 +54,7 @@ def flag_defaults(doc: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, A
         "advertise_fast": f"{pod_ip}:{kv_port}" if pod_ip else None,
         "advertise_wan": f"{pod_ip}:{kv_port}" if pod_ip else None,
         "advertise_http": f"{pod_ip}:{http_port}" if pod_ip else None,
-        "handoff": HANDOFF_POLICIES.get(handoff.get("policy")),
+        "handoff": handoff_policy(doc),
         "secret_env": doc.get("sharedSecretEnv"),
     }
     return {dest: value for dest, value in defaults.items() if value is not None}

@@ -11,6 +11,7 @@ import base64
 import json
 from typing import Any
 
+from pdd.common.deploy_config import CONFIG_VERSION, SHARED_SECRET_ENV
 from pdd.operator.builders.meta import Site, content_hash, metadata
 from pdd.operator.kv_size import resolve_kv_bytes_per_token
 from pdd.operator.naming import (
@@ -27,12 +28,6 @@ from pdd.operator.naming import (
     service_host,
 )
 from pdd.operator.spec import PDDSpec
-
-#: Bumped when the config document changes shape, so readers can refuse what they
-#: do not understand instead of misreading it.
-CONFIG_VERSION = 1
-#: The environment variable that carries the shared secret into every pod.
-SHARED_SECRET_ENV = "PDD_SHARED_SECRET"
 
 
 def model_path(spec: PDDSpec) -> str:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pdd.operator.builders.config import SHARED_SECRET_ENV, model_path
+from pdd.common.deploy_config import SHARED_SECRET_ENV
+from pdd.operator.builders.config import model_path
 from pdd.operator.builders.meta import Site, metadata
 from pdd.operator.naming import (
     CONFIG_DIR,
