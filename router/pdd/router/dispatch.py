@@ -10,7 +10,7 @@ other router replicas see the load before the workers' own reports catch up.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pdd.common.wire import Endpoint, PipelinePlan, SamplingSpec
 from pdd.router.config import RouterConfig, WorkerRole
@@ -50,6 +50,9 @@ class Route:
     main: Endpoint | None
     p_hit_tokens: int = 0
     md_hit_tokens: int = 0
+    #: The prompt's chained block hashes, computed once for the lookup and reused when
+    #: MD reports its real hit (``MeasuredHits``).
+    prompt_hashes: tuple[int, ...] = ()
 
     @property
     def endpoints(self) -> list[Endpoint]:
@@ -126,13 +129,26 @@ class Dispatcher:
 
     def route(self, prompt_ids: Sequence[int], max_tokens: int | None) -> Route:
         instances = self._ready_instances()
-        hits = self._index.match(self._index.hashes(prompt_ids))
+        hashes = tuple(self._index.hashes(prompt_ids))
+        hits = self._index.match(hashes)
         loads = self._loads(instances)
         features = RequestFeatures.from_prompt(prompt_ids, max_tokens, self._config.block_size)
         if self._config.mono:
-            return self._route_mono(features, hits, loads, instances)
-        if self._config.force_pipeline == "naive":
-            return self._route_naive(features, hits, loads, instances)
+            route = self._route_mono(features, hits, loads, instances)
+        elif self._config.force_pipeline == "naive":
+            route = self._route_naive(features, hits, loads, instances)
+        else:
+            route = self._route_policy(features, hits, loads, instances)
+        return replace(route, prompt_hashes=hashes)
+
+    def _route_policy(
+        self,
+        features: RequestFeatures,
+        hits: dict[str, int],
+        loads: list[InstanceLoad],
+        instances: dict[str, Instance],
+    ) -> Route:
+        """PDD: the pure policy picks the pipeline and instances."""
         result = decide(
             features, hits, loads, self._config.link, self._traffic.snapshot(), self._policy
         )

@@ -13,7 +13,7 @@ handshake (fed back into the prefix index, correcting it).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from pdd.common.openai_protocol import UsageInfo
@@ -38,12 +38,13 @@ class MeasuredHits:
     index: PrefixIndex
     plan: PipelinePlan
     cached_tokens: int = 0  # prompt tokens the computing instance took from its cache
+    prompt_hashes: Sequence[int] | None = None  # the route's, when known (saves re-hashing)
 
     def observe(self, event: TokenEvent) -> None:
         if event.cached_tokens is not None:
             self.cached_tokens = min(event.cached_tokens, len(self.plan.prompt_ids))
         if event.md_hit_tokens is not None and self.plan.main is not None:
-            hashes = self.index.hashes(self.plan.prompt_ids)
+            hashes = self.prompt_hashes or self.index.hashes(self.plan.prompt_ids)
             self.index.confirm(self.plan.main.instance_id, hashes, event.md_hit_tokens)
 
 
@@ -67,7 +68,7 @@ class Generation:
         self._stops = StopStrings(stop)
         self._arrived_at = arrived_at
         self._lease = lease
-        self.hits = MeasuredHits(runtime.index, plan)
+        self.hits = MeasuredHits(runtime.index, plan, prompt_hashes=route.prompt_hashes)
 
     @property
     def cached_tokens(self) -> int:
