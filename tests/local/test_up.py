@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import pytest
 
 from pdd.local import bench
 from pdd.local.stack import StackInfo
+from pdd.worker.local_cluster import free_port
 
 READY_TIMEOUT_S = 240
 
@@ -32,12 +32,6 @@ class Up:
     proc: subprocess.Popen
     output: Path
     info: StackInfo
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def process_group_members(pgid: int) -> list[int]:

@@ -23,6 +23,21 @@ def _pyplot() -> Any:
     return plt
 
 
+def _save(
+    plt: Any, fig: Any, ax: Any, path: Path, title: str, xlabel: str, ylabel: str, grid: bool
+) -> None:
+    """Label, lay out, write and close one figure: the common tail of every plot here."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if grid:
+        ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def ttft_cdf(runs: Sequence[ModeRun], path: Path) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -31,14 +46,10 @@ def ttft_cdf(runs: Sequence[ModeRun], path: Path) -> None:
         if ttft:
             ax.step(ttft, [(i + 1) / len(ttft) for i in range(len(ttft))], label=run.mode)
     ax.set_xscale("log")
-    ax.set_xlabel("time to first token (s)")
-    ax.set_ylabel("share of requests")
-    ax.set_title("TTFT CDF per mode")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(
+        plt, fig, ax, path, "TTFT CDF per mode", "time to first token (s)",
+        "share of requests", grid=True,
+    )  # fmt: skip
 
 
 def hit_histogram(ideal: Mapping[str, float], runs: Sequence[ModeRun], path: Path) -> None:
@@ -57,13 +68,10 @@ def hit_histogram(ideal: Mapping[str, float], runs: Sequence[ModeRun], path: Pat
     for label, values in series.items():
         if values:
             ax.hist(values, bins=bins, histtype="step", label=label, density=True)
-    ax.set_xlabel("per-request prefix hit ratio")
-    ax.set_ylabel("density")
-    ax.set_title("Prefix hit ratio per request")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(
+        plt, fig, ax, path, "Prefix hit ratio per request", "per-request prefix hit ratio",
+        "density", grid=False,
+    )  # fmt: skip
 
 
 def wan_throughput(runs: Sequence[ModeRun], path: Path) -> None:
@@ -73,14 +81,10 @@ def wan_throughput(runs: Sequence[ModeRun], path: Path) -> None:
         points = throughput_mbps(run.wan_series)
         if points:
             ax.plot([t for t, _ in points], [v for _, v in points], label=run.mode)
-    ax.set_xlabel("time since replay start (s)")
-    ax.set_ylabel("WAN throughput (Mbit/s)")
-    ax.set_title("WAN link throughput over time")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(
+        plt, fig, ax, path, "WAN link throughput over time", "time since replay start (s)",
+        "WAN throughput (Mbit/s)", grid=True,
+    )  # fmt: skip
 
 
 def write_all(ideal: Mapping[str, float], runs: Sequence[ModeRun], out_dir: Path) -> list[Path]:

@@ -18,12 +18,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import httpx
-
 from pdd.local.probes import Probes
 from pdd.local.supervisor import Supervisor, spawn_pdd
 from pdd.local.topology import StackConfig, router_argv, worker_specs
-from pdd.worker.local_cluster import ClusterStartError, LocalCluster
+from pdd.worker.local_cluster import ClusterStartError, LocalCluster, wait_http_ok
 
 Say = Callable[[str], None]
 
@@ -148,15 +146,11 @@ def _adopt(supervisor: Supervisor, cluster: LocalCluster, log_dir: Path) -> None
 
 def _wait_router(config: StackConfig, supervisor: Supervisor, deadline: float) -> None:
     url = f"{config.router_url}/ready"
-    while True:
+
+    def check_alive() -> None:
         for death in supervisor.deaths():
-            raise StackStartError(f"{death.describe()}")
-        try:
-            if httpx.get(url, timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            tail = supervisor.children[-1].log_tail()
-            raise StackStartError(f"router not ready at {url} in time; its log ends:\n{tail}")
-        time.sleep(0.2)
+            raise StackStartError(death.describe())
+
+    if not wait_http_ok(url, deadline, check_alive):
+        tail = supervisor.children[-1].log_tail()
+        raise StackStartError(f"router not ready at {url} in time; its log ends:\n{tail}")

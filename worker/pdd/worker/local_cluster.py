@@ -14,14 +14,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from pdd.common.wire import Endpoint, PipelinePlan, SamplingSpec, StateReport
+from pdd.local.probes import flatten
 
 HOST = "127.0.0.1"
 
@@ -90,13 +90,7 @@ class WorkerProc:
 
     def metrics(self) -> dict[str, float]:
         """Every sample of ``/metrics``, keyed ``name{label="v",...}`` (or bare name)."""
-        text = httpx.get(f"{self.url}/metrics").text
-        out: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
-                out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-        return out
+        return flatten(httpx.get(f"{self.url}/metrics").text)
 
     def state(self, secret: str) -> StateReport:
         resp = httpx.get(
@@ -233,16 +227,29 @@ def _start_worker(
     return WorkerProc(spec, endpoint, _spawn(argv, log, env), log, wan_link)
 
 
-def _wait_http(url: str, proc: subprocess.Popen, log: Path, deadline: float) -> None:
+def wait_http_ok(url: str, deadline: float, check_alive: Callable[[], None]) -> bool:
+    """Poll ``url`` until it answers 200 (True) or ``deadline`` passes (False).
+
+    ``check_alive`` runs before every try and raises when the process behind ``url``
+    died, so a crash surfaces at once with its log instead of after the deadline.
+    """
     while True:
-        if proc.poll() is not None:
-            tail = log.read_text(errors="replace")[-3000:]
-            raise ClusterStartError(f"{proc.args} exited with {proc.returncode}:\n{tail}")
+        check_alive()
         try:
             if httpx.get(url, timeout=2.0).status_code == 200:
-                return
+                return True
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
-            raise ClusterStartError(f"{url} not ready in time; log {log}")
+            return False
         time.sleep(0.1)
+
+
+def _wait_http(url: str, proc: subprocess.Popen, log: Path, deadline: float) -> None:
+    def check_alive() -> None:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:]
+            raise ClusterStartError(f"{proc.args} exited with {proc.returncode}:\n{tail}")
+
+    if not wait_http_ok(url, deadline, check_alive):
+        raise ClusterStartError(f"{url} not ready in time; log {log}")
