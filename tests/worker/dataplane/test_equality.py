@@ -13,6 +13,7 @@ import pytest
 
 N = 50
 MAX_TOKENS = 12
+HANDOFF_MAX_TOKENS = 96
 #: Wire bytes per request besides KV: handshake, plan, chunk headers, replies (a few KB).
 _PER_REQUEST_OVERHEAD = 4096
 
@@ -90,16 +91,21 @@ async def test_naive_ships_the_full_kv_even_when_md_holds_the_prefix(dp) -> None
 
 async def test_handoff_carries_token_ids_not_kv(dp, batch) -> None:
     """One-shot handoffs: 4 bytes per token plus an 8-byte header per reply, on the wire too."""
-    prompts, expected = batch
+    prompts = batch[0][:10]
+    # Long enough that RLD is still decoding when MD's KV lands, even on a loaded machine:
+    # with a dozen tokens RLD could finish first and no handoff would happen at all.
+    expected = await dp.reference(prompts, HANDOFF_MAX_TOKENS, "ids-ref")
     link = dp.cluster["rld"].link
     before = link.stats()
     delta = dp.counters("rld", "md")
     plans = [
-        dp.cluster.plan(f"ids-{i}", p, "P-RLD-MD", dp.sampling(i, MAX_TOKENS), handoff="one-shot")
-        for i, p in enumerate(prompts[:10])
+        dp.cluster.plan(
+            f"ids-{i}", p, "P-RLD-MD", dp.sampling(i, HANDOFF_MAX_TOKENS), handoff="one-shot"
+        )
+        for i, p in enumerate(prompts)
     ]
     results = await dp.run_all(plans)
-    assert [r.token_ids for r in results] == expected[:10]
+    assert [r.token_ids for r in results] == expected
 
     handoffs = delta("rld", "pdd_handoff")
     tokens = delta("rld", "pdd_handoff_tokens")
