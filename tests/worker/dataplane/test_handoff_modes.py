@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from pdd.common.handoff import choose_handoff_mode
 from pdd.common.wire import BlockStored, CacheEventsPage
-from pdd.worker.roles.relay import choose_handoff_mode
 
 #: ~375 KB/s, shared: the four prompts' KV (60-100 tokens of 2 KB each) takes about two
 #: seconds, during which RLD decodes far past the threshold (64) but, with this many tokens

@@ -17,6 +17,7 @@ import logging
 import time
 from typing import Any
 
+from pdd.common.handoff import choose_handoff_mode
 from pdd.common.wire import PipelinePlan
 from pdd.worker.roles.base import NoSuchRequestError, RoleBase
 from pdd.worker.roles.kv_receiver import KVReceiveError, receive_kv
@@ -38,19 +39,6 @@ from pdd.worker.transport import (
 )
 
 log = logging.getLogger(__name__)
-
-
-def choose_handoff_mode(plan_mode: str, worker_mode: str, load: float, level: float) -> str:
-    """Forced by the plan, else by the worker's flag, else by load.
-
-    A busy relay hands over all at once (one-shot frees it soonest); an idle
-    one can afford to keep relaying while MD catches up in small chunks.
-    """
-    if plan_mode != "auto":
-        return plan_mode
-    if worker_mode != "auto":
-        return worker_mode
-    return "one-shot" if load > level else "catch-up"
 
 
 class RelayRole(RoleBase):
