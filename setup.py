@@ -2,14 +2,15 @@
 
 `pdd` is an implicit namespace package (no __init__.py at that level) whose
 subpackages live in the design card's folders: common/pdd/common, worker/pdd/worker,
-router/pdd/router, operator/pdd/operator. setuptools' declarative `find` cannot map
+router/pdd/router, operator/pdd/operator,
+simulator/pdd/simulator. setuptools' declarative `find` cannot map
 several roots into one namespace, so each package is mapped to its folder here.
 No folder name can shadow the standard library: the operator is pdd.operator.
 """
 
 from setuptools import find_namespace_packages, setup
 
-COMPONENT_ROOTS = ("common", "worker", "router", "operator")
+COMPONENT_ROOTS = ("common", "worker", "router", "operator", "simulator")
 
 packages: list[str] = []
 package_dir: dict[str, str] = {}

@@ -1,0 +1,119 @@
+"""A prefill instance (P) with chunked prefill: one step per chunk of queued work.
+
+Each step takes up to ``chunk_tokens`` uncached tokens from the FIFO queue (the tail
+of one request and the head of the next share a step, as continuous batching does)
+and costs ``InstanceShape.step_seconds`` for those tokens, their cached context and
+their attention pairs. A small tail chunk alone in a step pays the whole weight read
+for little compute: the "tail chunk" dip of the technique's bathtub.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import simpy
+
+from pdd.router.instance_choice import InstanceLoad, Role
+from pdd.simulator.hardware import InstanceShape
+from pdd.simulator.prefix_cache import PrefixCache
+
+
+@dataclass(eq=False)
+class PrefillJob:
+    new_tokens: int  # P's miss
+    cached_tokens: int  # P's hit
+    done: simpy.Event
+    processed: int = 0
+    queued_at: float = 0.0
+
+
+@dataclass
+class PrefillStats:
+    tokens: int = 0
+    busy_s: float = 0.0
+    steps: int = 0
+    queue_wait_s: float = 0.0
+
+
+class PrefillInstance:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        instance_id: str,
+        shape: InstanceShape,
+        chunk_tokens: int,
+        max_queue: int,
+        cache: PrefixCache | None,
+    ) -> None:
+        if chunk_tokens <= 0 or max_queue <= 0:
+            raise ValueError(f"{instance_id}: chunk_tokens and max_queue must be positive")
+        self.env, self.instance_id, self.shape = env, instance_id, shape
+        self.chunk_tokens = chunk_tokens
+        self.max_queue = max_queue
+        self.cache = cache
+        self.stats = PrefillStats()
+        self._queue: deque[PrefillJob] = deque()
+        self._wakeup: simpy.Event | None = None
+        self._load = InstanceLoad(instance_id, Role.PREFILL, 0, max_queue)
+        env.process(self._run())
+
+    @property
+    def active(self) -> int:
+        return len(self._queue)
+
+    def load(self) -> InstanceLoad:
+        """What the router sees; rebuilt only when the queue length changed."""
+        queued = len(self._queue)
+        if self._load.active != queued:
+            self._load = InstanceLoad(self.instance_id, Role.PREFILL, queued, self.max_queue)
+        return self._load
+
+    def submit(self, new_tokens: int, cached_tokens: int) -> simpy.Event:
+        """Queue a prefill; the event fires when its last chunk is computed. A full hit
+        still computes one token: the first output token needs the last position's logits."""
+        job = PrefillJob(max(1, new_tokens), cached_tokens, self.env.event(), 0, self.env.now)
+        self._queue.append(job)
+        if self._wakeup is not None and not self._wakeup.triggered:
+            self._wakeup.succeed()
+        return job.done
+
+    def _run(self):
+        while True:
+            if not self._queue:
+                self._wakeup = self.env.event()
+                yield self._wakeup
+                continue
+            started = self.env.now
+            batch = self._take_chunk()
+            yield self.env.timeout(self._step_seconds(batch))
+            self.stats.busy_s += self.env.now - started
+            self.stats.steps += 1
+            for job, n in batch:
+                job.processed += n
+                self.stats.tokens += n
+                if job.processed >= job.new_tokens:
+                    self._queue.remove(job)
+                    job.done.succeed()
+
+    def _take_chunk(self) -> list[tuple[PrefillJob, int]]:
+        """Jobs and token counts for the next step, FIFO, up to ``chunk_tokens``."""
+        budget, batch = self.chunk_tokens, []
+        for job in self._queue:
+            if budget <= 0:
+                break
+            if job.processed == 0:
+                self.stats.queue_wait_s += self.env.now - job.queued_at
+            n = min(job.new_tokens - job.processed, budget)
+            batch.append((job, n))
+            budget -= n
+        return batch
+
+    def _step_seconds(self, batch: list[tuple[PrefillJob, int]]) -> float:
+        new = read = pairs = 0.0
+        for job, n in batch:
+            context = job.cached_tokens + job.processed
+            new += n
+            read += context + n
+            pairs += n * context + n * n / 2
+        return self.shape.step_seconds(new, read, pairs)
