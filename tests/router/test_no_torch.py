@@ -1,4 +1,5 @@
-"""The router and the shared code must import without torch (their images lack it)."""
+"""The router, the simulator and the shared code must import without torch (their images
+and installs lack it)."""
 
 import pkgutil
 import subprocess
@@ -6,15 +7,17 @@ import sys
 
 import pdd.common
 import pdd.router
+import pdd.simulator
 
 
 def _modules(package) -> list[str]:
     return [m.name for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")]
 
 
-def test_router_and_common_do_not_import_torch():
-    modules = _modules(pdd.router) + _modules(pdd.common)
+def test_router_simulator_and_common_do_not_import_torch():
+    modules = _modules(pdd.router) + _modules(pdd.common) + _modules(pdd.simulator)
     assert "pdd.router.policy" in modules and "pdd.common.cost_model" in modules
+    assert "pdd.simulator.calibration" in modules and "pdd.simulator.cli" in modules
     code = (
         "import importlib, sys\n"
         f"for name in {modules!r}:\n"

@@ -1,0 +1,177 @@
+"""One system's instances, links and router, built from a scenario's system spec.
+
+Routing calls the router's own code: ``pdd.router.policy.decide`` (pipeline choice
+on the shared WAN cost model) and, through it, ``pdd.router.instance_choice``. The
+prefix index it is fed is exact (``HolderIndex``): the live router's index is the
+same view minus lost events and TTL expiry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import simpy
+
+from pdd.common.cost_model import LinkState
+from pdd.router.instance_choice import Role, available, choose_relay
+from pdd.router.policy import (
+    Assignment,
+    Decision,
+    Pipeline,
+    PolicyConfig,
+    RequestFeatures,
+    Saturated,
+    decide,
+)
+from pdd.router.recent_traffic import RecentTraffic
+from pdd.simulator.decode import DecodeInstance
+from pdd.simulator.links import DirectLink, SharedLink
+from pdd.simulator.prefill import PrefillInstance
+from pdd.simulator.prefix_cache import HolderIndex, PrefixCache
+from pdd.simulator.scenario import Ablation, PoolSpec, Scenario, SystemKind, SystemSpec
+
+
+@dataclass(frozen=True, eq=False)
+class SimRequest:
+    key: str
+    arrival: float
+    keys: tuple[int, ...]  # prefix-chained block keys, unique across the whole trace
+    input_tokens: int
+    output_tokens: int
+    features: RequestFeatures
+
+
+class Cluster:
+    """P, RLD and MD (or D) instances, the links between them, and the router."""
+
+    def __init__(
+        self, env: simpy.Environment, scenario: Scenario, spec: SystemSpec, block_size: int
+    ) -> None:
+        self.env, self.scenario, self.spec = env, scenario, spec
+        self.kv_bytes_per_token = scenario.model.kv_bytes_per_token
+        self.index = HolderIndex(block_size)
+        self._block_size = block_size
+        self.prefill = [
+            PrefillInstance(
+                env,
+                f"p{i}",
+                scenario.shape(spec.prefill),
+                spec.prefill.chunk_tokens,
+                spec.prefill.max_queue,
+                self._cache(f"p{i}", spec.prefill),
+            )
+            for i in range(spec.prefill.instances)
+        ]
+        self.relay = self._decode_pool("rld", Role.RELAY, spec.relay, cached=False)
+        main_pool = spec.decode if spec.kind == SystemKind.SAME_DC else spec.main
+        self.main = self._decode_pool("md", Role.MAIN, main_pool, cached=spec.keeps_history)
+        self.by_id = {i.instance_id: i for i in [*self.prefill, *self.relay, *self.main]}
+        self.in_dc = DirectLink(env, scenario.in_dc.gbps, scenario.in_dc.latency_ms)
+        self.wan = (
+            SharedLink(
+                env, scenario.wan.gbps, scenario.wan.rtt_ms, scenario.wan.jitter_ms, scenario.seed
+            )
+            if spec.uses_wan
+            else None
+        )
+        self.link_state = (
+            LinkState(scenario.wan.gbps, scenario.wan.rtt_ms)
+            if spec.uses_wan
+            else LinkState(scenario.in_dc.gbps, scenario.in_dc.latency_ms * 2)
+        )
+        self.policy = self._policy_config()
+        self.traffic = RecentTraffic(scenario.router.traffic_window_s, clock=lambda: env.now)
+        self.relay_fallbacks = 0
+
+    def _cache(self, instance_id: str, pool: PoolSpec) -> PrefixCache:
+        capacity = pool.cache_tokens
+        if capacity is None:
+            capacity = self.scenario.shape(pool).kv_capacity_tokens
+        return PrefixCache(instance_id, capacity, self._block_size, self.index)
+
+    def _decode_pool(
+        self, prefix: str, role: Role, pool: PoolSpec | None, cached: bool
+    ) -> list[DecodeInstance]:
+        if pool is None:
+            return []
+        shape = self.scenario.shape(pool)
+        return [
+            DecodeInstance(
+                self.env,
+                f"{prefix}{i}",
+                role,
+                shape,
+                pool.max_batch,
+                self._cache(f"{prefix}{i}", pool) if cached else None,
+            )
+            for i in range(pool.instances)
+        ]
+
+    def _policy_config(self) -> PolicyConfig:
+        r = self.scenario.router
+        throughput = r.prefill_tokens_per_s or self.scenario.shape(
+            self.spec.prefill
+        ).prefill_tokens_per_s(self.spec.prefill.chunk_tokens)
+        return PolicyConfig(
+            kv_bytes_per_token=self.kv_bytes_per_token,
+            ttft_budget_s=r.ttft_budget_s,
+            prefill_tokens_per_s=throughput,
+            anomalous_min_input_tokens=r.anomalous_min_input_tokens,
+            anomalous_output_tokens_below=r.anomalous_output_tokens_below,
+            relay_only_max_share=r.relay_only_max_share,
+            retry_after_s=r.retry_after_s,
+        )
+
+    @property
+    def kv_link(self) -> SharedLink | DirectLink:
+        """The path P's KV takes to MD (or D)."""
+        return self.wan if self.wan is not None else self.in_dc
+
+    def route(self, request: SimRequest) -> Decision | Saturated:
+        """The router's decision for ``request`` on the instances' current load."""
+        hits = self.index.hits(request.keys, request.input_tokens)
+        loads = [i.load() for i in self.by_id.values()]
+        return decide(
+            request.features,
+            hits,
+            loads,
+            self.measured_link(),
+            self.traffic.snapshot(),
+            self.policy,
+        )
+
+    def apply_ablation(self, request: SimRequest, decision: Decision) -> Decision:
+        """The router's decision, or what a sim-only ablation makes of it (never the
+        router's policy): ``low-hit-to-relay`` ends every request whose MD hit is below
+        the system's ``low_hit_below`` at a relay (P-RLD), when one has room."""
+        if self.relay and "every relay is saturated" in decision.reason:
+            self.relay_fallbacks += 1
+        if self.spec.ablation != Ablation.LOW_HIT_TO_RELAY or decision.pipeline == Pipeline.P_RLD:
+            return decision
+        if decision.estimate.md_hit_tokens >= self.spec.low_hit_below * request.input_tokens:
+            return decision
+        relay = choose_relay(available([r.load() for r in self.relay], Role.RELAY))
+        if relay is None:
+            self.relay_fallbacks += 1
+            return decision
+        instances = Assignment(decision.instances.prefill, None, relay.instance_id)
+        reason = f"ablation {Ablation.LOW_HIT_TO_RELAY.value}: a low-hit request ends at RLD"
+        return replace(decision, pipeline=Pipeline.P_RLD, instances=instances, reason=reason)
+
+    def measured_link(self) -> LinkState:
+        """The link with a goodput measurement: the fair share a new flow would get now.
+
+        The router's cost model prefers measured goodput over the declared rate; here the
+        measurement is exact, so a congested line makes the policy relay sooner.
+        """
+        if self.wan is None:
+            return self.link_state
+        share = self.scenario.wan.gbps / (1 + self.wan.active_flows)
+        return LinkState(self.link_state.declared_gbps, self.link_state.rtt_ms, share)
+
+    def sample_relays(self) -> tuple[float, bool]:
+        """Mean relay utilization, and whether every relay is saturated."""
+        if not self.relay:
+            return 0.0, False
+        utils = [r.utilization for r in self.relay]
+        return sum(utils) / len(utils), all(u >= 1.0 for u in utils)

@@ -1,0 +1,220 @@
+"""A request's life in a simulated system, one simpy process per request.
+
+The steps mirror the live data plane (docs/dataplane.md):
+
+1. the router decides (``Cluster.route``, the router's own policy); a ``Saturated``
+   answer is a 429 the client retries after ``Retry-After``;
+2. P prefills its miss and caches the prompt;
+3. **P-MD**: MD's miss crosses to MD (WAN, or RDMA in the same-datacenter baseline);
+   MD streams the first token when the sequence joins its batch;
+4. **P-RLD-MD**: the whole KV goes to RLD over RDMA while MD's miss crosses the WAN;
+   RLD streams at once; when MD has its KV the relay hands over token IDs (one-shot,
+   or catch-up chunks, by relay load: ``pdd.common.handoff``) and MD recomputes them
+   in an extend before it continues; a relay that finishes first just finishes;
+5. **P-RLD** (anomalous traffic): RLD runs it to completion, nothing crosses the WAN;
+6. MD keeps the prompt in its decode-side radix cache (DRC) for the next turn, from
+   the moment its KV has landed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator
+from dataclasses import dataclass
+
+import simpy
+
+from pdd.common.handoff import choose_handoff_mode
+from pdd.router.policy import Decision, Pipeline
+from pdd.simulator.cluster import Cluster, SimRequest
+from pdd.simulator.decode import DecodeInstance, DecodeSeq
+
+#: A TOKEN_IDS handoff frame: a 4-byte id per token after an 8-byte (start, count) header
+#: (``pdd.worker.transport.payloads.encode_token_ids``; a test checks they agree).
+HANDOFF_HEADER_BYTES = 8
+HANDOFF_BYTES_PER_TOKEN = 4
+
+
+def handoff_bytes(tokens: int) -> int:
+    return HANDOFF_HEADER_BYTES + HANDOFF_BYTES_PER_TOKEN * tokens
+
+
+@dataclass
+class RequestRecord:
+    key: str
+    arrival: float
+    input_tokens: int
+    output_tokens: int
+    pipeline: str = ""
+    reason: str = ""
+    retries: int = 0
+    lost: bool = False  # refused more than max_retries times
+    p_hit_tokens: int = 0
+    md_hit_tokens: int = 0
+    first_token: float = math.nan
+    finish: float = math.nan
+    rld_tokens: int = 0  # output tokens the client got from a relay
+    wan_bytes: float = 0.0
+    handoff: str = ""  # one-shot | catch-up | "" (none)
+    handoff_gap_s: float = 0.0  # the stream's pause at the final handoff
+
+    @property
+    def ttft(self) -> float:
+        return self.first_token - self.arrival
+
+    @property
+    def tpot(self) -> float:
+        if self.output_tokens <= 1:
+            return 0.0
+        return (self.finish - self.first_token) / (self.output_tokens - 1)
+
+
+Proc = Generator[simpy.Event, object, None]
+
+
+def serve(c: Cluster, req: SimRequest, rec: RequestRecord) -> Proc:
+    decision = yield from _admit(c, req, rec)
+    if decision is None:
+        return
+    decision = c.apply_ablation(req, decision)
+    pipeline = decision.pipeline
+    c.traffic.record(pipeline == Pipeline.P_RLD, req.input_tokens)
+    rec.pipeline, rec.reason = pipeline.value, decision.reason
+    p = c.by_id[decision.instances.prefill]
+    n = req.input_tokens
+    rec.p_hit_tokens = min(decision.estimate.p_hit_tokens, n - 1)
+    md = c.by_id.get(decision.instances.main_decode or "")
+    rld = c.by_id.get(decision.instances.relay or "")
+    rec.md_hit_tokens = (
+        decision.estimate.md_hit_tokens if md is not None and md.cache is not None else 0
+    )
+    for inst in (md, rld):  # the router counts a dispatched request at once
+        if inst is not None:
+            inst.reserve()
+    yield p.submit(n - rec.p_hit_tokens, rec.p_hit_tokens)
+    if p.cache is not None:
+        p.cache.insert(req.keys)
+    if pipeline == Pipeline.P_MD:
+        yield from _ship_then_decode(c, req, rec, md)
+    elif pipeline == Pipeline.P_RLD:
+        yield from _relay_only(c, req, rec, rld)
+    else:
+        yield from _relay_then_hand_off(c, req, rec, rld, md)
+
+
+def _admit(c: Cluster, req: SimRequest, rec: RequestRecord) -> Generator:
+    for _ in range(c.scenario.router.max_retries + 1):
+        decision = c.route(req)
+        if isinstance(decision, Decision):
+            return decision
+        rec.retries += 1
+        yield c.env.timeout(decision.retry_after_s)
+    rec.lost = True
+    return None
+
+
+def _send_kv(c: Cluster, rec: RequestRecord, tokens: int) -> simpy.Event:
+    nbytes = tokens * c.kv_bytes_per_token
+    if c.wan is not None:
+        rec.wan_bytes += nbytes
+    return c.kv_link.transfer(nbytes)
+
+
+def _ship_then_decode(c: Cluster, req: SimRequest, rec: RequestRecord, md) -> Proc:
+    yield _send_kv(c, rec, req.input_tokens - rec.md_hit_tokens)
+    yield from _decode_on_main(c, req, rec, md)
+
+
+def _relay_only(c: Cluster, req: SimRequest, rec: RequestRecord, rld) -> Proc:
+    yield c.in_dc.transfer(req.input_tokens * c.kv_bytes_per_token)
+    seq = rld.submit(req.input_tokens, req.output_tokens - 1)
+    rld.unreserve()
+    yield seq.started
+    rec.first_token = c.env.now
+    yield seq.done
+    rec.finish = c.env.now
+    rec.rld_tokens = req.output_tokens
+
+
+def _relay_then_hand_off(
+    c: Cluster, req: SimRequest, rec: RequestRecord, rld: DecodeInstance, md: DecodeInstance
+) -> Proc:
+    n, out = req.input_tokens, req.output_tokens
+    kv_at_md = _send_kv(c, rec, n - rec.md_hit_tokens)
+    yield c.in_dc.transfer(n * c.kv_bytes_per_token)
+    rseq = rld.submit(n, out - 1)
+    rld.unreserve()
+    yield rseq.started | kv_at_md
+    if not rseq.started.triggered:  # MD has the KV before the relay got a slot: no relay
+        rld.stop(rseq, hold=False)
+        yield from _decode_on_main(c, req, rec, md)
+        return
+    rec.first_token = c.env.now
+    yield rseq.done | kv_at_md
+    if rseq.done.triggered:  # the relay finished first; MD still keeps the prompt's KV
+        rec.finish, rec.rld_tokens = rseq.finished_at, out
+        yield kv_at_md
+        md.unreserve()
+        _remember(md, req)
+        return
+    _remember(md, req)
+    yield from _hand_off(c, req, rec, rld, md, rseq)
+
+
+def _decode_on_main(c: Cluster, req: SimRequest, rec: RequestRecord, md) -> Proc:
+    _remember(md, req)
+    seq = md.submit(req.input_tokens, req.output_tokens - 1)
+    md.unreserve()
+    yield seq.started
+    rec.first_token = c.env.now
+    yield seq.done
+    rec.finish = c.env.now
+
+
+def _hand_off(
+    c: Cluster,
+    req: SimRequest,
+    rec: RequestRecord,
+    rld: DecodeInstance,
+    md: DecodeInstance,
+    rseq: DecodeSeq,
+) -> Proc:
+    h = c.scenario.handoff
+    rec.handoff = choose_handoff_mode(h.mode, "auto", rld.utilization, h.catchup_load_level)
+    handed = 0
+    while rec.handoff == "catch-up" and not rseq.done.triggered:
+        chunk = rld.generated(rseq) - handed
+        if chunk <= h.catchup_threshold:
+            break
+        yield _send_ids(c, rec, chunk)
+        yield md.extend(chunk, req.input_tokens + handed)
+        handed += chunk
+    if rseq.done.triggered:  # the relay finished during catch-up
+        rec.finish, rec.rld_tokens = rseq.finished_at, req.output_tokens
+        md.unreserve()
+        return
+    generated = rld.stop(rseq, hold=True)
+    stopped_at = c.env.now
+    rec.rld_tokens = 1 + generated  # the first token, then what the relay decoded
+    yield _send_ids(c, rec, generated - handed)
+    c.env.timeout(c.wan.rtt_s / 2).callbacks.append(lambda _: rld.release())  # MD's ack
+    left = req.output_tokens - 1 - generated
+    seq = md.submit(req.input_tokens + generated, left, extend=generated - handed)
+    md.unreserve()
+    yield seq.started
+    rec.handoff_gap_s = max(c.env.now, md.paused_until) - stopped_at
+    yield seq.done
+    rec.finish = c.env.now
+
+
+def _send_ids(c: Cluster, rec: RequestRecord, tokens: int) -> simpy.Event:
+    nbytes = handoff_bytes(tokens)
+    rec.wan_bytes += nbytes
+    return c.wan.transfer(nbytes)
+
+
+def _remember(md: DecodeInstance, req: SimRequest) -> None:
+    """DRC: once MD holds the prompt's KV, its radix cache serves the next turn from it
+    (inserting again on a later path only refreshes recency)."""
+    if md.cache is not None:
+        md.cache.insert(req.keys)

@@ -1,0 +1,308 @@
+"""Scenario files: the schema of a simulation, as pydantic models (the one source of truth).
+
+A scenario names the model, the GPU types (four axes and a price), the WAN line and
+the in-datacenter fabric, the SLO, the router's knobs, the workload, and the systems
+to compare, each a set of pools. ``load_scenario`` takes a shipped name
+(``published``) or a path to a YAML file; errors name the field and the fix.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pdd.simulator.hardware import Efficiency, GpuType, InstanceShape, ModelSpec
+from pdd.simulator.workload import WorkloadSpec
+
+SCENARIO_DIR = Path(__file__).parent / "scenarios"
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot be found, parsed or run; the message says which and why."""
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EfficiencySpec(_Spec):
+    mfu: float = Field(0.5, gt=0, le=1, description="achieved / peak FLOP/s")
+    mbu: float = Field(0.8, gt=0, le=1, description="achieved / peak memory bandwidth")
+    overhead_s: float = Field(0.002, ge=0, description="fixed seconds per engine step")
+
+
+class GpuSpec(_Spec):
+    peak_tflops: float = Field(gt=0)
+    memory_gb: float = Field(gt=0)
+    memory_bandwidth_tbps: float = Field(gt=0)
+    interconnect_gbps: float = Field(gt=0, description="GB/s between chips of one instance")
+    price_per_hour: float = Field(ge=0)
+    efficiency: EfficiencySpec = EfficiencySpec()
+
+    def build(self, name: str) -> GpuType:
+        return GpuType(
+            name=name,
+            efficiency=Efficiency(**self.efficiency.model_dump()),
+            **self.model_dump(exclude={"efficiency"}),
+        )
+
+
+class ModelSpecFile(_Spec):
+    name: str
+    active_params_b: float = Field(gt=0)
+    weight_gb: float = Field(gt=0)
+    kv_bytes_per_token: int = Field(gt=0)
+    attention_flops_per_pair: float = Field(ge=0)
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+
+    def build(self) -> ModelSpec:
+        return ModelSpec(**self.model_dump())
+
+
+class WanSpec(_Spec):
+    gbps: float = Field(gt=0)
+    rtt_ms: float = Field(ge=0)
+    jitter_ms: float = Field(0.0, ge=0, description="std of the extra one-way delay")
+    price_per_hour: float = Field(0.0, ge=0, description="the leased line's cost")
+
+
+class InDcSpec(_Spec):
+    gbps: float = Field(400.0, gt=0, description="per-NIC RDMA bandwidth")
+    latency_ms: float = Field(0.05, ge=0)
+
+
+class SloSpec(_Spec):
+    ttft_s: float = Field(gt=0)
+    tpot_s: float = Field(gt=0)
+
+
+class RouterSpec(_Spec):
+    """The router's PolicyConfig knobs (pdd.router.policy); defaults are the router's."""
+
+    ttft_budget_s: float = Field(2.0, gt=0)
+    prefill_tokens_per_s: float | None = Field(
+        None, gt=0, description="default: the P pool's full-chunk throughput"
+    )
+    anomalous_min_input_tokens: int = 32_000
+    anomalous_output_tokens_below: int = 500
+    relay_only_max_share: float = Field(0.05, ge=0, le=1)
+    traffic_window_s: float = Field(60.0, gt=0)
+    retry_after_s: float = Field(1.0, gt=0)
+    max_retries: int = Field(30, ge=0, description="a request refused this often is lost")
+
+
+class HandoffSpec(_Spec):
+    mode: Literal["auto", "one-shot", "catch-up"] = "auto"
+    catchup_threshold: int = Field(64, ge=1)
+    catchup_load_level: float = Field(0.5, ge=0, le=1)
+
+
+class PoolSpec(_Spec):
+    gpu: str
+    instances: int = Field(gt=0)
+    gpus_per_instance: int = Field(1, gt=0)
+    max_batch: int = Field(64, gt=0, description="decode: sequences per batch")
+    max_queue: int = Field(16, gt=0, description="prefill: requests queued per instance")
+    chunk_tokens: int = Field(8192, gt=0, description="prefill: tokens per step")
+    cache_tokens: int | None = Field(
+        None, ge=0, description="prefix cache per instance; default: its KV capacity"
+    )
+
+
+class SystemKind(StrEnum):
+    SAME_DC = "same-dc"  # P and D in one datacenter, KV over RDMA
+    NAIVE = "naive"  # P in A, D in B, full KV over the WAN, no decode-side cache
+    PDD = "pdd"  # P and RLD in A, MD in B, DRC, the router's pipeline policy
+
+
+class Ablation(StrEnum):
+    NONE = "none"
+    #: Not the router's policy: requests whose MD hit is below ``low_hit_below`` end at
+    #: RLD (P-RLD), the "digest low-hit traffic locally" design the technique warns against.
+    LOW_HIT_TO_RELAY = "low-hit-to-relay"
+
+
+class SystemSpec(_Spec):
+    kind: SystemKind
+    prefill: PoolSpec
+    decode: PoolSpec | None = Field(None, description="same-dc: the D pool")
+    main: PoolSpec | None = Field(None, description="naive, pdd: the MD pool in datacenter B")
+    relay: PoolSpec | None = Field(None, description="pdd: the RLD pool in datacenter A")
+    drc: bool | None = Field(
+        None,
+        description="decode-side prefix cache (DRC); default on for pdd and same-dc, off for "
+        "naive (which then ships the full KV every time)",
+    )
+    ablation: Ablation = Ablation.NONE
+    low_hit_below: float = Field(
+        0.95, ge=0, le=1, description="low-hit-to-relay: the MD hit ratio that counts as low"
+    )
+
+    @model_validator(mode="after")
+    def _pools_match_kind(self) -> SystemSpec:
+        need = {
+            SystemKind.SAME_DC: {"decode"},
+            SystemKind.NAIVE: {"main"},
+            SystemKind.PDD: {"main", "relay"},
+        }[self.kind]
+        have = {p for p in ("decode", "main", "relay") if getattr(self, p) is not None}
+        if have != need:
+            raise ValueError(
+                f"a {self.kind.value} system has pools {sorted(need)}, got {sorted(have)}"
+            )
+        return self
+
+    def pools(self) -> dict[str, PoolSpec]:
+        return {
+            name: pool
+            for name in ("prefill", "relay", "decode", "main")
+            if (pool := getattr(self, name)) is not None
+        }
+
+    @property
+    def keeps_history(self) -> bool:
+        return self.drc if self.drc is not None else self.kind != SystemKind.NAIVE
+
+    @property
+    def uses_wan(self) -> bool:
+        return self.kind != SystemKind.SAME_DC
+
+
+class RunSpec(_Spec):
+    warmup_s: float = Field(0.0, ge=0, description="arrivals before this are not scored")
+    drain_s: float = Field(600.0, ge=0, description="after the last arrival, stop waiting")
+    sample_s: float = Field(10.0, gt=0, description="time-series bucket")
+
+
+class GoodputSpec(_Spec):
+    """Goodput = the highest arrival rate at which ``attainment`` of requests meet the SLO
+    (DistServe's definition), found by bisection between ``rate_low`` and ``rate_high``."""
+
+    attainment: float = Field(0.9, gt=0, le=1)
+    rate_low: float = Field(gt=0)
+    rate_high: float = Field(gt=0)
+    probes: int = Field(6, ge=1)
+    duration_s: float | None = Field(None, gt=0, description="default: the workload's")
+
+
+class SweepSpec(_Spec):
+    """The bathtub: rerun the systems with the generator's mean hit rate set to each value."""
+
+    mean_hit_rates: tuple[float, ...] = Field(min_length=2)
+    goodput_probes: int = Field(4, ge=1)
+
+
+class Scenario(_Spec):
+    name: str
+    description: str = ""
+    seed: int = 0
+    model: ModelSpecFile
+    gpus: dict[str, GpuSpec]
+    wan: WanSpec
+    in_dc: InDcSpec = InDcSpec()
+    slo: SloSpec
+    router: RouterSpec = RouterSpec()
+    handoff: HandoffSpec = HandoffSpec()
+    block_size: int | None = Field(None, gt=0, description="default: the workload's")
+    workload: WorkloadSpec
+    systems: dict[str, SystemSpec] = Field(min_length=1)
+    run: RunSpec = RunSpec()
+    goodput: GoodputSpec | None = None
+    sweep: SweepSpec | None = None
+    premium_range: tuple[float, float] | None = Field(
+        None, description="GPU-B price premiums over GPU-A to tabulate the cost saving at"
+    )
+
+    @model_validator(mode="after")
+    def _references_resolve(self) -> Scenario:
+        for sname, system in self.systems.items():
+            for pname, pool in system.pools().items():
+                if pool.gpu not in self.gpus:
+                    raise ValueError(
+                        f"systems.{sname}.{pname}.gpu {pool.gpu!r} is not one of the gpus "
+                        f"{sorted(self.gpus)}"
+                    )
+        if self.sweep is not None and self.workload.kind != "generator":
+            raise ValueError("sweep needs a generator workload (it sets its mean hit rate)")
+        return self
+
+    def shape(self, pool: PoolSpec) -> InstanceShape:
+        return InstanceShape(
+            self.gpus[pool.gpu].build(pool.gpu), pool.gpus_per_instance, self.model.build()
+        )
+
+
+def shipped_scenarios() -> list[str]:
+    return sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml"))
+
+
+def load_scenario(name_or_path: str) -> tuple[Scenario, Path]:
+    """A shipped scenario by name, or a YAML file; returns it and the folder relative
+    trace paths in it resolve against (the file's folder; the current directory for a
+    shipped scenario, whose traces live beside the checkout, e.g. ../shared/traces).
+
+    A document may say ``extends: NAME`` to start from another scenario and override
+    only what differs: mappings merge key by key, anything else is replaced, and
+    ``systems`` is always replaced whole (a scenario compares the systems it names), as
+    is a ``workload`` that names its ``kind``."""
+    path = _scenario_path(name_or_path)
+    doc = _read(path)
+    try:
+        return Scenario.model_validate(
+            doc
+        ), Path.cwd() if path.parent == SCENARIO_DIR else path.parent
+    except ValidationError as exc:
+        raise ScenarioError(f"{path}: invalid scenario\n{_errors(exc)}") from exc
+
+
+def _scenario_path(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    if path.suffix or path.exists():
+        return path
+    path = SCENARIO_DIR / f"{name_or_path}.yaml"
+    if not path.exists():
+        raise ScenarioError(
+            f"no scenario {name_or_path!r}: shipped ones are {shipped_scenarios()}, "
+            "or give a path to a .yaml file"
+        )
+    return path
+
+
+def _read(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """The YAML document with its ``extends`` chain merged in."""
+    if path in seen:
+        raise ScenarioError(f"{path}: 'extends' loops back to itself")
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ScenarioError(f"{path}: cannot read the scenario ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise ScenarioError(f"{path}: a scenario is a YAML mapping")
+    base = doc.pop("extends", None)
+    if base is None:
+        return doc
+    return _merge(_read(_scenario_path(str(base)), (*seen, path)), doc, top=True)
+
+
+def _merge(base: dict, override: dict, top: bool = False) -> dict:
+    merged = dict(base)
+    for key, value in override.items():
+        whole = top and (key == "systems" or (key == "workload" and "kind" in value))
+        if isinstance(value, dict) and isinstance(merged.get(key), dict) and not whole:
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _errors(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(part) for part in err["loc"])
+        lines.append(f"  {where}: {err['msg']}")
+    return "\n".join(lines)

@@ -1,0 +1,153 @@
+"""A request's path through each system, on small hand-made traces where every byte and
+token can be counted."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pdd.local.traces.base import Chain, Trace, TraceRequest
+from pdd.simulator.lifecycle import handoff_bytes
+from pdd.simulator.runner import simulate
+from pdd.simulator.scenario import Scenario, load_scenario
+
+BLOCK = 512
+KVB = 51200  # the published model's KV bytes per token
+
+
+def small(wan_gbps: float = 100.0, handoff: str = "auto", **run) -> Scenario:
+    """The published scenario shrunk to two P, one RLD, two MD (or D)."""
+    s, _ = load_scenario("published")
+    systems = {}
+    for name, spec in s.systems.items():
+        update = {
+            pool: getattr(spec, pool).model_copy(update={"instances": 1 if pool == "relay" else 2})
+            for pool in spec.pools()
+        }
+        systems[name] = spec.model_copy(update=update)
+    return s.model_copy(
+        update={
+            "systems": systems,
+            "wan": s.wan.model_copy(update={"gbps": wan_gbps, "jitter_ms": 0.0}),
+            "handoff": s.handoff.model_copy(update={"mode": handoff}),
+            "run": s.run.model_copy(update={"warmup_s": 0.0, **run}),
+        }
+    )
+
+
+def request(key: str, blocks: range, output: int, think_s: float = 0.0) -> TraceRequest:
+    ids = tuple(blocks)
+    return TraceRequest(key, "t", ids, len(ids) * BLOCK, output, BLOCK, think_s)
+
+
+def conversation(*turns: TraceRequest, start: float = 0.0, name: str = "c") -> Chain:
+    return Chain(name, start, turns)
+
+
+def trace(*chains: Chain) -> Trace[TraceRequest]:
+    return Trace("test", BLOCK, chains)
+
+
+def two_turns() -> Trace[TraceRequest]:
+    """Turn 2 resends turn 1's 40 blocks and adds 2: a 95% hit."""
+    return trace(
+        conversation(request("c#0", range(40), 50), request("c#1", range(42), 50, think_s=5.0))
+    )
+
+
+def test_naive_ships_every_prompts_full_kv_and_keeps_no_history() -> None:
+    run = simulate(small(), "naive", two_turns())
+    first, second = run.records
+    assert first.wan_bytes == 40 * BLOCK * KVB
+    assert second.wan_bytes == 42 * BLOCK * KVB  # no DRC: turn 1 crosses again
+    assert second.md_hit_tokens == 0
+    assert run.wan_bytes == first.wan_bytes + second.wan_bytes
+
+
+def test_pdd_ships_only_mds_miss_and_turn_two_hits_the_drc() -> None:
+    run = simulate(small(), "pdd", two_turns())
+    first, second = run.records
+    assert (first.pipeline, second.pipeline) == ("P-MD", "P-MD")
+    assert second.md_hit_tokens == 40 * BLOCK and second.p_hit_tokens == 40 * BLOCK
+    assert second.wan_bytes == 2 * BLOCK * KVB
+    assert all(not math.isnan(r.finish) for r in run.records)
+
+
+def test_the_same_datacenter_baseline_never_touches_the_wan() -> None:
+    run = simulate(small(), "baseline", two_turns())
+    assert run.wan_bytes == 0 and run.wan_gbps is None
+    assert all(r.wan_bytes == 0 and r.pipeline == "P-MD" for r in run.records)
+
+
+def slow_link_trace(output: int = 400) -> Trace[TraceRequest]:
+    # 20 blocks of 50 KB tokens = 524 MB: ~4.2 s on a 1 Gbit/s line, over the 2 s budget.
+    return trace(conversation(request("r#0", range(20), output)))
+
+
+def test_a_slow_transfer_is_relayed_then_handed_over_as_token_ids() -> None:
+    run = simulate(small(wan_gbps=1.0), "pdd", slow_link_trace())
+    (r,) = run.records
+    serialization = 20 * BLOCK * KVB * 8 / 1e9
+    assert r.pipeline == "P-RLD-MD"
+    assert r.ttft < 1.0 < serialization  # the relay streamed long before MD had the KV
+    assert r.handoff in ("one-shot", "catch-up")
+    assert 1 < r.rld_tokens < r.output_tokens
+    # Only KV for MD's miss and token IDs crossed: never the relay's KV.
+    kv = 20 * BLOCK * KVB
+    assert kv < r.wan_bytes <= kv + r.rld_tokens * 4 + 8 * (r.rld_tokens // 64 + 2)
+    assert r.finish > serialization
+
+
+@pytest.mark.parametrize("mode", ["one-shot", "catch-up"])
+def test_both_handoff_modes_finish_and_catch_up_keeps_the_relay_longer(mode: str) -> None:
+    run = simulate(small(wan_gbps=1.0, handoff=mode), "pdd", slow_link_trace(output=2000))
+    (r,) = run.records
+    assert r.handoff == mode and not math.isnan(r.finish)
+    stalls = run.extras["main_stall_s"]
+    assert stalls > 0
+    if mode == "one-shot":
+        # One extend of everything the relay produced: the stream's gap covers it.
+        assert r.handoff_gap_s >= stalls
+    else:
+        # Chunks were recomputed while the relay kept streaming; the final gap is small.
+        one_shot = simulate(small(wan_gbps=1.0, handoff="one-shot"), "pdd", slow_link_trace(2000))
+        assert r.rld_tokens > one_shot.records[0].rld_tokens
+        assert r.handoff_gap_s < one_shot.records[0].handoff_gap_s
+
+
+def test_anomalous_traffic_ends_on_the_relay_and_never_crosses_the_wan() -> None:
+    # The router caps relay-only traffic at 5% of recent requests: 30 small ones first.
+    small_ones = [request(f"s#{i}", range(1000 + i, 1001 + i), 5, think_s=0.1) for i in range(30)]
+    long_short = request("a#0", range(80), 100, think_s=0.1)  # 40,960 tokens in, 100 out
+    run = simulate(small(wan_gbps=1.0), "pdd", trace(conversation(*small_ones, long_short)))
+    r = run.records[-1]
+    assert r.pipeline == "P-RLD", r.reason
+    assert r.wan_bytes == 0
+    assert run.wan_bytes == sum(x.wan_bytes for x in run.records[:-1])
+    assert r.rld_tokens == r.output_tokens
+
+
+def test_relay_only_traffic_is_capped_so_it_cannot_absorb_normal_traffic() -> None:
+    """Alone, the same request would be 100% of recent traffic: it is relayed to MD."""
+    run = simulate(small(wan_gbps=1.0), "pdd", trace(conversation(request("a#0", range(80), 100))))
+    (r,) = run.records
+    assert r.pipeline == "P-RLD-MD" and "anomalous but P-RLD would be" in r.reason
+
+
+def test_every_request_of_a_generated_workload_finishes_with_tokens_conserved() -> None:
+    s = small(drain_s=3600.0)
+    workload = s.workload.model_copy(update={"rate_rps": 0.3, "duration_s": 120})
+    for name in ("baseline", "naive", "pdd"):
+        run = simulate(s, name, workload.build())
+        assert run.records and not any(r.lost for r in run.records), name
+        assert all(not math.isnan(r.finish) for r in run.records), name
+        assert all(0 <= r.rld_tokens <= r.output_tokens for r in run.records)
+        assert all(r.first_token <= r.finish for r in run.records)
+        relayed = [r for r in run.records if r.pipeline == "P-RLD-MD"]
+        wan_kv = sum((r.input_tokens - r.md_hit_tokens) * KVB for r in run.records)
+        if name == "pdd":
+            p_rld = [r for r in run.records if r.pipeline == "P-RLD"]
+            kv = wan_kv - sum((r.input_tokens - r.md_hit_tokens) * KVB for r in p_rld)
+            ids = sum(r.wan_bytes for r in run.records) - kv
+            assert 0 <= ids <= sum(handoff_bytes(r.rld_tokens) * 4 for r in relayed)
