@@ -14,7 +14,7 @@ from pdd.local.probes import throughput_mbps
 from pdd.local.report import ModeRun
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -23,7 +23,7 @@ def _pyplot() -> Any:
     return plt
 
 
-def _save(
+def save_figure(
     plt: Any, fig: Any, ax: Any, path: Path, title: str, xlabel: str, ylabel: str, grid: bool
 ) -> None:
     """Label, lay out, write and close one figure: the common tail of every plot here."""
@@ -39,14 +39,14 @@ def _save(
 
 
 def ttft_cdf(runs: Sequence[ModeRun], path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for run in runs:
         ttft = sorted(o.ttft_s for o in run.outcomes if o.ok and o.ttft_s is not None)
         if ttft:
             ax.step(ttft, [(i + 1) / len(ttft) for i in range(len(ttft))], label=run.mode)
     ax.set_xscale("log")
-    _save(
+    save_figure(
         plt, fig, ax, path, "TTFT CDF per mode", "time to first token (s)",
         "share of requests", grid=True,
     )  # fmt: skip
@@ -55,7 +55,7 @@ def ttft_cdf(runs: Sequence[ModeRun], path: Path) -> None:
 def hit_histogram(ideal: Mapping[str, float], runs: Sequence[ModeRun], path: Path) -> None:
     """The trace's per-request prefix hit (infinite cache) beside the router's per-request
     estimate of what the serving instance held (usage.cached_tokens / prompt tokens)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     bins = [i / 20 for i in range(21)]
     series = {"trace (infinite cache)": list(ideal.values())}
@@ -68,20 +68,20 @@ def hit_histogram(ideal: Mapping[str, float], runs: Sequence[ModeRun], path: Pat
     for label, values in series.items():
         if values:
             ax.hist(values, bins=bins, histtype="step", label=label, density=True)
-    _save(
+    save_figure(
         plt, fig, ax, path, "Prefix hit ratio per request", "per-request prefix hit ratio",
         "density", grid=False,
     )  # fmt: skip
 
 
 def wan_throughput(runs: Sequence[ModeRun], path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for run in runs:
         points = throughput_mbps(run.wan_series)
         if points:
             ax.plot([t for t, _ in points], [v for _, v in points], label=run.mode)
-    _save(
+    save_figure(
         plt, fig, ax, path, "WAN link throughput over time", "time since replay start (s)",
         "WAN throughput (Mbit/s)", grid=True,
     )  # fmt: skip

@@ -1,0 +1,85 @@
+"""The simulator's figures: TTFT CDFs, the collapse timeline, and the bathtub.
+
+matplotlib is imported lazily (through ``pdd.local.plots.pyplot``) so a run without
+``--plots`` never needs it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from pdd.local.plots import pyplot, save_figure
+from pdd.simulator.metrics import percentile, scored, ttft_bounded
+from pdd.simulator.runner import SystemRun
+
+
+def ttft_cdf(runs: Mapping[str, SystemRun], path: Path) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, run in runs.items():
+        ttft = sorted(ttft_bounded(r, run.horizon_s) for r in scored(run))
+        if ttft:
+            ax.step(ttft, [(i + 1) / len(ttft) for i in range(len(ttft))], label=name)
+    ax.set_xscale("log")
+    save_figure(
+        plt, fig, ax, path, "TTFT CDF per system", "time to first token (s)",
+        "share of requests", grid=True,
+    )  # fmt: skip
+
+
+def collapse_timeline(runs: Mapping[str, SystemRun], bucket_s: float, path: Path) -> None:
+    """Relay load and the TTFT p99 of each time bucket's arrivals, per system: with the
+    DRC off (or low-hit traffic ending at RLD) the relays saturate and TTFT runs away."""
+    plt = pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    for name, run in runs.items():
+        top.plot([s.t for s in run.samples], [s.relay_utilization for s in run.samples], label=name)
+        times, p99 = _ttft_p99_series(run, bucket_s)
+        bottom.plot(times, p99, label=name)
+    top.set_ylabel("relay load (active / capacity)")
+    top.axhline(1.0, color="grey", linestyle=":", linewidth=1)
+    top.grid(True, alpha=0.3)
+    top.legend()
+    bottom.set_yscale("log")
+    save_figure(
+        plt, fig, bottom, path, "", "simulated time (s)", "TTFT p99 of arrivals (s)", grid=True,
+    )  # fmt: skip
+
+
+def _ttft_p99_series(run: SystemRun, bucket_s: float) -> tuple[list[float], list[float]]:
+    buckets: dict[int, list[float]] = {}
+    for r in run.records:
+        buckets.setdefault(int(r.arrival // bucket_s), []).append(ttft_bounded(r, run.horizon_s))
+    keys = sorted(buckets)
+    return [(k + 0.5) * bucket_s for k in keys], [percentile(buckets[k], 99) for k in keys]
+
+
+def bathtub(rows: Sequence[Mapping], path: Path) -> None:
+    """Benefit (goodput within SLO per $/h) against the workload's mean hit rate."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    names = list(rows[0]["systems"]) if rows else []
+    xs = [row["mean_hit_rate"] for row in rows]
+    for name in names:
+        ys = [row["systems"][name]["bcr"] for row in rows]
+        ax.plot(xs, [y if y > 0 else math.nan for y in ys], marker="o", label=name)
+    save_figure(
+        plt, fig, ax, path, "Benefit against mean hit rate", "mean prefix hit rate",
+        "goodput within SLO per $/h (req/s per $/h)", grid=True,
+    )  # fmt: skip
+
+
+def write_all(report: Mapping, bucket_s: float, out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs: Mapping[str, SystemRun] = report["_runs"]
+    paths = [out_dir / "ttft_cdf.png"]
+    ttft_cdf(runs, paths[0])
+    if any(run.spec.relay is not None for run in runs.values()):
+        paths.append(out_dir / "relay_timeline.png")
+        collapse_timeline(runs, bucket_s, paths[-1])
+    if report.get("sweep"):
+        paths.append(out_dir / "bathtub.png")
+        bathtub(report["sweep"], paths[-1])
+    return paths

@@ -1,0 +1,48 @@
+"""The collapse scenario: relays overload when MD keeps no history (DRC off) or when
+low-hit traffic ends at the relays, and stay clear with the DRC on."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdd.simulator.analysis import compare
+from pdd.simulator.scenario import load_scenario
+
+
+@pytest.fixture(scope="module")
+def report() -> dict:
+    scenario, base = load_scenario("collapse")
+    return compare(scenario, base, goodput=False)
+
+
+def after_warmup(report: dict, system: str) -> list[dict]:
+    run = report["_runs"][system]
+    return [s for s in report["timeseries"][system] if run.warmup_s <= s["t"] <= run.score_until_s]
+
+
+def test_with_the_drc_on_the_relays_never_saturate(report: dict) -> None:
+    on = report["systems"]["drc-on"]
+    assert on["relay_overload_share"] == 0.0
+    assert max(s["relay_utilization"] for s in after_warmup(report, "drc-on")) < 1.0
+    assert on["md_hit_ratio"] > 0.7 and on["rld_token_share"] < 0.05
+    assert on["slo_attainment"] > 0.9
+
+
+def test_with_the_drc_off_the_relays_overload_and_latency_runs_away(report: dict) -> None:
+    on, off = report["systems"]["drc-on"], report["systems"]["drc-off"]
+    assert off["md_hit_ratio"] == 0.0  # every turn ships its whole prompt
+    assert off["wan_gbytes"] > 2 * on["wan_gbytes"]
+    assert off["relay_overload_share"] > 0.3
+    assert off["relay_fallbacks"] > 0  # requests that needed a relay and found none
+    assert off["ttft_p99"] > 10 * on["ttft_p99"]
+    # Overload builds over time: the relays are full for most of the second half.
+    samples = after_warmup(report, "drc-off")
+    late = samples[len(samples) // 2 :]
+    assert sum(s["relays_saturated"] for s in late) / len(late) > 0.5
+
+
+def test_low_hit_traffic_ending_at_the_relays_overloads_them(report: dict) -> None:
+    on, low = report["systems"]["drc-on"], report["systems"]["low-hit-to-relay"]
+    assert low["relay_overload_share"] > 0.3
+    assert low["rld_token_share"] > 5 * on["rld_token_share"]
+    assert low["pipelines"].get("P-RLD", 0) > 2 * on["pipelines"].get("P-RLD", 0)
