@@ -23,7 +23,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 def test_the_report_has_every_figure_others_rely_on(report: dict) -> None:
-    assert set(report["systems"]) == {"baseline", "naive", "pdd"}
+    assert {"baseline", "naive", "pdd"} <= set(report["systems"])
     for figures in report["systems"].values():
         assert all(isinstance(figures[k], int | float) for k in KEYS)
     assert {"bcr_gain", "cost_saving"} <= set(report)

@@ -31,6 +31,7 @@ class GoodputSearch:
     rate_rps: float  # the highest offered rate that met the attainment target (0: none did)
     goodput_rps: float  # requests/s served within the SLO at that rate
     probes: list[tuple[float, float]] = field(default_factory=list)  # (rate, attainment)
+    best: dict = field(default_factory=dict)  # the figures of the run at that rate
 
 
 def run_system(
@@ -60,13 +61,13 @@ def search_goodput(
         rate = spec.rate_low if i == 0 else (low + high) / 2
         probe = workload.with_rate(rate, base_dir)
         run = run_system(scenario, system, probe, probe.build(base_dir))
-        figures = summarize(run, scenario.slo)
+        figures = summarize(run, scenario.slo, scenario.billing)
         achieved = figures["slo_attainment"]
         result.probes.append((rate, achieved))
         progress(f"  {system}: {rate:.2f} req/s -> {achieved:.1%} within SLO")
         if achieved >= spec.attainment:
             low = result.rate_rps = rate
-            result.goodput_rps = figures["slo_goodput_rps"]
+            result.goodput_rps, result.best = figures["slo_goodput_rps"], figures
         else:
             high = rate
     return result
@@ -88,7 +89,7 @@ def compare(
     for name in scenario.systems:
         progress(f"{name}: simulating {len(trace)} requests")
         runs[name] = run = run_system(scenario, name, scenario.workload, trace)
-        figures = summarize(run, scenario.slo)
+        figures = summarize(run, scenario.slo, scenario.billing)
         figures["gpus"] = gpu_counts(scenario.systems[name])
         figures["cost"] = figures.pop("cost_per_hour")
         if goodput and scenario.goodput is not None:
@@ -138,7 +139,8 @@ def _premium_row(scenario: Scenario, premium: float) -> dict:
 
 
 def sweep(scenario: Scenario, base_dir: Path | None, progress: Progress = _quiet) -> list[dict]:
-    """The bathtub: each system's goodput and BCR at each mean hit rate of the generator."""
+    """The bathtub: each system's goodput, BCR and benefit (revenue within SLO per hardware
+    dollar, at its goodput rate) at each mean hit rate of the generator."""
     spec = scenario.sweep
     if spec is None or not isinstance(scenario.workload, GeneratorSpec):
         return []
@@ -158,6 +160,8 @@ def sweep(scenario: Scenario, base_dir: Path | None, progress: Progress = _quiet
                 "goodput_rps": search.goodput_rps,
                 "cost": cost,
                 "bcr": search.goodput_rps / cost if cost else 0.0,
+                "benefit": search.best.get("benefit", 0.0),
+                "p_hit_ratio": search.best.get("p_hit_ratio", 0.0),
             }
         rows.append(row)
     return rows

@@ -32,6 +32,7 @@ COLUMNS = (
     ("goodput_rps", "goodput rps", "{:.3g}"),
     ("cost", "cost $/h", "{:.2f}"),
     ("bcr", "BCR", "{:.3f}"),
+    ("benefit", "benefit", "{:.2f}"),
     ("wan_utilization", "WAN util", "{:.1%}"),
     ("rld_token_share", "RLD tokens", "{:.1%}"),
     ("relay_overload_share", "RLD full", "{:.0%}"),
@@ -148,7 +149,7 @@ def _headline_lines(report: dict) -> list[str]:
         out.append(f"PDD TTFT p99 / naive cross-DC PD TTFT p99: {report['ttft_p99_vs_naive']:.2f}x")
     for row in report.get("sweep", []):
         cells = ", ".join(
-            f"{n} {s['goodput_rps']:.1f} rps / BCR {s['bcr']:.3f}"
+            f"{n} {s['goodput_rps']:.2f} rps, BCR {s['bcr']:.3f}, benefit {s['benefit']:.2f}"
             for n, s in row["systems"].items()
         )
         out.append(f"mean hit {row['mean_hit_rate']:.2f}: {cells}")

@@ -127,12 +127,7 @@ def _ship_then_decode(c: Cluster, req: SimRequest, rec: RequestRecord, md) -> Pr
 
 def _relay_only(c: Cluster, req: SimRequest, rec: RequestRecord, rld) -> Proc:
     yield c.in_dc.transfer(req.input_tokens * c.kv_bytes_per_token)
-    seq = rld.submit(req.input_tokens, req.output_tokens - 1)
-    rld.unreserve()
-    yield seq.started
-    rec.first_token = c.env.now
-    yield seq.done
-    rec.finish = c.env.now
+    yield from _decode_whole(c, req, rec, rld)
     rec.rld_tokens = req.output_tokens
 
 
@@ -163,8 +158,14 @@ def _relay_then_hand_off(
 
 def _decode_on_main(c: Cluster, req: SimRequest, rec: RequestRecord, md) -> Proc:
     _remember(md, req)
-    seq = md.submit(req.input_tokens, req.output_tokens - 1)
-    md.unreserve()
+    yield from _decode_whole(c, req, rec, md)
+
+
+def _decode_whole(c: Cluster, req: SimRequest, rec: RequestRecord, inst: DecodeInstance) -> Proc:
+    """The whole answer from one decode instance, which streams P's first token as soon
+    as it admits the request."""
+    seq = inst.submit(req.input_tokens, req.output_tokens - 1)
+    inst.unreserve()
     yield seq.started
     rec.first_token = c.env.now
     yield seq.done

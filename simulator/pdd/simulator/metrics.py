@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from pdd.simulator.lifecycle import RequestRecord
 from pdd.simulator.runner import SystemRun
-from pdd.simulator.scenario import SloSpec
+from pdd.simulator.scenario import BillingSpec, SloSpec
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -43,14 +43,22 @@ def attainment(run: SystemRun, slo: SloSpec) -> float:
     return sum(meets_slo(r, slo) for r in rs) / len(rs) if rs else 0.0
 
 
-def summarize(run: SystemRun, slo: SloSpec) -> dict:
-    """The per-system figures of the report (JSON-ready; seconds, bytes, $/h)."""
+def summarize(run: SystemRun, slo: SloSpec, billing: BillingSpec) -> dict:
+    """The per-system figures of the report (JSON-ready; seconds, bytes, $/h).
+
+    ``benefit`` is what the requests served within the SLO earn per hour over what the
+    hardware costs per hour (cached input billed at its discount: see BillingSpec)."""
     rs = scored(run)
     window = max(1e-9, run.score_until_s - run.warmup_s)
     ttfts = [ttft_bounded(r, run.horizon_s) for r in rs]
     finished = [r for r in rs if not math.isnan(r.finish)]
     tpots = [r.tpot for r in finished if r.output_tokens > 1]
-    met = sum(meets_slo(r, slo) for r in rs)
+    met_records = [r for r in rs if meets_slo(r, slo)]
+    met = len(met_records)
+    earned = sum(
+        billing.revenue(r.input_tokens, r.p_hit_tokens, r.output_tokens) for r in met_records
+    )
+    revenue_per_hour = earned / window * 3600
     out_tokens = sum(r.output_tokens for r in finished)
     relayed = [r for r in finished if r.handoff]
     return {
@@ -66,6 +74,8 @@ def summarize(run: SystemRun, slo: SloSpec) -> dict:
         "slo_goodput_rps": met / window,
         "offered_rps": len(rs) / window,
         "cost_per_hour": run.cost_per_hour,
+        "revenue_per_hour": revenue_per_hour,
+        "benefit": revenue_per_hour / run.cost_per_hour if run.cost_per_hour else 0.0,
         "rld_token_share": sum(r.rld_tokens for r in finished) / out_tokens if out_tokens else 0.0,
         "wan_gbytes": run.wan_bytes / 1e9,
         "wan_utilization": _wan_utilization(run),

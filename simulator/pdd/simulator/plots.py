@@ -57,17 +57,23 @@ def _ttft_p99_series(run: SystemRun, bucket_s: float) -> tuple[list[float], list
 
 
 def bathtub(rows: Sequence[Mapping], path: Path) -> None:
-    """Benefit (goodput within SLO per $/h) against the workload's mean hit rate."""
+    """Against the workload's mean hit rate: benefit (revenue within SLO per hardware $,
+    cached input billed at its discount) and BCR (goodput within SLO per $/h)."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6, 6), sharex=True)
     names = list(rows[0]["systems"]) if rows else []
     xs = [row["mean_hit_rate"] for row in rows]
     for name in names:
-        ys = [row["systems"][name]["bcr"] for row in rows]
-        ax.plot(xs, [y if y > 0 else math.nan for y in ys], marker="o", label=name)
+        for ax, key in ((top, "benefit"), (bottom, "bcr")):
+            ys = [row["systems"][name][key] for row in rows]
+            ax.plot(xs, [y if y > 0 else math.nan for y in ys], marker="o", label=name)
+    top.set_ylabel("revenue within SLO / hardware $")
+    top.set_title("Benefit against mean hit rate")
+    top.grid(True, alpha=0.3)
+    top.legend()
     save_figure(
-        plt, fig, ax, path, "Benefit against mean hit rate", "mean prefix hit rate",
-        "goodput within SLO per $/h (req/s per $/h)", grid=True,
+        plt, fig, bottom, path, "", "mean prefix hit rate",
+        "goodput within SLO per $/h", grid=True,
     )  # fmt: skip
 
 

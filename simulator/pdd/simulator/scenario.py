@@ -81,6 +81,20 @@ class SloSpec(_Spec):
     tpot_s: float = Field(gt=0)
 
 
+class BillingSpec(_Spec):
+    """What a request earns, for the benefit figure of the bathtub: providers bill cached
+    input at 10-25% of uncached input, so a higher hit rate also earns less per request."""
+
+    input_per_mtok: float = Field(1.0, ge=0, description="$ per million uncached input tokens")
+    cached_input_ratio: float = Field(0.2, ge=0, le=1, description="cached input's share of that")
+    output_per_mtok: float = Field(4.0, ge=0, description="$ per million output tokens")
+
+    def revenue(self, input_tokens: int, cached_tokens: int, output_tokens: int) -> float:
+        uncached = input_tokens - cached_tokens
+        billed = uncached + cached_tokens * self.cached_input_ratio
+        return (billed * self.input_per_mtok + output_tokens * self.output_per_mtok) / 1e6
+
+
 class RouterSpec(_Spec):
     """The router's PolicyConfig knobs (pdd.router.policy); defaults are the router's."""
 
@@ -206,6 +220,7 @@ class Scenario(_Spec):
     wan: WanSpec
     in_dc: InDcSpec = InDcSpec()
     slo: SloSpec
+    billing: BillingSpec = BillingSpec()
     router: RouterSpec = RouterSpec()
     handoff: HandoffSpec = HandoffSpec()
     block_size: int | None = Field(None, gt=0, description="default: the workload's")
