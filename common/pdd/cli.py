@@ -19,7 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "up": ("pdd.local.up", "bring the whole pipeline up on this machine"),
     "bench": ("pdd.local.bench", "replay a trace against a stack and report"),
     "simulate": ("pdd.simulator.cli", "simulate a datacenter-scale scenario (YAML)"),
-    "calibrate": ("pdd.simulator.calibration", "fit the simulator's step model to a step profile"),
+    "calibrate": ("pdd.simulator.calibrate_cli", "fit the simulator's step model to a profile"),
 }
 
 

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from pdd.cli import main as pdd_main
+from pdd.simulator.calibrate_cli import main
 from pdd.simulator.calibration import (
     CalibrationError,
     ProfiledModel,
@@ -21,7 +22,6 @@ from pdd.simulator.calibration import (
     StepSample,
     fit_efficiency,
     load_profile,
-    main,
 )
 from pdd.simulator.hardware import Efficiency, GpuType, InstanceShape, ModelSpec
 from pdd.simulator.scenario import GpuSpec

@@ -1,3 +1,6 @@
+"""The workload generator and trace specs: the hit-rate skew, closed-loop sessions, the
+anomalous class, determinism, and both recorded trace formats."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,9 +9,9 @@ import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from pdd.local.traces.base import Chain, Trace, TraceRequest, ideal_hit_ratios
+from pdd.simulator.generator import GeneratorSpec
+from pdd.simulator.hit_mix import HitMix
 from pdd.simulator.workload import (
-    GeneratorSpec,
-    HitMix,
     TraceSpec,
     WorkloadError,
     WorkloadSpec,

@@ -14,10 +14,11 @@ from pathlib import Path
 
 from pdd.local.traces.base import Trace, TraceRequest
 from pdd.simulator.costs import cost_at_premium, gpu_counts, system_cost_per_hour
+from pdd.simulator.generator import GeneratorSpec
 from pdd.simulator.metrics import summarize
 from pdd.simulator.runner import SystemRun, simulate
 from pdd.simulator.scenario import Scenario
-from pdd.simulator.workload import GeneratorSpec, WorkloadSpec, describe
+from pdd.simulator.workload import WorkloadSpec, describe
 
 Progress = Callable[[str], None]
 

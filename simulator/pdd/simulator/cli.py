@@ -20,8 +20,8 @@ from pydantic import ValidationError
 from pdd.local.traces.base import TraceFormatError
 from pdd.simulator import plots
 from pdd.simulator.analysis import compare, sweep
+from pdd.simulator.generator import GeneratorSpec
 from pdd.simulator.scenario import Scenario, ScenarioError, load_scenario, shipped_scenarios
-from pdd.simulator.workload import GeneratorSpec
 
 COLUMNS = (
     ("ttft_p50", "TTFT p50 s", "{:.2f}"),
