@@ -10,7 +10,8 @@ import pytest
 
 from pdd.cli import main as pdd_main
 
-pytestmark = pytest.mark.slow
+#: The goodput searches take about five minutes on two cores: past pytest's default limit.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 KEYS = ("ttft_p50", "ttft_p99", "goodput_rps", "cost", "bcr", "rld_token_share")
 

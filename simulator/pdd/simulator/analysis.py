@@ -8,7 +8,9 @@ rate. The benefit-cost ratio is that goodput per dollar-hour of hardware.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,9 +77,16 @@ def search_goodput(
 
 
 def compare(
-    scenario: Scenario, base_dir: Path | None, progress: Progress = _quiet, goodput: bool = True
+    scenario: Scenario,
+    base_dir: Path | None,
+    progress: Progress = _quiet,
+    goodput: bool = True,
+    jobs: int = 1,
 ) -> dict:
-    """Every system at the scenario's load (and, when asked, its goodput); the report."""
+    """Every system at the scenario's load (and, when asked, its goodput); the report.
+
+    Systems are independent simulations, so ``jobs`` > 1 runs them in that many worker
+    processes (their progress lines are then printed to stderr by the workers)."""
     trace = scenario.workload.build(base_dir)
     report: dict = {
         "scenario": scenario.name,
@@ -86,26 +95,55 @@ def compare(
         "slo": scenario.slo.model_dump(),
         "systems": {},
     }
+    names = list(scenario.systems)
+    if jobs > 1 and len(names) > 1:
+        verbose = progress is not _quiet
+        with ProcessPoolExecutor(min(jobs, len(names))) as pool:
+            futures = [
+                pool.submit(evaluate_system, scenario, n, base_dir, goodput, verbose) for n in names
+            ]
+            results = [f.result() for f in futures]
+    else:
+        results = [evaluate_system(scenario, n, base_dir, goodput, progress) for n in names]
     runs: dict[str, SystemRun] = {}
-    for name in scenario.systems:
-        progress(f"{name}: simulating {len(trace)} requests")
-        runs[name] = run = run_system(scenario, name, scenario.workload, trace)
-        figures = summarize(run, scenario.slo, scenario.billing)
-        figures["gpus"] = gpu_counts(scenario.systems[name])
-        figures["cost"] = figures.pop("cost_per_hour")
-        if goodput and scenario.goodput is not None:
-            search = search_goodput(scenario, name, base_dir, progress)
-            figures["goodput_rps"] = search.goodput_rps
-            figures["goodput_rate_rps"] = search.rate_rps
-            figures["goodput_probes"] = search.probes
-        else:
-            figures["goodput_rps"] = figures["slo_goodput_rps"]
-        figures["bcr"] = figures["goodput_rps"] / figures["cost"] if figures["cost"] else 0.0
-        report["systems"][name] = figures
+    for name, (figures, run) in zip(names, results, strict=True):
+        report["systems"][name], runs[name] = figures, run
     report.update(headline(scenario, report["systems"]))
     report["timeseries"] = {name: [s.__dict__ for s in run.samples] for name, run in runs.items()}
     report["_runs"] = runs  # for plots; dropped before JSON
     return report
+
+
+def evaluate_system(
+    scenario: Scenario,
+    name: str,
+    base_dir: Path | None,
+    goodput: bool,
+    progress: Progress | bool = _quiet,
+) -> tuple[dict, SystemRun]:
+    """One system's figures at the scenario's load, plus its goodput when asked.
+    ``progress`` may be a bool (in a worker process: print to stderr or not)."""
+    if isinstance(progress, bool):
+        progress = _stderr if progress else _quiet
+    progress(f"{name}: simulating")
+    trace = scenario.workload.build(base_dir)
+    run = run_system(scenario, name, scenario.workload, trace)
+    figures = summarize(run, scenario.slo, scenario.billing)
+    figures["gpus"] = gpu_counts(scenario.systems[name])
+    figures["cost"] = figures.pop("cost_per_hour")
+    if goodput and scenario.goodput is not None:
+        search = search_goodput(scenario, name, base_dir, progress)
+        figures["goodput_rps"] = search.goodput_rps
+        figures["goodput_rate_rps"] = search.rate_rps
+        figures["goodput_probes"] = search.probes
+    else:
+        figures["goodput_rps"] = figures["slo_goodput_rps"]
+    figures["bcr"] = figures["goodput_rps"] / figures["cost"] if figures["cost"] else 0.0
+    return figures, run
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def headline(scenario: Scenario, systems: dict[str, dict]) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -50,6 +51,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--duration", type=float, help="override the generator's duration_s")
     p.add_argument("--rate", type=float, help="override the workload's arrival rate")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument(
+        "--jobs", type=int, default=os.cpu_count() or 1, help="systems simulated in parallel"
+    )
     return p.parse_args(argv)
 
 
@@ -74,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         scenario, base_dir = load_scenario(args.scenario)
         scenario = apply_overrides(scenario, args)
-        report = compare(scenario, base_dir, progress, goodput=not args.no_goodput)
+        report = compare(scenario, base_dir, progress, not args.no_goodput, max(1, args.jobs))
         if scenario.sweep is not None:
             report["sweep"] = sweep(scenario, base_dir, progress)
     except (ScenarioError, TraceFormatError, ValidationError, ValueError) as exc:
