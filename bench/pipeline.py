@@ -29,6 +29,7 @@ from pathlib import Path
 
 import httpx
 
+from pdd.common.stats import percentile
 from pdd.common.wire import PipelinePlan, SamplingSpec
 from pdd.worker.driver import RunResult, run_plan
 from pdd.worker.local_cluster import LinkSpec, LocalCluster, WorkerSpec
@@ -54,11 +55,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default="tiny")
     p.add_argument("--json", help="write the results here as JSON")
     return p.parse_args(argv)
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def wan_bytes(cluster: LocalCluster) -> float:
@@ -100,9 +96,9 @@ async def run_system(cluster: LocalCluster, system: str, args: argparse.Namespac
     return {
         "system": system,
         "requests": len(results),
-        "ttft_p50_ms": percentile(ttft, 0.5),
-        "ttft_p90_ms": percentile(ttft, 0.9),
-        "ttft_p99_ms": percentile(ttft, 0.99),
+        "ttft_p50_ms": percentile(ttft, 50),
+        "ttft_p90_ms": percentile(ttft, 90),
+        "ttft_p99_ms": percentile(ttft, 99),
         "ttft_mean_ms": statistics.fmean(ttft),
         "max_stall_ms": max(r.max_gap_s for r in results) * 1000,
         "wan_kv_bytes": wan_bytes(cluster) - before,

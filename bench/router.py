@@ -30,6 +30,7 @@ import httpx
 
 from pdd.common.block_hash import block_hashes
 from pdd.common.cost_model import LinkState
+from pdd.common.stats import percentile
 from pdd.common.wire import SamplingSpec
 from pdd.router.instance_choice import InstanceLoad, Role
 from pdd.router.policy import PolicyConfig, RequestFeatures, decide
@@ -40,13 +41,8 @@ from pdd.worker.driver import run_plan
 from pdd.worker.local_cluster import LocalCluster, WorkerSpec, free_port
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def summary(values: list[float]) -> dict[str, float]:
-    return {"p50_ms": percentile(values, 0.5) * 1e3, "p99_ms": percentile(values, 0.99) * 1e3}
+    return {"p50_ms": percentile(values, 50) * 1e3, "p99_ms": percentile(values, 99) * 1e3}
 
 
 async def run_at_concurrency(
@@ -120,7 +116,7 @@ def bench_decision(prompt_tokens: int, iterations: int = 2000) -> dict[str, floa
         features = RequestFeatures.from_prompt(ids, 64, 16)
         decide(features, hits, loads, link, traffic, policy)
         times.append(time.perf_counter() - start)
-    return {"p50_us": percentile(times, 0.5) * 1e6, "p99_us": percentile(times, 0.99) * 1e6}
+    return {"p50_us": percentile(times, 50) * 1e6, "p99_us": percentile(times, 99) * 1e6}
 
 
 def start_router(

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pdd.common.stats import percentile
 from pdd.local.probes import Samples, by_label, total
 from pdd.local.replay import Outcome
 
@@ -46,15 +46,6 @@ class ModeRun:
     router: Samples = field(default_factory=dict)  # counter differences over the run
     workers: Samples = field(default_factory=dict)
     wan_series: list[tuple[float, int]] = field(default_factory=list)
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..100); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
 def _ratio(num: float, den: float) -> float | None:

@@ -12,18 +12,10 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
+from pdd.common.stats import percentile
 from pdd.simulator.lifecycle import RequestRecord
 from pdd.simulator.runner import SystemRun
 from pdd.simulator.scenario import BillingSpec, SloSpec
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in [0, 100]); NaN for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
 def scored(run: SystemRun) -> list[RequestRecord]:
@@ -86,6 +78,7 @@ def summarize(run: SystemRun, slo: SloSpec, billing: BillingSpec) -> dict:
         "handoff_gap_p99": percentile([r.handoff_gap_s for r in relayed], 99),
         "relay_overload_share": _overload_share(run),
         "relay_fallbacks": int(run.extras.get("relay_fallbacks", 0)),
+        "instances": run.extras,
     }
 
 

@@ -10,8 +10,9 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from pdd.common.stats import percentile
 from pdd.local.plots import pyplot, save_figure
-from pdd.simulator.metrics import percentile, scored, ttft_bounded
+from pdd.simulator.metrics import scored, ttft_bounded
 from pdd.simulator.runner import SystemRun
 
 

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pdd.common.stats import percentile
 from pdd.local.traces import Format, load_trace
 from pdd.local.traces.base import Trace, TraceRequest, ideal_hit_ratios
 from pdd.simulator.generator import GeneratorSpec
@@ -102,18 +103,13 @@ def describe(
     return {
         "requests": len(requests),
         "input_tokens_mean": sum(inputs) / n,
-        "input_tokens_p50": _quantile(inputs, 0.5),
-        "input_tokens_p90": _quantile(inputs, 0.9),
+        "input_tokens_p50": percentile(inputs, 50),
+        "input_tokens_p90": percentile(inputs, 90),
         "output_tokens_mean": sum(outputs) / n,
-        "output_tokens_p50": _quantile(outputs, 0.5),
-        "output_tokens_p90": _quantile(outputs, 0.9),
+        "output_tokens_p50": percentile(outputs, 50),
+        "output_tokens_p90": percentile(outputs, 90),
         "ideal_mean_hit": sum(hits) / n,
         "share_above_95": sum(h > HIGH_HIT for h in hits) / n,
         "anomalous_share": anomalous / n,
         "offered_rate_rps": offered_rate(trace),
     }
-
-
-def _quantile(ordered: list[int], q: float) -> int:
-    """Nearest-rank quantile of a sorted list (0 when empty)."""
-    return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else 0
