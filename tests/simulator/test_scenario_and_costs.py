@@ -91,3 +91,23 @@ def test_misspelt_fields_and_bad_values_name_their_path(tmp_path: Path) -> None:
 def test_an_unknown_name_lists_the_shipped_scenarios() -> None:
     with pytest.raises(ScenarioError, match="shipped ones are"):
         load_scenario("no-such-scenario")
+
+
+def test_a_premium_table_without_its_gpus_and_systems_is_refused(tmp_path: Path) -> None:
+    doc = published_doc()
+    doc["gpus"]["C"] = doc["gpus"].pop("B")
+    for spec in doc["systems"].values():
+        for pool in spec.values():
+            if isinstance(pool, dict) and pool.get("gpu") == "B":
+                pool["gpu"] = "C"
+    with pytest.raises(ScenarioError, match=r"premium_range needs gpus.B; or drop it"):
+        load_scenario(str(write(tmp_path, doc)))
+
+
+def test_router_knobs_default_to_the_routers_own_policy_defaults() -> None:
+    from pdd.router.policy import PolicyConfig
+    from pdd.simulator.scenario import RouterSpec
+
+    spec = RouterSpec()
+    for knob in ("ttft_budget_s", "anomalous_min_input_tokens", "relay_only_max_share"):
+        assert getattr(spec, knob) == getattr(PolicyConfig(kv_bytes_per_token=1), knob)

@@ -22,8 +22,9 @@ No available P (or no available MD when the request must end at MD) is a typed
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
+from typing import Any
 
 from pdd.common.block_hash import ROOT_HASH, hash_block
 from pdd.common.cost_model import LinkState, wan_transfer_seconds
@@ -66,6 +67,11 @@ class PolicyConfig:
     #: Seconds a client should wait before retrying a saturated router.
     retry_after_s: float = 1.0
     weights: ChoiceWeights = field(default_factory=ChoiceWeights)
+
+    @classmethod
+    def default_of(cls, knob: str) -> Any:
+        """A knob's default, for tools that expose the knobs (the simulator's scenarios)."""
+        return next(f.default for f in fields(cls) if f.name == knob)
 
     def __post_init__(self) -> None:
         if self.kv_bytes_per_token <= 0:

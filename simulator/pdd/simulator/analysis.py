@@ -91,7 +91,11 @@ def compare(
     report: dict = {
         "scenario": scenario.name,
         "description": scenario.description,
-        "workload": describe(trace),
+        "workload": describe(
+            trace,
+            scenario.router.anomalous_min_input_tokens,
+            scenario.router.anomalous_output_tokens_below,
+        ),
         "slo": scenario.slo.model_dump(),
         "systems": {},
     }
@@ -100,11 +104,12 @@ def compare(
         verbose = progress is not _quiet
         with ProcessPoolExecutor(min(jobs, len(names))) as pool:
             futures = [
-                pool.submit(evaluate_system, scenario, n, base_dir, goodput, verbose) for n in names
+                pool.submit(evaluate_system, scenario, n, trace, base_dir, goodput, verbose)
+                for n in names
             ]
             results = [f.result() for f in futures]
     else:
-        results = [evaluate_system(scenario, n, base_dir, goodput, progress) for n in names]
+        results = [evaluate_system(scenario, n, trace, base_dir, goodput, progress) for n in names]
     runs: dict[str, SystemRun] = {}
     for name, (figures, run) in zip(names, results, strict=True):
         report["systems"][name], runs[name] = figures, run
@@ -117,16 +122,16 @@ def compare(
 def evaluate_system(
     scenario: Scenario,
     name: str,
+    trace: Trace[TraceRequest],
     base_dir: Path | None,
     goodput: bool,
     progress: Progress | bool = _quiet,
 ) -> tuple[dict, SystemRun]:
-    """One system's figures at the scenario's load, plus its goodput when asked.
-    ``progress`` may be a bool (in a worker process: print to stderr or not)."""
+    """One system's figures on ``trace`` (the scenario's workload), plus its goodput when
+    asked. ``progress`` may be a bool (in a worker process: print to stderr or not)."""
     if isinstance(progress, bool):
         progress = _stderr if progress else _quiet
-    progress(f"{name}: simulating")
-    trace = scenario.workload.build(base_dir)
+    progress(f"{name}: simulating {len(trace)} requests")
     run = run_system(scenario, name, scenario.workload, trace)
     figures = summarize(run, scenario.slo, scenario.billing)
     figures["gpus"] = gpu_counts(scenario.systems[name])

@@ -131,7 +131,7 @@ class Cluster:
         """The router's decision for ``request`` on the instances' current load."""
         hits = self.index.hits(request.keys, request.input_tokens)
         loads = [i.load() for i in self.by_id.values()]
-        return decide(
+        decision = decide(
             request.features,
             hits,
             loads,
@@ -139,13 +139,22 @@ class Cluster:
             self.traffic.snapshot(),
             self.policy,
         )
+        if self.relay and self._fell_back(decision):
+            self.relay_fallbacks += 1
+        return decision
+
+    def _fell_back(self, decision: Decision | Saturated) -> bool:
+        """P-MD although MD's first token misses the budget: no relay had room."""
+        return (
+            isinstance(decision, Decision)
+            and decision.pipeline == Pipeline.P_MD
+            and decision.estimate.md_first_token_s > self.policy.ttft_budget_s
+        )
 
     def apply_ablation(self, request: SimRequest, decision: Decision) -> Decision:
         """The router's decision, or what a sim-only ablation makes of it (never the
         router's policy): ``low-hit-to-relay`` ends every request whose MD hit is below
         the system's ``low_hit_below`` at a relay (P-RLD), when one has room."""
-        if self.relay and "every relay is saturated" in decision.reason:
-            self.relay_fallbacks += 1
         if self.spec.ablation != Ablation.LOW_HIT_TO_RELAY or decision.pipeline == Pipeline.P_RLD:
             return decision
         if decision.estimate.md_hit_tokens >= self.spec.low_hit_below * request.input_tokens:

@@ -21,7 +21,7 @@ import heapq
 import itertools
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import simpy
 
@@ -53,12 +53,8 @@ class DecodeSeq:
 @dataclass
 class DecodeStats:
     tokens: float = 0.0  # tokens produced
-    busy_s: float = 0.0  # time with a non-empty batch
     stall_s: float = 0.0  # time paused by extends
-    extended_tokens: int = 0
-    admitted: int = 0
-    queue_wait_s: float = 0.0
-    samples: list[tuple[float, int, int]] = field(default_factory=list)  # (t, running, waiting)
+    queue_wait_s: float = 0.0  # summed over admitted sequences
 
 
 class DecodeInstance:
@@ -171,7 +167,6 @@ class DecodeInstance:
                 break  # FIFO: the head waits for memory (a lone sequence always fits)
             self._waiting.popleft()
             seq.admitted_at = self.env.now
-            self.stats.admitted += 1
             self.stats.queue_wait_s += self.env.now - queued_at
             if seq.extend:
                 self._pause(seq.extend, seq.context)
@@ -200,7 +195,6 @@ class DecodeInstance:
         extra = max(0.0, self.shape.step_seconds(b + tokens, k + context, pairs) - plain)
         self._paused_until = max(self.env.now, self._paused_until) + extra
         self.stats.stall_s += extra
-        self.stats.extended_tokens += tokens
 
     def _context_tokens(self) -> float:
         return self._context_base + len(self._running) * self._counter
@@ -213,7 +207,6 @@ class DecodeInstance:
         n = len(self._running)
         if n:
             productive = now - max(self._last, self._paused_until)
-            self.stats.busy_s += now - self._last
             if productive > 0:
                 steps = productive / self._step_seconds()
                 self._counter += steps
@@ -248,6 +241,3 @@ class DecodeInstance:
             seq.done.succeed()
         self._admit()
         self._reschedule()
-
-    def sample(self) -> None:
-        self.stats.samples.append((self.env.now, len(self._running), len(self._waiting)))

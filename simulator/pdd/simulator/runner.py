@@ -86,7 +86,7 @@ def simulate(
     cluster = Cluster(env, scenario, spec, block_size)
     records: list[RequestRecord] = []
     keys = BlockKeys()
-    state = {"live": 0, "last_arrival": 0.0}
+    state = {"last_arrival": 0.0}
 
     def send(r: TraceRequest):
         k = keys(r)
@@ -98,7 +98,6 @@ def simulate(
         return env.process(serve(cluster, req, rec))
 
     def run_chain(chain: Chain[TraceRequest], delay: float):
-        state["live"] += 1
         if delay > 0:
             yield env.timeout(delay)
         start_spawns(chain, -1)
@@ -107,7 +106,6 @@ def simulate(
                 yield env.timeout(r.think_s)
             yield send(r)
             start_spawns(chain, i)
-        state["live"] -= 1
 
     def start_spawns(chain: Chain[TraceRequest], index: int) -> None:
         for spawn in chain.spawns:

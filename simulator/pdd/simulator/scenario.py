@@ -15,6 +15,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from pdd.router.policy import PolicyConfig
 from pdd.simulator.hardware import Efficiency, GpuType, InstanceShape, ModelSpec
 from pdd.simulator.workload import WorkloadSpec
 
@@ -98,15 +99,19 @@ class BillingSpec(_Spec):
 class RouterSpec(_Spec):
     """The router's PolicyConfig knobs (pdd.router.policy); defaults are the router's."""
 
-    ttft_budget_s: float = Field(2.0, gt=0)
+    ttft_budget_s: float = Field(PolicyConfig.default_of("ttft_budget_s"), gt=0)
     prefill_tokens_per_s: float | None = Field(
         None, gt=0, description="default: the P pool's full-chunk throughput"
     )
-    anomalous_min_input_tokens: int = 32_000
-    anomalous_output_tokens_below: int = 500
-    relay_only_max_share: float = Field(0.05, ge=0, le=1)
+    anomalous_min_input_tokens: int = Field(
+        PolicyConfig.default_of("anomalous_min_input_tokens"), gt=0
+    )
+    anomalous_output_tokens_below: int = Field(
+        PolicyConfig.default_of("anomalous_output_tokens_below"), gt=0
+    )
+    relay_only_max_share: float = Field(PolicyConfig.default_of("relay_only_max_share"), ge=0, le=1)
     traffic_window_s: float = Field(60.0, gt=0)
-    retry_after_s: float = Field(1.0, gt=0)
+    retry_after_s: float = Field(PolicyConfig.default_of("retry_after_s"), gt=0)
     max_retries: int = Field(30, ge=0, description="a request refused this often is lost")
 
 
@@ -230,7 +235,9 @@ class Scenario(_Spec):
     goodput: GoodputSpec | None = None
     sweep: SweepSpec | None = None
     premium_range: tuple[float, float] | None = Field(
-        None, description="GPU-B price premiums over GPU-A to tabulate the cost saving at"
+        None,
+        description="GPU-B price premiums over GPU-A at which to tabulate pdd's cost saving "
+        "over baseline (needs gpus A and B and systems baseline and pdd)",
     )
 
     @model_validator(mode="after")
@@ -242,6 +249,11 @@ class Scenario(_Spec):
                         f"systems.{sname}.{pname}.gpu {pool.gpu!r} is not one of the gpus "
                         f"{sorted(self.gpus)}"
                     )
+        if self.premium_range is not None:
+            missing = [f"gpus.{g}" for g in ("A", "B") if g not in self.gpus]
+            missing += [f"systems.{n}" for n in ("baseline", "pdd") if n not in self.systems]
+            if missing:
+                raise ValueError(f"premium_range needs {', '.join(missing)}; or drop it")
         if self.sweep is not None and self.workload.kind != "generator":
             raise ValueError("sweep needs a generator workload (it sets its mean hit rate)")
         return self

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pdd.common.stats import percentile
 from pdd.local.traces import Format, load_trace
 from pdd.local.traces.base import Trace, TraceRequest, ideal_hit_ratios
+from pdd.router.policy import PolicyConfig
 from pdd.simulator.generator import GeneratorSpec
 from pdd.simulator.hit_mix import HIGH_HIT
 
@@ -86,8 +87,8 @@ def offered_rate(trace: Trace[TraceRequest]) -> float | None:
 
 def describe(
     trace: Trace[TraceRequest],
-    anomalous_min_input_tokens: int = 32768,
-    anomalous_output_below: int = 500,
+    anomalous_min_input_tokens: int = PolicyConfig.default_of("anomalous_min_input_tokens"),
+    anomalous_output_below: int = PolicyConfig.default_of("anomalous_output_tokens_below"),
 ) -> dict[str, float | int | None]:
     """What the report prints about a workload: lengths, ideal (infinite-cache) hits, the
     share of long-input short-output requests, and the offered rate."""
