@@ -15,14 +15,13 @@ reducing throughput, as on a real long fat pipe.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
 
 GBIT = 1e9
 
 
 class ThroughputMeter:
-    """Bytes delivered over the last ``window_s`` seconds, as bits per second."""
+    """Bytes delivered over the last ``window_s`` seconds (of event-loop time), as bits/s."""
 
     def __init__(self, window_s: float = 1.0) -> None:
         self.window_s = window_s
@@ -30,13 +29,13 @@ class ThroughputMeter:
         self._bytes_in_window = 0
 
     def add(self, nbytes: int) -> None:
-        now = time.monotonic()
+        now = asyncio.get_running_loop().time()
         self._events.append((now, nbytes))
         self._bytes_in_window += nbytes
         self._expire(now)
 
     def bits_per_second(self) -> float:
-        self._expire(time.monotonic())
+        self._expire(asyncio.get_running_loop().time())
         return 8 * self._bytes_in_window / self.window_s
 
     def _expire(self, now: float) -> None:

@@ -17,6 +17,7 @@ from pdd.worker.transport.channel import Channel
 from pdd.worker.transport.config import TransportConfig
 from pdd.worker.transport.counters import ByteCounters
 from pdd.worker.transport.errors import LinkDown, TransferTimeout, TransportError
+from pdd.worker.transport.network import TCP, Listener, Network
 from pdd.worker.transport.peer_auth import client_handshake, secret_bytes, server_handshake
 from pdd.worker.transport.stream import FrameStream
 
@@ -54,20 +55,20 @@ class Server:
         self._handler = handler
         self._counters = counters
         self._tasks: set[asyncio.Task] = set()
-        self._server: asyncio.Server | None = None
+        self._listener: Listener | None = None
 
     @property
     def port(self) -> int:
-        if self._server is None:
+        if self._listener is None:
             raise RuntimeError("Server.port read before serve() returned")
-        return self._server.sockets[0].getsockname()[1]
+        return self._listener.port
 
-    async def _start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._on_connect, host, port)
+    async def _start(self, network: Network, host: str, port: int) -> None:
+        self._listener = await network.start_server(self._on_connect, host, port)
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        if self._listener is not None:
+            self._listener.close()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
@@ -142,6 +143,7 @@ async def serve(
     name: str = "server",
     config: TransportConfig | None = None,
     counters: ByteCounters | None = None,
+    network: Network = TCP,
 ) -> Server:
     """Listen on ``host:port`` (0 = any free port); run ``handler`` per authenticated channel.
 
@@ -149,7 +151,7 @@ async def serve(
     The channel is closed when the handler returns.
     """
     server = Server(secret_bytes(secret), handler, name, config or TransportConfig(), counters)
-    await server._start(host, port)
+    await server._start(network, host, port)
     return server
 
 
@@ -161,6 +163,7 @@ async def connect(
     *,
     config: TransportConfig | None = None,
     counters: ByteCounters | None = None,
+    network: Network = TCP,
 ) -> Channel:
     """Open an authenticated channel; ``peer_name`` is how this side introduces itself.
 
@@ -171,7 +174,7 @@ async def connect(
     key = secret_bytes(secret)
     try:
         reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port), cfg.connect_timeout_s
+            network.open_connection(host, port), cfg.connect_timeout_s
         )
     except TimeoutError:
         raise TransferTimeout(f"connect to {host}:{port} timed out") from None

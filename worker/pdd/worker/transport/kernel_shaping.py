@@ -13,6 +13,7 @@ Commands are built by pure functions (testable anywhere) and run by
 
 from __future__ import annotations
 
+import json
 import subprocess
 from dataclasses import dataclass
 
@@ -91,15 +92,45 @@ def rate_commands(spec: ShapedLinkSpec, gbps: float, verb: str = "replace") -> l
     ]
 
 
+def stats_commands(spec: ShapedLinkSpec) -> list[list[str]]:
+    """The qdisc of each direction, with its counters, as JSON (host egress first)."""
+    return [
+        ["tc", "-s", "-j", "qdisc", "show", "dev", spec.host_dev],
+        ["tc", "-n", spec.namespace, "-s", "-j", "qdisc", "show", "dev", spec.ns_dev],
+    ]
+
+
+@dataclass(frozen=True)
+class QdiscStats:
+    """What the kernel's token bucket on one direction reports."""
+
+    rate_bytes_per_s: int
+    bytes: int
+    overlimits: int  # packets the bucket held back: the rate limit engaged
+    drops: int
+
+
+def parse_qdisc_stats(text: str) -> QdiscStats:
+    """``tc -s -j qdisc show`` output (one tbf root) -> its counters."""
+    [qdisc] = [q for q in json.loads(text) if q.get("kind") == "tbf"]
+    return QdiscStats(
+        rate_bytes_per_s=int(qdisc["options"]["rate"]),
+        bytes=int(qdisc["bytes"]),
+        overlimits=int(qdisc["overlimits"]),
+        drops=int(qdisc["drops"]),
+    )
+
+
 def teardown_commands(spec: ShapedLinkSpec) -> list[list[str]]:
     # Deleting the namespace deletes its veth end, which deletes the pair.
     return [["ip", "link", "del", spec.host_dev], ["ip", "netns", "del", spec.namespace]]
 
 
-def _run(argv: list[str]) -> None:
+def _run(argv: list[str]) -> str:
     result = subprocess.run(argv, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise KernelShapingError(f"`{' '.join(argv)}` failed: {result.stderr.strip()}")
+    return result.stdout
 
 
 class ShapedLink:
@@ -123,6 +154,11 @@ class ShapedLink:
     def set_rate(self, gbps: float) -> None:
         for argv in rate_commands(self.spec, gbps):
             _run(argv)
+
+    def stats(self) -> tuple[QdiscStats, QdiscStats]:
+        """(towards the namespace, from the namespace): the kernel's own counters."""
+        forward, reverse = (parse_qdisc_stats(_run(argv)) for argv in stats_commands(self.spec))
+        return forward, reverse
 
     def exec_argv(self, argv: list[str]) -> list[str]:
         """``argv`` wrapped to run inside the shaped namespace."""

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdd.worker.transport.bottleneck import GBIT, Bottleneck
+from pdd.worker.transport.network import TCP, Listener, Network
 from pdd.worker.transport.wan_pipe import PathModel, Pipe
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ class WanLink:
         *,
         partition_grace_s: float = 5.0,
         seed: int | None = None,
+        network: Network = TCP,
     ) -> None:
         if rtt_ms < 0 or jitter_ms < 0 or partition_grace_s < 0:
             raise ValueError("rtt_ms, jitter_ms and partition_grace_s must not be negative")
@@ -83,9 +85,10 @@ class WanLink:
         self.connections = ConnectionCounts()
         self._model = PathModel(one_way_s=rtt_ms / 2000, jitter_s=jitter_ms / 1000)
         self._rng = random.Random(seed)
+        self._network = network
         self._open = asyncio.Event()
         self._open.set()
-        self._server: asyncio.Server | None = None
+        self._server: Listener | None = None
         self._tasks: set[asyncio.Task] = set()
         self._reset_timer: asyncio.Task | None = None
 
@@ -94,14 +97,14 @@ class WanLink:
         """The port actually listened on (useful with ``listen='127.0.0.1:0'``)."""
         if self._server is None:
             raise RuntimeError("WanLink.port read before start()")
-        return self._server.sockets[0].getsockname()[1]
+        return self._server.port
 
     @property
     def is_cut(self) -> bool:
         return not self._open.is_set()
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._on_client, *self._listen)
+        self._server = await self._network.start_server(self._on_client, *self._listen)
         log.info("wan-link %s:%d -> %s:%d", self._listen[0], self.port, *self._to)
 
     async def stop(self) -> None:
@@ -166,7 +169,9 @@ class WanLink:
             _reset(writer)
             return
         try:
-            up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(*self._to), 10)
+            up_reader, up_writer = await asyncio.wait_for(
+                self._network.open_connection(*self._to), 10
+            )
         except (OSError, TimeoutError) as exc:
             log.warning("wan-link cannot reach %s:%d: %s", *self._to, exc)
             self.connections.refused += 1
