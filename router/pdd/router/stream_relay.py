@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -37,14 +36,21 @@ class _StreamEnd:
 
 
 async def relay_tokens(
-    plan: PipelinePlan, client: WorkerClient, timeout_s: float
+    plan: PipelinePlan,
+    client: WorkerClient,
+    timeout_s: float,
+    merger: TokenStreamMerger | None = None,
 ) -> AsyncIterator[TokenEvent]:
-    """Start ``plan`` and yield its merged tokens; raises ``UpstreamError`` on failure."""
+    """Start ``plan`` and yield its merged tokens; raises ``UpstreamError`` on failure.
+
+    ``merger``, when given, is the one used, so its counters (``duplicates``, ``errors``)
+    can be read afterwards.
+    """
     queue: asyncio.Queue[TokenEvent | _StreamEnd] = asyncio.Queue()
     readers = [
         asyncio.create_task(_read(client, ep, plan.request_id, queue)) for ep in plan.decode_sources
     ]
-    merger = TokenStreamMerger(plan.request_id)
+    merger = merger or TokenStreamMerger(plan.request_id)
     try:
         entry = plan.main if plan.pipeline == "mono" else plan.prefill
         assert entry is not None  # PipelinePlan's validator guarantees it
@@ -52,7 +58,7 @@ async def relay_tokens(
             await client.start(entry.http_url, plan)
         except WorkerCallError as exc:
             raise UpstreamError(f"{entry.instance_id} refused the request: {exc.detail}") from exc
-        deadline = time.monotonic() + timeout_s
+        deadline = asyncio.get_running_loop().time() + timeout_s
         async for event in _merged(plan, client, queue, merger, len(readers), deadline):
             yield event
     finally:
@@ -78,7 +84,8 @@ async def _merged(
                 f"{merger.next_seq} tokens without a finish; errors: {merger.errors or 'none'}"
             )
         try:
-            item = await asyncio.wait_for(queue.get(), max(0.0, deadline - time.monotonic()))
+            remaining = deadline - asyncio.get_running_loop().time()
+            item = await asyncio.wait_for(queue.get(), max(0.0, remaining))
         except TimeoutError:
             raise UpstreamError(
                 f"request {plan.request_id} did not finish in time ({merger.next_seq} tokens)"

@@ -39,9 +39,16 @@ KEEPALIVE_EXPIRY_S = 2.0
 class WorkerClient:
     """One pooled ``httpx.AsyncClient`` for every worker; cheap to share."""
 
-    def __init__(self, secret: str, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        secret: str,
+        timeout_s: float = 5.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        """``transport`` replaces the network (an in-process one in tests); default: TCP."""
         self._headers = {"Authorization": f"Bearer {secret}"}
         self._http = httpx.AsyncClient(
+            transport=transport,
             headers=self._headers,
             timeout=httpx.Timeout(timeout_s),
             limits=httpx.Limits(

@@ -1,4 +1,4 @@
-"""The engine thread: the only thread that touches torch and the Engine.
+"""The engine's drivers: the engine thread (serving) and a loop-stepped one (deterministic runs).
 
 The worker's asyncio side (HTTP control API, data-plane transport) must never
 block on a forward pass, and the Engine is single-threaded by contract. So one
@@ -9,10 +9,15 @@ the event loop to the subscriber of each request. Because command results and
 step outputs go through the same ``call_soon_threadsafe`` FIFO, the event loop
 sees them in the order the engine thread produced them (a subscriber
 registered before ``resume`` never misses the first output).
+
+``LoopEngineRunner`` has the same interface (``EngineRunner``) but steps the engine on the event
+loop itself, charging each step a fixed time: with a virtual clock, a run of
+the whole data plane in one process has the same schedule on every machine.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import concurrent.futures
 import logging
@@ -30,6 +35,7 @@ T = TypeVar("T")
 Subscriber = Callable[[RequestOutput], None]
 
 _IDLE_WAIT_S = 0.05
+_JOIN_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -40,33 +46,21 @@ class RunnerSnapshot:
     steps: int
 
 
-class EngineRunner:
-    """Drives an Engine on its own thread; ``call``/``subscribe`` from the event loop only."""
+class EngineRunner(abc.ABC):
+    """How the worker's asyncio side drives its Engine: ``call``, ``subscribe``, ``next_step``.
+
+    Two drivers: ``ThreadEngineRunner`` (serving) and ``LoopEngineRunner`` (deterministic
+    runs). What they share lives here: subscribers, step waiters and the snapshot, all
+    touched on the event loop only.
+    """
 
     def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop) -> None:
         self.engine = engine
         self._loop = loop
-        self._commands: queue.SimpleQueue[tuple[Callable[[Engine], Any], concurrent.futures.Future]]
-        self._commands = queue.SimpleQueue()
         self._subscribers: dict[str, Subscriber] = {}
         self._step_waiters: list[asyncio.Future[None]] = []
-        self._stop = threading.Event()
         self._steps = 0
         self.snapshot = self._take_snapshot()
-        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self._stop.set()
-        self._thread.join(timeout_s)
-
-    async def call(self, fn: Callable[[Engine], T]) -> T:
-        """Run ``fn(engine)`` on the engine thread between steps; its result or exception."""
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._commands.put((fn, future))
-        return await asyncio.wrap_future(future, loop=self._loop)
 
     def subscribe(self, request_id: str, subscriber: Subscriber) -> None:
         """Deliver ``request_id``'s step outputs to ``subscriber`` (on the event loop)."""
@@ -75,24 +69,80 @@ class EngineRunner:
     def unsubscribe(self, request_id: str) -> None:
         self._subscribers.pop(request_id, None)
 
+    @abc.abstractmethod
+    def start(self) -> None: ...
+
+    @abc.abstractmethod
+    def stop(self) -> None: ...
+
+    @abc.abstractmethod
+    async def call(self, fn: Callable[[Engine], T]) -> T:
+        """Run ``fn(engine)`` between steps; its result or exception."""
+
     async def next_step(self) -> None:
-        """Wait until the engine thread has finished one more loop turn (step or idle)."""
+        """Wait until the engine has finished one more loop turn (step or idle)."""
         waiter = self._loop.create_future()
         self._step_waiters.append(waiter)
         await waiter
+
+    def _step_once(self) -> list[RequestOutput]:
+        """One ``engine.step()``; a failing step fails the requests it held, not the runner."""
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:  # a bug in one step must not kill the engine's driver
+            log.exception("engine step failed; failing the requests it held")
+            outputs = self.engine.fail_scheduled(f"engine step failed: {exc!r}")
+        self._steps += 1
+        return outputs
+
+    def _take_snapshot(self) -> RunnerSnapshot:
+        return RunnerSnapshot(stats=self.engine.stats, steps=self._steps)
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            subscriber = self._subscribers.get(out.request_id)
+            if subscriber is None:
+                continue
+            if out.finished:
+                self._subscribers.pop(out.request_id, None)
+            try:
+                subscriber(out)
+            except Exception:
+                log.exception("token subscriber of %s failed", out.request_id)
+        waiters, self._step_waiters = self._step_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+class ThreadEngineRunner(EngineRunner):
+    """Drives an Engine on its own thread; ``call``/``subscribe`` from the event loop only."""
+
+    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(engine, loop)
+        self._commands: queue.SimpleQueue[tuple[Callable[[Engine], Any], concurrent.futures.Future]]
+        self._commands = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(_JOIN_TIMEOUT_S)
+
+    async def call(self, fn: Callable[[Engine], T]) -> T:
+        """Run ``fn(engine)`` on the engine thread between steps; its result or exception."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._commands.put((fn, future))
+        return await asyncio.wrap_future(future, loop=self._loop)
 
     # --- the engine thread ----------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
             self._run_commands(block=not self.engine.has_unfinished())
-            outputs: list[RequestOutput] = []
-            if self.engine.has_unfinished():
-                try:
-                    outputs = self.engine.step()
-                except Exception as exc:  # a bug in one step must not kill the engine thread
-                    log.exception("engine step failed; failing the requests it held")
-                    outputs = self.engine.fail_scheduled(f"engine step failed: {exc!r}")
-                self._steps += 1
+            outputs = self._step_once() if self.engine.has_unfinished() else []
             self.snapshot = self._take_snapshot()
             self._loop.call_soon_threadsafe(self._deliver, outputs)
 
@@ -115,25 +165,52 @@ class EngineRunner:
             except queue.Empty:
                 return
 
-    def _take_snapshot(self) -> RunnerSnapshot:
-        return RunnerSnapshot(
-            stats=self.engine.stats,
-            steps=self._steps,
-        )
 
-    # --- the event loop -------------------------------------------------------------------------
-    def _deliver(self, outputs: list[RequestOutput]) -> None:
-        for out in outputs:
-            subscriber = self._subscribers.get(out.request_id)
-            if subscriber is None:
-                continue
-            if out.finished:
-                self._subscribers.pop(out.request_id, None)
-            try:
-                subscriber(out)
-            except Exception:
-                log.exception("token subscriber of %s failed", out.request_id)
-        waiters, self._step_waiters = self._step_waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+class LoopEngineRunner(EngineRunner):
+    """Drives an Engine on the event loop itself, each step taking ``step_s`` of loop time.
+
+    Same interface as ``ThreadEngineRunner``. A step blocks the loop while it computes,
+    so this is not for serving; it is for runs whose schedule must not depend on
+    the machine: under a virtual clock (``pdd.testing.virtual_time``) every step
+    costs exactly ``step_s``, so how far a relay decodes while KV crosses a link
+    is a property of the scenario, not of the CPU.
+    """
+
+    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop, step_s: float) -> None:
+        super().__init__(engine, loop)
+        if step_s <= 0:
+            raise ValueError(f"step_s must be positive, got {step_s}")
+        self.step_s = step_s
+        self._work = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = self._loop.create_task(self._run(), name="engine-steps")
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def call(self, fn: Callable[[Engine], T]) -> T:
+        """Run ``fn(engine)`` now (whenever a coroutine runs, the loop is between steps)."""
+        try:
+            return fn(self.engine)
+        finally:
+            self.snapshot = self._take_snapshot()
+            self._work.set()
+
+    async def next_step(self) -> None:
+        self._work.set()  # an idle engine still turns once, as the thread does
+        await super().next_step()
+
+    async def _run(self) -> None:
+        while True:
+            await self._work.wait()
+            self._work.clear()
+            outputs: list[RequestOutput] = []
+            if self.engine.has_unfinished():
+                outputs = self._step_once()
+                await asyncio.sleep(self.step_s)  # the step's duration, in loop time
+                self._work.set()  # keep stepping while there is work
+            self.snapshot = self._take_snapshot()
+            self._deliver(outputs)

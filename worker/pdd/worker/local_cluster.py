@@ -14,9 +14,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -107,8 +108,39 @@ class WorkerProc:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
 
+class PlanBuilder:
+    """``plan()`` for a cluster whose ``workers`` map names to things with an ``endpoint``."""
+
+    workers: Mapping[str, Any]
+
+    def plan(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        pipeline: str = "P-RLD-MD",
+        sampling: SamplingSpec | None = None,
+        prefill: str = "p",
+        relay: str = "rld",
+        main: str = "md",
+        **kwargs: object,
+    ) -> PipelinePlan:
+        eps = {
+            "prefill": self.workers[prefill].endpoint if prefill in self.workers else None,
+            "relay": self.workers[relay].endpoint if relay in self.workers else None,
+            "main": self.workers[main].endpoint if main in self.workers else None,
+        }
+        return PipelinePlan(
+            request_id=request_id,
+            prompt_ids=prompt_ids,
+            pipeline=pipeline,
+            sampling=sampling or SamplingSpec(),
+            **eps,
+            **kwargs,
+        )
+
+
 @dataclass
-class LocalCluster:
+class LocalCluster(PlanBuilder):
     secret: str
     workers: dict[str, WorkerProc] = field(default_factory=dict)
 
@@ -144,31 +176,6 @@ class LocalCluster:
             _wait_http(f"{w.url}/ready", w.proc, w.log, deadline)
             if w.link is not None:
                 _wait_http(f"{w.link.admin_url}/stats", w.link.proc, w.link.log, deadline)
-
-    def plan(
-        self,
-        request_id: str,
-        prompt_ids: list[int],
-        pipeline: str = "P-RLD-MD",
-        sampling: SamplingSpec | None = None,
-        prefill: str = "p",
-        relay: str = "rld",
-        main: str = "md",
-        **kwargs: object,
-    ) -> PipelinePlan:
-        eps = {
-            "prefill": self.workers[prefill].endpoint if prefill in self.workers else None,
-            "relay": self.workers[relay].endpoint if relay in self.workers else None,
-            "main": self.workers[main].endpoint if main in self.workers else None,
-        }
-        return PipelinePlan(
-            request_id=request_id,
-            prompt_ids=prompt_ids,
-            pipeline=pipeline,
-            sampling=sampling or SamplingSpec(),
-            **eps,
-            **kwargs,
-        )
 
     def wait_quiescent(self, timeout_s: float = 30.0) -> dict[str, StateReport]:
         """Wait until no worker holds request state, locks or blocks; the last reports."""

@@ -13,35 +13,19 @@ import argparse
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import torch
 import uvicorn
-from pydantic import ValidationError
 
-from pdd.worker.control_api import create_app
 from pdd.worker.deploy_config import DeployConfigError, flag_defaults, read_config_file
 from pdd.worker.engine import Engine
-from pdd.worker.engine_runner import EngineRunner
-from pdd.worker.metrics import WorkerMetrics
-from pdd.worker.roles.base import RoleBase, WorkerSettings
-from pdd.worker.roles.cache_feed import CacheFeed
-from pdd.worker.roles.main_decode import MainDecodeRole
-from pdd.worker.roles.mono import MonoRole
-from pdd.worker.roles.prefill import PrefillRole
-from pdd.worker.roles.protocol import send_error, split_addr
-from pdd.worker.roles.relay import RelayRole
-from pdd.worker.transport import Channel, MsgType, decode_json, serve
+from pdd.worker.engine_runner import ThreadEngineRunner
+from pdd.worker.instance import ROLES, WorkerInstance
+from pdd.worker.roles.base import WorkerSettings
+from pdd.worker.roles.protocol import split_addr
 
 log = logging.getLogger("pdd.worker")
-
-ROLES: dict[str, type[RoleBase]] = {
-    "prefill": PrefillRole,
-    "relay": RelayRole,
-    "main": MainDecodeRole,
-    "mono": MonoRole,
-}
 
 
 class ConfigError(ValueError):
@@ -137,55 +121,29 @@ def build_engine(args: argparse.Namespace) -> Engine:
 
 async def run(args: argparse.Namespace) -> None:
     settings = build_settings(args)
-    engine = build_engine(args)
-    runner = EngineRunner(engine, asyncio.get_running_loop())
-    runner.start()
-    role = ROLES[args.role](settings, runner, WorkerMetrics(args.role))
-    feed = CacheFeed(runner, settings.instance_id)
-    data_host, data_port = split_addr(args.data)
-    transport = await serve(
-        data_host,
-        data_port,
-        settings.secret,
-        _data_handler(role),
-        name=settings.instance_id,
-        config=settings.transport,
+    worker = WorkerInstance(
+        settings, ThreadEngineRunner(build_engine(args), asyncio.get_running_loop())
     )
+    await worker.start(args.data)
     http_host, http_port = split_addr(args.http)
-    app = create_app(role, feed, ready=lambda: True)
     server = uvicorn.Server(
-        uvicorn.Config(app, host=http_host, port=http_port, log_level="warning", lifespan="off")
+        uvicorn.Config(
+            worker.app, host=http_host, port=http_port, log_level="warning", lifespan="off"
+        )
     )
+    assert worker.data is not None
     log.info(
-        "%s %s: data on %s:%d, http on %s",
+        "%s %s: data on %s, port %d, http on %s",
         args.role,
         settings.instance_id,
-        data_host,
-        transport.port,
+        args.data,
+        worker.data.port,
         args.http,
     )
     try:
         await server.serve()
     finally:
-        await role.close()
-        await transport.close()
-        runner.stop()
-
-
-def _data_handler(role: RoleBase) -> Callable[[Channel], Awaitable[None]]:
-    """Per connection: the opening META names the conversation; bad input gets an ERROR."""
-
-    async def handle(channel: Channel) -> None:
-        frame = await channel.recv()
-        try:
-            if frame.msg_type != MsgType.META:
-                raise ValueError(f"a conversation opens with META, not {frame.msg_type.name}")
-            await role.on_channel(channel, decode_json(frame.payload))
-        except (ValidationError, ValueError) as exc:
-            log.warning("bad data-plane message from %s: %s", channel.peer.name, exc)
-            await send_error(channel, "", "bad_request", str(exc))
-
-    return handle
+        await worker.stop()
 
 
 def main(argv: list[str]) -> int:

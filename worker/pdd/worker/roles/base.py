@@ -23,6 +23,7 @@ from pdd.worker.roles.protocol import send_error, split_addr
 from pdd.worker.roles.streams import StreamHub
 from pdd.worker.sampling import SamplingParams
 from pdd.worker.transport import ByteCounters, Channel, TransportConfig, connect
+from pdd.worker.transport.network import TCP, Network
 
 log = logging.getLogger(__name__)
 
@@ -89,11 +90,16 @@ class RoleBase:
     role: Role
 
     def __init__(
-        self, settings: WorkerSettings, runner: EngineRunner, metrics: WorkerMetrics
+        self,
+        settings: WorkerSettings,
+        runner: EngineRunner,
+        metrics: WorkerMetrics,
+        network: Network = TCP,
     ) -> None:
         self.settings = settings
         self.runner = runner
         self.metrics = metrics
+        self.network = network  # where peers' data addresses are dialled
         self.hub = StreamHub(settings.instance_id)
         self.wan_counters = ByteCounters()
         self.fast_counters = ByteCounters()
@@ -194,6 +200,7 @@ class RoleBase:
             self.settings.instance_id,
             config=self.settings.transport,
             counters=self.wan_counters if wan else self.fast_counters,
+            network=self.network,
         )
 
     async def abort_engine_request(self, request_id: str) -> None:

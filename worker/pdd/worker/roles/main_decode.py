@@ -90,7 +90,7 @@ class MainDecodeRole(RoleBase):
             if not isinstance(exc, RequestError | TransportError | TimeoutError):
                 log.exception("main decode of %s failed", rid)
             await self.abort_engine_request(rid)
-            self._end(rid, error=f"main decode gave up on the request: {exc}")
+            self._end(rid, error=f"main decode gave up on the request: {exc!r}")
             return
         self._end(rid)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
 from pdd.common.handoff import choose_handoff_mode
@@ -85,9 +84,10 @@ class RelayRole(RoleBase):
 
     async def _session(self, rid: str) -> tuple[PipelinePlan, DecodeSession]:
         """The request's session, waiting (bounded) if its KV has not arrived yet."""
-        deadline = time.monotonic() + self.settings.transfer_timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.transfer_timeout_s
         while rid not in self.sessions:
-            remaining = deadline - time.monotonic()
+            remaining = deadline - loop.time()
             if remaining <= 0:
                 raise NoSuchRequestError(rid)
             arrived = self._arrived

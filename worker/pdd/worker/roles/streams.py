@@ -10,7 +10,6 @@ a queue) so a reader that reconnects can start over from any position.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -44,7 +43,7 @@ class RequestStream:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self.closed_at = time.monotonic()
+            self.closed_at = asyncio.get_running_loop().time()
             self._notify()
 
     def _notify(self) -> None:
@@ -57,7 +56,8 @@ class RequestStream:
         Ends with an error status event when the request never shows up.
         """
         index = 0
-        deadline = time.monotonic() + arrival_timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + arrival_timeout_s
         while True:
             while index < len(self.events):
                 yield self.events[index]
@@ -69,12 +69,12 @@ class RequestStream:
                 await changed.wait()
                 continue
             try:
-                await asyncio.wait_for(changed.wait(), max(0.0, deadline - time.monotonic()))
+                await asyncio.wait_for(changed.wait(), max(0.0, deadline - loop.time()))
             except TimeoutError:
                 yield TokenEvent(
                     request_id=self.request_id,
                     seq=0,
-                    source="?",
+                    source=self.source,  # the router routes around the instance it names
                     error=f"request never reached this instance within {arrival_timeout_s}s",
                 )
                 return
@@ -123,7 +123,7 @@ class StreamHub:
         stream.close()
 
     def _forget_old(self) -> None:
-        now = time.monotonic()
+        now = asyncio.get_running_loop().time()
         stale = [
             rid
             for rid, s in self._streams.items()

@@ -1,0 +1,85 @@
+"""One worker instance, assembled in one place: runner, role, cache feed, control API, data port.
+
+``pdd worker`` serves the control API with uvicorn and the data port on real
+sockets; the in-process data plane (the deterministic tests) serves the same
+app through an in-process HTTP transport and the data port on a
+``MemoryNetwork``. One assembly, so what those tests run is what a pod runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from pydantic import ValidationError
+
+from pdd.worker.control_api import create_app
+from pdd.worker.engine_runner import EngineRunner
+from pdd.worker.metrics import WorkerMetrics
+from pdd.worker.roles.base import RoleBase, WorkerSettings
+from pdd.worker.roles.cache_feed import CacheFeed
+from pdd.worker.roles.main_decode import MainDecodeRole
+from pdd.worker.roles.mono import MonoRole
+from pdd.worker.roles.prefill import PrefillRole
+from pdd.worker.roles.protocol import send_error, split_addr
+from pdd.worker.roles.relay import RelayRole
+from pdd.worker.transport import Channel, MsgType, Server, decode_json, serve
+from pdd.worker.transport.network import TCP, Network
+
+log = logging.getLogger("pdd.worker")
+
+ROLES: dict[str, type[RoleBase]] = {
+    "prefill": PrefillRole,
+    "relay": RelayRole,
+    "main": MainDecodeRole,
+    "mono": MonoRole,
+}
+
+
+class WorkerInstance:
+    """The pieces of one worker; ``start()`` listens on the data port, ``stop()`` ends it all."""
+
+    def __init__(self, settings: WorkerSettings, runner: EngineRunner, network: Network = TCP):
+        self.settings = settings
+        self.runner = runner
+        self.network = network
+        self.role = ROLES[settings.role](settings, runner, WorkerMetrics(settings.role), network)
+        self.feed = CacheFeed(runner, settings.instance_id)
+        self.app = create_app(self.role, self.feed, ready=lambda: True)
+        self.data: Server | None = None
+
+    async def start(self, data_addr: str) -> None:
+        """Start the engine's driver and listen for peers on ``data_addr`` (HOST:PORT)."""
+        self.runner.start()
+        host, port = split_addr(data_addr)
+        self.data = await serve(
+            host,
+            port,
+            self.settings.secret,
+            _data_handler(self.role),
+            name=self.settings.instance_id,
+            config=self.settings.transport,
+            network=self.network,
+        )
+
+    async def stop(self) -> None:
+        await self.role.close()
+        if self.data is not None:
+            await self.data.close()
+        self.runner.stop()
+
+
+def _data_handler(role: RoleBase) -> Callable[[Channel], Awaitable[None]]:
+    """Per connection: the opening META names the conversation; bad input gets an ERROR."""
+
+    async def handle(channel: Channel) -> None:
+        frame = await channel.recv()
+        try:
+            if frame.msg_type != MsgType.META:
+                raise ValueError(f"a conversation opens with META, not {frame.msg_type.name}")
+            await role.on_channel(channel, decode_json(frame.payload))
+        except (ValidationError, ValueError) as exc:
+            log.warning("bad data-plane message from %s: %s", channel.peer.name, exc)
+            await send_error(channel, "", "bad_request", str(exc))
+
+    return handle
