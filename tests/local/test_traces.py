@@ -7,6 +7,8 @@ import pytest
 from pdd.local.traces import TraceFormatError, detect, load_trace
 from pdd.local.traces.base import ideal_hit_ratios
 
+pytestmark = pytest.mark.unit
+
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "traces"
 
 
@@ -32,6 +34,17 @@ def test_limit_keeps_whole_chains_first_then_cuts(session_dir: Path) -> None:
     assert len(cut) == 4
     assert [len(list(c.walk())) for c in cut.chains] == [3, 1]
     assert cut.limit(None) is cut
+
+
+def test_a_limited_load_reads_only_the_sessions_it_needs(session_dir: Path) -> None:
+    whole = load_trace(session_dir)
+    for n in (1, 3, 4, 6, 99):
+        assert load_trace(session_dir, max_requests=n).chains == whole.limit(n).chains
+    # Three requests fit in the first session: the second file is never read.
+    (session_dir / "trace_0002.json").write_text("{broken")
+    assert len(load_trace(session_dir, max_requests=3)) == 3
+    with pytest.raises(TraceFormatError):
+        load_trace(session_dir, max_requests=4)
 
 
 def test_mooncake_requests_are_open_loop_chains(mooncake_file: Path) -> None:

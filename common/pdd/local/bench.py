@@ -103,7 +103,7 @@ def main(argv: list[str]) -> int:
     try:
         modes = parse_modes(args)
         fmt = args.format or detect(args.trace)
-        trace = load_trace(args.trace, fmt, args.session_gap_s).limit(args.max_requests)
+        trace = load_trace(args.trace, fmt, args.session_gap_s, args.max_requests)
         scaling = build_scaling(args, fmt)
     except (TraceFormatError, ScalingError, TopologyError) as exc:
         say(f"pdd bench: {exc}")

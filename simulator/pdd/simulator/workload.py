@@ -66,7 +66,7 @@ class TraceSpec(BaseModel):
 
     def _load(self, base_dir: Path | None) -> Trace[TraceRequest]:
         path = self.path if base_dir is None or self.path.is_absolute() else base_dir / self.path
-        return load_trace(path, self.format, self.session_gap_s).limit(self.max_requests)
+        return load_trace(path, self.format, self.session_gap_s, self.max_requests)
 
 
 WorkloadSpec = Annotated[GeneratorSpec | TraceSpec, Field(discriminator="kind")]

@@ -23,9 +23,16 @@ def detect(path: Path) -> Format:
 
 
 def load_trace(
-    path: Path, fmt: Format | None = None, session_gap_s: float = 60.0
+    path: Path,
+    fmt: Format | None = None,
+    session_gap_s: float = 60.0,
+    max_requests: int | None = None,
 ) -> Trace[TraceRequest]:
+    """The trace at ``path``, cut to its first ``max_requests`` requests (whole chains in
+    start order, the last one cut), reading no more of it than that needs."""
     fmt = fmt or detect(path)
     if fmt == "mooncake":
-        return mooncake.load(path)
-    return claude_code.load(path, session_gap_s)
+        trace = mooncake.load(path)  # open loop: any file may hold the earliest arrivals
+    else:
+        trace = claude_code.load(path, session_gap_s, max_requests)
+    return trace.limit(max_requests)

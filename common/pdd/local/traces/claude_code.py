@@ -42,11 +42,17 @@ def read_json(path: Path) -> dict[str, Any]:
         raise TraceFormatError(f"{path}: not a readable JSON session file ({exc})") from exc
 
 
-def load(path: Path, session_gap_s: float = 60.0) -> Trace[TraceRequest]:
+def load(
+    path: Path, session_gap_s: float = 60.0, max_requests: int | None = None
+) -> Trace[TraceRequest]:
+    """Every session file at ``path``; with ``max_requests``, only the sessions (in start
+    order, which is file order) that hold the first ``max_requests`` requests."""
     files = session_files(path)
-    chains = []
-    block_size = 0
+    chains: list[Chain[TraceRequest]] = []
+    block_size, loaded = 0, 0
     for i, file in enumerate(files):
+        if max_requests is not None and loaded >= max_requests:
+            break
         doc = read_json(file)
         try:
             block_size = int(doc["block_size"])
@@ -54,8 +60,9 @@ def load(path: Path, session_gap_s: float = 60.0) -> Trace[TraceRequest]:
             chains.append(_chain(doc["requests"], name, name, block_size, i * session_gap_s))
         except (KeyError, TypeError, ValueError) as exc:
             raise TraceFormatError(f"{file}: missing or bad field {exc}") from exc
+        loaded += sum(1 for _ in chains[-1].walk())
     note = (
-        f"{len(files)} sessions; sessions have no absolute start, session i starts at "
+        f"{len(chains)} sessions; sessions have no absolute start, session i starts at "
         f"i x {session_gap_s:g} s (trace time); subagents start when their parent reaches them"
     )
     return Trace(path.name, block_size, tuple(chains), (note,))
