@@ -1,20 +1,22 @@
-"""Shared pieces for transport tests: a small-window config and a real loopback server."""
+"""Shared pieces for transport tests: a small-window config, an in-memory network and an
+echo server on it."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from pdd.testing.waiting import until
 from pdd.worker.transport import Channel, LinkDown, MsgType, TransportConfig, serve
 from pdd.worker.transport.endpoints import Server
+from pdd.worker.transport.memory import MemoryNetwork
 
 SECRET = "test-secret"
 KIB = 1024
 
 #: Small frames and window so flow control engages on kilobytes; short timeouts so a
-#: cut link is noticed quickly (tests assert outcomes, never the exact time taken).
+#: cut link is noticed quickly.
 SMALL = TransportConfig(
     max_frame_bytes=8 * KIB,
     chunk_bytes=8 * KIB,
@@ -37,19 +39,10 @@ async def echo(channel: Channel) -> None:
         return
 
 
-async def _wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    """Poll ``predicate`` until true; fail the test past the deadline."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"condition not met within {timeout_s}s")
-        await asyncio.sleep(0.01)
-
-
 @pytest.fixture
-def wait_until() -> Callable[..., Awaitable[None]]:
-    return _wait_until
+def wait_until() -> Callable[..., Awaitable[object]]:
+    """``await wait_until(predicate)``: poll (in loop time) until it holds."""
+    return lambda predicate: until(predicate, "the condition the test waits for")
 
 
 @pytest.fixture
@@ -68,7 +61,12 @@ def echo_handler() -> Callable[[Channel], Awaitable[None]]:
 
 
 @pytest.fixture
-async def echo_server() -> AsyncIterator[Server]:
-    server = await serve("127.0.0.1", 0, SECRET, echo, name="md-0", config=SMALL)
+def net() -> MemoryNetwork:
+    return MemoryNetwork()
+
+
+@pytest.fixture
+async def echo_server(net: MemoryNetwork) -> AsyncIterator[Server]:
+    server = await serve("md", 0, SECRET, echo, name="md-0", config=SMALL, network=net)
     yield server
     await server.close()

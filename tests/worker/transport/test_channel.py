@@ -1,4 +1,9 @@
-"""Channels over real loopback sockets: auth, rejection, flow control, failures."""
+"""Channels: auth, rejection, flow control, failures.
+
+On the in-memory network with a virtual clock (the same framing, handshake and
+channel code as over TCP; ``test_channel_tcp`` checks the real-socket path), so
+timeouts fire exactly when due and no outcome depends on the machine's speed.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import os
 
 import pytest
 
+from pdd.testing.virtual_time import advance
 from pdd.worker.transport import (
     AuthError,
     ByteCounters,
@@ -22,30 +28,33 @@ from pdd.worker.transport import (
     serve,
 )
 from pdd.worker.transport.counters import ByteCounters as _Counters
-from pdd.worker.transport.framing import HEADER_SIZE, Frame, encode_frame
+from pdd.worker.transport.framing import HEADER_SIZE, Frame, encode_frame, read_frame
+from pdd.worker.transport.memory import MemoryNetwork
 from pdd.worker.transport.peer_auth import client_handshake
 from pdd.worker.transport.stream import FrameStream
 
+pytestmark = [pytest.mark.unit, pytest.mark.virtual_clock]
 
-async def _raw_authenticated(port: int, secret: str, config: TransportConfig):
+HOST = "md"
+
+
+async def _raw_authenticated(net: MemoryNetwork, port: int, secret: str, config: TransportConfig):
     """A client that passed the handshake but writes raw bytes from then on."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    reader, writer = await net.open_connection(HOST, port)
     stream = FrameStream(reader, writer, _Counters(), 2.0)
     await client_handshake(stream, secret.encode(), "raw", config.window_bytes, 4096)
     return reader, writer
 
 
 async def _frames_until_eof(reader: asyncio.StreamReader) -> list[Frame]:
-    from pdd.worker.transport.framing import read_frame
-
     frames = []
-    while (frame := await asyncio.wait_for(read_frame(reader, 1 << 20), 5)) is not None:
+    while (frame := await read_frame(reader, 1 << 20)) is not None:
         frames.append(frame)
     return frames
 
 
-async def test_authenticated_round_trip(echo_server, secret, small) -> None:
-    channel = await connect("127.0.0.1", echo_server.port, secret, "rld-0", config=small)
+async def test_authenticated_round_trip(net, echo_server, secret, small) -> None:
+    channel = await connect(HOST, echo_server.port, secret, "rld-0", config=small, network=net)
     assert channel.peer.name == "md-0"
     await channel.send(MsgType.TOKEN_IDS, 42, encode_token_ids(100, [5, 6, 7]))
     frame = await channel.recv()
@@ -56,38 +65,40 @@ async def test_authenticated_round_trip(echo_server, secret, small) -> None:
 
 
 async def test_wrong_secret_is_rejected_and_server_keeps_serving(
-    echo_server, secret, small, wait_until
+    net, echo_server, secret, small, wait_until
 ) -> None:
     with pytest.raises(AuthError, match="shared secret"):
-        await connect("127.0.0.1", echo_server.port, "wrong", "intruder", config=small)
+        await connect(HOST, echo_server.port, "wrong", "intruder", config=small, network=net)
     await wait_until(lambda: echo_server.stats.rejected == 1)
-    channel = await connect("127.0.0.1", echo_server.port, secret, "rld-0", config=small)
+    channel = await connect(HOST, echo_server.port, secret, "rld-0", config=small, network=net)
     await channel.send(MsgType.ACK, 1)
     assert (await channel.recv()).msg_type == MsgType.ACK
     await channel.close()
 
 
-async def test_server_that_cannot_prove_the_secret_is_refused_by_the_client(secret, small):
-    impostor = await serve("127.0.0.1", 0, "other-secret", lambda ch: ch.close(), config=small)
+async def test_server_that_cannot_prove_the_secret_is_refused_by_the_client(net, secret, small):
+    impostor = await serve(
+        HOST, 0, "other-secret", lambda ch: ch.close(), config=small, network=net
+    )
     try:
         with pytest.raises(AuthError, match="failed to prove the shared secret"):
-            await connect("127.0.0.1", impostor.port, secret, "rld-0", config=small)
+            await connect(HOST, impostor.port, secret, "rld-0", config=small, network=net)
     finally:
         await impostor.close()
 
 
-async def test_garbage_and_silent_peers_are_dropped(echo_server, secret, small) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", echo_server.port)
+async def test_garbage_and_silent_peers_are_dropped(net, echo_server, secret, small) -> None:
+    reader, writer = await net.open_connection(HOST, echo_server.port)
     writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"x" * 64)
     frames = await _frames_until_eof(reader)  # the server answers and closes
     assert decode_error(frames[-1].payload).code == "auth_failed"
     writer.close()
     # A peer that connects and says nothing is dropped after connect_timeout_s.
-    silent_reader, silent_writer = await asyncio.open_connection("127.0.0.1", echo_server.port)
-    assert await asyncio.wait_for(silent_reader.read(), 10) != b"x"  # EOF eventually
+    silent_reader, silent_writer = await net.open_connection(HOST, echo_server.port)
+    assert await silent_reader.read() != b"x"  # EOF after connect_timeout_s
     silent_writer.close()
     assert echo_server.stats.rejected == 2
-    channel = await connect("127.0.0.1", echo_server.port, secret, "ok", config=small)
+    channel = await connect(HOST, echo_server.port, secret, "ok", config=small, network=net)
     await channel.close()
 
 
@@ -101,29 +112,29 @@ async def test_garbage_and_silent_peers_are_dropped(echo_server, secret, small) 
     ids=["sequence", "magic", "hello-after-auth"],
 )
 async def test_malformed_frame_after_auth_closes_only_that_channel(
-    echo_server, secret, small, bad: bytes
+    net, echo_server, secret, small, bad: bytes
 ) -> None:
-    reader, writer = await _raw_authenticated(echo_server.port, secret, small)
+    reader, writer = await _raw_authenticated(net, echo_server.port, secret, small)
     writer.write(bad)
     frames = await _frames_until_eof(reader)
     assert decode_error(frames[-1].payload).code == "malformed_frame"
     writer.close()
     assert echo_server.stats.transport_errors == 1
-    channel = await connect("127.0.0.1", echo_server.port, secret, "ok", config=small)
+    channel = await connect(HOST, echo_server.port, secret, "ok", config=small, network=net)
     await channel.send(MsgType.ACK, 9)
     assert (await channel.recv()).request_id == 9
     await channel.close()
 
 
-async def test_peer_overrunning_its_window_is_cut_off(secret, small, wait_until) -> None:
+async def test_peer_overrunning_its_window_is_cut_off(net, secret, small, wait_until) -> None:
     received: list[Channel] = []
 
     async def hoard(channel: Channel) -> None:  # never reads: the window fills up
         received.append(channel)
-        await asyncio.sleep(30)
+        await asyncio.Event().wait()  # holds the channel, never reads
 
-    server = await serve("127.0.0.1", 0, secret, hoard, config=small)
-    reader, writer = await _raw_authenticated(server.port, secret, small)
+    server = await serve(HOST, 0, secret, hoard, config=small, network=net)
+    reader, writer = await _raw_authenticated(net, server.port, secret, small)
     chunk = bytes(small.max_frame_bytes)
     per_frame = HEADER_SIZE + len(chunk)
     for seq in range(2, 2 + small.window_bytes // per_frame + 1):  # one frame past the window
@@ -136,7 +147,7 @@ async def test_peer_overrunning_its_window_is_cut_off(secret, small, wait_until)
     await server.close()
 
 
-async def test_slow_reader_holds_the_sender_to_the_window(secret, small, wait_until) -> None:
+async def test_slow_reader_holds_the_sender_to_the_window(net, secret, small, wait_until) -> None:
     server_side: list[Channel] = []
     release = asyncio.Event()
     got = bytearray()
@@ -148,8 +159,8 @@ async def test_slow_reader_holds_the_sender_to_the_window(secret, small, wait_un
             got.extend(frame.payload)
         await channel.send(MsgType.ACK, frame.request_id)
 
-    server = await serve("127.0.0.1", 0, secret, slow_reader, config=small)
-    client = await connect("127.0.0.1", server.port, secret, "p-0", config=small)
+    server = await serve(HOST, 0, secret, slow_reader, config=small, network=net)
+    client = await connect(HOST, server.port, secret, "p-0", config=small, network=net)
     data = os.urandom(40 * small.window_bytes)
     handshake = client.counters.payload_sent  # HELLO + AUTH
 
@@ -159,14 +170,14 @@ async def test_slow_reader_holds_the_sender_to_the_window(secret, small, wait_un
 
     sending = asyncio.create_task(transfer())
     await wait_until(lambda: client.in_flight_bytes > small.window_bytes - HEADER_SIZE - 8192)
-    await asyncio.sleep(0.2)  # give a broken sender the chance to run ahead
+    await advance(1.0)  # time for a sender that ignored the window to run ahead
     assert not sending.done()
     assert client.in_flight_bytes <= small.window_bytes
     assert server_side[0].buffered_bytes <= small.window_bytes
     assert client.counters.payload_sent <= handshake + small.window_bytes
 
     release.set()
-    await asyncio.wait_for(sending, 20)
+    await sending
     sent = client.counters.payload_sent
     assert (await client.recv()).msg_type == MsgType.ACK
     assert bytes(got) == data
@@ -178,12 +189,12 @@ async def test_slow_reader_holds_the_sender_to_the_window(secret, small, wait_un
     await server.close()
 
 
-async def test_sender_times_out_when_credit_never_comes(secret, small) -> None:
+async def test_sender_times_out_when_credit_never_comes(net, secret, small) -> None:
     async def stuck(channel: Channel) -> None:
-        await asyncio.sleep(30)
+        await asyncio.Event().wait()  # holds the channel, never reads
 
-    server = await serve("127.0.0.1", 0, secret, stuck, config=small)
-    client = await connect("127.0.0.1", server.port, secret, "p-0", config=small)
+    server = await serve(HOST, 0, secret, stuck, config=small, network=net)
+    client = await connect(HOST, server.port, secret, "p-0", config=small, network=net)
     with pytest.raises(TransferTimeout, match="no flow-control credit"):
         await asyncio.wait_for(
             client.send_chunked(MsgType.KV_CHUNK, 1, bytes(4 * small.window_bytes)), 20
@@ -194,13 +205,13 @@ async def test_sender_times_out_when_credit_never_comes(secret, small) -> None:
     await server.close()
 
 
-async def test_peer_death_ends_transfers_with_link_down(secret, small) -> None:
+async def test_peer_death_ends_transfers_with_link_down(net, secret, small) -> None:
     async def die(channel: Channel) -> None:
         await channel.recv()
         channel.abort()
 
-    server = await serve("127.0.0.1", 0, secret, die, config=small)
-    client = await connect("127.0.0.1", server.port, secret, "p-0", config=small)
+    server = await serve(HOST, 0, secret, die, config=small, network=net)
+    client = await connect(HOST, server.port, secret, "p-0", config=small, network=net)
     await client.send(MsgType.META, 1, b"{}")
     with pytest.raises(LinkDown):
         await asyncio.wait_for(client.recv(timeout_s=None), 20)
@@ -210,25 +221,27 @@ async def test_peer_death_ends_transfers_with_link_down(secret, small) -> None:
     await server.close()
 
 
-async def test_connect_failures_are_typed(secret, small) -> None:
+async def test_connect_failures_are_typed(net, secret, small) -> None:
     async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await asyncio.sleep(30)
+        await asyncio.Event().wait()  # holds the channel, never reads
 
-    listener = await asyncio.start_server(mute, "127.0.0.1", 0)
-    port = listener.sockets[0].getsockname()[1]
+    listener = await net.start_server(mute, HOST, 0)
+    port = listener.port
     fast = TransportConfig(**{**small.__dict__, "connect_timeout_s": 0.3})
     with pytest.raises(TransferTimeout, match="handshake"):
-        await connect("127.0.0.1", port, secret, "p-0", config=fast)
+        await connect(HOST, port, secret, "p-0", config=fast, network=net)
     listener.close()
     await listener.wait_closed()
     with pytest.raises(LinkDown, match="cannot connect"):
-        await connect("127.0.0.1", port, secret, "p-0", config=fast)
+        await connect(HOST, port, secret, "p-0", config=fast, network=net)
 
 
-async def test_counters_roll_up_into_a_per_link_total(echo_server, secret, small) -> None:
+async def test_counters_roll_up_into_a_per_link_total(net, echo_server, secret, small) -> None:
     wan = ByteCounters()
     channels = [
-        await connect("127.0.0.1", echo_server.port, secret, f"p-{i}", config=small, counters=wan)
+        await connect(
+            HOST, echo_server.port, secret, f"p-{i}", config=small, counters=wan, network=net
+        )
         for i in range(2)
     ]
     before = wan.payload_received  # the handshakes count too: they cross the link

@@ -30,6 +30,8 @@ from pdd.worker.transport.payloads import (
     encode_token_ids,
 )
 
+pytestmark = pytest.mark.unit
+
 MAX = 1 << 16
 
 

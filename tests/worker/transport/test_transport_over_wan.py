@@ -1,15 +1,13 @@
-"""Channels through the WAN link emulator: a cut line ends transfers with a typed outcome."""
+"""Channels through the WAN link emulator: a cut line ends transfers with a typed outcome.
+
+On the in-memory network with a virtual clock, so each outcome arrives exactly when
+its timeout says, and the test can say so.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
-import time
 
-import httpx
 import pytest
 
 from pdd.worker.transport import (
@@ -22,9 +20,12 @@ from pdd.worker.transport import (
     connect,
     serve,
 )
+from pdd.worker.transport.memory import MemoryNetwork
 from pdd.worker.transport.wan_link import WanLink
 
-#: One-second waits: a cut is noticed quickly, and the tests bound every wait by far more.
+pytestmark = [pytest.mark.unit, pytest.mark.virtual_clock]
+
+#: One-second waits: a cut is noticed quickly.
 QUICK = TransportConfig(
     max_frame_bytes=64 * 1024,
     chunk_bytes=64 * 1024,
@@ -33,6 +34,7 @@ QUICK = TransportConfig(
     read_timeout_s=1.0,
     write_timeout_s=1.0,
 )
+GRACE_S = 2.5
 
 
 async def _drain(channel: Channel) -> None:
@@ -45,65 +47,33 @@ async def _drain(channel: Channel) -> None:
 
 
 async def test_cut_link_times_out_then_resets(secret: str) -> None:
-    server = await serve("127.0.0.1", 0, secret, _drain, name="md-0", config=QUICK)
+    net = MemoryNetwork()
+    loop = asyncio.get_running_loop()
+    server = await serve("md", 9000, secret, _drain, name="md-0", config=QUICK, network=net)
     async with WanLink(
-        "127.0.0.1:0", f"127.0.0.1:{server.port}", gbps=0.05, rtt_ms=10, partition_grace_s=2.5
+        "md:9100", "md:9000", gbps=0.05, rtt_ms=10, partition_grace_s=GRACE_S, network=net
     ) as link:
-        channel = await connect("127.0.0.1", link.port, secret, "p-0", config=QUICK)
-        await channel.send_chunked(MsgType.KV_CHUNK, 1, os.urandom(300_000))  # link works
+        channel = await connect("md", 9100, secret, "p-0", config=QUICK, network=net)
+        await channel.send_chunked(MsgType.KV_CHUNK, 1, bytes(300_000))  # the link works
         link.partition(True)
-        started = time.monotonic()
+        cut_at = loop.time()
+        with pytest.raises(TransferTimeout):  # the window fills, no credit comes back
+            await channel.send_chunked(MsgType.KV_CHUNK, 1, bytes(4_000_000))
         with pytest.raises(TransferTimeout):
-            await asyncio.wait_for(
-                channel.send_chunked(MsgType.KV_CHUNK, 1, os.urandom(4_000_000)), 20
-            )
-        with pytest.raises(TransferTimeout):
-            await asyncio.wait_for(channel.recv(), 20)
-        assert time.monotonic() - started < 10  # ended by our timeouts, long before any hang
+            await channel.recv()
+        assert loop.time() - cut_at < GRACE_S  # ended by our timeouts, before any reset
         # Past the grace period the line resets the connection: the channel is down.
         with pytest.raises(LinkDown):
-            await asyncio.wait_for(channel.recv(timeout_s=None), 20)
+            await channel.recv(timeout_s=None)
+        assert loop.time() - cut_at == pytest.approx(GRACE_S, abs=0.01)
         # New connections are refused while the line is cut ...
         with pytest.raises((LinkDown, TransferTimeout)):
-            await connect("127.0.0.1", link.port, secret, "p-1", config=QUICK)
+            await connect("md", 9100, secret, "p-1", config=QUICK, network=net)
         assert link.stats()["connections"]["refused"] >= 1
         link.partition(False)
         # ... and accepted again once it heals.
-        healed = await connect("127.0.0.1", link.port, secret, "p-2", config=QUICK)
+        healed = await connect("md", 9100, secret, "p-2", config=QUICK, network=net)
         await healed.send(MsgType.TOKEN_IDS, 2, b"\x00" * 8)
         await healed.close()
         await channel.close()
     await server.close()
-
-
-def test_cli_serves_admin_and_stops_on_sigterm(unused_tcp_port_factory) -> None:
-    listen, admin = unused_tcp_port_factory(), unused_tcp_port_factory()
-    argv = [
-        sys.executable,
-        "-c",
-        "import sys; from pdd.cli import main; sys.exit(main(sys.argv[1:]))",
-        "wan-link",
-        f"--listen=127.0.0.1:{listen}",
-        "--to=127.0.0.1:1",
-        "--gbps=2.5",
-        "--rtt-ms=30",
-        f"--admin=127.0.0.1:{admin}",
-    ]
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                stats = httpx.get(f"http://127.0.0.1:{admin}/stats", timeout=1).json()
-                break
-            except httpx.TransportError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise
-                time.sleep(0.1)
-        assert stats["gbps"] == 2.5 and stats["rtt_ms"] == 30
-        reply = httpx.post(f"http://127.0.0.1:{admin}/partition", json={"cut": True}, timeout=5)
-        assert reply.json()["cut"] is True
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=20) == 0
-    finally:
-        process.kill()
