@@ -1,29 +1,56 @@
-"""Real worker processes on loopback, started once for the whole data-plane suite.
+"""Two data planes behind one set of helpers (``DataPlane``):
 
-Topology: P and RLD in "datacenter A", MD in "B"; every WAN-facing worker has
-a WAN link emulator in front of its data port, so P->MD and MD->RLD traffic
-crosses an emulated line the tests can throttle or cut. ``mono`` is the
-colocated reference. ``md_v`` and ``rld_v`` are victims the fault tests kill
-(the other tests never use them, so test order does not matter).
+- ``dp``: real ``pdd worker`` processes on loopback, started once for the session,
+  every WAN-facing worker behind a ``pdd wan-link`` process (integration tier: what a
+  pod runs, over real sockets);
+- ``vdp``: the same topology in one process on a virtual clock (``inprocess.py``),
+  fresh for each test (unit tier: deterministic, whatever the machine's speed).
+
+Topology: P and RLD in "datacenter A", MD in "B"; P->MD and MD->RLD traffic crosses
+an emulated WAN line the tests can throttle, hold or cut. ``mono`` is the colocated
+reference. ``md_v`` and ``rld_v`` are victims the process fault tests kill (no other
+test uses them, so test order does not matter). Both planes run requests through the
+router's own stream relay (``relay_tokens``) and worker client.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import random
-from collections.abc import Callable, Iterator, Sequence
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
 
-import httpx
 import pytest
 
-from pdd.common.wire import PipelinePlan, SamplingSpec
-from pdd.worker.driver import RunResult, run_plan
+from pdd.common.token_stream import TokenStreamMerger
+from pdd.common.wire import PipelinePlan, SamplingSpec, StateReport, TokenEvent
+from pdd.router.stream_relay import relay_tokens
+from pdd.router.worker_client import WorkerClient
 from pdd.worker.local_cluster import LinkSpec, LocalCluster, WorkerSpec
+from pdd.worker.model.loader import LoadedModel
+
+# Loaded by path: with --import-mode=importlib the tests folder is not on sys.path.
+_spec = importlib.util.spec_from_file_location(
+    "pdd_test_inprocess", Path(__file__).with_name("inprocess.py")
+)
+inprocess = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = inprocess  # dataclasses look their module up there
+_spec.loader.exec_module(inprocess)
 
 #: Tiny model: 2 (k, v) * 4 layers * 2 kv heads * 32 head dim * 4 bytes (fp32).
 KV_BYTES_PER_TOKEN = 2048
 BLOCK_SIZE = 16
+#: In-process (virtual time): cuts and stalls end in 5 s of loop time, costing nothing.
 TRANSFER_TIMEOUT_S = 5.0
+#: Processes: no process test waits for a timeout to fire (their faults are resets), so the
+#: timeout is only a backstop, and long enough that a loaded machine never trips it.
+PROCESS_TRANSFER_TIMEOUT_S = 60.0
+RUN_TIMEOUT_S = 120.0
+LINK = LinkSpec(gbps=1.0, rtt_ms=4.0, jitter_ms=1.0, partition_grace_s=1.0)
 
 SPECS = [
     WorkerSpec("p", "prefill"),
@@ -35,28 +62,34 @@ SPECS = [
 ]
 
 
-@pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    logs = tmp_path_factory.mktemp("dataplane-logs")
-    c = LocalCluster.start(
-        SPECS,
-        logs,
-        LinkSpec(gbps=1.0, rtt_ms=4.0, jitter_ms=1.0, partition_grace_s=1.0),
-        common_args=[
-            "--num-blocks",
-            "1024",
-            "--block-size",
-            str(BLOCK_SIZE),
-            "--torch-threads",
-            "1",
-            "--transfer-timeout-s",
-            str(TRANSFER_TIMEOUT_S),
-            "--max-running",
-            "64",
-        ],
-    )
-    yield c
-    c.stop()
+class Cluster(Protocol):
+    """What the helpers need of either plane's cluster."""
+
+    secret: str
+
+    def __getitem__(self, name: str) -> Any: ...
+
+    def plan(
+        self, request_id: str, prompt_ids: list[int], *args: Any, **kw: Any
+    ) -> PipelinePlan: ...
+
+
+@dataclass
+class Run:
+    """One request as the client saw it, through the router's stream relay."""
+
+    request_id: str
+    events: list[TokenEvent]
+    duplicates: int  # positions the relay received more than once (an upstream inefficiency)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [e.token_id for e in self.events]  # type: ignore[misc]
+
+    @property
+    def sources(self) -> list[str]:
+        return [e.source for e in self.events]
 
 
 class DataPlane:
@@ -64,10 +97,16 @@ class DataPlane:
 
     kv_bytes_per_token = KV_BYTES_PER_TOKEN
     block_size = BLOCK_SIZE
-    transfer_timeout_s = TRANSFER_TIMEOUT_S
 
-    def __init__(self, cluster: LocalCluster) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        client: Callable[[], WorkerClient],
+        quiescent: Callable[[], Awaitable[dict[str, StateReport]]],
+    ) -> None:
         self.cluster = cluster
+        self._client = client
+        self._quiescent = quiescent
 
     @staticmethod
     def prompts(n: int, seed: int, lo: int = 40, hi: int = 140) -> list[list[int]]:
@@ -85,18 +124,33 @@ class DataPlane:
         )  # fmt: skip
 
     async def run_all(
-        self, plans: Sequence[PipelinePlan], on_token: Callable | None = None
-    ) -> list[RunResult]:
-        """Run the plans concurrently (one batch), each through the stream-merging driver."""
+        self, plans: Sequence[PipelinePlan], on_token: Callable[[TokenEvent], None] | None = None
+    ) -> list[Run]:
+        """Run the plans concurrently, each through the router's stream relay.
+
+        ``on_token`` sees each token as the client receives it (tests act on the stream there).
+        """
+        client = self._client()
         try:
-            async with httpx.AsyncClient(timeout=30.0) as client, asyncio.TaskGroup() as group:
-                runs = [
-                    group.create_task(run_plan(p, client, self.cluster.secret, 120.0, on_token))
-                    for p in plans
-                ]
+            async with asyncio.TaskGroup() as group:
+                runs = [group.create_task(self._run(plan, client, on_token)) for plan in plans]
         except ExceptionGroup as group_error:
             raise group_error.exceptions[0] from None
+        finally:
+            await client.aclose()
         return [run.result() for run in runs]
+
+    @staticmethod
+    async def _run(
+        plan: PipelinePlan, client: WorkerClient, on_token: Callable[[TokenEvent], None] | None
+    ) -> Run:
+        merger = TokenStreamMerger(plan.request_id)
+        events = []
+        async for event in relay_tokens(plan, client, RUN_TIMEOUT_S, merger):
+            events.append(event)
+            if on_token is not None:
+                on_token(event)
+        return Run(plan.request_id, events, merger.duplicates, dict(merger.errors))
 
     async def reference(self, prompts: Sequence[list[int]], max_tokens: int, tag: str) -> list:
         """Token IDs from the colocated ``mono`` instance, the ground truth."""
@@ -111,15 +165,10 @@ class DataPlane:
     def counters(self, *workers: str) -> CounterDelta:
         return CounterDelta(self.cluster, workers)
 
-    def assert_quiescent(self) -> None:
-        states = self.cluster.wait_quiescent(timeout_s=20.0)
+    async def assert_quiescent(self) -> None:
+        states = await self._quiescent()
         leaking = {name: s for name, s in states.items() if not s.quiescent}
         assert not leaking, f"request state, locks or blocks leaked: {leaking}"
-
-
-@pytest.fixture(scope="session")
-def dp(cluster: LocalCluster) -> DataPlane:
-    return DataPlane(cluster)
 
 
 def counter(metrics: dict[str, float], name: str) -> float:
@@ -131,7 +180,7 @@ def counter(metrics: dict[str, float], name: str) -> float:
 class CounterDelta:
     """Counter values of some workers before/after a block of work."""
 
-    def __init__(self, cluster: LocalCluster, names: Sequence[str]) -> None:
+    def __init__(self, cluster: Cluster, names: Sequence[str]) -> None:
         self.cluster = cluster
         self.before = {n: cluster[n].metrics() for n in names}
 
@@ -143,3 +192,45 @@ class CounterDelta:
             key = f"{name}_total{{{labels}}}"
             return now.get(key, 0.0) - self.before[worker].get(key, 0.0)
         return counter(now, name) - counter(self.before[worker], name)
+
+
+# --- the process plane (integration) ----------------------------------------------------------
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    logs = tmp_path_factory.mktemp("dataplane-logs")
+    c = LocalCluster.start(
+        SPECS,
+        logs,
+        LINK,
+        common_args=[
+            "--num-blocks", "1024", "--block-size", str(BLOCK_SIZE), "--torch-threads", "1",
+            "--transfer-timeout-s", str(PROCESS_TRANSFER_TIMEOUT_S), "--max-running", "64",
+        ],
+    )  # fmt: skip
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="session")
+def dp(cluster: LocalCluster) -> DataPlane:
+    return DataPlane(
+        cluster,
+        lambda: WorkerClient(cluster.secret, timeout_s=30.0),
+        lambda: asyncio.to_thread(cluster.wait_quiescent, 60.0),
+    )
+
+
+# --- the in-process plane on a virtual clock (unit) -------------------------------------------
+@pytest.fixture
+async def vdp(tiny: LoadedModel) -> AsyncIterator[DataPlane]:
+    """A fresh in-process cluster; the test must be marked ``virtual_clock``."""
+    cluster = inprocess.InProcessCluster(
+        tiny,
+        SPECS,
+        LINK,
+        block_size=BLOCK_SIZE,
+        num_blocks=256,  # 4096 tokens per instance: more than any in-process test holds
+        transfer_timeout_s=TRANSFER_TIMEOUT_S,
+    )
+    async with cluster:
+        yield DataPlane(cluster, cluster.client, cluster.wait_quiescent)

@@ -6,6 +6,10 @@ decode puts its handshake hit on the first event it streams.
 
 from __future__ import annotations
 
+import pytest
+
+pytestmark = pytest.mark.integration
+
 MAX_TOKENS = 48
 
 
@@ -40,4 +44,4 @@ async def test_streams_report_the_real_hits_of_p_and_md(dp) -> None:
     assert len(from_md) <= 1  # only MD's first event carries its hit (none if RLD finished)
     assert all(h[3] == n for h in from_md)
     assert warm.token_ids == cold.token_ids == relayed.token_ids
-    dp.assert_quiescent()
+    await dp.assert_quiescent()

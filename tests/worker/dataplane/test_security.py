@@ -18,6 +18,8 @@ from pdd.worker.transport import (
     request_key,
 )
 
+pytestmark = pytest.mark.integration
+
 
 def _data_addr(dp, name: str) -> tuple[str, int]:
     return split_addr(dp.cluster[name].endpoint.fast_addr)
@@ -83,7 +85,7 @@ async def test_a_corrupt_kv_chunk_aborts_only_that_request(dp) -> None:
             await expect(channel, MsgType.META, timeout_s=10)
     finally:
         await channel.close()
-    dp.assert_quiescent()
+    await dp.assert_quiescent()
 
 
 def test_control_api_requires_the_secret_and_the_right_role(dp) -> None:

@@ -1,0 +1,103 @@
+"""Faults of the links between workers: every request still ends cleanly, on every role.
+
+In-process on a virtual clock, so each fault lands exactly where the test puts it
+and every timeout fires at its due time, whatever the machine. Each test checks
+the client's stream (complete and equal to mono, or a clear error), the byte or
+failure counters that say which path broke, and that no survivor holds request
+state, a lock or a block afterwards. Process deaths are in ``test_process_faults``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pdd.router.errors import UpstreamError
+
+pytestmark = [pytest.mark.unit, pytest.mark.virtual_clock]
+
+TRICKLE_GBPS = 1e-5  # 10 kbit/s: a prompt's KV stays in flight for minutes
+MAX_TOKENS = 40
+LONG_TOKENS = 120  # 0.6 s of relay decoding at the harness's step time
+
+
+async def test_wan_cut_ends_transfers_and_relay_finishes(vdp) -> None:
+    """The line to MD is cut while its KV is in flight: the relay carries the request."""
+    prompt = vdp.prompts(1, seed=53, lo=90, hi=91)[0]
+    expected = await vdp.reference([prompt], MAX_TOKENS, "f-cut")
+    link = vdp.cluster["md"].link
+    link.set_rate(TRICKLE_GBPS)
+    delta = vdp.counters("p")
+
+    def cut(event) -> None:
+        link.partition(True)  # stalls, then resets after the grace period
+
+    plan = vdp.cluster.plan("f-cut-0", prompt, "P-RLD-MD", vdp.sampling(0, MAX_TOKENS))
+    [result] = await vdp.run_all([plan], on_token=cut)
+    assert result.token_ids == expected[0]
+    assert result.duplicates == 0 and set(result.sources) == {"rld"}
+    await vdp.assert_quiescent()  # P's transfer and MD's attached request ended
+    assert delta("p", "pdd_transfer_failures", 'path="wan"') == 1
+
+
+async def test_wan_cut_without_relay_fails_the_request_clearly(vdp) -> None:
+    prompt = vdp.prompts(1, seed=54, lo=90, hi=91)[0]
+    vdp.cluster["md"].link.partition(True)
+    plan = vdp.cluster.plan("f-cut-pmd", prompt, "P-MD", vdp.sampling(0, MAX_TOKENS))
+    with pytest.raises(UpstreamError, match="without a finish"):
+        await vdp.run_all([plan])
+    await vdp.assert_quiescent()
+
+
+async def test_stalled_wan_times_out_on_both_ends_and_relay_finishes(vdp) -> None:
+    """The path to MD stops moving bytes (no reset): both ends give up after their timeout."""
+    prompt = vdp.prompts(1, seed=55, lo=90, hi=91)[0]
+    expected = await vdp.reference([prompt], MAX_TOKENS, "f-stall")
+    vdp.cluster["md"].link.set_rate(TRICKLE_GBPS)
+    path = vdp.cluster.wan_path("md")
+    delta = vdp.counters("p", "md")
+    plan = vdp.cluster.plan("f-stall-0", prompt, "P-RLD-MD", vdp.sampling(0, MAX_TOKENS))
+    [result] = await vdp.run_all([plan], on_token=lambda event: path.pause())
+    assert result.token_ids == expected[0] and set(result.sources) == {"rld"}
+    await vdp.assert_quiescent()
+    assert delta("p", "pdd_transfer_failures", 'path="wan"') == 1
+    assert delta("md", "pdd_prefix_hit_tokens") == 0  # MD took nothing from this request
+
+
+async def test_lossy_slow_wan_changes_nothing_but_time(vdp) -> None:
+    """Loss (resends) and a long delay on the WAN: same tokens, same bytes, handoffs done."""
+    prompts = vdp.prompts(3, seed=56)
+    # Every resend stalls its connection 50 ms: the handoffs come after 40-80 tokens.
+    expected = await vdp.reference(prompts, LONG_TOKENS, "f-loss")
+    path = vdp.cluster.wan_path("md")
+    path.delay_s, path.loss, path.retransmit_s = 0.01, 0.2, 0.05
+    rld_path = vdp.cluster.wan_path("rld")
+    rld_path.delay_s, rld_path.loss, rld_path.retransmit_s = 0.01, 0.2, 0.05
+    delta = vdp.counters("p", "rld", "md")
+    plans = [
+        vdp.cluster.plan(
+            f"f-loss-{i}", p, "P-RLD-MD", vdp.sampling(i, LONG_TOKENS), handoff="one-shot"
+        )
+        for i, p in enumerate(prompts)
+    ]
+    results = await vdp.run_all(plans)
+    assert [r.token_ids for r in results] == expected
+    assert all(r.duplicates == 0 and r.sources[-1] == "md" for r in results)
+    md_miss = delta("md", "pdd_prompt_tokens") - delta("md", "pdd_prefix_hit_tokens")
+    assert delta("p", "pdd_wan_bytes") == md_miss * vdp.kv_bytes_per_token
+    assert delta("rld", "pdd_handoff") == len(plans)
+    assert delta("p", "pdd_transfer_failures") == 0
+    await vdp.assert_quiescent()
+
+
+async def test_relay_never_gets_its_kv_and_main_decode_streams_it_all(vdp) -> None:
+    """The fast path to RLD is cut: the router hands MD the (no) tokens the client has."""
+    prompt = vdp.prompts(1, seed=57, lo=90, hi=91)[0]
+    expected = await vdp.reference([prompt], MAX_TOKENS, "f-fast")
+    vdp.cluster.fast_path("rld").cut()
+    delta = vdp.counters("p")
+    plan = vdp.cluster.plan("f-fast-0", prompt, "P-RLD-MD", vdp.sampling(0, MAX_TOKENS))
+    [result] = await vdp.run_all([plan])
+    assert result.token_ids == expected[0]
+    assert set(result.sources) == {"md"} and result.duplicates == 0
+    assert delta("p", "pdd_transfer_failures", 'path="fast"') == 1
+    await vdp.assert_quiescent()
