@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # Create .venv and install PDD with everything needed to run and test it.
-# Idempotent: a second run only re-checks the install.
+# Idempotent: a second run only checks a stamp (the install is editable, so code
+# changes need no reinstall; a change to pyproject.toml or setup.py does).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip setuptools wheel
-# torch is pinned (pyproject) to the CPU build that lies on disk.
-.venv/bin/python -m pip install -q -e '.[dev]'
+stamp=.venv/.pdd-installed
+want=$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip setuptools wheel
+  # torch is pinned (pyproject) to the CPU build that lies on disk.
+  .venv/bin/python -m pip install -q -e '.[dev]'
+  echo "$want" >"$stamp"
+fi

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Set up, start what the tests need (redis-server), lint, and run the test suite.
-# This is the README's test command and what .ci/run calls.
+# This is the README's test command and what .ci/run calls. Arguments go to pytest:
+#   ./scripts/test.sh -m unit          the inner loop (no processes, no sockets)
+#   ./scripts/test.sh -m integration   local processes; -m slow: the long suites
+# See docs/testing.md (tiers, determinism, running it on a loaded machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -15,8 +18,13 @@ trap 'kill "$(cat /tmp/pdd-test-redis-'"$REDIS_PORT"'.pid 2>/dev/null)" 2>/dev/n
 export PDD_TEST_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
 
 .venv/bin/ruff check .
+# Let Python and pytest cache compiled and assertion-rewritten modules between runs.
+unset PYTHONDONTWRITEBYTECODE
 set +e
-.venv/bin/python -m pytest "$@"
+# Two workers (one torch thread each), each module on one worker so its fixtures stay
+# single, in the order conftest.py gives (slow modules first); a later -n in "$@" wins
+# (-n 0: one process).
+.venv/bin/python -m pytest -n "${PDD_TEST_WORKERS:-2}" --dist loadscope --no-loadscope-reorder "$@"
 rc=$?
 set -e
 # pytest exits 5 when it collected no test: not a failure of the code under test.

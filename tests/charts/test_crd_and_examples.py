@@ -18,6 +18,8 @@ from pdd.operator.naming import Owner
 from pdd.operator.plan import Cluster, build_plan
 from pdd.operator.validation import parse_spec
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 #: Verbs the operator's API client uses on a child: get, POST (create), server-side apply and

@@ -10,6 +10,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[2]
 KUBERNETES = kubernetes_validate.latest_version()
 

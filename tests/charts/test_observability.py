@@ -8,6 +8,9 @@ import re
 import yaml
 
 from pdd.operator.naming import RELAY_LOAD_METRIC
+import pytest
+
+pytestmark = pytest.mark.unit
 
 #: The metrics the router and workers export (names fixed by the project's issue list).
 PDD_METRICS = {

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
+pytestmark = pytest.mark.unit
+
 HEADER = re.compile(
     r"^\s*# (?P<kind>framework|application): (?P<group>[a-z0-9.-]+)/(?P<resources>[a-z/,]+)"
     r" -> (?P<verbs>[a-z, ]+)$"

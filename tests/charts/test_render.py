@@ -9,6 +9,8 @@ import pytest
 
 from pdd.operator.main import parse_args
 
+pytestmark = pytest.mark.unit
+
 #: helm lint severities: 1 info (e.g. "icon is recommended"), 2 warning, 3 error.
 WARNING = 2
 

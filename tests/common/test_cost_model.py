@@ -14,6 +14,8 @@ from pdd.common.cost_model import (
     wan_transfer_seconds,
 )
 
+pytestmark = pytest.mark.unit
+
 LLAMA_8B = {
     "num_hidden_layers": 32,
     "num_attention_heads": 32,

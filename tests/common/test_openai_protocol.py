@@ -25,6 +25,8 @@ from pdd.common.openai_protocol import (
     sse_frame,
 )
 
+pytestmark = pytest.mark.unit
+
 
 def test_chat_request_as_clients_send_it():
     body = {

@@ -9,6 +9,8 @@ import pytest
 from pdd.common.token_stream import TokenConflictError, TokenStreamMerger
 from pdd.common.wire import TokenEvent
 
+pytestmark = pytest.mark.unit
+
 
 def ev(seq: int, token: int, source: str = "rld", finished: bool = False) -> TokenEvent:
     return TokenEvent(

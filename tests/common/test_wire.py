@@ -15,6 +15,8 @@ from pdd.common.wire import (
     TokenEvent,
 )
 
+pytestmark = pytest.mark.unit
+
 
 def endpoint(name: str) -> Endpoint:
     return Endpoint(instance_id=name, http_url=f"http://{name}", fast_addr="h:1", wan_addr="h:2")

@@ -9,10 +9,13 @@ from __future__ import annotations
 import json
 
 import httpx
+import pytest
 
 from pdd.local.replay import Replayer, ReplayTarget
 from pdd.local.traces.base import Chain, Spawn, Trace
 from pdd.local.traces.synth import Job
+
+pytestmark = pytest.mark.unit
 
 
 def sse(*frames: dict) -> bytes:

@@ -10,6 +10,8 @@ from pdd.local import plots, report
 from pdd.local.probes import by_label, delta, flatten, throughput_mbps, total
 from pdd.local.replay import Outcome
 
+pytestmark = pytest.mark.unit
+
 
 def outcome(key: str, ttft: float, text: str = "abc", error: str | None = None) -> Outcome:
     o = Outcome(key, prompt_tokens=10, max_tokens=3, ttft_s=ttft, e2e_s=ttft + 0.2, text=text)

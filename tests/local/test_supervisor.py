@@ -2,10 +2,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+import pytest
+
 from pdd.local.supervisor import Supervisor
+from pdd.testing.waiting import until_sync
+
+pytestmark = pytest.mark.integration
 
 
 def python(code: str, log: Path) -> subprocess.Popen:
@@ -40,8 +44,6 @@ def test_stop_kills_a_child_that_ignores_sigterm(tmp_path: Path) -> None:
     )
     sup = Supervisor()
     child = sup.add("stubborn", python(code, tmp_path / "s"), tmp_path / "s")
-    deadline = time.monotonic() + 30
-    while "armed" not in child.log_tail() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    until_sync(lambda: "armed" in child.log_tail(), "the child to ignore SIGTERM")
     sup.stop(grace_s=0.5)
     assert child.proc.returncode == -9

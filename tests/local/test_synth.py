@@ -5,6 +5,8 @@ import pytest
 from pdd.local.traces.base import Chain, Spawn, Trace, TraceRequest
 from pdd.local.traces.synth import Scaling, ScalingError, TokenSynthesizer, synthesize
 
+pytestmark = pytest.mark.unit
+
 
 def req(key: str, ids: tuple[int, ...], n_in: int, ns: str = "s", bs: int = 64) -> TraceRequest:
     return TraceRequest(key, ns, ids, n_in, 100, bs, think_s=50.0)

@@ -11,6 +11,8 @@ from pdd.local.topology import (
     worker_specs,
 )
 
+pytestmark = pytest.mark.unit
+
 
 def roles(mode: str, counts: Counts | None = None) -> list[tuple[str, str, bool]]:
     specs = worker_specs(mode, counts or Counts())  # type: ignore[arg-type]

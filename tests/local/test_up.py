@@ -1,7 +1,7 @@
 """``pdd up`` for real: child processes, the OpenAI client, a bench smoke run, Ctrl-C.
 
-One stack (pdd mode: router, P, RLD, MD, two WAN link emulators) serves the module;
-the last test stops it with SIGINT and checks nothing is left behind.
+One stack (pdd mode: router, P, RLD, MD, two WAN link emulators) serves the client and
+bench tests; the Ctrl-C test stops a stack of its own (tests run in any order).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,10 @@ import pytest
 
 from pdd.local import bench
 from pdd.local.stack import StackInfo
+from pdd.testing.waiting import WaitTimeout, until_sync
 from pdd.worker.local_cluster import free_port
+
+pytestmark = pytest.mark.integration
 
 READY_TIMEOUT_S = 240
 
@@ -50,18 +52,31 @@ def process_group_members(pgid: int) -> list[int]:
 
 
 def wait_ready(proc: subprocess.Popen, output: Path, log_dir: Path) -> StackInfo:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while "base URL" not in output.read_text():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"pdd up did not come up (rc {proc.poll()}):\n{output.read_text()}")
-        time.sleep(0.2)
+    def up() -> bool:
+        if proc.poll() is not None:
+            pytest.fail(f"pdd up exited (rc {proc.poll()}):\n{output.read_text()}")
+        return "base URL" in output.read_text()
+
+    try:
+        until_sync(up, "pdd up printing its base URL", READY_TIMEOUT_S, every_s=0.2)
+    except WaitTimeout:
+        proc.kill()
+        raise
     return StackInfo.load(log_dir / "stack.json")
 
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
-    tmp = tmp_path_factory.mktemp("up")
+    yield from start_up(tmp_path_factory.mktemp("up"))
+
+
+@pytest.fixture
+def own_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    """A stack for one test, which may stop it."""
+    yield from start_up(tmp_path_factory.mktemp("own-up"))
+
+
+def start_up(tmp: Path) -> Iterator[Up]:
     output = tmp / "pdd-up.out"
     argv = [sys.executable, "-m", "pdd.cli", "up", "--mode", "pdd", "--port", str(free_port()),
             "--log-dir", str(tmp / "logs"), "--worker-arg=--kv-budget-mb=32"]  # fmt: skip
@@ -112,7 +127,8 @@ def test_bench_replays_three_requests_against_the_running_stack(
     assert sum(result["pipeline_share"].values()) == pytest.approx(1.0)
 
 
-def test_sigint_stops_every_child(up: Up) -> None:
+def test_sigint_stops_every_child(own_up: Up) -> None:
+    up = own_up
     pids = list(up.info.pids.values())
     assert len(pids) == 6  # router, p0, rld0, md0, and the two links
     up.proc.send_signal(signal.SIGINT)

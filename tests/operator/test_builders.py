@@ -23,6 +23,8 @@ from pdd.operator.naming import (
 from pdd.operator.plan import Cluster, build_plan, possible_children, ref_of
 from pdd.operator.spec import PDDSpec
 
+pytestmark = pytest.mark.unit
+
 TOKEN = "s3cret-token"
 
 

@@ -16,6 +16,8 @@ import yaml
 from pdd.operator.spec import PDDSpec
 from pdd.operator.validation import InvalidSpecError, parse_spec
 
+pytestmark = pytest.mark.unit
+
 DATA = Path(__file__).parent / "data"
 REPO = Path(__file__).resolve().parents[2]
 

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from typing import get_args
 
+import pytest
+
 from pdd.common.deploy_config import HANDOFF_POLICIES
 from pdd.operator.spec import Handoff
+
+pytestmark = pytest.mark.unit
 
 
 def test_every_crd_handoff_policy_has_a_flag_value() -> None:

@@ -14,8 +14,7 @@ import base64
 import copy
 import itertools
 import threading
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ import yaml
 
 import pdd.operator.handlers  # noqa: F401  (registers the handlers)
 from pdd.operator.runtime import OperatorOptions
+from pdd.testing.waiting import until
 
 DATA = Path(__file__).parent / "data"
 CR = "pdd.dev/v1alpha1/pdddeployments"
@@ -43,9 +43,8 @@ CHILD_RESOURCES = {
     "policy/v1/poddisruptionbudgets": "PodDisruptionBudget",
 }
 VERBS = ["get", "list", "watch", "create", "patch", "update", "delete"]
-DEADLINE_S = 20.0
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.integration
 
 
 class VersionedEmulator(kmock.KubernetesEmulator):
@@ -142,17 +141,6 @@ def events(k8s: kmock.KubernetesEmulator, reason: str) -> list[dict]:
     ]
 
 
-async def wait_for(predicate: Callable[[], Any], what: str, timeout: float = DEADLINE_S) -> Any:
-    """Poll ``predicate`` until it is truthy; fail with ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
-
-
 def watching(k8s: kmock.KubernetesEmulator, since: int) -> bool:
     return any(
         r.resource is not None and r.resource.plural == "pdddeployments" and r.params.get("watch")
@@ -181,7 +169,7 @@ async def running_operator(k8s: kmock.KubernetesEmulator) -> AsyncIterator[None]
     thread = threading.Thread(target=asyncio.run, args=(operator,), name="kopf")
     thread.start()
     try:
-        await wait_for(lambda: watching(k8s, since), "kopf to watch PDDDeployments")
+        await until(lambda: watching(k8s, since), "kopf to watch PDDDeployments")
         yield
     finally:
         stop.set()
@@ -228,13 +216,13 @@ async def test_create_then_reconcile_again_changes_nothing(cluster_a: Any) -> No
     k8s, client = cluster_a
     async with running_operator(k8s):
         await create(client, CR_PATH, load_cr("pool-b.yaml", "uid-qwen"))
-        main = await wait_for(lambda: live(k8s, DEPLOYMENTS, "serving", "qwen-main"), "MD")
+        main = await until(lambda: live(k8s, DEPLOYMENTS, "serving", "qwen-main"), "MD")
         pod = main["spec"]["template"]["spec"]
         assert pod["nodeSelector"] == {"pool": "decode", "nvidia.com/gpu.product": "NVIDIA-H200"}
         assert main["metadata"]["ownerReferences"][0]["uid"] == "uid-qwen"
-        hpa = await wait_for(lambda: live(k8s, HPAS, "serving", "qwen-relay"), "the relay HPA")
+        hpa = await until(lambda: live(k8s, HPAS, "serving", "qwen-relay"), "the relay HPA")
         assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "pdd_relay_load"
-        cr = await wait_for(
+        cr = await until(
             lambda: (c := live(k8s, CR, "serving", "qwen")) and condition(c, "LinkSized") and c,
             "LinkSized",
         )
@@ -247,7 +235,7 @@ async def test_create_then_reconcile_again_changes_nothing(cluster_a: Any) -> No
             path = f"/apis/apps/v1/namespaces/serving/deployments/qwen-{role}/status"
             status = {"status": {"readyReplicas": ready, "updatedReplicas": ready}}
             (await client.patch(path, json=status)).raise_for_status()
-        await wait_for(
+        await until(
             lambda: condition(live(k8s, CR, "serving", "qwen"), "Ready").get("status") == "True",
             "Ready=True",
         )
@@ -258,7 +246,7 @@ async def test_create_then_reconcile_again_changes_nothing(cluster_a: Any) -> No
 
     mark = len(list(k8s))
     async with running_operator(k8s):  # a restart: kopf resumes and reconciles again
-        await wait_for(lambda: reconciled(list(k8s)[mark:]), "the resumed reconcile to finish")
+        await until(lambda: reconciled(list(k8s)[mark:]), "the resumed reconcile to finish")
     writes = [
         (r.method, r.resource.plural, r.name)
         for r in list(k8s)[mark:]
@@ -274,10 +262,8 @@ async def test_spec_change_updates_and_rolls_the_affected_children(cluster_a: An
     k8s, client = cluster_a
     async with running_operator(k8s):
         await create(client, CR_PATH, load_cr("pool-b.yaml", "uid-qwen"))
-        before = await wait_for(
-            lambda: live(k8s, DEPLOYMENTS, "serving", "qwen-prefill"), "prefill"
-        )
-        await wait_for(
+        before = await until(lambda: live(k8s, DEPLOYMENTS, "serving", "qwen-prefill"), "prefill")
+        await until(
             lambda: live(k8s, "policy/v1/poddisruptionbudgets", "serving", "qwen-router"), "all"
         )
         hpa_versions = versions(k8s, HPAS, "serving", "qwen-relay")
@@ -291,7 +277,7 @@ async def test_spec_change_updates_and_rolls_the_affected_children(cluster_a: An
             headers={"Content-Type": "application/merge-patch+json"},
         )
         response.raise_for_status()
-        after = await wait_for(
+        after = await until(
             lambda: (
                 (d := live(k8s, DEPLOYMENTS, "serving", "qwen-prefill"))
                 and d["spec"]["replicas"] == 4
@@ -300,14 +286,14 @@ async def test_spec_change_updates_and_rolls_the_affected_children(cluster_a: An
             "prefill scaled to 4",
         )
         assert after["spec"]["template"]["metadata"]["annotations"][config_key] != old_hash
-        await wait_for(  # the relay reads the same config: it rolls too
+        await until(  # the relay reads the same config: it rolls too
             lambda: (
                 (d := live(k8s, DEPLOYMENTS, "serving", "qwen-relay"))
                 and d["spec"]["template"]["metadata"]["annotations"][config_key] != old_hash
             ),
             "the relay's pods to roll",
         )
-        await wait_for(lambda: reconciled(list(k8s)[mark:]), "the reconcile to finish")
+        await until(lambda: reconciled(list(k8s)[mark:]), "the reconcile to finish")
         config = live(k8s, "v1/configmaps", "serving", "qwen-config")
         assert '"catchUpThreshold": 32' in config["data"]["config.json"]
         assert versions(k8s, HPAS, "serving", "qwen-relay") == hpa_versions
@@ -319,11 +305,11 @@ async def test_undersized_link_is_reported_with_an_event(cluster_a: Any) -> None
     cr["spec"]["wan"]["declaredGbps"] = 1
     async with running_operator(k8s):
         await create(client, CR_PATH, cr)
-        linked = await wait_for(
+        linked = await until(
             lambda: condition(live(k8s, CR, "serving", "qwen"), "LinkSized"), "LinkSized"
         )
         assert (linked["status"], linked["reason"]) == ("False", "LinkUndersized")
-        warning = (await wait_for(lambda: events(k8s, "LinkUndersized"), "the event"))[0]
+        warning = (await until(lambda: events(k8s, "LinkUndersized"), "the event"))[0]
         assert warning["type"] == "Warning" and "raise wan.declaredGbps" in warning["message"]
         assert live(k8s, DEPLOYMENTS, "serving", "qwen-main") is not None  # deploys anyway
 
@@ -334,13 +320,13 @@ async def test_invalid_spec_gets_a_clear_condition_and_no_children(cluster_a: An
     cr["spec"]["relay"] = {"minReplicas": 3, "maxReplicas": 2}
     async with running_operator(k8s):
         await create(client, CR_PATH, cr)
-        degraded = await wait_for(
+        degraded = await until(
             lambda: condition(live(k8s, CR, "serving", "qwen"), "Degraded"), "Degraded"
         )
         assert (degraded["status"], degraded["reason"]) == ("True", "InvalidSpec")
         assert "relay.maxReplicas (2) is below minReplicas (3)" in degraded["message"]
         assert condition(live(k8s, CR, "serving", "qwen"), "Ready")["status"] == "False"
-        await wait_for(lambda: events(k8s, "InvalidSpec"), "the InvalidSpec event")
+        await until(lambda: events(k8s, "InvalidSpec"), "the InvalidSpec event")
         assert children(k8s, "serving") == []
 
 
@@ -350,7 +336,7 @@ async def test_remote_cluster_waits_for_its_secret_then_deploys_and_deletes_both
     k8s_a, client_a = cluster_a
     async with emulator() as (k8s_b, url_b), running_operator(k8s_a):
         await create(client_a, CR_PATH, load_cr("remote.yaml", "uid-remote"))
-        blocked = await wait_for(
+        blocked = await until(
             lambda: condition(live(k8s_a, CR, "serving", "remote"), "Degraded"), "Degraded"
         )
         assert blocked["reason"] == "RemoteClusterUnavailable"
@@ -364,18 +350,16 @@ async def test_remote_cluster_waits_for_its_secret_then_deploys_and_deletes_both
             "data": {"kubeconfig": base64.b64encode(kubeconfig(url_b).encode()).decode()},
         }
         await create(client_a, "/api/v1/namespaces/serving/secrets", secret)
-        main = await wait_for(
-            lambda: live(k8s_b, DEPLOYMENTS, "serving-b", "remote-main"), "MD in B"
-        )
+        main = await until(lambda: live(k8s_b, DEPLOYMENTS, "serving-b", "remote-main"), "MD in B")
         assert "ownerReferences" not in main["metadata"]
         assert main["metadata"]["labels"]["pdd.dev/owner-uid"] == "uid-remote"
         assert main["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "b"}
-        await wait_for(lambda: live(k8s_a, DEPLOYMENTS, "serving", "remote-router"), "router")
+        await until(lambda: live(k8s_a, DEPLOYMENTS, "serving", "remote-router"), "router")
         assert live(k8s_a, DEPLOYMENTS, "serving", "remote-main") is None
         token_a = live(k8s_a, "v1/secrets", "serving", "remote-shared-secret")["data"]
         token_b = live(k8s_b, "v1/secrets", "serving-b", "remote-shared-secret")["data"]
         assert token_a == token_b
-        await wait_for(
+        await until(
             lambda: (
                 condition(live(k8s_a, CR, "serving", "remote"), "Degraded").get("status") == "False"
             ),
@@ -383,7 +367,7 @@ async def test_remote_cluster_waits_for_its_secret_then_deploys_and_deletes_both
         )
 
         (await client_a.delete(f"{CR_PATH}/remote")).raise_for_status()
-        await wait_for(lambda: live(k8s_a, CR, "serving", "remote") is None, "the CR to go")
+        await until(lambda: live(k8s_a, CR, "serving", "remote") is None, "the CR to go")
         assert children(k8s_b, "serving-b") == []
         assert children(k8s_a, "serving") == []
 
@@ -400,12 +384,12 @@ async def test_moving_md_back_from_cluster_b_cleans_cluster_b(cluster_a: Any) ->
         await create(client_a, "/api/v1/namespaces/serving/secrets", secret)
         cr = load_cr("remote.yaml", "uid-move")
         await create(client_a, CR_PATH, copy.deepcopy(cr))
-        await wait_for(lambda: live(k8s_b, DEPLOYMENTS, "serving-b", "remote-main"), "MD in B")
+        await until(lambda: live(k8s_b, DEPLOYMENTS, "serving-b", "remote-main"), "MD in B")
         response = await client_a.patch(
             f"{CR_PATH}/remote",
             json={"spec": {"remoteCluster": None, "poolB": {"nodeSelector": {"pool": "b2"}}}},
             headers={"Content-Type": "application/merge-patch+json"},
         )
         response.raise_for_status()
-        await wait_for(lambda: live(k8s_a, DEPLOYMENTS, "serving", "remote-main"), "MD in A")
-        await wait_for(lambda: children(k8s_b, "serving-b") == [], "cluster B to be emptied")
+        await until(lambda: live(k8s_a, DEPLOYMENTS, "serving", "remote-main"), "MD in A")
+        await until(lambda: children(k8s_b, "serving-b") == [], "cluster B to be emptied")

@@ -7,6 +7,8 @@ import yaml
 
 from pdd.operator.remote import RemoteClusterUnavailable, connection_from_kubeconfig
 
+pytestmark = pytest.mark.unit
+
 
 def kubeconfig(user: dict) -> str:
     return yaml.safe_dump(

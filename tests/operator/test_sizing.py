@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pdd.common.cost_model import LinkState, WorkloadProfile, size_wan_link
 from pdd.operator.kv_size import resolve_kv_bytes_per_token
 from pdd.operator.sizing import size_link
 from pdd.operator.spec import PDDSpec, Wan, Workload
+
+pytestmark = pytest.mark.unit
 
 KV_BPT = 2 * 36 * 8 * 128 * 2  # the pool-b example's model.config
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pdd.operator.conditions import Condition, merge_conditions
 from pdd.operator.readiness import readiness_conditions, role_status
 from pdd.operator.status import next_status
+
+pytestmark = pytest.mark.unit
 
 
 def test_transition_time_moves_only_when_status_flips() -> None:

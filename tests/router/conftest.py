@@ -6,7 +6,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +13,8 @@ import httpx
 import pytest
 import redis
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from pdd.testing.waiting import until_sync
 
 SPECIAL_TOKENS = [
     "<|begin_of_text|>",
@@ -149,19 +150,16 @@ def start_router(tmp_path_factory):
             r.proc.kill()
 
 
-def wait_http(router: RouterProc, path: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
+def wait_http(router: RouterProc, path: str) -> None:
+    def answers() -> bool:
         if router.proc.poll() is not None:
             raise RuntimeError(f"router exited {router.proc.returncode}:\n{router.log_tail()}")
         try:
-            if httpx.get(router.url + path, timeout=2.0).status_code == 200:
-                return
+            return httpx.get(router.url + path, timeout=2.0).status_code == 200
         except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"router {path} not ready:\n{router.log_tail()}")
-        time.sleep(0.1)
+            return False
+
+    until_sync(answers, f"router {path} answering 200 (log: {router.log})")
 
 
 @pytest.fixture
@@ -180,7 +178,7 @@ def own_redis(tmp_path):
 
         def start(self) -> None:
             self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, cwd=tmp_path)
-            wait_for(lambda: _pings(self.url), "redis-server did not start")
+            until_sync(lambda: _pings(self.url), "redis-server answering")
 
         def kill(self) -> None:
             self.proc.kill()
@@ -198,12 +196,3 @@ def _pings(url: str) -> bool:
         return redis.Redis.from_url(url, socket_connect_timeout=0.2).ping()
     except redis.RedisError:
         return False
-
-
-def wait_for(condition, message: str, timeout_s: float = 15.0) -> None:
-    """Poll ``condition`` until it holds; fail with ``message`` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(message)
-        time.sleep(0.05)

@@ -14,6 +14,8 @@ from transformers import AutoTokenizer
 from pdd.router.chat_template import ChatTemplate, ChatTemplateError, render_plain
 from pdd.router.tokenization import load_prompt_tokenizer
 
+pytestmark = pytest.mark.unit
+
 TEMPLATES = Path(__file__).parent / "chat_templates"
 LLAMA3 = (TEMPLATES / "llama3.jinja").read_text()
 QWEN = (TEMPLATES / "qwen.jinja").read_text()

@@ -12,6 +12,8 @@ from pdd.operator.spec import PDDSpec
 from pdd.router.config import TINY_KV_BYTES_PER_TOKEN, ConfigError, parse_worker
 from pdd.router.server import build_config, build_parser
 
+pytestmark = pytest.mark.unit
+
 OPERATOR_CR = Path(__file__).parents[1] / "operator" / "data" / "pool-b.yaml"
 
 

@@ -5,6 +5,8 @@ import pytest
 from pdd.router.detokenize import IncrementalDetokenizer, StopStrings
 from pdd.router.tokenization import TinyTokenizer
 
+pytestmark = pytest.mark.unit
+
 
 def test_multibyte_characters_are_never_split():
     text = "naïve café — 東京 🚀 done"

@@ -16,6 +16,8 @@ from pdd.router.instance_choice import (
 from pdd.router.prefix_index import PrefixIndex, PrefixIndexConfig
 from pdd.worker.cache_events import BlockStored
 
+pytestmark = pytest.mark.unit
+
 
 def mds(*loads, capacity=8):
     return [InstanceLoad(f"md{i}", Role.MAIN, a, capacity) for i, a in enumerate(loads)]

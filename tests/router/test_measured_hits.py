@@ -1,10 +1,14 @@
 """The hits the workers measured, read off token events, correct the router's estimates."""
 
+import pytest
+
 from pdd.common.block_hash import block_hashes
 from pdd.common.wire import Endpoint, PipelinePlan, TokenEvent
 from pdd.router.generation import MeasuredHits
 from pdd.router.prefix_index import PrefixIndex, PrefixIndexConfig
 from pdd.worker.cache_events import BlockStored
+
+pytestmark = pytest.mark.unit
 
 BS = 4
 PROMPT = list(range(30))  # 7 full blocks

@@ -5,9 +5,13 @@ import pkgutil
 import subprocess
 import sys
 
+import pytest
+
 import pdd.common
 import pdd.router
 import pdd.simulator
+
+pytestmark = pytest.mark.integration
 
 
 def _modules(package) -> list[str]:

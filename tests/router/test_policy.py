@@ -15,6 +15,8 @@ from pdd.router.policy import (
 )
 from pdd.router.recent_traffic import TrafficWindow
 
+pytestmark = pytest.mark.unit
+
 KVB = 50_000
 CONFIG = PolicyConfig(kv_bytes_per_token=KVB, ttft_budget_s=2.0, prefill_tokens_per_s=10_000)
 FAST = LinkState(declared_gbps=100, rtt_ms=30)

@@ -11,6 +11,8 @@ from pdd.router.prefix_index import (
 )
 from pdd.worker.cache_events import CACHE_EVENT_LIST_ADAPTER, AllCleared, BlockRemoved, BlockStored
 
+pytestmark = pytest.mark.unit
+
 BS = 4
 PROMPT = list(range(30))  # 7 full blocks, a 2-token tail
 HASHES = block_hashes(PROMPT, BS)

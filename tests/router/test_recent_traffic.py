@@ -4,6 +4,8 @@ import pytest
 
 from pdd.router.recent_traffic import RecentTraffic
 
+pytestmark = pytest.mark.unit
+
 
 class Clock:
     now = 0.0

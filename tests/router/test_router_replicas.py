@@ -4,25 +4,18 @@ Router B polls the workers once, at start, and never again (``--poll-interval-s
 600``): whatever it knows afterwards about caches and loads came through Redis.
 """
 
-import time
-
 import httpx
 import pytest
 import redis
 
 from pdd.common.block_hash import block_hashes
 from pdd.router.chat_template import render_plain
+from pdd.testing.waiting import until_sync
+
+pytestmark = pytest.mark.integration
 
 MODEL = "tiny"
 FROZEN = ("--poll-interval-s", "600")
-
-
-def until(condition, message: str, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(message)
-        time.sleep(0.05)
 
 
 def chat(router, messages, max_tokens=16) -> httpx.Response:
@@ -56,7 +49,7 @@ def test_conversation_turns_land_on_one_md_across_replicas(replicas, own_redis):
     md = route(first)["main"][0]
     r = redis.Redis.from_url(own_redis.url)
     first_block = block_hashes(list(render_plain(messages).encode()), 16)[0]
-    until(lambda: r.hexists(f"pdd:idx:h:{first_block}", md), "A did not publish MD's blocks")
+    until_sync(lambda: r.hexists(f"pdd:idx:h:{first_block}", md), "A did not publish MD's blocks")
     for replica in (b, a, b):
         answer = first.json()["choices"][0]["message"]["content"]
         messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "More."}]
@@ -77,7 +70,7 @@ def test_replicas_see_each_others_load(own_redis, worker_flags, start_router):
         next(lines)
         refused = httpx.post(f"{d.url}/v1/completions", json={**body, "stream": False})
         assert refused.status_code == 429, refused.text
-    until(
+    until_sync(
         lambda: (
             httpx.post(
                 f"{d.url}/v1/completions", json={**body, "stream": False, "max_tokens": 1}
@@ -104,7 +97,7 @@ def test_killing_redis_mid_run_loses_no_request(replicas, own_redis):
     assert 'finish_reason":"length"' in "".join(rest)
     own_redis.start()
     for replica in (a, b):
-        until(
+        until_sync(
             lambda replica=replica: (
                 "pdd_router_redis_up 1.0" in httpx.get(f"{replica.url}/metrics").text
             ),

@@ -1,6 +1,5 @@
 """The Redis-backed index store, and the shared store's behaviour when Redis goes away."""
 
-import asyncio
 import os
 import time
 import uuid
@@ -12,7 +11,10 @@ from pdd.common.block_hash import block_hashes
 from pdd.router.prefix_index import PrefixIndex, PrefixIndexConfig
 from pdd.router.state.redis_store import RedisIndexStore, RedisLoads
 from pdd.router.state.shared import SharedStore
+from pdd.testing.waiting import until
 from pdd.worker.cache_events import AllCleared, BlockRemoved, BlockStored
+
+pytestmark = pytest.mark.integration
 
 TOKENS = list(range(64))
 HASHES = block_hashes(TOKENS, 16)
@@ -65,14 +67,6 @@ def test_loads_sum_over_replicas(redis_url):
     assert two.total() == {"md1": 7}
 
 
-async def _wait_async(condition, message: str, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(message)
-        await asyncio.sleep(0.05)
-
-
 async def test_shared_store_keeps_serving_without_redis_and_reseeds_it(own_redis):
     changes: list[bool] = []
     store = SharedStore(own_redis.url, "r1", ttl_s=600, heartbeat_s=0.1, on_change=changes.append)
@@ -89,7 +83,7 @@ async def test_shared_store_keeps_serving_without_redis_and_reseeds_it(own_redis
         assert [h for h in store.index.holders(HASHES, time.time())] == [{"md1"}] * 4
         assert store.inflight() == {"md1": 2}
         own_redis.start()  # a fresh, empty Redis on the same port
-        await _wait_async(lambda: store.shared, "the store did not reconnect")
+        await until(lambda: store.shared, "the store reconnecting to Redis")
         fresh = RedisIndexStore(redis.Redis.from_url(own_redis.url), ttl_s=600)
         assert fresh.holders(HASHES, time.time()) == [{"md1"}] * 4
         assert RedisLoads(redis.Redis.from_url(own_redis.url), "r2", 10).total() == {"md1": 2}

@@ -7,6 +7,8 @@ from pdd.router.tokenization import TokenizerNotFoundError, load_prompt_tokenize
 from pdd.worker.tokenizer import ByteTokenizer
 from pdd.worker.tokenizer import HFTokenizer as WorkerHFTokenizer
 
+pytestmark = pytest.mark.unit
+
 TEXT = "hello world, ünïcödé ✓ 🚀"
 
 

@@ -11,7 +11,10 @@ from pdd.cli import main as pdd_main
 from pdd.simulator.analysis import sweep
 from pdd.simulator.scenario import BillingSpec, load_scenario
 
+#: Tiers per test: some tests here start processes (integration), the rest are unit.
 
+
+@pytest.mark.integration
 def test_simulate_writes_strict_json_with_the_per_system_figures(tmp_path: Path, capsys) -> None:
     out = tmp_path / "r.json"
     rc = pdd_main(["simulate", "collapse", "--no-goodput", "--duration", "300", "--quiet",
@@ -36,23 +39,27 @@ def test_simulate_writes_strict_json_with_the_per_system_figures(tmp_path: Path,
         (["simulate", "mooncake", "--duration", "10"], "generator workloads only"),
     ],
 )
+@pytest.mark.unit
 def test_bad_input_exits_2_with_one_line(argv: list[str], message: str, capsys) -> None:
     assert pdd_main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
 
 
+@pytest.mark.unit
 def test_list_names_the_shipped_scenarios(capsys) -> None:
     assert pdd_main(["simulate", "--list"]) == 0
     assert "published" in capsys.readouterr().out
 
 
+@pytest.mark.unit
 def test_revenue_bills_cached_input_at_its_discount() -> None:
     billing = BillingSpec(input_per_mtok=2.0, cached_input_ratio=0.25, output_per_mtok=8.0)
     # 1M input of which 900k cached, 100k output: (100k + 225k) x $2/M + 100k x $8/M
     assert billing.revenue(1_000_000, 900_000, 100_000) == pytest.approx(0.65 + 0.8)
 
 
+@pytest.mark.unit
 def test_the_sweep_reports_every_system_at_every_mean_hit_rate() -> None:
     scenario, base = load_scenario("bathtub")
     small = scenario.model_copy(

@@ -8,6 +8,8 @@ import pytest
 from pdd.simulator.analysis import compare
 from pdd.simulator.scenario import load_scenario
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def report() -> dict:

@@ -10,6 +10,8 @@ from pdd.simulator.decode import DecodeInstance
 from pdd.simulator.hardware import InstanceShape
 from pdd.simulator.prefill import PrefillInstance
 
+pytestmark = pytest.mark.unit
+
 
 def when(env: simpy.Environment, event: simpy.Event, out: dict, name: str) -> None:
     event.callbacks.append(lambda _: out.__setitem__(name, env.now))

@@ -6,6 +6,8 @@ import pytest
 
 from pdd.simulator.hardware import Efficiency, GpuType, HardwareError, InstanceShape, ModelSpec
 
+pytestmark = pytest.mark.unit
+
 
 def test_prefill_is_compute_bound_and_decode_memory_bound(
     shape: InstanceShape, model: ModelSpec

@@ -12,6 +12,8 @@ from pdd.simulator.lifecycle import handoff_bytes
 from pdd.simulator.runner import simulate
 from pdd.simulator.scenario import Scenario, load_scenario
 
+pytestmark = pytest.mark.unit
+
 BLOCK = 512
 KVB = 51200  # the published model's KV bytes per token
 

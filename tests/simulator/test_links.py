@@ -7,6 +7,8 @@ import simpy
 
 from pdd.simulator.links import DirectLink, SharedLink
 
+pytestmark = pytest.mark.unit
+
 GBPS = 8.0  # 1e9 bytes/s: a byte count in GB is its solo serialization time in s
 
 

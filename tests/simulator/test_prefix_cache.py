@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pdd.simulator.prefix_cache import HolderIndex, PrefixCache
+
+pytestmark = pytest.mark.unit
 
 
 def chain(*labels: int) -> tuple[int, ...]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import pdd.common.cost_model as cost_model
 import pdd.common.handoff as handoff
 import pdd.router.instance_choice as instance_choice
@@ -10,6 +12,8 @@ import pdd.simulator.cluster as cluster
 import pdd.simulator.decode as decode
 import pdd.simulator.lifecycle as lifecycle
 from pdd.worker.transport.payloads import encode_token_ids
+
+pytestmark = pytest.mark.unit
 
 
 def test_pipeline_policy_and_instance_choice_are_the_routers_modules() -> None:

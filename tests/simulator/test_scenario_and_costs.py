@@ -10,6 +10,8 @@ import yaml
 from pdd.simulator.costs import cost_at_premium, gpu_counts, system_cost_per_hour
 from pdd.simulator.scenario import ScenarioError, load_scenario, shipped_scenarios
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(scope="module")
 def published():

@@ -19,6 +19,8 @@ from pdd.simulator.workload import (
     offered_rate,
 )
 
+pytestmark = pytest.mark.unit
+
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "traces"
 needs_traces = pytest.mark.skipif(
     not SHARED.is_dir(), reason=f"the shared traces are not checked out at {SHARED}"
@@ -69,9 +71,17 @@ def test_turns_with_history_hit_the_targets(
     assert cold / len(hits) == pytest.approx(spec.cold_share, abs=0.03)
 
 
-def test_anomalous_requests_are_cold_long_input_short_output() -> None:
+@pytest.fixture(scope="module")
+def big() -> tuple[GeneratorSpec, Trace[TraceRequest]]:
+    """The default generator at 20 req/s for ten minutes, built once for the module."""
     spec = GeneratorSpec(**BIG)
-    trace = spec.build()
+    return spec, spec.build()
+
+
+def test_anomalous_requests_are_cold_long_input_short_output(
+    big: tuple[GeneratorSpec, Trace[TraceRequest]],
+) -> None:
+    spec, trace = big
     hits = ideal_hit_ratios(trace)
     anomalous = [r for r in trace.walk() if r.key.startswith("a")]
     assert len(anomalous) / len(trace) == pytest.approx(spec.anomalous_share, abs=0.01)
@@ -83,9 +93,10 @@ def test_anomalous_requests_are_cold_long_input_short_output() -> None:
     assert describe(trace)["anomalous_share"] >= len(anomalous) / len(trace)
 
 
-def test_closed_loop_sessions_at_the_rate_and_valid_requests() -> None:
-    spec = GeneratorSpec(**BIG)
-    trace = spec.build()
+def test_closed_loop_sessions_at_the_rate_and_valid_requests(
+    big: tuple[GeneratorSpec, Trace[TraceRequest]],
+) -> None:
+    spec, trace = big
     starts = [c.start_s for c in trace.chains]
     assert starts == sorted(starts)
     assert starts[0] >= 0 and starts[-1] < spec.duration_s

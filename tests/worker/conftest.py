@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,19 +26,24 @@ write_hf_checkpoint = checkpoints.write_hf_checkpoint
 @pytest.fixture(scope="session", autouse=True)
 def _few_torch_threads() -> None:
     """The test machine has two cores shared by parallel suites."""
-    torch.set_num_threads(2)
+    torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 
 @pytest.fixture(scope="session")
 def hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """Factory: ``hf_checkpoint("qwen2", tie_word_embeddings=True) -> Path``.
 
-    Same arguments as ``checkpoints.write_hf_checkpoint`` minus the directory; each
-    call writes into a fresh temporary directory.
+    Same arguments as ``checkpoints.write_hf_checkpoint`` minus the directory. Each
+    checkpoint is written once per session (transformers builds and saves the model)
+    and every call gets its own copy, which the test may break as it likes.
     """
+    written: dict[str, Path] = {}
 
     def make(arch: str, **kwargs: object) -> Path:
-        return write_hf_checkpoint(tmp_path_factory.mktemp(arch), arch, **kwargs)
+        key = f"{arch}:{sorted(kwargs.items())!r}"
+        if key not in written:
+            written[key] = write_hf_checkpoint(tmp_path_factory.mktemp(arch), arch, **kwargs)
+        return Path(shutil.copytree(written[key], tmp_path_factory.mktemp(arch) / "ckpt"))
 
     return make
 

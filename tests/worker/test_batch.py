@@ -8,6 +8,8 @@ import torch
 from pdd.worker import batch as batch_module
 from pdd.worker.batch import ForwardBatch, InvalidBatchError, SeqInput
 
+pytestmark = pytest.mark.unit
+
 BS = 4
 
 

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from pdd.worker.block_pool import BlockPool, BlockRefcountError, OutOfBlocksError
 
+pytestmark = pytest.mark.unit
+
 
 def test_fresh_pool_hands_out_distinct_blocks_at_refcount_one() -> None:
     pool = BlockPool(8)

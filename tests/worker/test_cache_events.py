@@ -17,6 +17,8 @@ from pdd.worker.cache_events import (
 from pdd.worker.prefix_cache import NaivePrefixCache, PrefixCache
 from pdd.worker.radix_cache import RadixCache
 
+pytestmark = pytest.mark.unit
+
 BS = 4
 
 

@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -15,9 +14,12 @@ from pdd.operator.builders.config import build_worker_config, render_config
 from pdd.operator.builders.meta import Site
 from pdd.operator.naming import Owner
 from pdd.operator.spec import PDDSpec
+from pdd.testing.waiting import until_sync
 from pdd.worker.deploy_config import DeployConfigError, flag_defaults, read_config_file
 from pdd.worker.local_cluster import free_port
 from pdd.worker.server import parse_args
+
+#: Tiers per test: some tests here start processes (integration), the rest are unit.
 
 EXAMPLE_CR = Path(__file__).parents[2] / "examples" / "node-pools.yaml"
 POD_ENV = {"PDD_ROLE": "relay", "PDD_INSTANCE_ID": "qwen-relay-7f9c", "PDD_POD_IP": "10.1.2.3"}
@@ -37,6 +39,7 @@ def write(tmp_path: Path, doc: dict) -> Path:
     return path
 
 
+@pytest.mark.unit
 def test_defaults_come_from_the_rendered_config_and_pod_env():
     doc = operator_config()
     defaults = flag_defaults(doc, POD_ENV)
@@ -49,6 +52,7 @@ def test_defaults_come_from_the_rendered_config_and_pod_env():
     assert defaults["secret_env"] == doc["sharedSecretEnv"]
 
 
+@pytest.mark.unit
 def test_flags_override_the_file(tmp_path, monkeypatch):
     path = write(tmp_path, operator_config())
     for name, value in POD_ENV.items():
@@ -58,6 +62,7 @@ def test_flags_override_the_file(tmp_path, monkeypatch):
     assert args.instance_id == "qwen-relay-7f9c"
 
 
+@pytest.mark.unit
 def test_unknown_config_version_is_refused_with_the_fix(tmp_path):
     doc = {**operator_config(), "version": 2}
     with pytest.raises(DeployConfigError, match="upgrade the worker image"):
@@ -68,6 +73,7 @@ def test_unknown_config_version_is_refused_with_the_fix(tmp_path):
         read_config_file(bad)
 
 
+@pytest.mark.unit
 def test_missing_identity_is_a_usage_error(tmp_path, capsys):
     path = write(tmp_path, operator_config())
     with pytest.raises(SystemExit) as exc:
@@ -76,6 +82,7 @@ def test_missing_identity_is_a_usage_error(tmp_path, capsys):
     assert "--role is required" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_worker_process_serves_from_the_operator_config(tmp_path):
     doc = operator_config()
     http_port, kv_port = free_port(), free_port()
@@ -92,7 +99,7 @@ def test_worker_process_serves_from_the_operator_config(tmp_path):
     cmd = [sys.executable, "-m", "pdd.cli", "worker", "--torch-threads", "1", "--num-blocks", "64"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        health = _wait_health(f"http://127.0.0.1:{http_port}/health", proc, deadline_s=60)
+        health = _wait_health(f"http://127.0.0.1:{http_port}/health", proc)
         assert health["role"] == "mono"
         assert health["endpoint"] == {
             "instance_id": "pod-0",
@@ -105,13 +112,13 @@ def test_worker_process_serves_from_the_operator_config(tmp_path):
         proc.wait(timeout=30)
 
 
-def _wait_health(url: str, proc: subprocess.Popen, deadline_s: float) -> dict:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
+def _wait_health(url: str, proc: subprocess.Popen) -> dict:
+    def health() -> dict | None:
         if proc.poll() is not None:
             raise AssertionError(f"worker exited {proc.returncode}: {proc.stderr.read().decode()}")
         try:
             return json.loads(httpx.get(url, timeout=1).text)
         except httpx.TransportError:
-            time.sleep(0.2)
-    raise AssertionError(f"{url} not healthy within {deadline_s}s")
+            return None
+
+    return until_sync(health, f"{url} answering")

@@ -22,6 +22,8 @@ from pdd.worker.model.loader import LoadedModel
 from pdd.worker.request import FinishReason
 from pdd.worker.sampling import SamplingParams
 
+pytestmark = pytest.mark.unit
+
 NEW_TOKENS = 64
 BUDGET = 32  # tokens per step: the 150-token prompt takes 5 chunks
 PROMPT_LENS = (5, 23, 150, 41)

@@ -34,6 +34,8 @@ from pdd.worker.request import (
 from pdd.worker.sampling import SamplingParams
 from pdd.worker.tokenizer import ByteTokenizer
 
+pytestmark = pytest.mark.unit
+
 
 def drain(engine: Engine) -> list[RequestOutput]:
     outs: list[RequestOutput] = []

@@ -1,11 +1,16 @@
-"""The engine thread survives a failing step and fails exactly the requests it held."""
+"""The engine's drivers: the thread survives a failing step and fails exactly the requests it
+held; the loop-stepped runner charges each step its time, so runs on a virtual clock are exact."""
 
 import asyncio
 
+import pytest
+
 from pdd.worker.engine import Engine
-from pdd.worker.engine_runner import EngineRunner
+from pdd.worker.engine_runner import EngineRunner, LoopEngineRunner, ThreadEngineRunner
 from pdd.worker.request import FinishReason, RequestOutput
 from pdd.worker.sampling import SamplingParams
+
+pytestmark = pytest.mark.unit
 
 
 async def _collect(runner: EngineRunner, request_id: str, prompt: list[int]) -> RequestOutput:
@@ -22,9 +27,7 @@ async def _collect(runner: EngineRunner, request_id: str, prompt: list[int]) -> 
     return await asyncio.wait_for(done, timeout=60)
 
 
-async def test_failed_step_ends_its_requests_with_an_error_and_keeps_serving(
-    tiny, assert_no_leaks
-):
+async def test_failed_step_ends_its_requests_with_an_error_and_keeps_serving(tiny, assert_no_leaks):
     engine = Engine(tiny, num_blocks=64)
     real_step, failures = engine.step, [RuntimeError("simulated kernel fault")]
 
@@ -34,7 +37,7 @@ async def test_failed_step_ends_its_requests_with_an_error_and_keeps_serving(
         return real_step()
 
     engine.step = flaky_step
-    runner = EngineRunner(engine, asyncio.get_running_loop())
+    runner = ThreadEngineRunner(engine, asyncio.get_running_loop())
     runner.start()
     try:
         failed = await _collect(runner, "doomed", [1, 2, 3, 4, 5])
@@ -42,6 +45,26 @@ async def test_failed_step_ends_its_requests_with_an_error_and_keeps_serving(
         assert failed.error is not None and "simulated kernel fault" in failed.error
         ok = await _collect(runner, "after", [1, 2, 3, 4, 5])
         assert ok.error is None
+    finally:
+        runner.stop()
+    assert_no_leaks(engine)
+
+
+@pytest.mark.virtual_clock
+async def test_loop_runner_charges_each_step_its_time_and_turns_when_idle(tiny, assert_no_leaks):
+    engine = Engine(tiny, num_blocks=64)
+    loop = asyncio.get_running_loop()
+    runner = LoopEngineRunner(engine, loop, step_s=0.01)
+    runner.start()
+    try:
+        await runner.next_step()  # an idle engine still turns, at no cost
+        assert loop.time() == 0.0
+        out = await _collect(runner, "r", [1, 2, 3, 4, 5])
+        # one step prefills and samples the first token, seven more decode the rest
+        assert len(out.new_token_ids) >= 1 and runner.snapshot.steps == 8
+        assert loop.time() == pytest.approx(8 * 0.01)
+        with pytest.raises(ValueError, match="step_s must be positive"):
+            LoopEngineRunner(engine, loop, step_s=0)
     finally:
         runner.stop()
     assert_no_leaks(engine)

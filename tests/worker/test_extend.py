@@ -18,6 +18,8 @@ from pdd.worker.model.loader import LoadedModel
 from pdd.worker.request import InvalidRequestStateError, PromptTooLongError, UnknownRequestError
 from pdd.worker.sampling import SamplingParams
 
+pytestmark = pytest.mark.unit
+
 TOTAL = 40
 CASES = [(7, 12), (30, 20), (16, 5)]  # (prompt length, handed-over tokens k)
 

@@ -17,9 +17,12 @@ from transformers import AutoModelForCausalLM
 
 from pdd.worker import generate_cli
 
+#: Tiers per test: some tests here start processes (integration), the rest are unit.
+
 PDD = Path(sys.executable).with_name("pdd")
 
 
+@pytest.mark.integration
 def test_installed_command_matches_transformers(hf_checkpoint: Callable[..., Path]) -> None:
     ckpt = hf_checkpoint("qwen2")
     prompt = [(i * 37 + 3) % 318 + 2 for i in range(19)]
@@ -38,6 +41,7 @@ def test_installed_command_matches_transformers(hf_checkpoint: Callable[..., Pat
     assert json.loads(done.stdout) == {"token_ids": expected}
 
 
+@pytest.mark.unit
 def test_text_prompt_and_seeded_sampling(capsys: pytest.CaptureFixture[str]) -> None:
     base = ["--model", "tiny", "--max-tokens", "12", "--ignore-eos", "--json"]
     seeded = [*base, "--prompt", "hello", "--temperature", "0.8", "--seed", "3"]
@@ -68,6 +72,7 @@ def test_text_prompt_and_seeded_sampling(capsys: pytest.CaptureFixture[str]) -> 
         ([], "one of the arguments --prompt-ids --prompt is required"),
     ],
 )
+@pytest.mark.unit
 def test_bad_input_is_one_line_and_exit_2(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -78,6 +83,7 @@ def test_bad_input_is_one_line_and_exit_2(
     assert message in err
 
 
+@pytest.mark.integration
 def test_unusable_checkpoints_exit_2_without_traceback(hf_checkpoint: Callable[..., Path]) -> None:
     ckpt = hf_checkpoint("llama")
     config = json.loads((ckpt / "config.json").read_text())

@@ -8,6 +8,8 @@ import torch
 from pdd.worker.kv_cache import KVLayout, PagedKVCache
 from pdd.worker.model.config import tiny_config
 
+pytestmark = pytest.mark.unit
+
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=4, block_size=3, dtype=torch.float32)
 
 

@@ -31,6 +31,8 @@ from pdd.worker.model.loader import LoadedModel, load_model
 from pdd.worker.request import InvalidRequestStateError
 from pdd.worker.sampling import SamplingParams
 
+pytestmark = pytest.mark.unit
+
 MAX_TOKENS = 30
 PROMPT = [(i * 13 + 5) % 250 for i in range(45)]
 

@@ -9,6 +9,8 @@ import pytest
 from pdd.worker.model.config import SUPPORTED_ARCHITECTURES, ModelConfig, tiny_config
 from pdd.worker.model.errors import CorruptCheckpointError, UnsupportedArchitectureError
 
+pytestmark = pytest.mark.unit
+
 V4_LLAMA31 = {
     "architectures": ["LlamaForCausalLM"],
     "hidden_size": 256,

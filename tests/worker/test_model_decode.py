@@ -10,6 +10,8 @@ from pdd.worker.batch import ForwardBatch, SeqInput
 from pdd.worker.kv_cache import PagedKVCache
 from pdd.worker.model import LoadedModel, load_model
 
+pytestmark = pytest.mark.unit
+
 BLOCK_SIZE = 4
 CONTEXT_LENS = (3, 10, 17, 1)
 STEPS = 4

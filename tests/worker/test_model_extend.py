@@ -17,6 +17,8 @@ from pdd.worker.batch import ForwardBatch, SeqInput
 from pdd.worker.kv_cache import PagedKVCache
 from pdd.worker.model import LoadedModel, load_model
 
+pytestmark = pytest.mark.unit
+
 BLOCK_SIZE = 5  # divides none of the lengths below
 NUM_BLOCKS = 48
 

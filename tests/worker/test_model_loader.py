@@ -19,6 +19,8 @@ from pdd.worker.model import (
     load_model,
 )
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def llama_dir(hf_checkpoint) -> Path:

@@ -15,6 +15,8 @@ from pdd.worker.batch import ForwardBatch, SeqInput
 from pdd.worker.kv_cache import PagedKVCache
 from pdd.worker.model import load_model
 
+pytestmark = pytest.mark.unit
+
 BLOCK_SIZE = 8
 PROMPT_LENS = (7, 33, 90)  # past original_max_position_embeddings=64 of the scaled ropes
 

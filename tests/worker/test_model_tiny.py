@@ -10,6 +10,8 @@ from pdd.worker.kv_cache import PagedKVCache
 from pdd.worker.model import LoadedModel, load_model
 from pdd.worker.model.config import TINY_EOS_ID
 
+pytestmark = pytest.mark.unit
+
 BLOCK_SIZE = 16
 TEXT = "The quick brown fox jumps over the lazy dog; naïve café."
 

@@ -29,6 +29,8 @@ from pdd.worker.prefix_cache import (
 )
 from pdd.worker.radix_cache import RadixCache
 
+pytestmark = pytest.mark.unit
+
 BS = 2
 POOL_BLOCKS = 24
 # A cut of one of a few shared stems plus a random tail: long shared prefixes, and

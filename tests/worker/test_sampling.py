@@ -16,6 +16,8 @@ from pdd.worker.sampling import (
     uniform,
 )
 
+pytestmark = pytest.mark.unit
+
 VOCAB = 50
 
 

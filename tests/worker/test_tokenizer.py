@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pdd.worker.tokenizer import ByteTokenizer, HFTokenizer
+
+pytestmark = pytest.mark.unit
 
 
 def test_byte_tokenizer_round_trips_unicode() -> None:
