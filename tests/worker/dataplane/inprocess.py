@@ -164,12 +164,9 @@ class InProcessCluster(PlanBuilder):
             advertise_wan=wan_addr,
             http=f"{name}:{HTTP_PORT}",
         )
-        engine = Engine(
-            self.model,
-            block_size=self.block_size,
-            num_blocks=self.num_blocks,
-            **_engine_flags(spec.args),
-        )
+        if spec.args:
+            raise ValueError(f"in-process workers take no worker flags, not {spec.args}")
+        engine = Engine(self.model, block_size=self.block_size, num_blocks=self.num_blocks)
         runner = LoopEngineRunner(engine, asyncio.get_running_loop(), STEP_S)
         instance = WorkerInstance(settings, runner, self.network.host(name))
         await instance.start(f"{name}:{DATA_PORT}")
@@ -190,11 +187,3 @@ class InProcessCluster(PlanBuilder):
             await link.start()
         return InProcessWorker(instance, link)
 
-
-def _engine_flags(args: Sequence[str]) -> dict[str, int]:
-    """The worker flags a spec may carry that shape the engine (``--max-running N``)."""
-    flags = dict(zip(args[::2], args[1::2], strict=True))
-    unknown = set(flags) - {"--max-running"}
-    if unknown:
-        raise ValueError(f"in-process workers take only --max-running, not {sorted(unknown)}")
-    return {"max_running": int(flags["--max-running"])} if flags else {}
