@@ -10,8 +10,9 @@ import pytest
 
 from pdd.cli import main as pdd_main
 
-#: The goodput searches take about five minutes on two cores: past pytest's default limit.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+#: The goodput searches take about five minutes of two cores, ten beside the other tests,
+#: more on a loaded machine: the limit is there to catch a hang, not a slow machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 KEYS = ("ttft_p50", "ttft_p99", "goodput_rps", "cost", "bcr", "rld_token_share")
 
