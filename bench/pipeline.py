@@ -25,13 +25,14 @@ import json
 import random
 import statistics
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
-
-import httpx
 
 from pdd.common.stats import percentile
 from pdd.common.wire import PipelinePlan, SamplingSpec
-from pdd.worker.driver import RunResult, run_plan
+from pdd.router.stream_relay import relay_tokens
+from pdd.router.worker_client import WorkerClient
 from pdd.worker.local_cluster import LinkSpec, LocalCluster, WorkerSpec
 
 SPECS = [
@@ -61,9 +62,30 @@ def wan_bytes(cluster: LocalCluster) -> float:
     return cluster["p"].metrics().get("pdd_wan_bytes_total", 0.0)
 
 
+@dataclass(frozen=True)
+class Timed:
+    """One request as its client saw it: the tokens, when the first came, the longest stall."""
+
+    token_ids: list[int]
+    first_token_s: float
+    max_gap_s: float
+
+
+async def timed(plan: PipelinePlan, client: WorkerClient) -> Timed:
+    """Run ``plan`` through the router's stream relay, timing what the client receives."""
+    start = last = time.monotonic()
+    first, gap, ids = 0.0, 0.0, []
+    async for event in relay_tokens(plan, client, 600.0):
+        now = time.monotonic()
+        first = first or now - start
+        gap, last = max(gap, now - last), now
+        ids.append(event.token_id)
+    return Timed(ids, first, gap)
+
+
 async def run_turn(
     cluster: LocalCluster, system: str, prompts: list[list[int]], tag: str, max_tokens: int
-) -> list[RunResult]:
+) -> list[Timed]:
     def plan(i: int, prompt: list[int]) -> PipelinePlan:
         return cluster.plan(
             f"{system}-{tag}-{i}", prompt, SYSTEMS[system],
@@ -71,9 +93,13 @@ async def run_turn(
             main="mono" if system == "mono" else "md",
         )  # fmt: skip
 
-    async with httpx.AsyncClient(timeout=60.0) as client:
-        runs = [run_plan(plan(i, p), client, cluster.secret, 600.0) for i, p in enumerate(prompts)]
-        return list(await asyncio.gather(*runs))
+    client = WorkerClient(cluster.secret, timeout_s=60.0)
+    try:
+        return list(
+            await asyncio.gather(*(timed(plan(i, p), client) for i, p in enumerate(prompts)))
+        )
+    finally:
+        await client.aclose()
 
 
 async def run_system(cluster: LocalCluster, system: str, args: argparse.Namespace) -> dict:
@@ -92,7 +118,7 @@ async def run_system(cluster: LocalCluster, system: str, args: argparse.Namespac
     # A request can finish on the relay while its KV is still crossing the WAN to MD: wait
     # until every worker is idle so this system's bytes are not counted in the next one's.
     await asyncio.to_thread(cluster.wait_quiescent, 120.0)
-    ttft = [r.first_token_s * 1000 for r in results if r.first_token_s is not None]
+    ttft = [r.first_token_s * 1000 for r in results]
     return {
         "system": system,
         "requests": len(results),

@@ -6,10 +6,10 @@
 Starts real ``pdd worker`` processes (the tiny model) and one ``pdd router`` on
 loopback. Each request runs twice at a fixed concurrency: once through the router
 (``/v1/completions``, non-streaming: tokenize, decide, proxy, merge, detokenize), and
-once driving the workers directly with the worker driver (``run_plan``, the same
-plan the router would build). Reported: p50/p99 latency of both, their ratio, the
-added milliseconds, and the pure decision cost (prefix lookup + ``policy.decide``)
-measured in-process.
+once driving the workers directly with the router's own stream relay (``relay_tokens``,
+on the same plan the router would build). Reported: p50/p99 latency of both, their
+ratio, the added milliseconds, and the pure decision cost (prefix lookup +
+``policy.decide``) measured in-process.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ from pdd.router.instance_choice import InstanceLoad, Role
 from pdd.router.policy import PolicyConfig, RequestFeatures, decide
 from pdd.router.prefix_index import PrefixIndex, PrefixIndexConfig
 from pdd.router.recent_traffic import TrafficWindow
+from pdd.router.stream_relay import relay_tokens
+from pdd.router.worker_client import WorkerClient
 from pdd.worker.cache_events import BlockStored
-from pdd.worker.driver import run_plan
 from pdd.worker.local_cluster import LocalCluster, WorkerSpec, free_port
 
 
@@ -85,17 +86,21 @@ async def bench_router(url: str, args: argparse.Namespace) -> list[float]:
 
 async def bench_direct(cluster: LocalCluster, args: argparse.Namespace) -> list[float]:
     sampling = SamplingSpec(max_tokens=args.max_tokens, ignore_eos=True)
-    async with httpx.AsyncClient(timeout=120) as client:
+    client = WorkerClient(cluster.secret, timeout_s=120.0)
 
-        async def one(i: int) -> None:
-            ids = list(prompt(10_000 + i, args.prompt_tokens).encode())
-            if args.pipeline == "mono":
-                plan = cluster.plan(f"d{i}", ids, "mono", sampling, main="m")
-            else:
-                plan = cluster.plan(f"d{i}", ids, "P-MD", sampling, main="md")
-            await run_plan(plan, client, cluster.secret)
+    async def one(i: int) -> None:
+        ids = list(prompt(10_000 + i, args.prompt_tokens).encode())
+        if args.pipeline == "mono":
+            plan = cluster.plan(f"d{i}", ids, "mono", sampling, main="m")
+        else:
+            plan = cluster.plan(f"d{i}", ids, "P-MD", sampling, main="md")
+        async for _ in relay_tokens(plan, client, 120.0):
+            pass
 
+    try:
         return await run_at_concurrency(args.requests, args.concurrency, one)
+    finally:
+        await client.aclose()
 
 
 def bench_decision(prompt_tokens: int, iterations: int = 2000) -> dict[str, float]:

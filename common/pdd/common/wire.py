@@ -1,4 +1,4 @@
-"""Wire schemas between the router (or a driver) and the workers' control APIs.
+"""Wire schemas between the router and the workers' control APIs.
 
 The router never imports the worker: it speaks to workers only through these
 models, so they live here, torch-free. A request is described once, as a
@@ -119,7 +119,7 @@ class TokenEvent(_Wire):
 
     A token event has ``token_id`` set and ``seq`` = its output position
     (0-based). A status event (``token_id`` None) says a source stopped early:
-    ``error`` set means it failed (the merger records it and the driver routes
+    ``error`` set means it failed (the merger records it and the router routes
     around it); ``seq`` is then the next position it would have produced.
 
     Two prefix-cache facts ride on token events, for the router's usage report

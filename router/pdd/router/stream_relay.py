@@ -3,8 +3,8 @@
 The relay (RLD) streams the first tokens and the main decode (MD) continues after
 the handoff; every token carries its output position, so ``TokenStreamMerger``
 releases each position exactly once, in order. A decode-side source that breaks
-is routed around as the worker driver does (RLD gone before the handoff: hand MD
-the IDs the client already has; MD gone: tell RLD to take over). Whenever the
+is routed around (RLD gone before the handoff: hand MD the IDs the client already
+has; MD gone: tell RLD to take over). Whenever the
 stream ends before the request finished (client disconnect, timeout, failure), the
 request is cancelled on every worker it touched, so their KV and locks are freed.
 """

@@ -1,7 +1,7 @@
 """Per-request token streams that the control API serves as NDJSON.
 
 A decode-side instance learns about a request from the data plane, but the
-driver (or router) opens the stream over HTTP, maybe before the request has
+router opens the stream over HTTP, maybe before the request has
 reached this instance. So a stream exists as soon as either side asks for it;
 the reader waits, bounded, for the first event. Events are kept in a list (not
 a queue) so a reader that reconnects can start over from any position.
