@@ -27,13 +27,15 @@ echo "load: ${#burners[@]} busy loops (one per core)"
 failed=0
 for i in $(seq "$runs"); do
   start=$(date +%s)
-  if (cd "$work/clone" && ./scripts/test.sh -q "$@") >"$work/run-$i.log" 2>&1; then
+  if (cd "$work/clone" && ./scripts/test.sh "$@") >"$work/run-$i.log" 2>&1; then
     verdict=passed
   else
     verdict=FAILED
     failed=$((failed + 1))
   fi
   summary=$(grep -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed)' "$work/run-$i.log" | tail -1)
-  echo "run $i/$runs: $verdict in $(($(date +%s) - start)) s: $summary"
+  # Each run draws its own test order; ./scripts/test.sh --randomly-seed=N replays it.
+  seed=$(grep -oE 'randomly-seed=[0-9]+' "$work/run-$i.log" | head -1)
+  echo "run $i/$runs: $verdict in $(($(date +%s) - start)) s ($seed): $summary"
 done
 exit $((failed > 0))
