@@ -1,11 +1,14 @@
 """``pdd bench``: replay a trace against each mode's stack and report.
 
-    pdd bench --trace ../shared/traces/claude-code --modes mono,samedc,naive,pdd \\
-        --max-requests 300 --json results.json
+    pdd bench --modes mono,samedc,naive,pdd --max-requests 100 --json results.json
+    pdd bench --trace path/to/claude-code --max-requests 400   # e.g. all 60 sessions
 
-For each mode it brings a stack up (``pdd up``'s machinery, on a free port), replays
-the same synthesized workload through the router's OpenAI API, reads the stack's
-counters around the run, and stops the stack; ``--url`` replays against a stack
+Without ``--trace`` it replays the sample of recorded agentic sessions committed at
+``bench/traces/claude-code/`` in the checkout; ``--trace`` takes any session folder or
+file, or a Mooncake ``.jsonl`` (``bench/traces/README.md`` says where the full traces
+are published). For each mode it brings a stack up (``pdd up``'s machinery, on a free
+port), replays the same synthesized workload through the router's OpenAI API, reads the
+stack's counters around the run, and stops the stack; ``--url`` replays against a stack
 already running instead (``--stack`` names its stack.json for the counters). Then it
 checks the greedy outputs are equal across modes and writes the table, CSV, JSON and
 PNG plots (see ``report`` and ``plots``).
@@ -30,7 +33,7 @@ from pdd.local.probes import Probes, WanSampler, delta
 from pdd.local.replay import Outcome, Replayer, ReplayTarget
 from pdd.local.stack import LocalStack, StackInfo, StackStartError
 from pdd.local.topology import MODES, TopologyError
-from pdd.local.traces import TraceFormatError, detect, load_trace
+from pdd.local.traces import TraceFormatError, bundled_traces, detect, load_trace
 from pdd.local.traces.base import Trace, ideal_hit_ratios
 from pdd.local.traces.synth import Job, Scaling, ScalingError, synthesize
 from pdd.local.up import add_stack_flags, say, stack_config
@@ -47,7 +50,11 @@ DEFAULT_TIME_SCALE = {"claude-code": 0.01, "mooncake": 1.0}
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pdd bench", description=__doc__.splitlines()[0])
-    p.add_argument("--trace", type=Path, required=True, help="a trace file or folder")
+    p.add_argument(
+        "--trace",
+        type=Path,
+        help="a trace file or folder (default: the bundled sample, bench/traces/claude-code)",
+    )
     p.add_argument("--format", choices=("claude-code", "mooncake"), help="default: detected")
     p.add_argument("--modes", default="naive,pdd", help=f"comma-separated, of {','.join(MODES)}")
     p.add_argument("--url", help="replay against this running router instead (one mode)")
@@ -88,6 +95,12 @@ def build_scaling(args: argparse.Namespace, fmt: str) -> Scaling:
     )
 
 
+def trace_path(args: argparse.Namespace) -> Path:
+    """``--trace``, else the bundled sample of agentic sessions (TraceFormatError when
+    this installation has no bundled sample)."""
+    return args.trace if args.trace is not None else bundled_traces() / "claude-code"
+
+
 def parse_modes(args: argparse.Namespace) -> list[str]:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
@@ -102,6 +115,7 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
         modes = parse_modes(args)
+        args.trace = trace_path(args)
         fmt = args.format or detect(args.trace)
         trace = load_trace(args.trace, fmt, args.session_gap_s, args.max_requests)
         scaling = build_scaling(args, fmt)

@@ -1,4 +1,9 @@
-"""Trace loaders: both formats in ../shared/traces/ into one ``Trace`` shape."""
+"""Trace loaders: both recorded formats (agentic ``claude-code`` sessions and
+arrival-timed ``mooncake`` requests) into one ``Trace`` shape.
+
+A small sample of each is committed at ``bench/traces/`` in the checkout (its README
+says where the full traces come from); ``bundled_traces()`` finds it.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +13,33 @@ from typing import Literal
 from pdd.local.traces import claude_code, mooncake
 from pdd.local.traces.base import Chain, Spawn, Trace, TraceFormatError, TraceRequest
 
-__all__ = ["Chain", "Spawn", "Trace", "TraceFormatError", "TraceRequest", "detect", "load_trace"]
+__all__ = [
+    "Chain",
+    "Spawn",
+    "Trace",
+    "TraceFormatError",
+    "TraceRequest",
+    "bundled_traces",
+    "detect",
+    "load_trace",
+]
 
 Format = Literal["claude-code", "mooncake"]
+
+#: The committed sample: ``bench/traces/`` at the checkout's root (the parent of ``common/``).
+BUNDLED_TRACES = Path(__file__).resolve().parents[4] / "bench" / "traces"
+
+
+def bundled_traces() -> Path:
+    """The trace sample committed with the repository, ``bench/traces/``: one folder per
+    format (``claude-code/``, ``mooncake/``). An installation that is not a checkout of
+    the repository has none; this raises TraceFormatError saying what to do then."""
+    if not BUNDLED_TRACES.is_dir():
+        raise TraceFormatError(
+            f"{BUNDLED_TRACES}: the bundled trace sample is missing (pdd is not running "
+            "from a checkout of its repository); pass a trace file or folder explicitly"
+        )
+    return BUNDLED_TRACES
 
 
 def detect(path: Path) -> Format:
