@@ -47,6 +47,25 @@ def test_bad_input_exits_2_with_one_line(argv: list[str], message: str, capsys) 
 
 
 @pytest.mark.unit
+def test_traces_points_a_shipped_scenario_at_another_folder(tmp_path: Path, capsys) -> None:
+    """--traces DIR replaces the bundled sample, for the run and for --rate alike."""
+    sample = Path(__file__).resolve().parents[2] / "bench" / "traces" / "mooncake"
+    lines = (sample / "conversation_trace.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "mooncake").mkdir()
+    (tmp_path / "mooncake" / "conversation_trace.jsonl").write_text("".join(lines[:40]))
+    out = tmp_path / "r.json"
+    argv = ["simulate", "mooncake", "--traces", str(tmp_path), "--rate", "4", "--no-goodput",
+            "--quiet", "--jobs", "1", "--json", str(out)]  # fmt: skip
+    assert pdd_main(argv) == 0, capsys.readouterr().err
+    workload = json.loads(out.read_text())["workload"]
+    assert workload["requests"] == 40
+    assert workload["offered_rate_rps"] == pytest.approx(4.0, rel=0.01)
+    missing = ["simulate", "mooncake", "--traces", str(tmp_path / "none"), "--quiet"]
+    assert pdd_main(missing) == 2
+    assert str(tmp_path / "none" / "mooncake") in capsys.readouterr().err
+
+
+@pytest.mark.unit
 def test_list_names_the_shipped_scenarios(capsys) -> None:
     assert pdd_main(["simulate", "--list"]) == 0
     assert "published" in capsys.readouterr().out

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
+from pdd.local.traces import load_trace
+from pdd.local.traces.claude_code import session_files
 from pdd.simulator.costs import cost_at_premium, gpu_counts, system_cost_per_hour
 from pdd.simulator.scenario import ScenarioError, load_scenario, shipped_scenarios
 
@@ -113,3 +116,44 @@ def test_router_knobs_default_to_the_routers_own_policy_defaults() -> None:
     spec = RouterSpec()
     for knob in ("ttft_budget_s", "anomalous_min_input_tokens", "relay_only_max_share"):
         assert getattr(spec, knob) == getattr(PolicyConfig(kv_bytes_per_token=1), knob)
+
+
+#: The trace sample committed with the repository (bench/traces/README.md).
+SAMPLE = Path(__file__).resolve().parents[2] / "bench" / "traces"
+
+
+@pytest.mark.parametrize(
+    ("name", "path"),
+    [("claude-code", "claude-code"), ("mooncake", "mooncake/conversation_trace.jsonl")],
+)
+def test_shipped_trace_scenarios_read_the_bundled_sample_unless_told(
+    name: str, path: str, tmp_path: Path
+) -> None:
+    scenario, base = load_scenario(name)
+    assert base == SAMPLE and scenario.workload.path == Path(path)
+    assert len(scenario.workload.build(base)) == len(load_trace(SAMPLE / path))
+    # --traces DIR: the same relative path under another folder (e.g. the full traces).
+    other = tmp_path / "full"
+    (other / path).parent.mkdir(parents=True, exist_ok=True)
+    if name == "claude-code":
+        (other / path).mkdir()
+        first = session_files(SAMPLE / path)[0]
+        shutil.copy(first, other / path / first.name)
+    else:
+        lines = (SAMPLE / path).read_text().splitlines(keepends=True)
+        (other / path).write_text("".join(lines[:7]))
+    scenario, base = load_scenario(name, other)
+    assert base == other
+    cut = len(load_trace(other / path))
+    assert len(scenario.workload.build(base)) == cut < len(load_trace(SAMPLE / path))
+
+
+def test_a_scenario_files_trace_paths_resolve_against_its_folder(tmp_path: Path) -> None:
+    doc = {"extends": "mooncake", "workload": {"kind": "trace", "path": "t.jsonl"}}
+    (tmp_path / "t.jsonl").write_text(
+        '{"timestamp": 0, "input_length": 600, "output_length": 9, "hash_ids": [0, 1]}\n'
+    )
+    scenario, base = load_scenario(str(write(tmp_path, doc)))
+    assert base == tmp_path and len(scenario.workload.build(base)) == 1
+    elsewhere = tmp_path / "elsewhere"
+    assert load_scenario(str(write(tmp_path, doc)), elsewhere)[1] == elsewhere

@@ -21,10 +21,8 @@ from pdd.simulator.workload import (
 
 pytestmark = pytest.mark.unit
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "traces"
-needs_traces = pytest.mark.skipif(
-    not SHARED.is_dir(), reason=f"the shared traces are not checked out at {SHARED}"
-)
+#: The trace sample committed with the repository (bench/traces/README.md).
+SAMPLE = Path(__file__).resolve().parents[2] / "bench" / "traces"
 
 #: 600 s at 20 rps: ~12k requests, ~10k turns with a history.
 BIG = {"rate_rps": 20.0, "duration_s": 600.0, "seed": 7}
@@ -227,13 +225,12 @@ def test_describe_counts_a_small_trace_exactly() -> None:
     assert d["offered_rate_rps"] == pytest.approx(3 / 2)  # 3 requests over starts 1..3
 
 
-@needs_traces
 def test_mooncake_slice_loads_and_scales_to_a_rate() -> None:
     spec = TraceSpec(path=Path("mooncake/conversation_trace.jsonl"), max_requests=200)
-    trace = spec.build(base_dir=SHARED)
+    trace = spec.build(base_dir=SAMPLE)
     assert len(trace) == 200 and trace.block_size == 512
-    fast = spec.with_rate(20.0, base_dir=SHARED)
-    scaled = fast.build(base_dir=SHARED)
+    fast = spec.with_rate(20.0, base_dir=SAMPLE)
+    scaled = fast.build(base_dir=SAMPLE)
     assert len(scaled) == 200
     assert offered_rate(scaled) == pytest.approx(20.0, rel=0.01)
     starts = [c.start_s for c in scaled.chains]
@@ -241,11 +238,11 @@ def test_mooncake_slice_loads_and_scales_to_a_rate() -> None:
     assert describe(scaled)["ideal_mean_hit"] == describe(trace)["ideal_mean_hit"]
 
 
-@needs_traces
 def test_claude_code_slice_scales_think_times_with_the_rate() -> None:
-    spec = TraceSpec(path=SHARED / "claude-code", max_requests=100, session_gap_s=60.0)
+    spec = TraceSpec(path=SAMPLE / "claude-code", max_requests=100, session_gap_s=60.0)
     trace = spec.build()
     assert len(trace) == 100 and trace.block_size == 64
+    assert len(trace.chains) > 1  # else there would be no rate to scale
     fast = spec.with_rate(2.0)
     scaled = fast.build()
     assert offered_rate(scaled) == pytest.approx(2.0, rel=0.01)
@@ -255,9 +252,9 @@ def test_claude_code_slice_scales_think_times_with_the_rate() -> None:
     assert [r.think_s for r in scaled.walk()] == pytest.approx(expected)
 
 
-@needs_traces
 def test_trace_spec_errors_say_what_is_wrong(tmp_path: Path) -> None:
-    one_session = TraceSpec(path=SHARED / "claude-code", max_requests=3)
+    one_session = TraceSpec(path=SAMPLE / "claude-code", max_requests=3)
+    assert len(one_session.build().chains) == 1
     with pytest.raises(WorkloadError, match="no arrival rate"):
         one_session.with_rate(1.0)
     with pytest.raises(WorkloadError, match="positive"):

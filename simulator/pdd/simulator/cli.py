@@ -1,6 +1,8 @@
 """``pdd simulate SCENARIO [--json OUT] [--plots DIR]``: run a scenario and print its tables.
 
-SCENARIO is a shipped name (``pdd simulate --list``) or a path to a YAML file. The
+SCENARIO is a shipped name (``pdd simulate --list``) or a path to a YAML file. Relative
+trace paths resolve against ``--traces DIR`` when given, else against the trace sample
+committed at ``bench/traces/`` (shipped scenarios) or the YAML file's folder. The
 JSON report holds, per system, ``ttft_p50``, ``ttft_p99``, ``goodput_rps``, ``cost``,
 ``bcr`` and ``rld_token_share`` (among others), plus ``bcr_gain`` and ``cost_saving``
 of ``pdd`` over ``baseline``.
@@ -50,6 +52,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-goodput", action="store_true", help="skip the goodput rate search")
     p.add_argument("--duration", type=float, help="override the generator's duration_s")
     p.add_argument("--rate", type=float, help="override the workload's arrival rate")
+    p.add_argument(
+        "--traces",
+        type=Path,
+        metavar="DIR",
+        help="resolve relative trace paths against DIR, e.g. the full published traces "
+        "(default: the bundled sample bench/traces/ for shipped scenarios, else the "
+        "scenario file's folder)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 1, help="systems simulated in parallel"
@@ -57,14 +67,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def apply_overrides(scenario: Scenario, args: argparse.Namespace) -> Scenario:
+def apply_overrides(
+    scenario: Scenario, args: argparse.Namespace, base_dir: Path | None = None
+) -> Scenario:
+    """The scenario with --duration and --rate applied (``base_dir``: where the
+    workload's relative trace path resolves, as for ``build``)."""
     workload = scenario.workload
     if args.duration is not None:
         if not isinstance(workload, GeneratorSpec):
             raise ScenarioError("--duration applies to generator workloads only")
         workload = workload.model_copy(update={"duration_s": args.duration})
     if args.rate is not None:
-        workload = workload.with_rate(args.rate)
+        workload = workload.with_rate(args.rate, base_dir)
     return scenario.model_copy(update={"workload": workload})
 
 
@@ -76,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     progress = (lambda _: None) if args.quiet else (lambda m: print(m, file=sys.stderr))
     started = time.perf_counter()
     try:
-        scenario, base_dir = load_scenario(args.scenario)
-        scenario = apply_overrides(scenario, args)
+        scenario, base_dir = load_scenario(args.scenario, args.traces)
+        scenario = apply_overrides(scenario, args, base_dir)
         report = compare(scenario, base_dir, progress, not args.no_goodput, max(1, args.jobs))
         if scenario.sweep is not None:
             report["sweep"] = sweep(scenario, base_dir, progress)

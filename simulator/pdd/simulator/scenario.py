@@ -15,6 +15,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from pdd.local.traces import BUNDLED_TRACES
 from pdd.router.policy import PolicyConfig
 from pdd.simulator.hardware import Efficiency, GpuType, InstanceShape, ModelSpec
 from pdd.simulator.workload import WorkloadSpec
@@ -268,10 +269,13 @@ def shipped_scenarios() -> list[str]:
     return sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml"))
 
 
-def load_scenario(name_or_path: str) -> tuple[Scenario, Path]:
+def load_scenario(name_or_path: str, traces: Path | None = None) -> tuple[Scenario, Path]:
     """A shipped scenario by name, or a YAML file; returns it and the folder relative
-    trace paths in it resolve against (the file's folder; the current directory for a
-    shipped scenario, whose traces live beside the checkout, e.g. ../shared/traces).
+    trace paths in it resolve against: ``traces`` when given, else the trace sample
+    committed at ``bench/traces/`` for a shipped scenario (its paths name a format's
+    folder, ``claude-code`` or ``mooncake/conversation_trace.jsonl``, so ``traces`` may
+    be a folder of the full published traces laid out the same way), else the file's
+    own folder.
 
     A document may say ``extends: NAME`` to start from another scenario and override
     only what differs: mappings merge key by key, anything else is replaced, and
@@ -280,11 +284,12 @@ def load_scenario(name_or_path: str) -> tuple[Scenario, Path]:
     path = _scenario_path(name_or_path)
     doc = _read(path)
     try:
-        return Scenario.model_validate(
-            doc
-        ), Path.cwd() if path.parent == SCENARIO_DIR else path.parent
+        scenario = Scenario.model_validate(doc)
     except ValidationError as exc:
         raise ScenarioError(f"{path}: invalid scenario\n{_errors(exc)}") from exc
+    if traces is not None:
+        return scenario, traces
+    return scenario, BUNDLED_TRACES if path.parent == SCENARIO_DIR else path.parent
 
 
 def _scenario_path(name_or_path: str) -> Path:

@@ -1,8 +1,9 @@
 """The workload a simulation runs: the synthetic generator (:mod:`pdd.simulator.generator`)
-or a recorded trace from ``../shared/traces`` (either format), and what the report says
-about it. Both build a ``Trace[TraceRequest]`` (see :mod:`pdd.local.traces`): chains of
-requests. A recorded trace keeps its own shape (claude-code sessions are closed loop,
-Mooncake arrivals open loop) and is made lighter or heavier by scaling its time.
+or a recorded trace in either format (a sample of each is committed at ``bench/traces/``),
+and what the report says about it. Both build a ``Trace[TraceRequest]`` (see
+:mod:`pdd.local.traces`): chains of requests. A recorded trace keeps its own shape
+(claude-code sessions are closed loop, Mooncake arrivals open loop) and is made lighter
+or heavier by scaling its time.
 """
 
 from __future__ import annotations
@@ -26,14 +27,15 @@ class WorkloadError(ValueError):
 
 
 class TraceSpec(BaseModel):
-    """A recorded trace from ../shared/traces (either format), cut and time-scaled."""
+    """A recorded trace (either format), cut and time-scaled."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["trace"] = "trace"
     path: Path = Field(
         description="a trace file or folder; a relative path resolves against build's "
-        "base_dir (the scenario's folder) when given, else the working directory"
+        "base_dir (see load_scenario: --traces, the bundled bench/traces/ sample, or the "
+        "scenario file's folder) when given, else the working directory"
     )
     format: Format | None = Field(None, description="default: detected from the path")
     max_requests: int | None = Field(
