@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import tokenizers
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -94,3 +95,43 @@ def test_unusable_checkpoints_exit_2_without_traceback(hf_checkpoint: Callable[.
     assert done.stderr.count("\n") == 1
     assert "unsupported architecture BertModel" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.unit
+def test_prompt_ids_need_no_tokenizer_json(
+    hf_checkpoint: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--prompt-ids never tokenizes: a checkpoint without tokenizer.json generates the
+    same IDs as with one, stops at the same eos ids, and prints IDs only, no text."""
+    full, bare = hf_checkpoint("qwen2"), hf_checkpoint("qwen2")
+    (bare / "tokenizer.json").unlink()
+    prompt = ",".join(str((i * 37 + 3) % 318 + 2) for i in range(11))
+    argv = ["--prompt-ids", prompt, "--max-tokens", "24"]
+
+    def generate(ckpt: Path, *extra: str) -> list[int]:
+        assert generate_cli.main(["--model", str(ckpt), *argv, "--json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)["token_ids"]
+
+    free = generate(full, "--ignore-eos")
+    assert len(free) == 24 and generate(bare, "--ignore-eos") == free
+    # Eos ids come from config.json and generation_config.json, tokenizer or not: make
+    # the third generated token one, and both checkpoints stop there.
+    stop = free[2]
+    for ckpt in (full, bare):
+        (ckpt / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, stop]}))
+    loaded = generate_cli.load(str(bare), None, torch.device("cpu"), tokenize=False)
+    assert loaded.tokenizer.eos_token_ids == (1, stop)
+    cut = free[: free.index(stop) + 1]
+    assert generate(full) == cut and generate(bare) == cut
+    # Human output: the IDs as --prompt-ids takes them, then their text if there is a
+    # tokenizer to decode with.
+    assert generate_cli.main(["--model", str(bare), *argv]) == 0
+    assert capsys.readouterr().out == ",".join(map(str, cut)) + "\n"
+    assert generate_cli.main(["--model", str(full), *argv]) == 0
+    tokenizer = tokenizers.Tokenizer.from_file(str(full / "tokenizer.json"))
+    text = tokenizer.decode(cut, skip_special_tokens=True)
+    assert capsys.readouterr().out == ",".join(map(str, cut)) + f"\n{text}\n"
+    # A text prompt still needs the tokenizer: one line, exit 2.
+    assert generate_cli.main(["--model", str(bare), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "tokenizer.json not found" in err
