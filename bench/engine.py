@@ -34,9 +34,9 @@ from pathlib import Path
 import torch
 
 from pdd.worker.engine import Engine
+from pdd.worker.engine.sampling import SamplingParams
 from pdd.worker.model.config import ModelConfig, tiny_config
 from pdd.worker.model.loader import LoadedModel, load_model
-from pdd.worker.sampling import SamplingParams
 
 
 def _test_checkpoint_config() -> dict:

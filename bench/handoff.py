@@ -29,9 +29,10 @@ from collections.abc import Awaitable, Callable
 
 import torch
 
+from pdd.wan.link import WanLink
 from pdd.worker.engine import Engine
+from pdd.worker.engine.sampling import SamplingParams
 from pdd.worker.model.loader import load_model
-from pdd.worker.sampling import SamplingParams
 from pdd.worker.transport import (
     Channel,
     MsgType,
@@ -40,7 +41,6 @@ from pdd.worker.transport import (
     encode_token_ids,
     serve,
 )
-from pdd.worker.transport.wan_link import WanLink
 
 SECRET = "bench-handoff"
 PROMPT_TOKENS = 256

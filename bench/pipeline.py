@@ -31,9 +31,9 @@ from pathlib import Path
 
 from pdd.common.stats import percentile
 from pdd.common.wire import PipelinePlan, SamplingSpec
+from pdd.local.cluster import LinkSpec, LocalCluster, WorkerSpec
 from pdd.router.stream_relay import relay_tokens
 from pdd.router.worker_client import WorkerClient
-from pdd.worker.local_cluster import LinkSpec, LocalCluster, WorkerSpec
 
 SPECS = [
     WorkerSpec("p", "prefill"),

@@ -29,17 +29,18 @@ from pathlib import Path
 import httpx
 
 from pdd.common.block_hash import block_hashes
+from pdd.common.cache_events import BlockStored
 from pdd.common.cost_model import LinkState
 from pdd.common.stats import percentile
+from pdd.common.vocabulary import Role
 from pdd.common.wire import SamplingSpec
-from pdd.router.instance_choice import InstanceLoad, Role
+from pdd.local.cluster import LocalCluster, WorkerSpec, free_port
+from pdd.router.instance_choice import InstanceLoad
 from pdd.router.policy import PolicyConfig, RequestFeatures, decide
 from pdd.router.prefix_index import PrefixIndex, PrefixIndexConfig
 from pdd.router.recent_traffic import TrafficWindow
 from pdd.router.stream_relay import relay_tokens
 from pdd.router.worker_client import WorkerClient
-from pdd.worker.cache_events import BlockStored
-from pdd.worker.local_cluster import LocalCluster, WorkerSpec, free_port
 
 
 def summary(values: list[float]) -> dict[str, float]:

@@ -34,9 +34,9 @@ from engine import timed  # bench/engine.py: the timer that synchronises CUDA ar
 from pdd.common.cost_model import kv_bytes_per_token
 from pdd.simulator.calibration import ProfiledModel, StepProfile, StepSample
 from pdd.worker.engine import Engine
+from pdd.worker.engine.request import RequestOutput
+from pdd.worker.engine.sampling import SamplingParams
 from pdd.worker.model.loader import LoadedModel, load_model
-from pdd.worker.request import RequestOutput
-from pdd.worker.sampling import SamplingParams
 
 BLOCK_SIZE = 16  # every cached length below is a multiple, so the prefix cache holds all of it
 

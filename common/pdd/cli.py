@@ -13,7 +13,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("pdd.worker.generate_cli", "generate token IDs with the inference core"),
     "worker": ("pdd.worker.server", "run one worker instance (prefill|relay|main|mono)"),
-    "wan-link": ("pdd.worker.transport.wan_link", "run the WAN link emulator (TCP proxy)"),
+    "wan-link": ("pdd.wan.cli", "run the WAN link emulator (TCP proxy)"),
     "router": ("pdd.router.server", "run the OpenAI-compatible router"),
     "operator": ("pdd.operator.main", "run the Kubernetes operator"),
     "up": ("pdd.local.up", "bring the whole pipeline up on this machine"),

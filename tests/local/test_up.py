@@ -20,9 +20,9 @@ import openai
 import pytest
 
 from pdd.local import bench
+from pdd.local.cluster import free_port
 from pdd.local.stack import StackInfo
 from pdd.testing.waiting import WaitTimeout, until_sync
-from pdd.worker.local_cluster import free_port
 
 pytestmark = pytest.mark.integration
 

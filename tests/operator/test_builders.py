@@ -17,8 +17,8 @@ from pdd.operator.naming import (
     CONFIG_HASH_ANNOTATION,
     OWNER_UID_LABEL,
     SPEC_HASH_ANNOTATION,
+    Component,
     Owner,
-    Role,
 )
 from pdd.operator.plan import Cluster, build_plan, possible_children, ref_of
 from pdd.operator.spec import PDDSpec
@@ -194,8 +194,8 @@ def test_config_map_contents(pool_b_spec: PDDSpec, owner: Owner) -> None:
 
 
 def test_remote_configs_address_peers_across_clusters(remote_spec: PDDSpec, owner: Owner) -> None:
-    seen_from_a = build_worker_config(remote_spec, owner, Site("serving"))
-    seen_from_b = build_worker_config(remote_spec, owner, Site("serving-b", remote=True))
+    seen_from_a = build_worker_config(remote_spec, owner, Site("serving")).to_wire()
+    seen_from_b = build_worker_config(remote_spec, owner, Site("serving-b", remote=True)).to_wire()
     assert seen_from_a["peers"]["main"]["host"] == "qwen-main.serving-b.svc.clusterset.local"
     assert seen_from_a["peers"]["relay"]["host"] == "qwen-relay.serving.svc"
     assert seen_from_b["peers"]["main"]["host"] == "qwen-main.serving-b.svc"
@@ -217,7 +217,7 @@ def test_a_config_change_rolls_pods_and_nothing_else_does(
         build_worker_config(pool_b_spec, owner, Site("serving"))
     )
     deployment = build_worker_deployment(
-        changed, owner, Role.PREFILL, Site("serving"), config_hash(new_config)
+        changed, owner, Component.PREFILL, Site("serving"), config_hash(new_config)
     )
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
     assert annotations[CONFIG_HASH_ANNOTATION] == config_hash(new_config)
@@ -253,7 +253,7 @@ def test_spec_hash_is_stable_and_sensitive(pool_b_spec: PDDSpec, owner: Owner) -
 def test_model_sources(remote_cr: dict[str, Any], owner: Owner, source: dict, volume: Any) -> None:
     raw = dict(remote_cr["spec"], model={"source": source, "servedName": "m"})
     spec = PDDSpec.model_validate(raw)
-    deployment = build_worker_deployment(spec, owner, Role.PREFILL, Site("serving"), "h")
+    deployment = build_worker_deployment(spec, owner, Component.PREFILL, Site("serving"), "h")
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     if volume is None:
         assert "model" not in volumes

@@ -6,7 +6,7 @@ from typing import get_args
 
 import pytest
 
-from pdd.common.deploy_config import HANDOFF_POLICIES
+from pdd.common.config_document import HANDOFF_POLICIES
 from pdd.operator.spec import Handoff
 
 pytestmark = pytest.mark.unit

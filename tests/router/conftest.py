@@ -12,8 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer
 
+from pdd.testing.tokenizers import train_byte_bpe
 from pdd.testing.waiting import until_sync
 
 SPECIAL_TOKENS = [
@@ -31,20 +32,7 @@ CORPUS = [
 
 
 def _train_tokenizer(bos: str | None) -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=500,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(CORPUS * 20, trainer)
-    if bos is not None:
-        tok.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", special_tokens=[(bos, tok.token_to_id(bos))]
-        )
-    return tok
+    return train_byte_bpe(CORPUS * 20, 500, SPECIAL_TOKENS, bos)
 
 
 @pytest.fixture
@@ -77,7 +65,7 @@ def cluster(tmp_path_factory):
     """One P, one RLD and two MDs (``pdd worker`` processes), the MDs and RLD behind WAN
     link emulators, plus ``md_one``, an MD that runs one request at a time (for the
     saturation tests); started once for every router integration test."""
-    from pdd.worker.local_cluster import LinkSpec, LocalCluster, WorkerSpec
+    from pdd.local.cluster import LinkSpec, LocalCluster, WorkerSpec
 
     specs = [
         WorkerSpec("p", "prefill"),
@@ -120,7 +108,7 @@ def worker_flags(cluster):
 @pytest.fixture(scope="module")
 def start_router(tmp_path_factory):
     """Start ``pdd router`` processes; each is stopped when the test module ends."""
-    from pdd.worker.local_cluster import free_port
+    from pdd.local.cluster import free_port
 
     procs: list[RouterProc] = []
     tmp_path = tmp_path_factory.mktemp("routers")
@@ -165,7 +153,7 @@ def wait_http(router: RouterProc, path: str) -> None:
 @pytest.fixture
 def own_redis(tmp_path):
     """A redis-server of our own, which the test may kill and restart."""
-    from pdd.worker.local_cluster import free_port
+    from pdd.local.cluster import free_port
 
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not on PATH")

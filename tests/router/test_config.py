@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdd.operator.builders.config import build_worker_config, render_config
+from pdd.operator.builders.config import build_worker_config
 from pdd.operator.builders.meta import Site
 from pdd.operator.naming import Owner
 from pdd.operator.spec import PDDSpec
@@ -68,9 +68,10 @@ def test_inconsistent_flags_are_refused_with_the_fix(argv, message, monkeypatch)
 def test_reads_the_config_the_operator_renders(tmp_path, monkeypatch):
     spec = PDDSpec.model_validate(yaml.safe_load(OPERATOR_CR.read_text())["spec"])
     owner = Owner(name="qwen", namespace="serving", uid="u")
-    doc = build_worker_config(spec, owner, Site("serving"))
+    document = build_worker_config(spec, owner, Site("serving"))
     path = tmp_path / "config.json"
-    path.write_text(render_config(doc))
+    path.write_text(document.to_json())
+    doc = document.to_wire()
     monkeypatch.setenv(doc["sharedSecretEnv"], "from-env")
     config = parse("--config", str(path), "--link-rtt-ms", "7")
     assert config.secret == "from-env"

@@ -5,16 +5,16 @@ from collections import Counter
 import pytest
 
 from pdd.common.block_hash import block_hashes
+from pdd.common.cache_events import BlockStored
+from pdd.common.vocabulary import Role
 from pdd.router.instance_choice import (
     InstanceLoad,
-    Role,
     available,
     choose_main_decode,
     choose_prefill,
     choose_relay,
 )
 from pdd.router.prefix_index import PrefixIndex, PrefixIndexConfig
-from pdd.worker.cache_events import BlockStored
 
 pytestmark = pytest.mark.unit
 

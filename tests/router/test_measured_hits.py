@@ -3,10 +3,10 @@
 import pytest
 
 from pdd.common.block_hash import block_hashes
+from pdd.common.cache_events import BlockStored
 from pdd.common.wire import Endpoint, PipelinePlan, TokenEvent
 from pdd.router.generation import MeasuredHits
 from pdd.router.prefix_index import PrefixIndex, PrefixIndexConfig
-from pdd.worker.cache_events import BlockStored
 
 pytestmark = pytest.mark.unit
 

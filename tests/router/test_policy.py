@@ -4,15 +4,9 @@ import pytest
 
 from pdd.common.block_hash import block_hashes
 from pdd.common.cost_model import LinkState, wan_transfer_seconds
-from pdd.router.instance_choice import InstanceLoad, Role
-from pdd.router.policy import (
-    Decision,
-    Pipeline,
-    PolicyConfig,
-    RequestFeatures,
-    Saturated,
-    decide,
-)
+from pdd.common.vocabulary import Pipeline, Role
+from pdd.router.instance_choice import InstanceLoad
+from pdd.router.policy import Decision, PolicyConfig, RequestFeatures, Saturated, decide
 from pdd.router.recent_traffic import TrafficWindow
 
 pytestmark = pytest.mark.unit

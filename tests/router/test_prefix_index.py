@@ -3,13 +3,13 @@
 import pytest
 
 from pdd.common.block_hash import block_hashes
+from pdd.common.cache_events import CACHE_EVENT_LIST_ADAPTER, AllCleared, BlockRemoved, BlockStored
 from pdd.router.prefix_index import (
     BlockSizeMismatchError,
     InMemoryIndexStore,
     PrefixIndex,
     PrefixIndexConfig,
 )
-from pdd.worker.cache_events import CACHE_EVENT_LIST_ADAPTER, AllCleared, BlockRemoved, BlockStored
 
 pytestmark = pytest.mark.unit
 

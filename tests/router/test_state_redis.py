@@ -8,11 +8,11 @@ import pytest
 import redis
 
 from pdd.common.block_hash import block_hashes
+from pdd.common.cache_events import AllCleared, BlockRemoved, BlockStored
 from pdd.router.prefix_index import PrefixIndex, PrefixIndexConfig
 from pdd.router.state.redis_store import RedisIndexStore, RedisLoads
 from pdd.router.state.shared import SharedStore
 from pdd.testing.waiting import until
-from pdd.worker.cache_events import AllCleared, BlockRemoved, BlockStored
 
 pytestmark = pytest.mark.integration
 

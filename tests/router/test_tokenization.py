@@ -3,9 +3,9 @@
 import pytest
 from transformers import AutoTokenizer
 
+from pdd.common.tokenizer import ByteTokenizer
+from pdd.common.tokenizer import HFTokenizer as WorkerHFTokenizer
 from pdd.router.tokenization import TokenizerNotFoundError, load_prompt_tokenizer
-from pdd.worker.tokenizer import ByteTokenizer
-from pdd.worker.tokenizer import HFTokenizer as WorkerHFTokenizer
 
 pytestmark = pytest.mark.unit
 

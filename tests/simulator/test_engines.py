@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import simpy
 
-from pdd.router.instance_choice import Role
+from pdd.common.vocabulary import Role
 from pdd.simulator.decode import DecodeInstance
 from pdd.simulator.hardware import InstanceShape
 from pdd.simulator.prefill import PrefillInstance

@@ -11,8 +11,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-import tokenizers
 import torch
+from tokenizers import Tokenizer
+
+from pdd.testing.tokenizers import train_byte_bpe
 
 ARCH_CONFIGS = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}
 
@@ -69,22 +71,9 @@ def write_hf_checkpoint(
     return out
 
 
-def build_tokenizer(vocab_size: int) -> tokenizers.Tokenizer:
+def build_tokenizer(vocab_size: int) -> Tokenizer:
     """A byte-level BPE trained on a small corpus; ids 0 and 1 are <s> and </s>."""
-    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
-
-    tok = tokenizers.Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_CORPUS, trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
-    return tok
+    return train_byte_bpe(_CORPUS, vocab_size, ["<s>", "</s>"], bos="<s>")
 
 
 def _randomize(model: torch.nn.Module, seed: int) -> None:

@@ -10,13 +10,18 @@ import httpx
 import pytest
 import yaml
 
-from pdd.operator.builders.config import build_worker_config, render_config
+from pdd.common.config_document import (
+    ConfigDocumentError,
+    parse_config_document,
+    read_config_document,
+)
+from pdd.local.cluster import free_port
+from pdd.operator.builders.config import build_worker_config
 from pdd.operator.builders.meta import Site
 from pdd.operator.naming import Owner
 from pdd.operator.spec import PDDSpec
 from pdd.testing.waiting import until_sync
-from pdd.worker.deploy_config import DeployConfigError, flag_defaults, read_config_file
-from pdd.worker.local_cluster import free_port
+from pdd.worker.deploy_config import flag_defaults
 from pdd.worker.server import parse_args
 
 #: Tiers per test: some tests here start processes (integration), the rest are unit.
@@ -26,23 +31,24 @@ POD_ENV = {"PDD_ROLE": "relay", "PDD_INSTANCE_ID": "qwen-relay-7f9c", "PDD_POD_I
 
 
 def operator_config() -> dict:
+    """The document the operator renders for the example, as the JSON a pod reads."""
     docs = [d for d in yaml.safe_load_all(EXAMPLE_CR.read_text()) if d]
     cr = next(d for d in docs if d["kind"] == "PDDDeployment")
     spec = PDDSpec.model_validate(cr["spec"])
     owner = Owner(name=cr["metadata"]["name"], namespace="serving", uid="u")
-    return build_worker_config(spec, owner, Site("serving"))
+    return build_worker_config(spec, owner, Site("serving")).to_wire()
 
 
 def write(tmp_path: Path, doc: dict) -> Path:
     path = tmp_path / "config.json"
-    path.write_text(render_config(doc))
+    path.write_text(json.dumps(doc))
     return path
 
 
 @pytest.mark.unit
 def test_defaults_come_from_the_rendered_config_and_pod_env():
     doc = operator_config()
-    defaults = flag_defaults(doc, POD_ENV)
+    defaults = flag_defaults(parse_config_document(doc, "worker"), POD_ENV)
     kv, http = doc["ports"]["kv"], doc["ports"]["http"]
     assert defaults["role"] == "relay" and defaults["instance_id"] == "qwen-relay-7f9c"
     assert defaults["model"] == doc["model"]["path"]
@@ -63,14 +69,17 @@ def test_flags_override_the_file(tmp_path, monkeypatch):
 
 
 @pytest.mark.unit
-def test_unknown_config_version_is_refused_with_the_fix(tmp_path):
-    doc = {**operator_config(), "version": 2}
-    with pytest.raises(DeployConfigError, match="upgrade the worker image"):
-        flag_defaults(doc, POD_ENV)
+def test_unknown_config_version_is_refused_with_the_fix(tmp_path, capsys):
+    path = write(tmp_path, {**operator_config(), "version": 2})
+    with pytest.raises(ConfigDocumentError, match="upgrade the worker image"):
+        read_config_document(path, "worker")
+    with pytest.raises(SystemExit):
+        parse_args(["--config", str(path), "--role", "main"])
+    assert "upgrade the worker image" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(DeployConfigError, match="not valid JSON"):
-        read_config_file(bad)
+    with pytest.raises(ConfigDocumentError, match="not valid JSON"):
+        read_config_document(bad, "worker")
 
 
 @pytest.mark.unit

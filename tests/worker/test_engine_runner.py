@@ -6,9 +6,9 @@ import asyncio
 import pytest
 
 from pdd.worker.engine import Engine
+from pdd.worker.engine.request import FinishReason, RequestOutput
+from pdd.worker.engine.sampling import SamplingParams
 from pdd.worker.engine_runner import EngineRunner, LoopEngineRunner, ThreadEngineRunner
-from pdd.worker.request import FinishReason, RequestOutput
-from pdd.worker.sampling import SamplingParams
 
 pytestmark = pytest.mark.unit
 

@@ -17,6 +17,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from pdd.worker import generate_cli
+from pdd.worker.model.errors import TokenizerMissingError
+from pdd.worker.model.loader import load_model
 
 #: Tiers per test: some tests here start processes (integration), the rest are unit.
 
@@ -119,8 +121,10 @@ def test_prompt_ids_need_no_tokenizer_json(
     stop = free[2]
     for ckpt in (full, bare):
         (ckpt / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, stop]}))
-    loaded = generate_cli.load(str(bare), None, torch.device("cpu"), tokenize=False)
+    loaded = load_model(str(bare), require_tokenizer=False)
     assert loaded.tokenizer.eos_token_ids == (1, stop)
+    with pytest.raises(TokenizerMissingError):
+        loaded.tokenizer.decode(free)
     cut = free[: free.index(stop) + 1]
     assert generate(full) == cut and generate(bare) == cut
     # Human output: the IDs as --prompt-ids takes them, then their text if there is a

@@ -14,13 +14,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pdd.worker.cache_events import (  # torch-free pydantic models, re-exported for the router
+from pdd.common.cache_events import (  # torch-free pydantic models, re-exported for the router
     CACHE_EVENT_LIST_ADAPTER,
     AllCleared,
     BlockRemoved,
     BlockStored,
     CacheEvent,
 )
+from pdd.common.vocabulary import Pipeline, Role
 
 __all__ = [
     "CACHE_EVENT_LIST_ADAPTER",
@@ -38,17 +39,15 @@ __all__ = [
     "TokenEvent",
 ]
 
-Pipeline = Literal["P-RLD-MD", "P-MD", "P-RLD", "mono", "naive"]
 HandoffMode = Literal["auto", "one-shot", "catch-up"]
-Role = Literal["prefill", "relay", "main", "mono"]
 
 #: Which instances each pipeline needs, by plan field.
-PIPELINE_STAGES: dict[str, tuple[str, ...]] = {
-    "P-RLD-MD": ("prefill", "relay", "main"),
-    "P-MD": ("prefill", "main"),
-    "P-RLD": ("prefill", "relay"),
-    "naive": ("prefill", "main"),
-    "mono": ("main",),
+PIPELINE_STAGES: dict[Pipeline, tuple[str, ...]] = {
+    Pipeline.P_RLD_MD: ("prefill", "relay", "main"),
+    Pipeline.P_MD: ("prefill", "main"),
+    Pipeline.P_RLD: ("prefill", "relay"),
+    Pipeline.NAIVE: ("prefill", "main"),
+    Pipeline.MONO: ("main",),
 }
 
 
@@ -91,7 +90,7 @@ class PipelinePlan(_Wire):
     request_id: str = Field(min_length=1, max_length=200)
     prompt_ids: list[int] = Field(min_length=1)
     sampling: SamplingSpec = SamplingSpec()
-    pipeline: Pipeline = "P-RLD-MD"
+    pipeline: Pipeline = Pipeline.P_RLD_MD
     prefill: Endpoint | None = None
     relay: Endpoint | None = None
     main: Endpoint | None = None

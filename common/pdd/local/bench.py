@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 
 from pdd.local import plots, report
+from pdd.local.cluster import free_port
 from pdd.local.probes import Probes, WanSampler, delta
 from pdd.local.replay import Outcome, Replayer, ReplayTarget
 from pdd.local.stack import LocalStack, StackInfo, StackStartError
@@ -37,7 +38,6 @@ from pdd.local.traces import TraceFormatError, bundled_traces, detect, load_trac
 from pdd.local.traces.base import Trace, ideal_hit_ratios
 from pdd.local.traces.synth import Job, Scaling, ScalingError, synthesize
 from pdd.local.up import add_stack_flags, say, stack_config
-from pdd.worker.local_cluster import free_port
 
 #: Synthesized tokens per trace block, by format: both land prompts at a few hundred
 #: tokens at the median, within the tiny model's 4096-token context.

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pdd.local.cluster import ClusterStartError, LocalCluster, wait_http_ok
 from pdd.local.probes import Probes
 from pdd.local.supervisor import Supervisor, spawn_pdd
 from pdd.local.topology import StackConfig, router_argv, worker_specs
-from pdd.worker.local_cluster import ClusterStartError, LocalCluster, wait_http_ok
 
 Say = Callable[[str], None]
 

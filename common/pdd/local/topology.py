@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pdd.worker.local_cluster import LinkSpec, WorkerSpec
+from pdd.local.cluster import LinkSpec, WorkerSpec
 
 Mode = Literal["pdd", "naive", "samedc", "mono"]
 MODES: tuple[Mode, ...] = ("mono", "samedc", "naive", "pdd")

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from pdd.local.cluster import LinkSpec
 from pdd.local.stack import LocalStack, StackStartError
 from pdd.local.topology import MODES, Counts, StackConfig, TopologyError
-from pdd.worker.local_cluster import LinkSpec
 
 
 def add_stack_flags(p: argparse.ArgumentParser, default_log_dir: Path | None) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from pdd.common.vocabulary import PDD_ROLES, Role
+
 GROUP = "pdd.dev"
 VERSION = "v1alpha1"
 PLURAL = "pdddeployments"
@@ -44,17 +46,19 @@ SHARED_SECRET_KEY = "token"
 RELAY_LOAD_METRIC = "pdd_relay_load"
 
 
-class Role(StrEnum):
-    """A pod role; the worker values are the worker's own ``--role`` names."""
+class Component(StrEnum):
+    """A kind of pod the operator renders: the three worker roles, the router and Redis.
 
-    PREFILL = "prefill"
-    RELAY = "relay"
-    MAIN = "main"
+    The worker values are the shared vocabulary's roles (``pdd worker --role``)."""
+
+    PREFILL = Role.PREFILL.value
+    RELAY = Role.RELAY.value
+    MAIN = Role.MAIN.value
     ROUTER = "router"
     REDIS = "redis"
 
 
-WORKER_ROLES = (Role.PREFILL, Role.RELAY, Role.MAIN)
+WORKER_ROLES = tuple(Component(role) for role in PDD_ROLES)
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ class Owner:
     namespace: str
     uid: str
 
-    def child(self, role: Role | str) -> str:
+    def child(self, role: Component | str) -> str:
         return f"{self.name}-{role}"
 
     @property
@@ -76,7 +80,7 @@ class Owner:
     def secret_name(self) -> str:
         return f"{self.name}-shared-secret"
 
-    def selector_labels(self, role: Role | str) -> dict[str, str]:
+    def selector_labels(self, role: Component | str) -> dict[str, str]:
         """The labels a role's Deployment selects on (never change: selectors are immutable)."""
         return {
             "app.kubernetes.io/name": "pdd",
@@ -84,7 +88,7 @@ class Owner:
             "app.kubernetes.io/component": str(role),
         }
 
-    def labels(self, role: Role | str) -> dict[str, str]:
+    def labels(self, role: Component | str) -> dict[str, str]:
         return {
             **self.selector_labels(role),
             "app.kubernetes.io/managed-by": MANAGER,

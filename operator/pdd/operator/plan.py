@@ -30,7 +30,7 @@ from pdd.operator.builders.services import (
     build_redis_service,
     build_router_service,
 )
-from pdd.operator.naming import WORKER_ROLES, Owner, Role
+from pdd.operator.naming import WORKER_ROLES, Component, Owner
 from pdd.operator.spec import PDDSpec
 
 
@@ -94,7 +94,7 @@ def build_plan(spec: PDDSpec, owner: Owner, token: str) -> Plan:
         ]
     for role in WORKER_ROLES:
         cluster, site, cfg = (
-            (main_cluster, main_site, main_config) if role is Role.MAIN
+            (main_cluster, main_site, main_config) if role is Component.MAIN
             else (Cluster.LOCAL, local, local_config)
         )  # fmt: skip
         children += [
@@ -106,7 +106,7 @@ def build_plan(spec: PDDSpec, owner: Owner, token: str) -> Plan:
         (Cluster.LOCAL, build_relay_hpa(spec, owner)),
         (Cluster.LOCAL, build_router_service(owner)),
         (Cluster.LOCAL, build_router_deployment(spec, owner, config_hash(local_config))),
-        (Cluster.LOCAL, build_pdb(owner, Role.ROUTER, local)),
+        (Cluster.LOCAL, build_pdb(owner, Component.ROUTER, local)),
     ]
     return Plan(tuple((cluster, with_spec_hash(obj)) for cluster, obj in children))
 
@@ -115,17 +115,19 @@ def possible_children(owner: Owner, cluster: Cluster, namespace: str) -> list[Ch
     """Every child name any spec could create in ``cluster``, in deletion order
     (workloads first, so pods stop before their config and secret disappear)."""
     if cluster is Cluster.REMOTE:
-        roles: tuple[Role, ...] = (Role.MAIN,)
+        roles: tuple[Component, ...] = (Component.MAIN,)
     else:
-        roles = (*WORKER_ROLES, Role.ROUTER, Role.REDIS)
+        roles = (*WORKER_ROLES, Component.ROUTER, Component.REDIS)
 
     def ref(kind: str, name: str) -> ChildRef:
         return ChildRef(cluster, kind, namespace, name)
 
     refs = [ref("Deployment", owner.child(role)) for role in roles]
     if cluster is Cluster.LOCAL:
-        refs.append(ref("HorizontalPodAutoscaler", owner.child(Role.RELAY)))
-    refs += [ref("PodDisruptionBudget", owner.child(role)) for role in roles if role != Role.REDIS]
+        refs.append(ref("HorizontalPodAutoscaler", owner.child(Component.RELAY)))
+    refs += [
+        ref("PodDisruptionBudget", owner.child(role)) for role in roles if role != Component.REDIS
+    ]
     refs += [ref("Service", owner.child(role)) for role in roles]
     refs += [ref("ConfigMap", owner.config_name), ref("Secret", owner.secret_name)]
     return refs

@@ -10,7 +10,7 @@ import kopf
 from pdd.operator.builders.deployments import worker_replicas
 from pdd.operator.conditions import Condition
 from pdd.operator.kube import KubeApi, ObjectPath
-from pdd.operator.naming import WORKER_ROLES, Owner, Role
+from pdd.operator.naming import WORKER_ROLES, Component, Owner
 from pdd.operator.plan import remote_namespace
 from pdd.operator.readiness import public_roles, readiness_conditions, role_status
 from pdd.operator.remote import RemoteClusterUnavailable
@@ -20,8 +20,8 @@ from pdd.operator.status import write_status
 from pdd.operator.validation import InvalidSpecError, parse_spec
 
 
-def desired_replicas(spec: PDDSpec, role: Role) -> int:
-    if role is Role.ROUTER:
+def desired_replicas(spec: PDDSpec, role: Component) -> int:
+    if role is Component.ROUTER:
         return spec.router.replicas
     replicas = worker_replicas(spec, role)
     return spec.relay.min_replicas if replicas is None else replicas
@@ -33,8 +33,8 @@ async def read_roles(
     """Desired vs ready replicas of each role, from the Deployments in both clusters."""
     roles: dict[str, dict[str, Any]] = {}
     remote_ns = remote_namespace(spec, owner)
-    for role in (*WORKER_ROLES, Role.ROUTER):
-        in_b = role is Role.MAIN and remote is not None and remote_ns is not None
+    for role in (*WORKER_ROLES, Component.ROUTER):
+        in_b = role is Component.MAIN and remote is not None and remote_ns is not None
         api = remote if in_b else local
         namespace = remote_ns if in_b else owner.namespace
         deployment = await api.get(ObjectPath("Deployment", namespace, owner.child(role)))

@@ -14,12 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from pdd.common.config_document import ConfigDocument
 from pdd.common.cost_model import LinkState, kv_bytes_per_token, kv_bytes_per_token_from_hf_config
-from pdd.common.deploy_config import SHARED_SECRET_ENV, handoff_policy, version_mismatch
+from pdd.common.vocabulary import Role
 from pdd.router.tokenization import TINY_MODEL
-
-WorkerRole = Literal["prefill", "relay", "main", "mono"]
-ROLES: tuple[WorkerRole, ...] = ("prefill", "relay", "main", "mono")
 
 #: KV bytes per token of the ``tiny`` preset (4 layers x 2 KV heads x 32 dims, float32);
 #: a test checks it against the worker's own ``tiny_config``.
@@ -38,14 +36,14 @@ class WorkerRef:
     instance, named by what the worker's ``/health`` reports.
     """
 
-    role: WorkerRole
+    role: Role
     http_url: str
     instance_id: str | None = None
     dns_host: str | None = None
     http_port: int | None = None
 
 
-def parse_worker(role: WorkerRole, text: str) -> WorkerRef:
+def parse_worker(role: Role, text: str) -> WorkerRef:
     """``ID=URL`` (the form the issue and the flags use) -> a fixed instance."""
     instance_id, sep, url = text.partition("=")
     if not sep or not instance_id or not url.startswith(("http://", "https://")):
@@ -142,38 +140,29 @@ def read_secret(secret: str | None, secret_file: Path | None, env_name: str) -> 
     return os.environ.get(env_name, "")
 
 
-def file_settings(doc: dict[str, Any]) -> dict[str, Any]:
-    """RouterConfig fields from the operator's config document (version 1)."""
-    mismatch = version_mismatch(doc, "router")
-    if mismatch is not None:
-        raise ConfigError(mismatch)
-    model, wan, handoff = doc.get("model", {}), doc.get("wan", {}), doc.get("handoff", {})
-    anomalous = doc.get("anomalousTraffic", {})
-    settings: dict[str, Any] = {
-        "model": model.get("path"),
-        "served_model_name": model.get("servedName"),
-        "kv_bytes_per_token": model.get("kvBytesPerToken"),
-        "link_gbps": wan.get("declaredGbps"),
-        "link_rtt_ms": wan.get("rttMs"),
-        "redis_url": doc.get("store", {}).get("redisUrl"),
-        "port": doc.get("ports", {}).get("router"),
-        "handoff": handoff_policy(doc),
-        "catchup_threshold": handoff.get("catchUpThreshold"),
-        "anomalous_min_input_tokens": anomalous.get("minInputTokens"),
-        "anomalous_output_tokens_below": anomalous.get("maxOutputTokens"),
+def file_settings(doc: ConfigDocument) -> dict[str, Any]:
+    """RouterConfig fields from the operator's config document."""
+    return {
+        "model": doc.model.path,
+        "served_model_name": doc.model.served_name,
+        "kv_bytes_per_token": doc.model.kv_bytes_per_token,
+        "link_gbps": doc.wan.declared_gbps,
+        "link_rtt_ms": doc.wan.rtt_ms,
+        "redis_url": doc.store.redis_url,
+        "port": doc.ports.router,
+        "handoff": doc.handoff.flag,
+        "catchup_threshold": doc.handoff.catch_up_threshold,
+        "anomalous_min_input_tokens": doc.anomalous_traffic.min_input_tokens,
+        "anomalous_output_tokens_below": doc.anomalous_traffic.max_output_tokens,
+        "ttft_budget_s": doc.slo.ttft_p99_ms / 1000.0,
+        "workers": tuple(
+            WorkerRef(
+                role=Role(role),
+                http_url=f"http://{peer.host}:{peer.http_port}",
+                dns_host=peer.host,
+                http_port=peer.http_port,
+            )
+            for role, peer in doc.peers.workers().items()
+        ),
+        "secret_env": doc.shared_secret_env,
     }
-    ttft_ms = doc.get("slo", {}).get("ttftP99Ms")
-    if ttft_ms is not None:
-        settings["ttft_budget_s"] = ttft_ms / 1000.0
-    settings["workers"] = tuple(
-        WorkerRef(
-            role=role,
-            http_url=f"http://{peer['host']}:{peer['httpPort']}",
-            dns_host=peer["host"],
-            http_port=int(peer["httpPort"]),
-        )
-        for role, peer in doc.get("peers", {}).items()
-        if role in ROLES
-    )
-    settings["secret_env"] = doc.get("sharedSecretEnv", SHARED_SECRET_ENV)
-    return {k: v for k, v in settings.items() if v is not None}

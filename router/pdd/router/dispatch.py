@@ -12,17 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from pdd.common.vocabulary import Pipeline, Role
 from pdd.common.wire import Endpoint, PipelinePlan, SamplingSpec
-from pdd.router.config import RouterConfig, WorkerRole
+from pdd.router.config import RouterConfig
 from pdd.router.errors import NotReadyError, SaturatedError
-from pdd.router.instance_choice import (
-    InstanceLoad,
-    Role,
-    available,
-    choose_main_decode,
-    choose_prefill,
-)
-from pdd.router.policy import Decision, Pipeline, PolicyConfig, RequestFeatures, Saturated, decide
+from pdd.router.instance_choice import InstanceLoad, available, choose_main_decode, choose_prefill
+from pdd.router.policy import Decision, PolicyConfig, RequestFeatures, Saturated, decide
 from pdd.router.policy import is_anomalous as _is_anomalous
 from pdd.router.prefix_index import PrefixIndex
 from pdd.router.recent_traffic import RecentTraffic
@@ -30,11 +25,11 @@ from pdd.router.registry import Instance, InstanceRegistry
 from pdd.router.state.base import RouterStore
 
 #: The policy's roles for the workers' roles; a mono instance plays main decode.
-POLICY_ROLE: dict[WorkerRole, Role] = {
-    "prefill": Role.PREFILL,
-    "relay": Role.RELAY,
-    "main": Role.MAIN,
-    "mono": Role.MAIN,
+POLICY_ROLE: dict[Role, Role] = {
+    Role.PREFILL: Role.PREFILL,
+    Role.RELAY: Role.RELAY,
+    Role.MAIN: Role.MAIN,
+    Role.MONO: Role.MAIN,
 }
 
 
@@ -135,7 +130,7 @@ class Dispatcher:
         features = RequestFeatures.from_prompt(prompt_ids, max_tokens, self._config.block_size)
         if self._config.mono:
             route = self._route_mono(features, hits, loads, instances)
-        elif self._config.force_pipeline == "naive":
+        elif self._config.force_pipeline == Pipeline.NAIVE:
             route = self._route_naive(features, hits, loads, instances)
         else:
             route = self._route_policy(features, hits, loads, instances)
@@ -212,7 +207,7 @@ class Dispatcher:
                 "every prefill or main-decode instance is at capacity", self._policy.retry_after_s
             )
         return Route(
-            pipeline="naive",
+            pipeline=Pipeline.NAIVE,
             reason="forced baseline: P -> MD shipping the full KV, no decode-side cache",
             reason_code="forced",
             prefill=instances[prefill.instance_id].endpoint,
@@ -222,7 +217,7 @@ class Dispatcher:
         )
 
     def _ready_instances(self) -> dict[str, Instance]:
-        needed: tuple[WorkerRole, ...] = ("mono",) if self._config.mono else ("prefill", "main")
+        needed = (Role.MONO,) if self._config.mono else (Role.PREFILL, Role.MAIN)
         for role in needed:
             if not self._registry.ready(role):
                 raise NotReadyError(f"no {role} worker is ready; check the workers and --{role}")

@@ -16,13 +16,8 @@ import hashlib
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 
-
-class Role(StrEnum):
-    PREFILL = "prefill"
-    RELAY = "relay"
-    MAIN = "main"
+from pdd.common.vocabulary import Role
 
 
 @dataclass(frozen=True)

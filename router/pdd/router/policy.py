@@ -23,27 +23,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from enum import StrEnum
 from typing import Any
 
 from pdd.common.block_hash import ROOT_HASH, hash_block
 from pdd.common.cost_model import LinkState, wan_transfer_seconds
+from pdd.common.vocabulary import Pipeline, Role
 from pdd.router.instance_choice import (
     ChoiceWeights,
     InstanceLoad,
-    Role,
     available,
     choose_main_decode,
     choose_prefill,
     choose_relay,
 )
 from pdd.router.recent_traffic import TrafficWindow
-
-
-class Pipeline(StrEnum):
-    P_MD = "P-MD"
-    P_RLD_MD = "P-RLD-MD"
-    P_RLD = "P-RLD"
 
 
 @dataclass(frozen=True)

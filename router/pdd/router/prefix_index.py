@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pdd.common.block_hash import block_hashes
-from pdd.worker.cache_events import AllCleared, BlockRemoved, BlockStored, CacheEvent
+from pdd.common.cache_events import AllCleared, BlockRemoved, BlockStored, CacheEvent
 
 
 class BlockSizeMismatchError(ValueError):

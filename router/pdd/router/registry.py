@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from pdd.common.vocabulary import Role
 from pdd.common.wire import Endpoint, LoadReport
-from pdd.router.config import WorkerRef, WorkerRole
+from pdd.router.config import WorkerRef
 from pdd.router.prefix_index import BlockSizeMismatchError, PrefixIndex
 from pdd.router.worker_client import WorkerCallError, WorkerClient
 
@@ -31,7 +32,7 @@ _EXPIRE_EVERY = 60
 
 @dataclass
 class Instance:
-    role: WorkerRole
+    role: Role
     http_url: str
     expected_id: str | None = None
     endpoint: Endpoint | None = None
@@ -69,7 +70,7 @@ class InstanceRegistry:
         self._task: asyncio.Task | None = None
         self._polls = 0
 
-    def ready(self, role: WorkerRole) -> list[Instance]:
+    def ready(self, role: Role) -> list[Instance]:
         return [i for i in self._instances.values() if i.ready and i.role == role]
 
     def all(self) -> list[Instance]:

@@ -8,17 +8,20 @@ message saying what to fix.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 
-from pdd.common.deploy_config import SHARED_SECRET_ENV
+from pdd.common.config_document import (
+    SHARED_SECRET_ENV,
+    ConfigDocumentError,
+    read_config_document,
+)
+from pdd.common.vocabulary import Role
 from pdd.router.app import create_app
 from pdd.router.config import (
-    ROLES,
     ConfigError,
     RouterConfig,
     file_settings,
@@ -35,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, help="the operator's config.json (flags override it)")
     p.add_argument("--model", help='"tiny" or a checkpoint directory (tokenizer and template)')
     p.add_argument("--served-model-name", help="the model name clients send")
-    for role in ROLES:
+    for role in Role:
         p.add_argument(
             f"--{role}", action="append", default=[], metavar="ID=URL",
             help=f"a {role} worker (repeatable, or comma-separated)",
@@ -91,14 +94,14 @@ def build_config(args: argparse.Namespace) -> RouterConfig:
     secret_env = SHARED_SECRET_ENV
     if args.config is not None:
         try:
-            settings = file_settings(json.loads(args.config.read_text()))
-        except (OSError, json.JSONDecodeError, KeyError) as exc:
-            raise ConfigError(f"cannot read --config {args.config}: {exc}") from exc
+            settings = file_settings(read_config_document(args.config, "router"))
+        except ConfigDocumentError as exc:
+            raise ConfigError(str(exc)) from None
         secret_env = settings.pop("secret_env")
     settings.update({k: getattr(args, k) for k in _PLAIN_FLAGS if getattr(args, k) is not None})
     workers = tuple(
         parse_worker(role, item)
-        for role in ROLES
+        for role in Role
         for flag in getattr(args, role)
         for item in flag.split(",")
         if item

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdd.common.token_stream import TokenStreamMerger
+from pdd.common.vocabulary import Pipeline
 from pdd.common.wire import Endpoint, PipelinePlan, TokenEvent
 from pdd.router.errors import UpstreamError
 from pdd.router.worker_client import WorkerCallError, WorkerClient
@@ -106,7 +107,7 @@ async def _route_around(
     plan: PipelinePlan, client: WorkerClient, failed: str, merger: TokenStreamMerger
 ) -> None:
     """A decode-side source failed: ask the other one to carry the request."""
-    if plan.pipeline != "P-RLD-MD" or plan.relay is None or plan.main is None:
+    if plan.pipeline != Pipeline.P_RLD_MD or plan.relay is None or plan.main is None:
         return
     log.warning(
         "request %s: %s failed (%s); routing around it",

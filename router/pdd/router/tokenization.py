@@ -17,13 +17,13 @@ from typing import Any, Protocol
 
 from tokenizers import Tokenizer as HFRustTokenizer
 
+from pdd.common.tokenizer import ByteTokenizer
 from pdd.router.chat_template import (
     ChatTemplate,
     find_chat_template,
     render_plain,
     special_tokens_from_config,
 )
-from pdd.worker.tokenizer import ByteTokenizer
 
 #: The model name that selects the built-in byte-level tiny preset.
 TINY_MODEL = "tiny"

@@ -13,16 +13,9 @@ from dataclasses import dataclass, replace
 import simpy
 
 from pdd.common.cost_model import LinkState
-from pdd.router.instance_choice import Role, available, choose_relay
-from pdd.router.policy import (
-    Assignment,
-    Decision,
-    Pipeline,
-    PolicyConfig,
-    RequestFeatures,
-    Saturated,
-    decide,
-)
+from pdd.common.vocabulary import Pipeline, Role
+from pdd.router.instance_choice import available, choose_relay
+from pdd.router.policy import Assignment, Decision, PolicyConfig, RequestFeatures, Saturated, decide
 from pdd.router.recent_traffic import RecentTraffic
 from pdd.simulator.decode import DecodeInstance
 from pdd.simulator.links import DirectLink, SharedLink

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import simpy
 
 from pdd.common.handoff import choose_handoff_mode
-from pdd.router.policy import Decision, Pipeline
+from pdd.common.vocabulary import Pipeline
+from pdd.router.policy import Decision
 from pdd.simulator.cluster import Cluster, SimRequest
 from pdd.simulator.decode import DecodeInstance, DecodeSeq
 

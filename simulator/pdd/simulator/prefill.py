@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import simpy
 
-from pdd.router.instance_choice import InstanceLoad, Role
+from pdd.common.vocabulary import Role
+from pdd.router.instance_choice import InstanceLoad
 from pdd.simulator.hardware import InstanceShape
 from pdd.simulator.prefix_cache import PrefixCache
 

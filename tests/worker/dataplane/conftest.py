@@ -28,9 +28,9 @@ import pytest
 
 from pdd.common.token_stream import TokenStreamMerger
 from pdd.common.wire import PipelinePlan, SamplingSpec, StateReport, TokenEvent
+from pdd.local.cluster import LinkSpec, LocalCluster, WorkerSpec
 from pdd.router.stream_relay import relay_tokens
 from pdd.router.worker_client import WorkerClient
-from pdd.worker.local_cluster import LinkSpec, LocalCluster, WorkerSpec
 from pdd.worker.model.loader import LoadedModel
 
 # Loaded by path: with --import-mode=importlib the tests folder is not on sys.path.

@@ -26,18 +26,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pdd.common.wire import Endpoint, StateReport
+from pdd.local.cluster import LinkSpec, PlanBuilder, WorkerSpec
 from pdd.local.probes import flatten
 from pdd.router.worker_client import WorkerClient
 from pdd.testing.asgi import StreamingASGITransport
 from pdd.testing.waiting import WaitTimeout, until
+from pdd.wan.link import WanLink
 from pdd.worker.engine import Engine
 from pdd.worker.engine_runner import LoopEngineRunner
 from pdd.worker.instance import WorkerInstance
-from pdd.worker.local_cluster import LinkSpec, PlanBuilder, WorkerSpec
 from pdd.worker.model.loader import LoadedModel
 from pdd.worker.roles.base import RoleBase, WorkerSettings
 from pdd.worker.transport.memory import LinkFaults, MemoryNetwork
-from pdd.worker.transport.wan_link import WanLink
 
 #: Loop time one engine step takes: 200 steps per second per instance.
 STEP_S = 0.005

@@ -10,6 +10,7 @@ import asyncio
 
 import pytest
 
+from pdd.wan.link import WanLink
 from pdd.worker.transport import (
     Channel,
     LinkDown,
@@ -21,7 +22,6 @@ from pdd.worker.transport import (
     serve,
 )
 from pdd.worker.transport.memory import MemoryNetwork
-from pdd.worker.transport.wan_link import WanLink
 
 pytestmark = [pytest.mark.unit, pytest.mark.virtual_clock]
 

@@ -17,8 +17,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from pdd.common.wire import CacheEventsPage, HandoffIds, PipelinePlan
+from pdd.worker.engine.request import RequestError
 from pdd.worker.metrics import CONTENT_TYPE_LATEST
-from pdd.worker.request import RequestError
 from pdd.worker.roles.base import NoSuchRequestError, RoleBase, RoleMismatchError
 from pdd.worker.roles.cache_feed import CacheFeed
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pdd.worker.engine import Engine, EngineStats
-from pdd.worker.request import RequestOutput
+from pdd.worker.engine.request import RequestOutput
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

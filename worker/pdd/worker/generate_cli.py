@@ -15,25 +15,14 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
 from pdd.worker.engine import Engine, EngineConfigError
-from pdd.worker.model.config import ModelConfig
+from pdd.worker.engine.request import RequestError
+from pdd.worker.engine.sampling import SamplingParams
 from pdd.worker.model.errors import ModelLoadError
-from pdd.worker.model.loader import (
-    TINY,
-    LoadedModel,
-    _empty_model,
-    _eos_ids,
-    _read_config,
-    load_model,
-    resolve_dtype,
-)
-from pdd.worker.model.weights import SafetensorsCheckpoint, load_checkpoint_weights
-from pdd.worker.request import RequestError
-from pdd.worker.sampling import SamplingParams
+from pdd.worker.model.loader import IdsOnlyTokenizer, load_model
 
 _BLOCK_SIZE = 16
 
@@ -85,38 +74,6 @@ def check_device(name: str) -> torch.device:
     return device
 
 
-class NoTokenizer:
-    """Stands in for the tokenizer of a checkpoint that has no ``tokenizer.json`` when
-    the prompt is token IDs: the engine asks it only for the IDs that end a generation
-    (config.json's and generation_config.json's, as the loader reads them)."""
-
-    def __init__(self, eos_token_ids: Sequence[int], vocab_size: int) -> None:
-        self.eos_token_ids = tuple(eos_token_ids)
-        self.vocab_size = vocab_size
-
-    def encode(self, text: str) -> list[int]:
-        raise UsageError("this checkpoint has no tokenizer.json; pass --prompt-ids")
-
-    def decode(self, ids: Sequence[int]) -> str:
-        raise UsageError("this checkpoint has no tokenizer.json to decode with")
-
-
-def load(source: str, dtype: str | None, device: torch.device, tokenize: bool) -> LoadedModel:
-    """``load_model``, except that a checkpoint without ``tokenizer.json`` still loads
-    when nothing needs tokenizing (``tokenize`` False): its tokenizer is a NoTokenizer."""
-    directory = Path(source)
-    has_tokenizer = source == TINY or (directory / "tokenizer.json").exists()
-    if tokenize or has_tokenizer or not directory.is_dir():
-        return load_model(source, dtype=dtype, device=device)
-    config = ModelConfig.from_hf_dict(_read_config(directory), name=directory.name)
-    torch_dtype = resolve_dtype(dtype, config, device)
-    model = _empty_model(config, device)
-    with SafetensorsCheckpoint(directory) as ckpt:
-        load_checkpoint_weights(model, ckpt, torch_dtype, device)
-    tokenizer = NoTokenizer(_eos_ids(directory, config), config.vocab_size)
-    return LoadedModel(model, config, tokenizer, torch_dtype, device)
-
-
 def run(args: argparse.Namespace) -> dict[str, object]:
     """Generate for the parsed arguments; returns the generated ``token_ids`` and their
     ``text`` (None when the checkpoint has no tokenizer)."""
@@ -131,7 +88,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     prompt_ids = parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
     if args.prompt is not None and not args.prompt:
         raise UsageError("--prompt is empty")
-    loaded = load(args.model, args.dtype, check_device(args.device), prompt_ids is None)
+    loaded = load_model(
+        args.model, args.dtype, check_device(args.device), require_tokenizer=prompt_ids is None
+    )
     if prompt_ids is None:
         prompt_ids = loaded.tokenizer.encode(args.prompt)
     length = len(prompt_ids) + args.max_tokens
@@ -141,7 +100,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         num_blocks=-(-length // _BLOCK_SIZE),  # one request: size the pool to it
     )
     (token_ids,) = engine.generate([prompt_ids], params)
-    has_tokenizer = not isinstance(loaded.tokenizer, NoTokenizer)
+    has_tokenizer = not isinstance(loaded.tokenizer, IdsOnlyTokenizer)
     return {
         "token_ids": token_ids,
         "text": loaded.tokenizer.decode(token_ids) if has_tokenizer else None,

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from pydantic import ValidationError
 
+from pdd.common.network import TCP, Network
 from pdd.worker.control_api import create_app
 from pdd.worker.engine_runner import EngineRunner
 from pdd.worker.metrics import WorkerMetrics
@@ -24,7 +25,6 @@ from pdd.worker.roles.prefill import PrefillRole
 from pdd.worker.roles.protocol import send_error, split_addr
 from pdd.worker.roles.relay import RelayRole
 from pdd.worker.transport import Channel, MsgType, Server, decode_json, serve
-from pdd.worker.transport.network import TCP, Network
 
 log = logging.getLogger("pdd.worker")
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 import uvicorn
 
-from pdd.worker.deploy_config import DeployConfigError, flag_defaults, read_config_file
+from pdd.common.config_document import ConfigDocumentError, read_config_document
+from pdd.worker.deploy_config import flag_defaults
 from pdd.worker.engine import Engine
 from pdd.worker.engine_runner import ThreadEngineRunner
 from pdd.worker.instance import ROLES, WorkerInstance
@@ -75,8 +76,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.config is not None:
         try:
-            defaults = flag_defaults(read_config_file(args.config), os.environ)
-        except DeployConfigError as exc:
+            defaults = flag_defaults(read_config_document(args.config, "worker"), os.environ)
+        except ConfigDocumentError as exc:
             parser.error(str(exc))
         parser.set_defaults(**defaults)
         args = parser.parse_args(argv)

@@ -8,10 +8,24 @@ the multi-cluster service domain, and vice versa).
 from __future__ import annotations
 
 import base64
-import json
 from typing import Any
 
-from pdd.common.deploy_config import CONFIG_VERSION, SHARED_SECRET_ENV
+from pdd.common.config_document import (
+    SHARED_SECRET_ENV,
+    AnomalousTraffic,
+    ConfigDocument,
+    DeploymentRef,
+    HandoffSection,
+    ModelSection,
+    Peers,
+    Ports,
+    RelaySection,
+    RouterPeer,
+    SloSection,
+    StoreSection,
+    WanSection,
+    WorkerPeer,
+)
 from pdd.operator.builders.meta import Site, content_hash, metadata
 from pdd.operator.kv_size import resolve_kv_bytes_per_token
 from pdd.operator.naming import (
@@ -23,8 +37,8 @@ from pdd.operator.naming import (
     WORKER_HTTP_PORT,
     WORKER_KV_PORT,
     WORKER_ROLES,
+    Component,
     Owner,
-    Role,
     service_host,
 )
 from pdd.operator.spec import PDDSpec
@@ -39,78 +53,71 @@ def model_path(spec: PDDSpec) -> str:
 def peer_hosts(spec: PDDSpec, owner: Owner, site: Site) -> dict[str, str]:
     """Each role's Service DNS name as seen from ``site``'s cluster."""
     remote = spec.remote_cluster
-    hosts = {str(role): service_host(owner.child(role), owner.namespace) for role in Role}
+    hosts = {str(role): service_host(owner.child(role), owner.namespace) for role in Component}
     if remote is None:
         return hosts
     remote_ns = remote.namespace or owner.namespace
-    main = owner.child(Role.MAIN)
+    main = owner.child(Component.MAIN)
     if site.remote:
         cross = {
             str(role): service_host(owner.child(role), owner.namespace, remote.service_domain)
-            for role in Role
+            for role in Component
         }
-        return {**cross, str(Role.MAIN): service_host(main, remote_ns)}
+        return {**cross, str(Component.MAIN): service_host(main, remote_ns)}
     main_host = remote.main_decode_host or service_host(main, remote_ns, remote.service_domain)
-    return {**hosts, str(Role.MAIN): main_host}
+    return {**hosts, str(Component.MAIN): main_host}
 
 
 def redis_url(spec: PDDSpec, hosts: dict[str, str]) -> str | None:
     if spec.router.redis_url is not None:
         return spec.router.redis_url
     if spec.router.managed_redis:
-        return f"redis://{hosts[Role.REDIS]}:{REDIS_PORT}/0"
+        return f"redis://{hosts[Component.REDIS]}:{REDIS_PORT}/0"
     return None
 
 
-def build_worker_config(spec: PDDSpec, owner: Owner, site: Site) -> dict[str, Any]:
-    """The config document (a plain dict) for the pods of ``site``'s cluster."""
+def build_worker_config(spec: PDDSpec, owner: Owner, site: Site) -> ConfigDocument:
+    """The config document for the pods of ``site``'s cluster."""
     hosts = peer_hosts(spec, owner, site)
-    peers: dict[str, Any] = {
-        str(role): {"host": hosts[role], "httpPort": WORKER_HTTP_PORT, "kvPort": WORKER_KV_PORT}
+    workers = {
+        str(role): WorkerPeer(host=hosts[role], http_port=WORKER_HTTP_PORT, kv_port=WORKER_KV_PORT)
         for role in WORKER_ROLES
     }
-    peers[Role.ROUTER] = {"host": hosts[Role.ROUTER], "port": ROUTER_PORT}
-    return {
-        "version": CONFIG_VERSION,
-        "deployment": {"name": owner.name, "namespace": owner.namespace},
-        "model": {
-            "servedName": spec.model.served_name,
-            "path": model_path(spec),
-            "kvBytesPerToken": resolve_kv_bytes_per_token(spec.model),
-        },
-        "ports": {"http": WORKER_HTTP_PORT, "kv": WORKER_KV_PORT, "router": ROUTER_PORT},
-        "peers": peers,
-        "wan": {"declaredGbps": spec.wan.declared_gbps, "rttMs": spec.wan.rtt_ms},
-        "slo": {"ttftP99Ms": spec.slo.ttft_p99_ms, "tpotMs": spec.slo.tpot_ms},
-        "handoff": {
-            "policy": spec.handoff.policy,
-            "catchUpThreshold": spec.handoff.catch_up_threshold,
-        },
-        "anomalousTraffic": {
-            "minInputTokens": spec.anomalous_traffic.min_input_tokens,
-            "maxOutputTokens": spec.anomalous_traffic.max_output_tokens,
-        },
-        "relay": {"targetLoad": spec.relay.target_load, "loadMetric": RELAY_LOAD_METRIC},
-        "store": {"redisUrl": redis_url(spec, hosts)},
-        "sharedSecretEnv": SHARED_SECRET_ENV,
-    }
+    return ConfigDocument(
+        deployment=DeploymentRef(name=owner.name, namespace=owner.namespace),
+        model=ModelSection(
+            served_name=spec.model.served_name,
+            path=model_path(spec),
+            kv_bytes_per_token=resolve_kv_bytes_per_token(spec.model),
+        ),
+        ports=Ports(http=WORKER_HTTP_PORT, kv=WORKER_KV_PORT, router=ROUTER_PORT),
+        peers=Peers(**workers, router=RouterPeer(host=hosts[Component.ROUTER], port=ROUTER_PORT)),
+        wan=WanSection(declared_gbps=spec.wan.declared_gbps, rtt_ms=spec.wan.rtt_ms),
+        slo=SloSection(ttft_p99_ms=spec.slo.ttft_p99_ms, tpot_ms=spec.slo.tpot_ms),
+        handoff=HandoffSection(
+            policy=spec.handoff.policy, catch_up_threshold=spec.handoff.catch_up_threshold
+        ),
+        anomalous_traffic=AnomalousTraffic(
+            min_input_tokens=spec.anomalous_traffic.min_input_tokens,
+            max_output_tokens=spec.anomalous_traffic.max_output_tokens,
+        ),
+        relay=RelaySection(target_load=spec.relay.target_load, load_metric=RELAY_LOAD_METRIC),
+        store=StoreSection(redis_url=redis_url(spec, hosts)),
+        shared_secret_env=SHARED_SECRET_ENV,
+    )
 
 
-def render_config(config: dict[str, Any]) -> str:
-    return json.dumps(config, sort_keys=True, indent=2) + "\n"
-
-
-def config_hash(config: dict[str, Any]) -> str:
+def config_hash(config: ConfigDocument) -> str:
     """The pod-template annotation value: a new hash rolls the pods that read it."""
-    return content_hash(config)
+    return content_hash(config.to_wire())
 
 
-def build_config_map(owner: Owner, site: Site, config: dict[str, Any]) -> dict[str, Any]:
+def build_config_map(owner: Owner, site: Site, config: ConfigDocument) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": metadata(owner, "config", owner.config_name, site),
-        "data": {CONFIG_FILE: render_config(config)},
+        "data": {CONFIG_FILE: config.to_json()},
     }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pdd.common.deploy_config import SHARED_SECRET_ENV
+from pdd.common.config_document import SHARED_SECRET_ENV
 from pdd.operator.builders.config import model_path
 from pdd.operator.builders.meta import Site, metadata
 from pdd.operator.naming import (
@@ -16,8 +16,8 @@ from pdd.operator.naming import (
     SHARED_SECRET_KEY,
     WORKER_HTTP_PORT,
     WORKER_KV_PORT,
+    Component,
     Owner,
-    Role,
 )
 from pdd.operator.spec import PDDSpec, Pool
 
@@ -27,21 +27,21 @@ WORKER_GRACE_SECONDS = 60
 WORKER_STRATEGY = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
 
 
-def worker_pool(spec: PDDSpec, role: Role) -> Pool:
-    return spec.main_pool if role is Role.MAIN else spec.pool_a
+def worker_pool(spec: PDDSpec, role: Component) -> Pool:
+    return spec.main_pool if role is Component.MAIN else spec.pool_a
 
 
-def worker_replicas(spec: PDDSpec, role: Role) -> int | None:
+def worker_replicas(spec: PDDSpec, role: Component) -> int | None:
     """Replicas the operator sets; None for the relay, whose replica count the HPA owns."""
-    if role is Role.PREFILL:
+    if role is Component.PREFILL:
         return spec.prefill.replicas
-    if role is Role.MAIN:
+    if role is Component.MAIN:
         return spec.main_decode.replicas
     return None
 
 
 def build_worker_deployment(
-    spec: PDDSpec, owner: Owner, role: Role, site: Site, config_hash: str
+    spec: PDDSpec, owner: Owner, role: Component, site: Site, config_hash: str
 ) -> dict[str, Any]:
     """A worker role's Deployment. The relay's has no ``replicas``: the HPA sets it."""
     pool = worker_pool(spec, role)
@@ -86,13 +86,13 @@ def build_worker_deployment(
 def build_router_deployment(spec: PDDSpec, owner: Owner, config_hash: str) -> dict[str, Any]:
     """The router: CPU only, so it carries no pool's GPU selector."""
     container = {
-        "name": str(Role.ROUTER),
+        "name": str(Component.ROUTER),
         "image": spec.images.router,
         "imagePullPolicy": spec.images.pull_policy,
         "command": ["pdd"],
         "args": ["router", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"],
         "ports": [{"name": "http", "containerPort": ROUTER_PORT}],
-        "env": _common_env(owner, Role.ROUTER),
+        "env": _common_env(owner, Component.ROUTER),
         "resources": spec.router.resources,
         "readinessProbe": _http_probe("/health", "http"),
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
@@ -101,12 +101,14 @@ def build_router_deployment(spec: PDDSpec, owner: Owner, config_hash: str) -> di
     site = Site(owner.namespace)
     return _deployment(
         owner,
-        Role.ROUTER,
+        Component.ROUTER,
         site,
         {
             "replicas": spec.router.replicas,
-            "selector": {"matchLabels": owner.selector_labels(Role.ROUTER)},
-            "template": _template(spec, owner, Role.ROUTER, pod_spec, config_hash, ROUTER_PORT),
+            "selector": {"matchLabels": owner.selector_labels(Component.ROUTER)},
+            "template": _template(
+                spec, owner, Component.ROUTER, pod_spec, config_hash, ROUTER_PORT
+            ),
         },
     )
 
@@ -118,27 +120,27 @@ def build_redis_deployment(spec: PDDSpec, owner: Owner) -> dict[str, Any]:
     so no persistence and one replica; point router.redisUrl at a managed Redis for HA.
     """
     container = {
-        "name": str(Role.REDIS),
+        "name": str(Component.REDIS),
         "image": spec.images.redis,
         "imagePullPolicy": spec.images.pull_policy,
         "args": ["--save", "", "--appendonly", "no"],
         "ports": [{"name": "redis", "containerPort": REDIS_PORT}],
         "readinessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 5},
     }
-    labels = owner.labels(Role.REDIS)
+    labels = owner.labels(Component.REDIS)
     return _deployment(
         owner,
-        Role.REDIS,
+        Component.REDIS,
         Site(owner.namespace),
         {
             "replicas": 1,
-            "selector": {"matchLabels": owner.selector_labels(Role.REDIS)},
+            "selector": {"matchLabels": owner.selector_labels(Component.REDIS)},
             "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}},
         },
     )
 
 
-def _deployment(owner: Owner, role: Role, site: Site, spec: dict[str, Any]) -> dict[str, Any]:
+def _deployment(owner: Owner, role: Component, site: Site, spec: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -150,7 +152,7 @@ def _deployment(owner: Owner, role: Role, site: Site, spec: dict[str, Any]) -> d
 def _template(
     spec: PDDSpec,
     owner: Owner,
-    role: Role,
+    role: Component,
     pod_spec: dict[str, Any],
     config_hash: str,
     metrics_port: int,
@@ -169,7 +171,7 @@ def _template(
     }
 
 
-def _common_env(owner: Owner, role: Role) -> list[dict[str, Any]]:
+def _common_env(owner: Owner, role: Component) -> list[dict[str, Any]]:
     return [
         {"name": "PDD_ROLE", "value": str(role)},
         {"name": "PDD_CONFIG", "value": f"{CONFIG_DIR}/{CONFIG_FILE}"},

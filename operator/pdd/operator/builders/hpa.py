@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pdd.operator.builders.meta import Site, metadata
-from pdd.operator.naming import RELAY_LOAD_METRIC, Owner, Role
+from pdd.operator.naming import RELAY_LOAD_METRIC, Component, Owner
 from pdd.operator.spec import PDDSpec
 
 #: Relay load rises in bursts (a wave of low-hit requests); scale up at once, scale
@@ -25,12 +25,14 @@ def build_relay_hpa(spec: PDDSpec, owner: Owner) -> dict[str, Any]:
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
-        "metadata": metadata(owner, Role.RELAY, owner.child(Role.RELAY), Site(owner.namespace)),
+        "metadata": metadata(
+            owner, Component.RELAY, owner.child(Component.RELAY), Site(owner.namespace)
+        ),
         "spec": {
             "scaleTargetRef": {
                 "apiVersion": "apps/v1",
                 "kind": "Deployment",
-                "name": owner.child(Role.RELAY),
+                "name": owner.child(Component.RELAY),
             },
             "minReplicas": relay.min_replicas,
             "maxReplicas": relay.max_replicas,

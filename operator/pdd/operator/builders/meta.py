@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from pdd.operator.naming import SPEC_HASH_ANNOTATION, Owner, Role
+from pdd.operator.naming import SPEC_HASH_ANNOTATION, Component, Owner
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Site:
     remote: bool = False
 
 
-def metadata(owner: Owner, role: Role | str, name: str, site: Site) -> dict[str, Any]:
+def metadata(owner: Owner, role: Component | str, name: str, site: Site) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "namespace": site.namespace, "labels": owner.labels(role)}
     if not site.remote:
         meta["ownerReferences"] = [owner.owner_reference()]

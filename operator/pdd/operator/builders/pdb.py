@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from pdd.operator.builders.meta import Site, metadata
-from pdd.operator.naming import Owner, Role
+from pdd.operator.naming import Component, Owner
 
 
-def build_pdb(owner: Owner, role: Role, site: Site) -> dict[str, Any]:
+def build_pdb(owner: Owner, role: Component, site: Site) -> dict[str, Any]:
     """maxUnavailable 1 (not minAvailable) so a single-replica role can still be drained."""
     return {
         "apiVersion": "policy/v1",

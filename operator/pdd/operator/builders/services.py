@@ -14,12 +14,12 @@ from pdd.operator.naming import (
     ROUTER_PORT,
     WORKER_HTTP_PORT,
     WORKER_KV_PORT,
+    Component,
     Owner,
-    Role,
 )
 
 
-def build_headless_service(owner: Owner, role: Role, site: Site) -> dict[str, Any]:
+def build_headless_service(owner: Owner, role: Component, site: Site) -> dict[str, Any]:
     ports = [
         {"name": "http", "port": WORKER_HTTP_PORT, "targetPort": "http"},
         {"name": "kv", "port": WORKER_KV_PORT, "targetPort": "kv"},
@@ -31,16 +31,18 @@ def build_router_service(owner: Owner) -> dict[str, Any]:
     """The front door clients call (expose it with an Ingress or Gateway of your own)."""
     ports = [{"name": "http", "port": ROUTER_PORT, "targetPort": "http"}]
     return _service(
-        owner, Role.ROUTER, Site(owner.namespace), {"type": "ClusterIP", "ports": ports}
+        owner, Component.ROUTER, Site(owner.namespace), {"type": "ClusterIP", "ports": ports}
     )
 
 
 def build_redis_service(owner: Owner) -> dict[str, Any]:
     ports = [{"name": "redis", "port": REDIS_PORT, "targetPort": "redis"}]
-    return _service(owner, Role.REDIS, Site(owner.namespace), {"type": "ClusterIP", "ports": ports})
+    return _service(
+        owner, Component.REDIS, Site(owner.namespace), {"type": "ClusterIP", "ports": ports}
+    )
 
 
-def _service(owner: Owner, role: Role, site: Site, spec: dict[str, Any]) -> dict[str, Any]:
+def _service(owner: Owner, role: Component, site: Site, spec: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",

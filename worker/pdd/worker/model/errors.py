@@ -21,3 +21,7 @@ class CheckpointNotFoundError(ModelLoadError):
 
 class CorruptCheckpointError(ModelLoadError):
     """A checkpoint file exists but cannot be read or disagrees with config.json."""
+
+
+class TokenizerMissingError(ModelLoadError):
+    """Text was to be encoded or decoded with a checkpoint that has no tokenizer."""

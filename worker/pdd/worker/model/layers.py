@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pdd.worker.batch import AttentionGroup, ForwardBatch
-from pdd.worker.kv_cache import PagedKVCache
+from pdd.worker.model.batch import AttentionGroup, ForwardBatch
 from pdd.worker.model.config import ModelConfig
+from pdd.worker.model.kv_cache import PagedKVCache
 from pdd.worker.model.rope import apply_rotary
 
 

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pdd.worker.batch import ForwardBatch, InvalidBatchError
-from pdd.worker.kv_cache import PagedKVCache
+from pdd.worker.model.batch import ForwardBatch, InvalidBatchError
 from pdd.worker.model.config import ModelConfig
+from pdd.worker.model.kv_cache import PagedKVCache
 from pdd.worker.model.layers import DecoderLayer, LayerInputs, RMSNorm, additive_mask
 from pdd.worker.model.rope import RotaryEmbedding
 

@@ -7,26 +7,28 @@ and tokenizer together so nothing else reads checkpoint files.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pdd.worker.kv_cache import KVLayout
+from pdd.common.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from pdd.worker.model.config import ModelConfig, tiny_config
 from pdd.worker.model.errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
     ModelLoadError,
+    TokenizerMissingError,
 )
+from pdd.worker.model.kv_cache import KVLayout
 from pdd.worker.model.llama import LlamaForCausalLM
 from pdd.worker.model.weights import (
     SafetensorsCheckpoint,
     init_random_weights,
     load_checkpoint_weights,
 )
-from pdd.worker.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
 TINY = "tiny"
 TINY_SEED = 0
@@ -58,12 +60,17 @@ class LoadedModel:
 
 
 def load_model(
-    source: str, dtype: str | torch.dtype | None = None, device: str | torch.device = "cpu"
+    source: str,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    require_tokenizer: bool = True,
 ) -> LoadedModel:
     """Load ``tiny`` (seeded random weights, byte tokenizer) or a checkpoint directory.
 
     dtype None means the checkpoint's own dtype, except float16 on the CPU, which
     becomes float32 (CPU fp16 kernels are slow or missing; bf16 is the fast choice).
+    ``require_tokenizer=False`` loads a checkpoint without ``tokenizer.json`` too, for a
+    caller that only passes token IDs: its tokenizer is an ``IdsOnlyTokenizer``.
     """
     device = torch.device(device)
     if source == TINY:
@@ -79,11 +86,30 @@ def load_model(
         )
     config = ModelConfig.from_hf_dict(_read_config(directory), name=directory.name)
     torch_dtype = resolve_dtype(dtype, config, device)
-    tokenizer = _hf_tokenizer(directory, config)
+    if require_tokenizer or (directory / "tokenizer.json").exists():
+        tokenizer: Tokenizer = _hf_tokenizer(directory, config)
+    else:
+        tokenizer = IdsOnlyTokenizer(_eos_ids(directory, config), config.vocab_size)
     model = _empty_model(config, device)
     with SafetensorsCheckpoint(directory) as ckpt:
         load_checkpoint_weights(model, ckpt, torch_dtype, device)
     return LoadedModel(model, config, tokenizer, torch_dtype, device)
+
+
+class IdsOnlyTokenizer:
+    """The tokenizer of a checkpoint without ``tokenizer.json``, for token-ID callers:
+    the engine asks it only for the IDs that end a generation (config.json's and
+    generation_config.json's); encoding or decoding text is a ``TokenizerMissingError``."""
+
+    def __init__(self, eos_token_ids: Sequence[int], vocab_size: int) -> None:
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        raise TokenizerMissingError("this checkpoint has no tokenizer.json; pass token IDs")
+
+    def decode(self, ids: Sequence[int]) -> str:
+        raise TokenizerMissingError("this checkpoint has no tokenizer.json to decode with")
 
 
 def resolve_dtype(

@@ -15,15 +15,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pdd.common.wire import Endpoint, LoadReport, PipelinePlan, Role, StateReport
+from pdd.common.network import TCP, Network
+from pdd.common.vocabulary import Role
+from pdd.common.wire import Endpoint, LoadReport, PipelinePlan, StateReport
+from pdd.worker.engine.request import UnknownRequestError
+from pdd.worker.engine.sampling import SamplingParams
 from pdd.worker.engine_runner import EngineRunner
 from pdd.worker.metrics import WorkerMetrics
-from pdd.worker.request import UnknownRequestError
 from pdd.worker.roles.protocol import send_error, split_addr
 from pdd.worker.roles.streams import StreamHub
-from pdd.worker.sampling import SamplingParams
 from pdd.worker.transport import ByteCounters, Channel, TransportConfig, connect
-from pdd.worker.transport.network import TCP, Network
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdd.common.wire import PipelinePlan
-from pdd.worker.kv_transfer import KVTransferError
-from pdd.worker.request import RequestError
+from pdd.worker.engine.kv_transfer import KVTransferError
+from pdd.worker.engine.request import RequestError
 from pdd.worker.roles.base import RoleBase, sampling_params
 from pdd.worker.roles.protocol import expect, int_field, send_error, send_meta
 from pdd.worker.transport import Channel, MsgType, TransportError, decode_json

@@ -17,8 +17,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdd.common.vocabulary import Pipeline
 from pdd.common.wire import PipelinePlan
-from pdd.worker.request import RequestError
+from pdd.worker.engine.request import RequestError
 from pdd.worker.roles.base import NoSuchRequestError, RoleBase
 from pdd.worker.roles.kv_receiver import KVReceiveError, receive_kv
 from pdd.worker.roles.protocol import FLAG_FINAL, FLAG_FINISHED, expect, send_meta
@@ -65,7 +66,7 @@ class MainDecodeRole(RoleBase):
         self.live.add(rid)
         self.hub.get(rid).start()
         entry = self._entry(rid)
-        use_cache = plan.pipeline != "naive"
+        use_cache = plan.pipeline != Pipeline.NAIVE
         try:
             received = await receive_kv(self, channel, plan, use_cache=use_cache)
         except KVReceiveError as exc:
@@ -78,7 +79,7 @@ class MainDecodeRole(RoleBase):
     async def _continue(self, plan: PipelinePlan, entry: MainRequest, first_token: int) -> None:
         rid = plan.request_id
         try:
-            if plan.relay is None or plan.pipeline != "P-RLD-MD":
+            if plan.relay is None or plan.pipeline != Pipeline.P_RLD_MD:
                 await self._start(rid, entry, [first_token], emit_from=0)
             elif entry.posted.done():
                 await self._start_from_posted(rid, entry, first_token, handed=1, started=False)

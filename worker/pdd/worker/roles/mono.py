@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pdd.common.wire import PipelinePlan
-from pdd.worker.request import RequestOutput
+from pdd.worker.engine.request import RequestOutput
 from pdd.worker.roles.base import NoSuchRequestError, RoleBase, sampling_params
 from pdd.worker.roles.session import DecodeSession
 

@@ -17,15 +17,16 @@ import logging
 import secrets
 from dataclasses import dataclass
 
+from pdd.common.vocabulary import Pipeline
 from pdd.common.wire import Endpoint, PipelinePlan
-from pdd.worker.request import RequestOutput
+from pdd.worker.engine.request import RequestOutput
 from pdd.worker.roles.base import RoleBase, sampling_params
 from pdd.worker.roles.protocol import expect_meta, int_field, send_meta
 from pdd.worker.transport import Channel, MsgType, encode_json, request_key
 
 log = logging.getLogger(__name__)
 
-PREFILL_PIPELINES = ("P-RLD-MD", "P-MD", "P-RLD", "naive")
+PREFILL_PIPELINES = (Pipeline.P_RLD_MD, Pipeline.P_MD, Pipeline.P_RLD, Pipeline.NAIVE)
 
 
 @dataclass(frozen=True)
@@ -47,9 +48,13 @@ class Target:
 def targets_of(plan: PipelinePlan) -> list[Target]:
     """Who gets KV: the relay over the fast path, the main decode over the WAN."""
     out = []
-    if plan.relay is not None and plan.pipeline in ("P-RLD-MD", "P-RLD"):
+    if plan.relay is not None and plan.pipeline in (Pipeline.P_RLD_MD, Pipeline.P_RLD):
         out.append(Target(plan.relay, wan=False))
-    if plan.main is not None and plan.pipeline in ("P-RLD-MD", "P-MD", "naive"):
+    if plan.main is not None and plan.pipeline in (
+        Pipeline.P_RLD_MD,
+        Pipeline.P_MD,
+        Pipeline.NAIVE,
+    ):
         out.append(Target(plan.main, wan=True))
     return out
 

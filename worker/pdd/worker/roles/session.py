@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from pdd.worker.request import RequestOutput
+from pdd.worker.engine.request import RequestOutput
 from pdd.worker.roles.streams import StreamHub
 
 

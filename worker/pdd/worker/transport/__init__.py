@@ -1,8 +1,8 @@
 """The worker data plane's transport: framed, authenticated, flow-controlled TCP.
 
 Torch-free on purpose (the WAN link emulator and tests import it without the
-inference core). Entry points: ``serve()``/``connect()`` give a ``Channel``;
-``wan_link.WanLink`` is the bottleneck emulator. See docs/wan-link.md.
+inference core). Entry points: ``serve()``/``connect()`` give a ``Channel``.
+The emulated WAN line it crosses in tests and ``pdd up`` is ``pdd.wan``.
 """
 
 from pdd.worker.transport.channel import Channel

@@ -13,11 +13,11 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from pdd.common.network import TCP, Listener, Network
 from pdd.worker.transport.channel import Channel
 from pdd.worker.transport.config import TransportConfig
 from pdd.worker.transport.counters import ByteCounters
 from pdd.worker.transport.errors import LinkDown, TransferTimeout, TransportError
-from pdd.worker.transport.network import TCP, Listener, Network
 from pdd.worker.transport.peer_auth import client_handshake, secret_bytes, server_handshake
 from pdd.worker.transport.stream import FrameStream
 

@@ -35,7 +35,7 @@ class MsgType(enum.IntEnum):
 
     HELLO = 1  # handshake: client nonce, name, receive window
     AUTH = 2  # handshake: challenge / proof
-    KV_CHUNK = 3  # one chunk of a request's KV (see pdd.worker.kv_transfer)
+    KV_CHUNK = 3  # one chunk of a request's KV (see pdd.worker.engine.kv_transfer)
     KV_DONE = 4  # all KV of a request has been sent
     TOKEN_IDS = 5  # token-ID handoff (see payloads.encode_token_ids)
     ACK = 6  # application acknowledgement of a request

@@ -37,7 +37,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdd.worker.transport.network import OnConnect, StreamPair
+from pdd.common.network import OnConnect, StreamPair
 
 Address = tuple[str, int]
 

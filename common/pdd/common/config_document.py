@@ -1,0 +1,177 @@
+"""The config document: what the operator renders into every pod's ``/etc/pdd/config.json``.
+
+One schema, three users: the operator builds a ``ConfigDocument`` and renders it
+(``to_json``), the worker and the router parse it (``parse_config_document``) and
+turn it into defaults for their own flags (explicit flags still win). Spellings on
+the wire are camelCase, like the CRD the values come from. ``version`` is checked
+before anything else, so an image older or newer than the operator says which to
+upgrade instead of misreading fields; any other problem names the field.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+#: Bumped when the document changes shape, so readers refuse what they do not understand.
+CONFIG_VERSION = 1
+#: The environment variable that carries the shared secret into every pod.
+SHARED_SECRET_ENV = "PDD_SHARED_SECRET"
+
+HandoffPolicy = Literal["auto", "oneShot", "catchUp"]
+#: The CRD's handoff policy names -> the worker's and router's ``--handoff`` values.
+HANDOFF_POLICIES: dict[str, str] = {"auto": "auto", "oneShot": "one-shot", "catchUp": "catch-up"}
+
+
+class ConfigDocumentError(ValueError):
+    """The document is missing, unreadable, of another version, or has a bad field."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, frozen=True, extra="forbid"
+    )
+
+
+class DeploymentRef(_Section):
+    name: str = Field(min_length=1)
+    namespace: str = Field(min_length=1)
+
+
+class ModelSection(_Section):
+    served_name: str = Field(min_length=1)
+    #: Where the checkpoint is inside the container.
+    path: str = Field(min_length=1)
+    kv_bytes_per_token: int = Field(gt=0)
+
+
+class Ports(_Section):
+    http: int = Field(ge=1, le=65535)
+    kv: int = Field(ge=1, le=65535)
+    router: int = Field(ge=1, le=65535)
+
+
+class WorkerPeer(_Section):
+    """A worker role's Service, as seen from this document's cluster."""
+
+    host: str = Field(min_length=1)
+    http_port: int = Field(ge=1, le=65535)
+    kv_port: int = Field(ge=1, le=65535)
+
+
+class RouterPeer(_Section):
+    host: str = Field(min_length=1)
+    port: int = Field(ge=1, le=65535)
+
+
+class Peers(_Section):
+    prefill: WorkerPeer
+    relay: WorkerPeer
+    main: WorkerPeer
+    router: RouterPeer
+
+    def workers(self) -> dict[str, WorkerPeer]:
+        """Each worker role's Service, by role name."""
+        return {"prefill": self.prefill, "relay": self.relay, "main": self.main}
+
+
+class WanSection(_Section):
+    declared_gbps: float = Field(gt=0)
+    rtt_ms: float = Field(ge=0)
+
+
+class SloSection(_Section):
+    ttft_p99_ms: float = Field(gt=0)
+    tpot_ms: float = Field(gt=0)
+
+
+class HandoffSection(_Section):
+    policy: HandoffPolicy
+    catch_up_threshold: int = Field(ge=1)
+
+    @property
+    def flag(self) -> str:
+        """The policy as a ``--handoff`` value."""
+        return HANDOFF_POLICIES[self.policy]
+
+
+class AnomalousTraffic(_Section):
+    min_input_tokens: int = Field(ge=1)
+    max_output_tokens: int = Field(ge=1)
+
+
+class RelaySection(_Section):
+    target_load: float = Field(gt=0, le=1)
+    #: The custom metric each relay pod exports and the HPA scales on.
+    load_metric: str = Field(min_length=1)
+
+
+class StoreSection(_Section):
+    redis_url: str | None = None
+
+
+class ConfigDocument(_Section):
+    version: Literal[1] = CONFIG_VERSION
+    deployment: DeploymentRef
+    model: ModelSection
+    ports: Ports
+    peers: Peers
+    wan: WanSection
+    slo: SloSection
+    handoff: HandoffSection
+    anomalous_traffic: AnomalousTraffic
+    relay: RelaySection
+    store: StoreSection
+    shared_secret_env: str = Field(default=SHARED_SECRET_ENV, min_length=1)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The document as plain JSON values, camelCase keys (what is hashed and written)."""
+        return self.model_dump(mode="json", by_alias=True)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_wire(), sort_keys=True, indent=2) + "\n"
+
+
+def parse_config_document(data: object, component: str) -> ConfigDocument:
+    """Validate a decoded document for ``component`` ("worker", "router").
+
+    A document of another version is refused with what to upgrade; any other problem
+    names every bad field by its path in the document, e.g. ``model.kvBytesPerToken``.
+    """
+    if not isinstance(data, dict):
+        raise ConfigDocumentError("the config document must be a JSON object")
+    version = data.get("version")
+    if version != CONFIG_VERSION:
+        raise ConfigDocumentError(
+            f"config version {version!r} is not {CONFIG_VERSION}; "
+            f"upgrade the {component} image to match the operator"
+        )
+    try:
+        return ConfigDocument.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigDocumentError(f"invalid config document: {problems}") from None
+
+
+def read_config_document(path: Path, component: str) -> ConfigDocument:
+    """Read and validate the file at ``path``; every failure is a ``ConfigDocumentError``."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigDocumentError(f"config file {path} not found") from None
+    except OSError as exc:
+        raise ConfigDocumentError(f"config file {path} cannot be read: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigDocumentError(f"config file {path} is not valid JSON: {exc}") from None
+    try:
+        return parse_config_document(data, component)
+    except ConfigDocumentError as exc:
+        raise ConfigDocumentError(f"config file {path}: {exc}") from None

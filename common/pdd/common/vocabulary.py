@@ -1,0 +1,33 @@
+"""The words every component shares: a worker's role and a request's pipeline.
+
+Defined once here (the wire schemas, the router, the simulator and the operator
+import them) so a new role or pipeline cannot be spelled differently in two places.
+Both are string enums: they compare equal to, and serialize as, their values.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Role(StrEnum):
+    """What a worker instance does (``pdd worker --role``)."""
+
+    PREFILL = "prefill"  # P: computes the prompt's KV (datacenter A)
+    RELAY = "relay"  # RLD: decodes while P's KV crosses the WAN (datacenter A)
+    MAIN = "main"  # MD: the main decode tier with its decode-side cache (datacenter B)
+    MONO = "mono"  # one instance does everything (no disaggregation; local baseline)
+
+
+#: The roles a disaggregated (PDD) deployment runs; mono is the single-instance baseline.
+PDD_ROLES: tuple[Role, ...] = (Role.PREFILL, Role.RELAY, Role.MAIN)
+
+
+class Pipeline(StrEnum):
+    """The instances one request visits, in order."""
+
+    P_RLD_MD = "P-RLD-MD"  # relay decodes until MD holds the KV, then hands off
+    P_MD = "P-MD"  # MD's miss crosses the WAN within the TTFT budget
+    P_RLD = "P-RLD"  # anomalous traffic: the relay decodes to the end
+    MONO = "mono"
+    NAIVE = "naive"  # the baseline: P ships the full KV to MD, no decode-side cache

@@ -1,0 +1,254 @@
+"""Worker processes and WAN link emulators on loopback, for ``pdd up``, tests and benchmarks.
+
+Each worker runs as its own ``pdd worker`` process. A worker that receives
+traffic across the WAN (main decode from P, relay from MD) gets a ``pdd
+wan-link`` process in front of its data port, and advertises that as its
+``wan_addr``; its ``fast_addr`` is the data port itself. So exactly the WAN
+traffic goes through an emulated line that a test can throttle or cut.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from pdd.common.wire import Endpoint, PipelinePlan, SamplingSpec, StateReport
+from pdd.local.probes import flatten
+from pdd.local.supervisor import spawn_pdd
+
+HOST = "127.0.0.1"
+
+
+class ClusterStartError(RuntimeError):
+    """A process did not come up; the message carries the tail of its log."""
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    name: str
+    role: str
+    wan_facing: bool = False  # put a WAN link emulator in front of its data port
+    args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    gbps: float = 1.0
+    rtt_ms: float = 0.0
+    jitter_ms: float = 0.0
+    partition_grace_s: float = 1.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class WanLinkProc:
+    proc: subprocess.Popen
+    admin_url: str
+    log: Path
+
+    def set_rate(self, gbps: float) -> None:
+        httpx.post(f"{self.admin_url}/rate", json={"gbps": gbps}).raise_for_status()
+
+    def partition(self, cut: bool) -> None:
+        httpx.post(f"{self.admin_url}/partition", json={"cut": cut}).raise_for_status()
+
+    def stats(self) -> dict:
+        """The emulator's counters: ``forward`` carries bytes toward the worker."""
+        return httpx.get(f"{self.admin_url}/stats").json()
+
+
+@dataclass
+class WorkerProc:
+    spec: WorkerSpec
+    endpoint: Endpoint
+    proc: subprocess.Popen
+    log: Path
+    link: WanLinkProc | None = None
+
+    @property
+    def url(self) -> str:
+        return self.endpoint.http_url
+
+    def metrics(self) -> dict[str, float]:
+        """Every sample of ``/metrics``, keyed ``name{label="v",...}`` (or bare name)."""
+        return flatten(httpx.get(f"{self.url}/metrics").text)
+
+    def state(self, secret: str) -> StateReport:
+        resp = httpx.get(
+            f"{self.url}/v1/pdd/debug/state", headers={"Authorization": f"Bearer {secret}"}
+        )
+        resp.raise_for_status()
+        return StateReport.model_validate(resp.json())
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+class PlanBuilder:
+    """``plan()`` for a cluster whose ``workers`` map names to things with an ``endpoint``."""
+
+    workers: Mapping[str, Any]
+
+    def plan(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        pipeline: str = "P-RLD-MD",
+        sampling: SamplingSpec | None = None,
+        prefill: str = "p",
+        relay: str = "rld",
+        main: str = "md",
+        **kwargs: object,
+    ) -> PipelinePlan:
+        eps = {
+            "prefill": self.workers[prefill].endpoint if prefill in self.workers else None,
+            "relay": self.workers[relay].endpoint if relay in self.workers else None,
+            "main": self.workers[main].endpoint if main in self.workers else None,
+        }
+        return PipelinePlan(
+            request_id=request_id,
+            prompt_ids=prompt_ids,
+            pipeline=pipeline,
+            sampling=sampling or SamplingSpec(),
+            **eps,
+            **kwargs,
+        )
+
+
+@dataclass
+class LocalCluster(PlanBuilder):
+    secret: str
+    workers: dict[str, WorkerProc] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> WorkerProc:
+        return self.workers[name]
+
+    @classmethod
+    def start(
+        cls,
+        specs: Sequence[WorkerSpec],
+        log_dir: Path,
+        link: LinkSpec | None = None,
+        secret: str = "pdd-local-secret",
+        common_args: Sequence[str] = (),
+        ready_timeout_s: float = 120.0,
+    ) -> LocalCluster:
+        cluster = cls(secret)
+        env = {"PDD_SHARED_SECRET": secret, "OMP_NUM_THREADS": "1"}
+        try:
+            for spec in specs:
+                cluster.workers[spec.name] = _start_worker(
+                    spec, log_dir, env, link or LinkSpec(), common_args
+                )
+            cluster.wait_ready(ready_timeout_s)
+        except BaseException:
+            cluster.stop()
+            raise
+        return cluster
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for w in self.workers.values():
+            _wait_http(f"{w.url}/ready", w.proc, w.log, deadline)
+            if w.link is not None:
+                _wait_http(f"{w.link.admin_url}/stats", w.link.proc, w.link.log, deadline)
+
+    def wait_quiescent(self, timeout_s: float = 30.0) -> dict[str, StateReport]:
+        """Wait until no worker holds request state, locks or blocks; the last reports."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            alive = [w for w in self.workers.values() if w.proc.poll() is None]
+            states = {w.spec.name: w.state(self.secret) for w in alive}
+            if all(s.quiescent for s in states.values()) or time.monotonic() > deadline:
+                return states
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        procs = [w.proc for w in self.workers.values()]
+        procs += [w.link.proc for w in self.workers.values() if w.link is not None]
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(10)
+
+
+def _start_worker(
+    spec: WorkerSpec, log_dir: Path, env: dict[str, str], link: LinkSpec, common: Sequence[str]
+) -> WorkerProc:
+    http, data = free_port(), free_port()
+    wan_link = None
+    wan_addr = f"{HOST}:{data}"
+    if spec.wan_facing:
+        listen, admin = free_port(), free_port()
+        link_log = log_dir / f"{spec.name}-wan-link.log"
+        argv = [
+            "wan-link", "--listen", f"{HOST}:{listen}", "--to", f"{HOST}:{data}",
+            "--gbps", str(link.gbps), "--rtt-ms", str(link.rtt_ms),
+            "--jitter-ms", str(link.jitter_ms), "--admin", f"{HOST}:{admin}",
+            "--partition-grace-s", str(link.partition_grace_s), "--seed", "0",
+        ]  # fmt: skip
+        wan_link = WanLinkProc(spawn_pdd(argv, link_log, env), f"http://{HOST}:{admin}", link_log)
+        wan_addr = f"{HOST}:{listen}"
+    log = log_dir / f"{spec.name}.log"
+    argv = [
+        "worker", "--role", spec.role, "--instance-id", spec.name,
+        "--http", f"{HOST}:{http}", "--data", f"{HOST}:{data}",
+        "--advertise-fast", f"{HOST}:{data}", "--advertise-wan", wan_addr,
+        *common, *spec.args,
+    ]  # fmt: skip
+    endpoint = Endpoint(
+        instance_id=spec.name,
+        http_url=f"http://{HOST}:{http}",
+        fast_addr=f"{HOST}:{data}",
+        wan_addr=wan_addr,
+    )
+    return WorkerProc(spec, endpoint, spawn_pdd(argv, log, env), log, wan_link)
+
+
+def wait_http_ok(url: str, deadline: float, check_alive: Callable[[], None]) -> bool:
+    """Poll ``url`` until it answers 200 (True) or ``deadline`` passes (False).
+
+    ``check_alive`` runs before every try and raises when the process behind ``url``
+    died, so a crash surfaces at once with its log instead of after the deadline.
+    """
+    while True:
+        check_alive()
+        try:
+            if httpx.get(url, timeout=2.0).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+
+
+def _wait_http(url: str, proc: subprocess.Popen, log: Path, deadline: float) -> None:
+    def check_alive() -> None:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:]
+            raise ClusterStartError(f"{proc.args} exited with {proc.returncode}:\n{tail}")
+
+    if not wait_http_ok(url, deadline, check_alive):
+        raise ClusterStartError(f"{url} not ready in time; log {log}")

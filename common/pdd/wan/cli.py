@@ -1,0 +1,72 @@
+"""``pdd wan-link``: run one emulated WAN line (``WanLink``) with its admin endpoint.
+
+    pdd wan-link --listen 127.0.0.1:7100 --to 127.0.0.1:7000 \\
+        --gbps 10 --rtt-ms 30 --jitter-ms 5 --admin 127.0.0.1:7101
+
+The line itself is ``pdd.wan.link``; the admin HTTP endpoint that re-rates or cuts it
+at run time is ``pdd.wan.admin``. See docs/wan-link.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from pdd.wan.admin import AdminServer
+from pdd.wan.link import WanLink
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pdd wan-link", description="TCP proxy emulating one shared WAN line"
+    )
+    parser.add_argument("--listen", required=True, help="host:port to accept connections on")
+    parser.add_argument("--to", required=True, help="host:port to forward them to")
+    parser.add_argument("--gbps", type=float, required=True, help="shared line rate, Gbit/s")
+    parser.add_argument("--rtt-ms", type=float, default=0.0, help="round-trip time")
+    parser.add_argument("--jitter-ms", type=float, default=0.0, help="max extra one-way delay")
+    parser.add_argument("--admin", help="host:port for the admin HTTP endpoint")
+    parser.add_argument("--partition-grace-s", type=float, default=5.0)
+    parser.add_argument("--seed", type=int, help="seed the jitter for reproducible runs")
+    return parser
+
+
+async def _run(args: argparse.Namespace) -> None:
+    link = WanLink(
+        args.listen,
+        args.to,
+        args.gbps,
+        args.rtt_ms,
+        args.jitter_ms,
+        partition_grace_s=args.partition_grace_s,
+        seed=args.seed,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await link.start()
+    admin = AdminServer(link) if args.admin else None
+    if admin is not None:
+        await admin.start(args.admin)
+    print(f"wan-link listening on {args.listen} -> {args.to} ({args.gbps} Gbit/s)", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        if admin is not None:
+            await admin.close()
+        await link.stop()
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        asyncio.run(_run(args))
+    except ValueError as exc:
+        print(f"pdd wan-link: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,211 @@
+"""A TCP proxy that behaves like one inter-datacenter line (run by ``pdd wan-link``).
+
+Every connection accepted on ``--listen`` is forwarded to ``--to``. All of
+them share one bottleneck per direction (see ``bottleneck``), each chunk is
+delayed by RTT/2 plus bounded jitter on a delay line (see ``pipe``), and
+the line can be re-rated or cut at run time, in-process (``WanLink``) or over
+the admin HTTP endpoint (``admin``). A cut stalls every connection; after
+``partition_grace_s`` still cut, they are reset, and new ones are refused
+(reset at once) until the cut heals. See docs/wan-link.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from pdd.common.network import TCP, Listener, Network
+from pdd.wan.bottleneck import GBIT, Bottleneck
+from pdd.wan.pipe import PathModel, Pipe
+
+log = logging.getLogger(__name__)
+
+
+def parse_addr(text: str) -> tuple[str, int]:
+    """``host:port`` -> (host, port); raises ValueError naming the bad address."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"address {text!r} is not host:port (e.g. 127.0.0.1:7100)")
+    return host.strip("[]"), int(port)
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Close with a TCP RST (SO_LINGER 0), the way a dead middlebox looks to the peer."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+@dataclass
+class ConnectionCounts:
+    active: int = 0
+    total: int = 0
+    refused: int = 0  # arrived while the link was cut, or the far side was unreachable
+    reset: int = 0  # torn down by a partition or a peer's reset
+
+
+class WanLink:
+    """The emulator as an object: ``await start()``, ``set_rate()``, ``partition()``, ``stop()``."""
+
+    def __init__(
+        self,
+        listen: str,
+        to: str,
+        gbps: float,
+        rtt_ms: float = 0.0,
+        jitter_ms: float = 0.0,
+        *,
+        partition_grace_s: float = 5.0,
+        seed: int | None = None,
+        network: Network = TCP,
+    ) -> None:
+        if rtt_ms < 0 or jitter_ms < 0 or partition_grace_s < 0:
+            raise ValueError("rtt_ms, jitter_ms and partition_grace_s must not be negative")
+        self._listen = parse_addr(listen)
+        self._to = parse_addr(to)
+        self.rtt_ms = rtt_ms
+        self.jitter_ms = jitter_ms
+        self.partition_grace_s = partition_grace_s
+        self.forward = Bottleneck("forward", gbps)  # listen side -> to side
+        self.reverse = Bottleneck("reverse", gbps)
+        self.connections = ConnectionCounts()
+        self._model = PathModel(one_way_s=rtt_ms / 2000, jitter_s=jitter_ms / 1000)
+        self._rng = random.Random(seed)
+        self._network = network
+        self._open = asyncio.Event()
+        self._open.set()
+        self._server: Listener | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._reset_timer: asyncio.Task | None = None
+
+    @property
+    def port(self) -> int:
+        """The port actually listened on (useful with ``listen='127.0.0.1:0'``)."""
+        if self._server is None:
+            raise RuntimeError("WanLink.port read before start()")
+        return self._server.port
+
+    @property
+    def is_cut(self) -> bool:
+        return not self._open.is_set()
+
+    async def start(self) -> None:
+        self._server = await self._network.start_server(self._on_client, *self._listen)
+        log.info("wan-link %s:%d -> %s:%d", self._listen[0], self.port, *self._to)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        if self._reset_timer is not None:
+            self._reset_timer.cancel()
+        await self._reset_all()
+
+    async def __aenter__(self) -> WanLink:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def set_rate(self, gbps: float) -> None:
+        """Re-rate both directions; chunks already on the line keep their slot."""
+        self.forward.set_rate(gbps)
+        self.reverse.set_rate(gbps)
+
+    def partition(self, cut: bool) -> None:
+        """Cut (stall everything, refuse new connections) or heal the line."""
+        if cut and not self.is_cut:
+            self._open.clear()
+            self._reset_timer = asyncio.create_task(self._reset_after_grace())
+        elif not cut and self.is_cut:
+            self._open.set()
+            if self._reset_timer is not None:
+                self._reset_timer.cancel()
+                self._reset_timer = None
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "listen": f"{self._listen[0]}:{self.port if self._server else self._listen[1]}",
+            "to": f"{self._to[0]}:{self._to[1]}",
+            "gbps": self.forward.gbps,
+            "rtt_ms": self.rtt_ms,
+            "jitter_ms": self.jitter_ms,
+            "cut": self.is_cut,
+            "connections": vars(self.connections).copy(),
+            "forward": _direction_stats(self.forward),
+            "reverse": _direction_stats(self.reverse),
+        }
+
+    async def _reset_after_grace(self) -> None:
+        await asyncio.sleep(self.partition_grace_s)
+        log.warning("wan-link still cut after %.1fs: resetting connections", self.partition_grace_s)
+        await self._reset_all()
+
+    async def _reset_all(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+
+    async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.is_cut:
+            self.connections.refused += 1
+            _reset(writer)
+            return
+        try:
+            up_reader, up_writer = await asyncio.wait_for(
+                self._network.open_connection(*self._to), 10
+            )
+        except (OSError, TimeoutError) as exc:
+            log.warning("wan-link cannot reach %s:%d: %s", *self._to, exc)
+            self.connections.refused += 1
+            _reset(writer)
+            return
+        task = asyncio.current_task()
+        assert task is not None  # asyncio runs connection callbacks as tasks
+        self._tasks.add(task)
+        self.connections.active += 1
+        self.connections.total += 1
+        try:
+            await self._relay(reader, writer, up_reader, up_writer)
+        finally:
+            self.connections.active -= 1
+            self._tasks.discard(task)
+
+    async def _relay(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        up_reader: asyncio.StreamReader,
+        up_writer: asyncio.StreamWriter,
+    ) -> None:
+        forward = Pipe(reader, up_writer, self.forward, self._model, self._open, self._rng)
+        reverse = Pipe(up_reader, writer, self.reverse, self._model, self._open, self._rng)
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(forward.run())
+                group.create_task(reverse.run())
+        except (asyncio.CancelledError, Exception):
+            # A partition, stop() or one side's reset: the other side sees a reset too.
+            # Swallowing the cancellation ends this connection task quietly (only
+            # stop() and the partition timer cancel it).
+            self.connections.reset += 1
+            _reset(writer)
+            _reset(up_writer)
+            return
+        writer.close()
+        up_writer.close()
+
+
+def _direction_stats(line: Bottleneck) -> dict[str, float]:
+    return {"bytes": line.bytes_forwarded, "throughput_gbps": line.meter.bits_per_second() / GBIT}

@@ -1,0 +1,150 @@
+"""The engine against transformers ``generate`` on checkpoints transformers wrote.
+
+Greedy 64-token generations must be identical, with continuous batching doing
+real work: staggered arrivals (prefills join running decodes), a small token
+budget (the long prompt is chunked), a prefix-cache hit on the second run, and
+through ``pdd generate``'s ``main()``. Every test ends with no leaked block or lock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from pdd.worker import generate_cli
+from pdd.worker.engine import Engine
+from pdd.worker.engine.request import FinishReason
+from pdd.worker.engine.sampling import SamplingParams
+from pdd.worker.model.loader import LoadedModel
+
+pytestmark = pytest.mark.unit
+
+NEW_TOKENS = 64
+BUDGET = 32  # tokens per step: the 150-token prompt takes 5 chunks
+PROMPT_LENS = (5, 23, 150, 41)
+GREEDY = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
+
+
+def prompts(vocab: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(42)
+    return [torch.randint(2, vocab, (n,), generator=gen).tolist() for n in PROMPT_LENS]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+def checkpoint(request: pytest.FixtureRequest, hf_checkpoint: Callable[..., Path]) -> Path:
+    return hf_checkpoint(request.param)
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint: Path) -> list[list[int]]:
+    """transformers ``generate``, greedy, one prompt at a time, EOS disabled."""
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    outs = []
+    for prompt in prompts(model.config.vocab_size):
+        ids = torch.tensor([prompt])
+        out = model.generate(
+            ids, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+        outs.append(out[0, len(prompt) :].tolist())
+        assert len(outs[-1]) == NEW_TOKENS
+    return outs
+
+
+def run_staggered(engine: Engine, ps: list[list[int]]) -> tuple[list[list[int]], list[set[str]]]:
+    """Add two requests, then the long one and the last one while others decode.
+
+    Returns each request's tokens and, per step, which requests sampled a token.
+    """
+    ids = [engine.add_request(ps[0], GREEDY), engine.add_request(ps[1], GREEDY)]
+    tokens: dict[str, list[int]] = {}
+    steps: list[set[str]] = []
+    arrivals = {3: ps[2], 5: ps[3]}  # step number -> prompt added before that step
+    while engine.has_unfinished() or arrivals:
+        if len(steps) in arrivals:
+            ids.append(engine.add_request(arrivals.pop(len(steps)), GREEDY))
+        outs = engine.step()
+        steps.append({o.request_id for o in outs if o.new_token_ids})
+        for o in outs:
+            tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
+            if o.finished:
+                assert o.finish_reason is FinishReason.LENGTH
+    return [tokens[i] for i in ids], steps
+
+
+def test_continuous_batching_matches_transformers(
+    checkpoint: Path,
+    reference: list[list[int]],
+    assert_no_leaks: Callable[[Engine], None],
+) -> None:
+    engine = Engine(
+        str(checkpoint), block_size=8, num_blocks=128, max_num_batched_tokens=BUDGET, max_running=4
+    )
+    ps = prompts(engine.model_config.vocab_size)
+    outs, steps = run_staggered(engine, ps)
+    assert outs == reference
+    # The long prompt arrived at step 3 and was prefilled in 5 chunks while the first
+    # two requests kept decoding: prefills joined running decodes.
+    first_long = next(i for i, s in enumerate(steps) if "req-2" in s)
+    assert first_long >= 3 + 4
+    assert all({"req-0", "req-1"} <= steps[i] for i in range(3, first_long))
+    assert_no_leaks(engine)
+
+
+def test_second_run_hits_the_prefix_cache_and_matches(
+    checkpoint: Path,
+    reference: list[list[int]],
+    assert_no_leaks: Callable[[Engine], None],
+) -> None:
+    engine = Engine(str(checkpoint), block_size=8, num_blocks=160, max_num_batched_tokens=BUDGET)
+    ps = prompts(engine.model_config.vocab_size)
+    assert engine.generate(ps, GREEDY) == reference
+    engine.check_integrity()
+    rid = engine.add_request(ps[2], GREEDY)
+    hit = None
+    tokens: list[int] = []
+    while engine.has_unfinished():
+        for out in engine.step():
+            hit = out.num_cached_tokens
+            tokens += out.new_token_ids
+    assert hit == (len(ps[2]) - 1) // 8 * 8  # all full blocks but the last token's
+    assert tokens == reference[2], rid
+    assert_no_leaks(engine)
+
+
+def test_pdd_generate_main_matches_transformers(
+    checkpoint: Path, reference: list[list[int]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompt = prompts(json.loads((checkpoint / "config.json").read_text())["vocab_size"])[1]
+    argv = ["--model", str(checkpoint), "--prompt-ids", ",".join(map(str, prompt))]
+    argv += ["--max-tokens", str(NEW_TOKENS), "--ignore-eos", "--json"]
+    assert generate_cli.main(argv) == 0
+    assert json.loads(capsys.readouterr().out) == {"token_ids": reference[1]}
+
+
+def test_handed_over_request_decodes_every_step_beside_a_chunked_prefill(
+    tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
+) -> None:
+    sender = Engine(tiny, block_size=4, num_blocks=64)
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12, 13]
+    pid = sender.add_request(prompt, SamplingParams(max_tokens=1), hold_kv=True)
+    (first,) = sender.step()[0].new_token_ids
+    engine = Engine(tiny, block_size=4, num_blocks=256, max_num_batched_tokens=16)
+    long_id = engine.add_request(list(range(3, 203)), SamplingParams(max_tokens=2))
+    engine.step()  # the long prompt holds the running list's head: 12 more chunks to go
+    engine.attach_request(prompt, SamplingParams(max_tokens=40, ignore_eos=True), "handed")
+    for chunk in sender.export_kv(pid, 0, len(prompt)):
+        engine.import_kv("handed", chunk)
+    sender.release(pid)
+    engine.resume("handed", [first])
+    for _ in range(10):
+        outs = {o.request_id: o for o in engine.step()}
+        assert "handed" in outs and long_id not in outs  # decoding while the prefill is chunked
+    while engine.has_unfinished():
+        engine.step()
+    assert_no_leaks(engine)
+    assert_no_leaks(sender)

@@ -1,0 +1,42 @@
+"""The inference core: one ``Engine`` per model and device (see docs/engine.md).
+
+Its public API is the ``Engine`` class and the types its methods take and return,
+all importable from here. Inside: ``scheduler`` (who computes how many tokens this
+step), ``request`` (a request's state and limits), ``sampling``, ``block_pool`` with
+``prefix_cache`` / ``radix_cache`` (which KV blocks hold what), ``kv_transfer`` (the
+KV chunk wire format of a handoff) and ``config``. The forward pass it drives is
+``pdd.worker.model``.
+"""
+
+from pdd.worker.engine.config import EngineConfig, EngineConfigError, EngineStats
+from pdd.worker.engine.engine import Engine
+from pdd.worker.engine.kv_transfer import KVTransferError
+from pdd.worker.engine.request import (
+    FinishReason,
+    InvalidRequestStateError,
+    NoFreeBlocksError,
+    PromptTooLongError,
+    RequestError,
+    RequestOutput,
+    RequestTooLargeError,
+    UnknownRequestError,
+)
+from pdd.worker.engine.sampling import InvalidSamplingParamsError, SamplingParams
+
+__all__ = [
+    "Engine",
+    "EngineConfig",
+    "EngineConfigError",
+    "EngineStats",
+    "FinishReason",
+    "InvalidRequestStateError",
+    "InvalidSamplingParamsError",
+    "KVTransferError",
+    "NoFreeBlocksError",
+    "PromptTooLongError",
+    "RequestError",
+    "RequestOutput",
+    "RequestTooLargeError",
+    "SamplingParams",
+    "UnknownRequestError",
+]
