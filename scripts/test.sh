@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up, start what the tests need (redis-server), lint, and run the test suite.
+# Set up, start what the tests need (redis-server), lint, check layers and types, and run
+# the test suite.
 # This is the README's test command and what .ci/run calls. Arguments go to pytest:
 #   ./scripts/test.sh -m unit          the inner loop (no processes, no sockets)
 #   ./scripts/test.sh -m integration   local processes; -m slow: the long suites
@@ -18,6 +19,11 @@ trap 'kill "$(cat /tmp/pdd-test-redis-'"$REDIS_PORT"'.pid 2>/dev/null)" 2>/dev/n
 export PDD_TEST_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
 
 .venv/bin/ruff check .
+# The layering (pyproject [tool.importlinter]: only the worker loads torch or the worker
+# package, pdd.common at the bottom, no import cycles) and the types of what the router
+# and operator images ship.
+.venv/bin/lint-imports --no-cache
+.venv/bin/mypy -p pdd.common -p pdd.router -p pdd.operator
 # Let Python and pytest cache compiled and assertion-rewritten modules between runs.
 unset PYTHONDONTWRITEBYTECODE
 set +e

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 #: Bumped when the document changes shape, so readers refuse what they do not understand.
-CONFIG_VERSION = 1
+CONFIG_VERSION: Literal[1] = 1
 #: The environment variable that carries the shared secret into every pod.
 SHARED_SECRET_ENV = "PDD_SHARED_SECRET"
 
@@ -46,7 +46,8 @@ class ModelSection(_Section):
     served_name: str = Field(min_length=1)
     #: Where the checkpoint is inside the container.
     path: str = Field(min_length=1)
-    kv_bytes_per_token: int = Field(gt=0)
+    #: None: the router reads it from the checkpoint's config.json.
+    kv_bytes_per_token: int | None = Field(default=None, gt=0)
 
 
 class Ports(_Section):

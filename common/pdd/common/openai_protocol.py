@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-FinishReason = Literal["stop", "length", "abort"]
+from pdd.common.vocabulary import FinishReason
 
 
 class _Request(BaseModel):

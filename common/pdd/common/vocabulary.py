@@ -8,6 +8,7 @@ Both are string enums: they compare equal to, and serialize as, their values.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
 
 class Role(StrEnum):
@@ -31,3 +32,8 @@ class Pipeline(StrEnum):
     P_RLD = "P-RLD"  # anomalous traffic: the relay decodes to the end
     MONO = "mono"
     NAIVE = "naive"  # the baseline: P ships the full KV to MD, no decode-side cache
+
+
+#: Why a generation ended, in OpenAI's words: a stop (EOS, stop token or string), the
+#: token limit, or an abort. The worker's stream events and the API responses share it.
+FinishReason = Literal["stop", "length", "abort"]

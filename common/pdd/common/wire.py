@@ -21,7 +21,7 @@ from pdd.common.cache_events import (  # torch-free pydantic models, re-exported
     BlockStored,
     CacheEvent,
 )
-from pdd.common.vocabulary import Pipeline, Role
+from pdd.common.vocabulary import FinishReason, Pipeline, Role
 
 __all__ = [
     "CACHE_EVENT_LIST_ADAPTER",
@@ -135,7 +135,7 @@ class TokenEvent(_Wire):
     token_id: int | None = None
     source: str
     finished: bool = False
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     error: str | None = None
     cached_tokens: int | None = Field(default=None, ge=0)
     md_hit_tokens: int | None = Field(default=None, ge=0)

@@ -36,7 +36,7 @@ def merge_conditions(
             "reason": update.reason,
             "message": update.message,
             "observedGeneration": generation,
-            "lastTransitionTime": now if changed else old["lastTransitionTime"],
+            "lastTransitionTime": now if old is None or changed else old["lastTransitionTime"],
         }
     order = {name: index for index, name in enumerate(CONDITION_TYPES)}
     return sorted(by_type.values(), key=lambda c: order.get(c["type"], len(order)))

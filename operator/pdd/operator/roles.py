@@ -34,9 +34,10 @@ async def read_roles(
     roles: dict[str, dict[str, Any]] = {}
     remote_ns = remote_namespace(spec, owner)
     for role in (*WORKER_ROLES, Component.ROUTER):
-        in_b = role is Component.MAIN and remote is not None and remote_ns is not None
-        api = remote if in_b else local
-        namespace = remote_ns if in_b else owner.namespace
+        if role is Component.MAIN and remote is not None and remote_ns is not None:
+            api, namespace = remote, remote_ns  # main decode lives in cluster B
+        else:
+            api, namespace = local, owner.namespace
         deployment = await api.get(ObjectPath("Deployment", namespace, owner.child(role)))
         roles[str(role)] = role_status(desired_replicas(spec, role), deployment)
     return roles
@@ -62,7 +63,7 @@ async def refresh_readiness(
     roles = await read_roles(spec, owner, runtime.api, remote)
 
     def compute(current: dict[str, Any], _: int) -> tuple[dict[str, Any], list[Condition]]:
-        degraded = next(
+        degraded: dict[str, Any] = next(
             (c for c in current.get("conditions", []) if c.get("type") == "Degraded"), {}
         )
         if degraded.get("status") == "True":  # the reconcile handler's verdict stands

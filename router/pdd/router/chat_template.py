@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import jinja2
 from jinja2 import nodes
@@ -44,7 +44,7 @@ class _GenerationTag(Extension):
     """``{% generation %}...{% endgeneration %}`` marks assistant text for training
     masks; for serving it renders its body unchanged."""
 
-    tags: ClassVar[set[str]] = {"generation"}
+    tags = {"generation"}  # noqa: RUF012 (jinja2 declares tags as an instance attribute)
 
     def parse(self, parser: jinja2.parser.Parser) -> nodes.Node:
         lineno = next(parser.stream).lineno

@@ -37,7 +37,7 @@ POLICY_ROLE: dict[Role, Role] = {
 class Route:
     """Where one request goes and why (``reason`` for people, ``reason_code`` for metrics)."""
 
-    pipeline: str
+    pipeline: Pipeline
     reason: str
     reason_code: str
     prefill: Endpoint | None
@@ -152,7 +152,7 @@ class Dispatcher:
         self._traffic.record(result.pipeline == Pipeline.P_RLD, features.input_tokens)
         a = result.instances
         return Route(
-            pipeline=str(result.pipeline),
+            pipeline=result.pipeline,
             reason=result.reason,
             reason_code=reason_code(result, features, self._policy),
             prefill=instances[a.prefill].endpoint,
@@ -177,7 +177,7 @@ class Dispatcher:
             raise SaturatedError("every mono instance is at capacity", self._policy.retry_after_s)
         hit = min(hits.get(chosen.instance_id, 0), features.input_tokens)
         return Route(
-            pipeline="mono",
+            pipeline=Pipeline.MONO,
             reason=f"colocated deployment: {chosen.instance_id} holds {hit} prompt tokens",
             reason_code="colocated",
             prefill=None,

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from pdd.common.openai_protocol import UsageInfo
+from pdd.common.vocabulary import FinishReason
 from pdd.common.wire import PipelinePlan, TokenEvent
 from pdd.router.detokenize import IncrementalDetokenizer, StopStrings
 from pdd.router.dispatch import Lease, Route
@@ -28,7 +29,7 @@ from pdd.router.stream_relay import relay_tokens
 @dataclass(frozen=True)
 class TextDelta:
     text: str
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
 
 
 @dataclass
@@ -64,7 +65,7 @@ class Generation:
         self.prompt_tokens = len(plan.prompt_ids)
         self.completion_tokens = 0
         self.relayed_tokens = 0
-        self.finish_reason: str | None = None
+        self.finish_reason: FinishReason | None = None
         self._stops = StopStrings(stop)
         self._arrived_at = arrived_at
         self._lease = lease

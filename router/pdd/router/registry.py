@@ -113,7 +113,7 @@ class InstanceRegistry:
                 seen.update(u for u, i in self._instances.items() if i.role == ref.role)
                 continue
             for info in infos:
-                host = info[4][0]
+                host = str(info[4][0])
                 netloc = f"[{host}]" if ":" in host else host
                 url = f"http://{netloc}:{ref.http_port}"
                 seen.add(url)

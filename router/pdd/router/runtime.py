@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from pdd.common.vocabulary import Role
 from pdd.router.config import RouterConfig
 from pdd.router.dispatch import Dispatcher
 from pdd.router.metrics import RouterMetrics
@@ -69,9 +70,9 @@ class RouterRuntime:
 
     def ready(self) -> bool:
         """Ready when every role a request needs has a worker answering."""
-        roles = ("mono",) if self.config.mono else ("prefill", "main")
+        roles = (Role.MONO,) if self.config.mono else (Role.PREFILL, Role.MAIN)
         return all(self.registry.ready(role) for role in roles)
 
     def refresh_gauges(self) -> None:
-        for role in ("prefill", "relay", "main", "mono"):
+        for role in Role:
             self.metrics.instances_ready.labels(role).set(len(self.registry.ready(role)))

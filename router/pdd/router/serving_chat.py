@@ -15,6 +15,7 @@ from pdd.common.openai_protocol import (
     DeltaMessage,
     new_id,
 )
+from pdd.common.vocabulary import FinishReason
 from pdd.router.chat_template import ChatTemplateError
 from pdd.router.errors import InvalidRequestError
 from pdd.router.generation import Generation
@@ -60,7 +61,7 @@ class OpenAIServingChat(OpenAIServing):
     ) -> AsyncIterator[ChatCompletionChunk]:
         rid = new_id("chatcmpl")
 
-        def chunk(delta: DeltaMessage, finish: str | None = None) -> ChatCompletionChunk:
+        def chunk(delta: DeltaMessage, finish: FinishReason | None = None) -> ChatCompletionChunk:
             choice = ChatCompletionChunkChoice(delta=delta, finish_reason=finish)
             return ChatCompletionChunk(id=rid, model=request.model, choices=[choice])
 

@@ -10,6 +10,7 @@ from pdd.common.openai_protocol import (
     CompletionResponse,
     new_id,
 )
+from pdd.common.vocabulary import FinishReason
 from pdd.router.generation import Generation
 from pdd.router.serving_base import OpenAIServing, Served
 
@@ -42,7 +43,7 @@ class OpenAIServingCompletion(OpenAIServing):
     ) -> AsyncIterator[CompletionResponse]:
         rid = new_id("cmpl")
 
-        def frame(text: str, finish: str | None = None) -> CompletionResponse:
+        def frame(text: str, finish: FinishReason | None = None) -> CompletionResponse:
             choice = CompletionChoice(text=text, finish_reason=finish)
             return CompletionResponse(id=rid, model=request.model, choices=[choice])
 

@@ -45,7 +45,7 @@ def build_worker_deployment(
 ) -> dict[str, Any]:
     """A worker role's Deployment. The relay's has no ``replicas``: the HPA sets it."""
     pool = worker_pool(spec, role)
-    container = {
+    container: dict[str, Any] = {
         "name": str(role),
         "image": spec.images.worker,
         "imagePullPolicy": spec.images.pull_policy,

@@ -16,6 +16,7 @@ an outage means.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import redis
 
@@ -65,7 +66,7 @@ class RedisIndexStore:
         pipe.execute()
 
     def clear(self, instance: str) -> None:
-        members = self._r.zrange(self._ikey(instance), 0, -1)
+        members: list[bytes] = self._r.zrange(self._ikey(instance), 0, -1)  # type: ignore[assignment]
         self.remove(instance, [int(m) for m in members])
         self._r.delete(self._ikey(instance))
 
@@ -88,7 +89,7 @@ class RedisIndexStore:
         dropped = 0
         for ikey in self._r.scan_iter(match=f"{self._p}idx:i:*"):
             instance = ikey.decode().removeprefix(f"{self._p}idx:i:")
-            stale = self._r.zrangebyscore(ikey, "-inf", oldest)
+            stale: list[bytes] = self._r.zrangebyscore(ikey, "-inf", oldest)  # type: ignore[assignment]
             self.remove(instance, [int(m) for m in stale])
             dropped += len(stale)
         return dropped
@@ -119,13 +120,13 @@ class RedisLoads:
         pipe = self._r.pipeline(transaction=True)
         pipe.delete(self._key)
         if counts:
-            pipe.hset(self._key, mapping=counts)
+            pipe.hset(self._key, mapping=dict[Any, Any](counts))  # redis-py types keys narrowly
         pipe.expire(self._key, self._ttl)
         pipe.sadd(self._replicas, self._replica_id)
         pipe.execute()
 
     def total(self) -> dict[str, int]:
-        replicas = self._r.smembers(self._replicas)
+        replicas: set[bytes] = self._r.smembers(self._replicas)  # type: ignore[assignment]
         pipe = self._r.pipeline(transaction=False)
         for replica in replicas:
             pipe.hgetall(f"{self._prefix}load:{replica.decode()}")
