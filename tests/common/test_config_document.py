@@ -7,8 +7,10 @@ import pytest
 import yaml
 
 from pdd.common.config_document import (
+    CONFIG_VERSION,
     ConfigDocument,
     ConfigDocumentError,
+    EngineSettings,
     parse_config_document,
     read_config_document,
 )
@@ -36,7 +38,7 @@ def test_what_the_operator_renders_parses_back_to_the_same_document(tmp_path):
     assert read_config_document(path, "router") == doc
     wire = json.loads(path.read_text())
     assert wire["model"]["kvBytesPerToken"] == doc.model.kv_bytes_per_token  # camelCase keys
-    assert wire["version"] == 1
+    assert wire["version"] == CONFIG_VERSION
 
 
 def test_a_bad_field_is_named_by_its_path_in_the_document():
@@ -57,7 +59,9 @@ def test_an_unknown_or_missing_field_is_refused_not_ignored():
     assert "wan.declaredGpbs" in str(exc.value)
 
 
-@pytest.mark.parametrize("version", [None, 0, 2, "1"])
+@pytest.mark.parametrize(
+    "version", [None, CONFIG_VERSION - 1, CONFIG_VERSION + 1, str(CONFIG_VERSION)]
+)
 def test_another_version_names_the_image_to_upgrade(version):
     wire = {**rendered().to_wire(), "version": version}
     with pytest.raises(ConfigDocumentError, match="upgrade the router image"):
@@ -68,3 +72,14 @@ def test_handoff_policy_maps_to_the_flag_spelling():
     doc = rendered()
     catch_up = doc.handoff.model_copy(update={"policy": "catchUp"})
     assert catch_up.flag == "catch-up"
+
+
+def test_a_roles_engine_settings_override_the_shared_ones_field_by_field():
+    shared = EngineSettings(device="cuda", kv_cache_memory_fraction=0.8, max_running_requests=128)
+    relay = EngineSettings(kv_cache_gib=4, max_running_requests=16).over(shared)
+    assert relay.device == "cuda"  # inherited
+    assert relay.max_running_requests == 16  # overridden
+    assert (relay.kv_cache_gib, relay.kv_cache_memory_fraction) == (4, None)  # KV: replaced
+    assert EngineSettings().over(shared) == shared
+    with pytest.raises(ValueError, match="both set"):
+        EngineSettings(kv_cache_gib=1, kv_cache_memory_fraction=0.5)

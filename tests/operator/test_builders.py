@@ -9,6 +9,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from pdd.common.config_document import EngineSettings
 from pdd.operator.builders.config import build_worker_config, config_hash
 from pdd.operator.builders.deployments import build_worker_deployment
 from pdd.operator.builders.hpa import build_relay_hpa, target_quantity
@@ -259,3 +260,33 @@ def test_model_sources(remote_cr: dict[str, Any], owner: Owner, source: dict, vo
         assert "model" not in volumes
     else:
         assert {k: v for k, v in volumes["model"].items() if k != "name"} == volume
+
+
+def test_each_roles_engine_settings_are_rendered_over_the_shared_ones(
+    pool_b_spec: PDDSpec, owner: Owner
+) -> None:
+    spec = pool_b_spec.model_copy(
+        update={
+            "engine": EngineSettings(device="auto", kv_cache_memory_fraction=0.9),
+            "main_decode": pool_b_spec.main_decode.model_copy(
+                update={"engine": EngineSettings(kv_cache_gib=60, max_running_requests=256)}
+            ),
+            "prefill": pool_b_spec.prefill.model_copy(
+                update={"engine": EngineSettings(chunked_prefill_tokens=8192)}
+            ),
+        }
+    )
+    engine = build_worker_config(spec, owner, Site("serving")).to_wire()["engine"]
+    assert engine["main"] == {
+        "device": "auto",
+        "dtype": None,
+        "kvCacheMemoryFraction": None,  # the role's GiB replaces the shared fraction
+        "kvCacheGiB": 60,
+        "maxRunningRequests": 256,
+        "maxPromptTokens": None,
+        "chunkedPrefillTokens": None,
+        "torchThreads": None,
+    }
+    assert engine["prefill"]["chunkedPrefillTokens"] == 8192
+    assert engine["prefill"]["kvCacheMemoryFraction"] == 0.9
+    assert engine["relay"] == {**engine["prefill"], "chunkedPrefillTokens": None}

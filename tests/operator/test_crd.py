@@ -185,6 +185,14 @@ MISTAKES = [
     ),
     ({"router": {"replicas": 3}}, "needs router.redisUrl or router.managedRedis"),
     ({"router": {"redisUrl": "redis://r:6379/0", "managedRedis": True}}, "both set"),
+    (
+        {"engine": {"kvCacheMemoryFraction": 0.5, "kvCacheGiB": 4}},
+        "kvCacheMemoryFraction and kvCacheGiB are both set",
+    ),
+    (
+        {"relay": {"engine": {"kvCacheMemoryFraction": 0.5, "kvCacheGiB": 4}}},
+        "kvCacheMemoryFraction and kvCacheGiB are both set",
+    ),
 ]
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from pdd.common.config_document import EngineSettings
 from pdd.common.cost_model import LinkState, WorkloadProfile, size_wan_link
 from pdd.operator.kv_size import resolve_kv_bytes_per_token
-from pdd.operator.sizing import size_link
+from pdd.operator.sizing import kv_capacity, size_link
 from pdd.operator.spec import PDDSpec, Wan, Workload
 
 pytestmark = pytest.mark.unit
@@ -73,3 +74,24 @@ def test_relay_max_below_recommendation_is_mentioned(pool_b_spec: PDDSpec) -> No
     report = size_link(heavy)
     assert report.wan["recommendedRelayReplicas"]["max"] > heavy.relay.max_replicas
     assert "relay.maxReplicas (3) is below" in report.condition.message
+
+
+def test_status_reports_each_roles_kv_capacity_with_the_shared_kv_size(
+    pool_b_spec: PDDSpec,
+) -> None:
+    spec = pool_b_spec.model_copy(
+        update={
+            "engine": EngineSettings(kv_cache_memory_fraction=0.85),
+            "main_decode": pool_b_spec.main_decode.model_copy(
+                update={"engine": EngineSettings(kv_cache_gib=48)}
+            ),
+        }
+    )
+    report = kv_capacity(spec)
+    assert report["main"] == {
+        "kvCacheGiB": 48,
+        "kvCapacityTokens": 48 * 2**30 // resolve_kv_bytes_per_token(spec.model),
+    }
+    assert report["main"]["kvCapacityTokens"] == 48 * 2**30 // KV_BPT
+    assert report["prefill"] == report["relay"] == {"kvCacheMemoryFraction": 0.85}
+    assert kv_capacity(pool_b_spec) == {"prefill": {}, "relay": {}, "main": {}}

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pdd.common.config_document import EngineSettings
 from pdd.operator.builders.config import build_worker_config
 from pdd.operator.builders.meta import Site
 from pdd.operator.naming import Owner
@@ -84,3 +85,21 @@ def test_reads_the_config_the_operator_renders(tmp_path, monkeypatch):
     hosts = {w.role: (w.dns_host, w.http_port) for w in config.workers}
     assert hosts["main"] == (doc["peers"]["main"]["host"], doc["peers"]["main"]["httpPort"])
     assert set(hosts) == {"prefill", "relay", "main"}
+
+
+def test_the_router_refuses_what_prefill_would_refuse(tmp_path, monkeypatch):
+    """The rendered prefill maxPromptTokens becomes the router's own limit (a 400 up front)."""
+    spec = PDDSpec.model_validate(yaml.safe_load(OPERATOR_CR.read_text())["spec"])
+    spec = spec.model_copy(
+        update={
+            "prefill": spec.prefill.model_copy(
+                update={"engine": EngineSettings(max_prompt_tokens=900)}
+            )
+        }
+    )
+    document = build_worker_config(spec, Owner(name="q", namespace="s", uid="u"), Site("s"))
+    path = tmp_path / "config.json"
+    path.write_text(document.to_json())
+    monkeypatch.setenv(document.shared_secret_env, "from-env")
+    assert parse("--config", str(path)).max_prompt_tokens == 900
+    assert parse("--config", str(path), "--max-prompt-tokens", "50").max_prompt_tokens == 50

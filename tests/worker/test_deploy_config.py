@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from pdd.common.config_document import (
+    CONFIG_VERSION,
     ConfigDocumentError,
     parse_config_document,
     read_config_document,
@@ -58,6 +59,33 @@ def test_defaults_come_from_the_rendered_config_and_pod_env():
     assert defaults["secret_env"] == doc["sharedSecretEnv"]
 
 
+def with_engine(doc: dict, **roles: dict) -> dict:
+    """``doc`` with each named role's (wire-spelled) engine settings replaced."""
+    return {**doc, "engine": {**doc["engine"], **roles}}
+
+
+@pytest.mark.unit
+def test_the_engine_settings_are_the_roles_own(tmp_path, monkeypatch):
+    doc = with_engine(
+        operator_config(),
+        relay={"device": "cpu", "kvCacheMemoryFraction": 0.25, "maxRunningRequests": 16},
+        main={"kvCacheGiB": 1.5, "maxPromptTokens": 900, "torchThreads": 3},
+    )
+    path = write(tmp_path, doc)
+    for name, value in POD_ENV.items():
+        monkeypatch.setenv(name, value)
+    relay = parse_args(["--config", str(path)])  # $PDD_ROLE says relay
+    assert (relay.device, relay.kv_cache_fraction, relay.max_running) == ("cpu", 0.25, 16)
+    assert relay.kv_budget_mb is None
+    main = parse_args(["--config", str(path), "--role", "main"])  # the flag's role, not env's
+    assert (main.kv_budget_mb, main.max_prompt_tokens, main.torch_threads) == (1536, 900, 3)
+    assert main.kv_cache_fraction is None and main.max_running == 64  # the worker's default
+    # A KV size on the command line replaces the file's, whichever way it is given.
+    explicit = parse_args(["--config", str(path), "--kv-budget-mb", "64"])
+    assert (explicit.kv_budget_mb, explicit.kv_cache_fraction) == (64, None)
+    assert explicit.max_running == 16  # the rest of the file still applies
+
+
 @pytest.mark.unit
 def test_flags_override_the_file(tmp_path, monkeypatch):
     path = write(tmp_path, operator_config())
@@ -70,7 +98,7 @@ def test_flags_override_the_file(tmp_path, monkeypatch):
 
 @pytest.mark.unit
 def test_unknown_config_version_is_refused_with_the_fix(tmp_path, capsys):
-    path = write(tmp_path, {**operator_config(), "version": 2})
+    path = write(tmp_path, {**operator_config(), "version": CONFIG_VERSION + 1})
     with pytest.raises(ConfigDocumentError, match="upgrade the worker image"):
         read_config_document(path, "worker")
     with pytest.raises(SystemExit):
@@ -97,10 +125,11 @@ def test_worker_process_serves_from_the_operator_config(tmp_path):
     http_port, kv_port = free_port(), free_port()
     doc["ports"] = {**doc["ports"], "http": http_port, "kv": kv_port}
     doc["model"] = {**doc["model"], "path": "tiny"}
+    doc = with_engine(doc, prefill={"maxRunningRequests": 7, "maxPromptTokens": 100})
     env = {
         **os.environ,
         "PDD_CONFIG": str(write(tmp_path, doc)),
-        "PDD_ROLE": "mono",
+        "PDD_ROLE": "prefill",
         "PDD_INSTANCE_ID": "pod-0",
         "PDD_POD_IP": "127.0.0.1",
         doc["sharedSecretEnv"]: "s3cret",
@@ -109,7 +138,14 @@ def test_worker_process_serves_from_the_operator_config(tmp_path):
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         health = _wait_health(f"http://127.0.0.1:{http_port}/health", proc)
-        assert health["role"] == "mono"
+        assert health["role"] == "prefill"
+        engine = health["engine"]  # what it got: the rendered settings, on this machine's CPU
+        assert (engine["device"], engine["max_running"], engine["max_prompt_tokens"]) == (
+            "cpu",
+            7,
+            100,
+        )
+        assert engine["kv_blocks"] == 64 and engine["kv_tokens"] == 64 * engine["block_size"]
         assert health["endpoint"] == {
             "instance_id": "pod-0",
             "http_url": f"http://127.0.0.1:{http_port}",

@@ -14,11 +14,11 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 #: Bumped when the document changes shape, so readers refuse what they do not understand.
-CONFIG_VERSION: Literal[1] = 1
+CONFIG_VERSION: Literal[2] = 2
 #: The environment variable that carries the shared secret into every pod.
 SHARED_SECRET_ENV = "PDD_SHARED_SECRET"
 
@@ -111,12 +111,60 @@ class RelaySection(_Section):
     load_metric: str = Field(min_length=1)
 
 
+class EngineSettings(_Section):
+    """A worker's engine settings; a field left unset takes the worker's own default.
+
+    The same shape is ``spec.engine`` (shared by every worker role) and each role's
+    ``engine`` override in the PDDDeployment, and the resolved settings per role in the
+    config document. The KV cache is sized by at most one of the two KV fields."""
+
+    device: Literal["auto", "cpu", "cuda"] | None = None
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = None
+    kv_cache_memory_fraction: float | None = Field(default=None, gt=0, le=1)
+    kv_cache_gib: float | None = Field(default=None, gt=0, alias="kvCacheGiB")
+    max_running_requests: int | None = Field(default=None, ge=1)
+    max_prompt_tokens: int | None = Field(default=None, ge=1)
+    chunked_prefill_tokens: int | None = Field(default=None, ge=1)
+    torch_threads: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _one_kv_size(self) -> EngineSettings:
+        if self.kv_cache_memory_fraction is not None and self.kv_cache_gib is not None:
+            raise ValueError("kvCacheMemoryFraction and kvCacheGiB are both set; use one")
+        return self
+
+    def over(self, shared: EngineSettings) -> EngineSettings:
+        """These settings (a role's override) on top of ``shared``: a field set here wins,
+        and setting either KV field here replaces both of the shared ones."""
+        mine = self.model_dump(exclude_none=True)
+        if {"kv_cache_memory_fraction", "kv_cache_gib"} & set(mine):
+            shared = shared.model_copy(
+                update={"kv_cache_memory_fraction": None, "kv_cache_gib": None}
+            )
+        return shared.model_copy(update=mine)
+
+
+class EngineByRole(_Section):
+    """Each worker role's engine settings, resolved (P, RLD and MD differ: P is
+    compute-bound, MD holds the big decode-side cache)."""
+
+    prefill: EngineSettings = Field(default_factory=EngineSettings)
+    relay: EngineSettings = Field(default_factory=EngineSettings)
+    main: EngineSettings = Field(default_factory=EngineSettings)
+
+    def for_role(self, role: str) -> EngineSettings:
+        """A role's settings; roles a deployment does not render (mono) get none."""
+        return {"prefill": self.prefill, "relay": self.relay, "main": self.main}.get(
+            role, EngineSettings()
+        )
+
+
 class StoreSection(_Section):
     redis_url: str | None = None
 
 
 class ConfigDocument(_Section):
-    version: Literal[1] = CONFIG_VERSION
+    version: Literal[2] = CONFIG_VERSION
     deployment: DeploymentRef
     model: ModelSection
     ports: Ports
@@ -125,6 +173,7 @@ class ConfigDocument(_Section):
     slo: SloSection
     handoff: HandoffSection
     anomalous_traffic: AnomalousTraffic
+    engine: EngineByRole
     relay: RelaySection
     store: StoreSection
     shared_secret_env: str = Field(default=SHARED_SECRET_ENV, min_length=1)

@@ -31,6 +31,7 @@ __all__ = [
     "CacheEvent",
     "CacheEventsPage",
     "Endpoint",
+    "EngineInfo",
     "HandoffIds",
     "LoadReport",
     "PipelinePlan",
@@ -143,6 +144,22 @@ class TokenEvent(_Wire):
     @property
     def is_token(self) -> bool:
         return self.token_id is not None
+
+
+class EngineInfo(_Wire):
+    """What an instance's engine actually got (``GET /health``'s ``engine``, the start-up
+    log line, the ``pdd_worker_engine_*`` gauges): settings resolved against the machine."""
+
+    device: str
+    dtype: str
+    block_size: int = Field(ge=1)
+    kv_blocks: int = Field(ge=1)
+    kv_tokens: int = Field(ge=1, description="KV cache capacity: kv_blocks x block_size")
+    kv_bytes: int = Field(ge=1)
+    max_running: int = Field(ge=1)
+    max_model_len: int = Field(ge=1)
+    max_prompt_tokens: int = Field(ge=1)
+    max_batched_tokens: int = Field(ge=1, description="per-step token budget (chunked prefill)")
 
 
 class LoadReport(_Wire):

@@ -22,7 +22,7 @@ from pdd.operator.readiness import public_roles, readiness_conditions
 from pdd.operator.remote import RemoteClusterUnavailable
 from pdd.operator.roles import read_roles
 from pdd.operator.runtime import OperatorRuntime
-from pdd.operator.sizing import size_link
+from pdd.operator.sizing import kv_capacity, size_link
 from pdd.operator.spec import PDDSpec
 from pdd.operator.status import write_status
 from pdd.operator.validation import InvalidSpecError, parse_spec
@@ -63,7 +63,12 @@ async def reconcile(runtime: OperatorRuntime, body: kopf.Body, logger: logging.L
     roles = await read_roles(spec, owner, api, remote)
 
     def compute(_: dict[str, Any], generation: int) -> tuple[dict[str, Any], list[Condition]]:
-        fields = {"observedGeneration": generation, "wan": report.wan, "roles": public_roles(roles)}
+        fields = {
+            "observedGeneration": generation,
+            "wan": report.wan,
+            "engine": kv_capacity(spec),
+            "roles": public_roles(roles),
+        }
         return fields, [report.condition, HEALTHY, *readiness_conditions(roles)]
 
     async with runtime.lock(owner.uid):

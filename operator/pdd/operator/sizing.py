@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdd.common.cost_model import LinkState, WorkloadProfile, size_wan_link
+from pdd.operator.builders.config import engine_settings
 from pdd.operator.conditions import Condition
 from pdd.operator.kv_size import resolve_kv_bytes_per_token
 from pdd.operator.spec import PDDSpec
@@ -76,3 +77,22 @@ def _relay_note(spec: PDDSpec, recommended_max: int) -> str:
         f"; relay.maxReplicas ({spec.relay.max_replicas}) is below the "
         f"{recommended_max} relays this workload may need at its burst"
     )
+
+
+def kv_capacity(spec: PDDSpec) -> dict[str, dict[str, Any]]:
+    """status.engine: each worker role's KV cache as configured, and in tokens per pod
+    where a fixed size makes that computable here (a fraction of device memory is
+    resolved by each pod at start and reported on its ``/health``)."""
+    kv_bpt = resolve_kv_bytes_per_token(spec.model)
+    report: dict[str, dict[str, Any]] = {}
+    for role, settings in engine_settings(spec).model_dump().items():
+        entry: dict[str, Any] = {}
+        gib, fraction = settings["kv_cache_gib"], settings["kv_cache_memory_fraction"]
+        if gib is not None:
+            entry["kvCacheGiB"] = gib
+            if kv_bpt is not None:
+                entry["kvCapacityTokens"] = int(gib * 2**30) // kv_bpt
+        if fraction is not None:
+            entry["kvCacheMemoryFraction"] = fraction
+        report[role] = entry
+    return report

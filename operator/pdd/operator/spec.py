@@ -14,6 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from pdd.common.config_document import EngineSettings
+
 
 class _Spec(BaseModel):
     """Base for every spec section: camelCase on the wire, immutable, no unknown keys."""
@@ -95,12 +97,14 @@ class Pool(_Spec):
 
 class RoleReplicas(_Spec):
     replicas: int = Field(default=1, ge=0)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
 
 
 class Relay(_Spec):
     min_replicas: int = Field(default=1, ge=1)
     max_replicas: int = Field(default=4, ge=1)
     target_load: float = Field(default=0.7, gt=0, le=1)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
 
 
 class SecretKeyRef(_Spec):
@@ -167,6 +171,8 @@ class PDDSpec(_Spec):
     router: Router = Field(default_factory=Router)
     handoff: Handoff = Field(default_factory=Handoff)
     anomalous_traffic: AnomalousTraffic = Field(default_factory=AnomalousTraffic)
+    #: Engine settings every worker role shares; each role's ``engine`` overrides them.
+    engine: EngineSettings = Field(default_factory=EngineSettings)
 
     @property
     def main_pool(self) -> Pool:

@@ -141,8 +141,11 @@ def read_secret(secret: str | None, secret_file: Path | None, env_name: str) -> 
 
 
 def file_settings(doc: ConfigDocument) -> dict[str, Any]:
-    """RouterConfig fields from the operator's config document."""
-    return {
+    """RouterConfig fields from the operator's config document.
+
+    The router refuses prompts longer than prefill takes (P sees every prompt first),
+    with a 400 before anything is dispatched."""
+    settings: dict[str, Any] = {
         "model": doc.model.path,
         "served_model_name": doc.model.served_name,
         "kv_bytes_per_token": doc.model.kv_bytes_per_token,
@@ -166,3 +169,6 @@ def file_settings(doc: ConfigDocument) -> dict[str, Any]:
         ),
         "secret_env": doc.shared_secret_env,
     }
+    if doc.engine.prefill.max_prompt_tokens is not None:
+        settings["max_prompt_tokens"] = doc.engine.prefill.max_prompt_tokens
+    return settings

@@ -50,7 +50,12 @@ def create_app(role: RoleBase, feed: CacheFeed, ready: Callable[[], bool]) -> Fa
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "role": role.role, "endpoint": role.settings.endpoint.model_dump()}
+        return {
+            "status": "ok",
+            "role": role.role,
+            "endpoint": role.settings.endpoint.model_dump(),
+            "engine": role.engine_info.model_dump(),
+        }
 
     @app.get("/ready")
     async def is_ready() -> JSONResponse:

@@ -12,19 +12,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pdd.common.config_document import ConfigDocument
+from pdd.common.config_document import ConfigDocument, EngineSettings
 
 
-def flag_defaults(doc: ConfigDocument, env: Mapping[str, str]) -> dict[str, Any]:
+def flag_defaults(
+    doc: ConfigDocument, env: Mapping[str, str], role: str | None = None
+) -> dict[str, Any]:
     """argparse defaults (by ``dest``) from the config document and the pod environment.
 
     Listens on all interfaces (a pod's only address is its own) and advertises the
-    pod IP, which is how peers and the router reach this instance.
+    pod IP, which is how peers and the router reach this instance. The engine
+    settings are those of ``role`` (the ``--role`` flag, else ``$PDD_ROLE``).
     """
+    role = role or env.get("PDD_ROLE")
     http_port, kv_port = doc.ports.http, doc.ports.kv
     pod_ip = env.get("PDD_POD_IP")
     defaults: dict[str, Any] = {
-        "role": env.get("PDD_ROLE"),
+        "role": role,
         "instance_id": env.get("PDD_INSTANCE_ID"),
         "model": doc.model.path,
         "http": f"0.0.0.0:{http_port}",
@@ -34,5 +38,21 @@ def flag_defaults(doc: ConfigDocument, env: Mapping[str, str]) -> dict[str, Any]
         "advertise_http": f"{pod_ip}:{http_port}" if pod_ip else None,
         "handoff": doc.handoff.flag,
         "secret_env": doc.shared_secret_env,
+        **engine_flags(doc.engine.for_role(role or "")),
     }
     return {dest: value for dest, value in defaults.items() if value is not None}
+
+
+def engine_flags(settings: EngineSettings) -> dict[str, Any]:
+    """The engine flags (by ``dest``) that ``settings`` set; None where they set nothing."""
+    gib = settings.kv_cache_gib
+    return {
+        "device": settings.device,
+        "dtype": settings.dtype,
+        "kv_cache_fraction": settings.kv_cache_memory_fraction,
+        "kv_budget_mb": None if gib is None else round(gib * 1024),
+        "max_running": settings.max_running_requests,
+        "max_prompt_tokens": settings.max_prompt_tokens,
+        "chunked_prefill_tokens": settings.chunked_prefill_tokens,
+        "torch_threads": settings.torch_threads,
+    }

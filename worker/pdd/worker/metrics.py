@@ -11,6 +11,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from pdd.common.wire import EngineInfo
+
 __all__ = ["CONTENT_TYPE_LATEST", "WorkerMetrics"]
 
 
@@ -72,6 +74,24 @@ class WorkerMetrics:
         self.kv_blocks_free = Gauge("pdd_kv_blocks_free", "Free KV blocks", registry=r)
         self.kv_blocks_total = Gauge("pdd_kv_blocks_total", "KV blocks in the pool", registry=r)
         self.running = Gauge("pdd_running_requests", "Requests in the decode batch", registry=r)
+        self.engine = Gauge(
+            "pdd_worker_engine_info",
+            "Always 1; the labels say what the engine runs on",
+            ["role", "device", "dtype"],
+            registry=r,
+        )
+        self.kv_capacity_tokens = Gauge(
+            "pdd_worker_kv_capacity_tokens", "KV cache capacity in tokens", registry=r
+        )
+        self.max_running = Gauge(
+            "pdd_worker_max_running", "Requests this instance decodes at once", registry=r
+        )
+
+    def report_engine(self, info: EngineInfo) -> None:
+        """What the engine got, exported once at start (it never changes afterwards)."""
+        self.engine.labels(self.role, info.device, info.dtype).set(1)
+        self.kv_capacity_tokens.set(info.kv_tokens)
+        self.max_running.set(info.max_running)
 
     def count_prompt(self, prompt_tokens: int, hit_tokens: int) -> None:
         self.prompt_tokens.labels(self.role).inc(prompt_tokens)

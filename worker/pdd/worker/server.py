@@ -51,12 +51,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--advertise-wan", help="data address peers across the WAN use")
     p.add_argument("--secret-file", type=Path, help="shared secret (else $PDD_SHARED_SECRET)")
     p.add_argument("--secret-env", default="PDD_SHARED_SECRET", help=argparse.SUPPRESS)
-    p.add_argument("--num-blocks", type=int)
-    p.add_argument("--kv-budget-mb", type=int, default=256)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--max-running", type=int, default=64)
-    p.add_argument("--dtype", default=None)
-    p.add_argument("--device", default="cpu")
+    engine = p.add_argument_group("engine (the config document gives the defaults; flags win)")
+    engine.add_argument("--device", default="auto", help="auto (CUDA if visible) | cpu | cuda[:N]")
+    engine.add_argument(
+        "--dtype", default="auto", help="auto (bfloat16 on CUDA, the checkpoint's on CPU) | ..."
+    )
+    kv = engine.add_mutually_exclusive_group()
+    kv.add_argument(
+        "--kv-budget-mb",
+        type=int,
+        help="KV cache size in MiB (default: 0.9 of free memory on CUDA, 256 MiB on CPU)",
+    )
+    kv.add_argument(
+        "--kv-cache-fraction",
+        type=float,
+        help="KV cache as this share of the device memory free after the weights load",
+    )
+    kv.add_argument("--num-blocks", type=int, help="KV cache size in blocks")
+    engine.add_argument("--block-size", type=int, default=16)
+    engine.add_argument("--max-running", type=int, default=64, help="requests decoded at once")
+    engine.add_argument("--max-prompt-tokens", type=int, help="default: the context window - 1")
+    engine.add_argument(
+        "--chunked-prefill-tokens",
+        type=int,
+        default=512,
+        help="per-step token budget; longer prefills are chunked",
+    )
     p.add_argument("--handoff", default="auto", choices=("auto", "one-shot", "catch-up"))
     p.add_argument(
         "--catchup-load-level",
@@ -65,9 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto handoff: relay load above this -> one-shot",
     )
     p.add_argument("--transfer-timeout-s", type=float, default=30.0)
-    p.add_argument("--torch-threads", type=int, default=0, help="0 = torch default")
+    engine.add_argument("--torch-threads", type=int, default=0, help="0 = torch default")
     p.add_argument("--log-level", default="INFO")
     return p
+
+
+#: The flags that size the KV cache (at most one applies; see build_engine).
+KV_SIZE_DESTS = ("num_blocks", "kv_cache_fraction", "kv_budget_mb")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -76,9 +100,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.config is not None:
         try:
-            defaults = flag_defaults(read_config_document(args.config, "worker"), os.environ)
+            doc = read_config_document(args.config, "worker")
+            defaults = flag_defaults(doc, os.environ, args.role)
         except ConfigDocumentError as exc:
             parser.error(str(exc))
+        if any(getattr(args, dest) is not None for dest in KV_SIZE_DESTS):
+            # A KV size on the command line replaces the file's, whichever way each sizes it.
+            defaults = {k: v for k, v in defaults.items() if k not in KV_SIZE_DESTS}
         parser.set_defaults(**defaults)
         args = parser.parse_args(argv)
     for dest, flag in (("role", "--role"), ("instance_id", "--instance-id")):
@@ -115,8 +143,11 @@ def build_engine(args: argparse.Namespace) -> Engine:
         device=args.device,
         block_size=args.block_size,
         num_blocks=args.num_blocks,
-        kv_budget_bytes=args.kv_budget_mb << 20,
+        kv_budget_bytes=None if args.kv_budget_mb is None else args.kv_budget_mb << 20,
+        kv_memory_fraction=args.kv_cache_fraction,
         max_running=args.max_running,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_num_batched_tokens=args.chunked_prefill_tokens,
     )
 
 
@@ -133,13 +164,24 @@ async def run(args: argparse.Namespace) -> None:
         )
     )
     assert worker.data is not None
+    info = worker.role.engine_info
     log.info(
-        "%s %s: data on %s, port %d, http on %s",
+        "%s %s: data on %s, port %d, http on %s; engine on %s %s, KV %d blocks x %d = %d tokens "
+        "(%.2f GiB), max running %d, max prompt %d tokens, chunked prefill %d tokens",
         args.role,
         settings.instance_id,
         args.data,
         worker.data.port,
         args.http,
+        info.device,
+        info.dtype,
+        info.kv_blocks,
+        info.block_size,
+        info.kv_tokens,
+        info.kv_bytes / 2**30,
+        info.max_running,
+        info.max_prompt_tokens,
+        info.max_batched_tokens,
     )
     try:
         await server.serve()

@@ -15,6 +15,7 @@ from pdd.common.config_document import (
     AnomalousTraffic,
     ConfigDocument,
     DeploymentRef,
+    EngineByRole,
     HandoffSection,
     ModelSection,
     Peers,
@@ -76,6 +77,15 @@ def redis_url(spec: PDDSpec, hosts: dict[str, str]) -> str | None:
     return None
 
 
+def engine_settings(spec: PDDSpec) -> EngineByRole:
+    """Each worker role's engine settings: its own ``engine`` over ``spec.engine``."""
+    return EngineByRole(
+        prefill=spec.prefill.engine.over(spec.engine),
+        relay=spec.relay.engine.over(spec.engine),
+        main=spec.main_decode.engine.over(spec.engine),
+    )
+
+
 def build_worker_config(spec: PDDSpec, owner: Owner, site: Site) -> ConfigDocument:
     """The config document for the pods of ``site``'s cluster."""
     hosts = peer_hosts(spec, owner, site)
@@ -101,6 +111,7 @@ def build_worker_config(spec: PDDSpec, owner: Owner, site: Site) -> ConfigDocume
             min_input_tokens=spec.anomalous_traffic.min_input_tokens,
             max_output_tokens=spec.anomalous_traffic.max_output_tokens,
         ),
+        engine=engine_settings(spec),
         relay=RelaySection(target_load=spec.relay.target_load, load_metric=RELAY_LOAD_METRIC),
         store=StoreSection(redis_url=redis_url(spec, hosts)),
         shared_secret_env=SHARED_SECRET_ENV,

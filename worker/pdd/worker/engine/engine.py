@@ -27,8 +27,21 @@ import torch
 
 from pdd.common.cache_events import CacheEvent
 from pdd.common.tokenizer import Tokenizer
+from pdd.common.wire import EngineInfo
 from pdd.worker.engine.block_pool import BlockPool
-from pdd.worker.engine.config import EngineConfig, EngineStats
+from pdd.worker.engine.config import (
+    DEFAULT_CPU_KV_BYTES,
+    DEFAULT_CUDA_KV_FRACTION,
+    EngineConfig,
+    EngineStats,
+)
+from pdd.worker.engine.device import (
+    SYSTEM_PROBE,
+    DeviceProbe,
+    kv_budget_bytes,
+    resolve_device,
+    resolve_dtype,
+)
 from pdd.worker.engine.kv_transfer import KVRangeError, encode_chunk, import_chunk
 from pdd.worker.engine.radix_cache import RadixCache
 from pdd.worker.engine.request import (
@@ -60,20 +73,25 @@ class Engine:
     """
 
     def __init__(
-        self, model: str | LoadedModel, config: EngineConfig | None = None, **options: object
+        self,
+        model: str | LoadedModel,
+        config: EngineConfig | None = None,
+        probe: DeviceProbe = SYSTEM_PROBE,
+        **options: object,
     ) -> None:
         config = replace(config or EngineConfig(), **options)  # type: ignore[arg-type]
         self.config = config
-        self.loaded = (
-            model
-            if isinstance(model, LoadedModel)
-            else load_model(model, dtype=config.dtype, device=config.device)
-        )
+        if isinstance(model, LoadedModel):
+            self.loaded = model
+        else:
+            device = resolve_device(config.device, probe)
+            dtype = resolve_dtype(config.dtype, device, probe)
+            self.loaded = load_model(model, dtype=dtype, device=device)
         self.model_config = self.loaded.config
         self.device = torch.device(self.loaded.device)
         self.layout = KVLayout.from_config(self.model_config, config.block_size, self.loaded.dtype)
         num_blocks = config.num_blocks or PagedKVCache.blocks_for_budget(
-            self.layout, config.kv_budget_bytes
+            self.layout, self._kv_budget(probe)
         )
         self.kv = PagedKVCache(self.layout, num_blocks, self.device)
         self.pool = BlockPool(num_blocks)
@@ -92,7 +110,11 @@ class Engine:
             self.model_config.max_position_embeddings,
         )
         self.limits = RequestLimits(
-            self.model_config.vocab_size, self.max_model_len, config.block_size, num_blocks
+            self.model_config.vocab_size,
+            self.max_model_len,
+            config.block_size,
+            num_blocks,
+            min(config.max_prompt_tokens or self.max_model_len - 1, self.max_model_len - 1),
         )
         self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
@@ -293,6 +315,21 @@ class Engine:
         """Requests decoded at once: the instance's capacity (``max_running``, capped)."""
         return self.scheduler.config.max_running
 
+    def info(self) -> EngineInfo:
+        """What this engine got: device, dtype, KV capacity and limits, as resolved."""
+        return EngineInfo(
+            device=str(self.device),
+            dtype=str(self.loaded.dtype).removeprefix("torch."),
+            block_size=self.config.block_size,
+            kv_blocks=self.kv.num_blocks,
+            kv_tokens=self.kv.num_blocks * self.config.block_size,
+            kv_bytes=self.kv.num_blocks * self.layout.bytes_per_block,
+            max_running=self.max_running,
+            max_model_len=self.max_model_len,
+            max_prompt_tokens=self.limits.max_prompt_tokens,
+            max_batched_tokens=self.config.max_num_batched_tokens,
+        )
+
     @property
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -427,6 +464,15 @@ class Engine:
             yield encode_chunk(data, a, self.fingerprint, req.token_range(0, b))
 
     # --- helpers ------------------------------------------------------------------------------
+    def _kv_budget(self, probe: DeviceProbe) -> int:
+        """Bytes for the KV pool (see ``EngineConfig``); call it once the weights are in."""
+        fraction = self.config.kv_memory_fraction
+        if fraction is None and self.config.kv_budget_bytes is not None:
+            return self.config.kv_budget_bytes
+        if fraction is None and self.device.type == "cpu":
+            return DEFAULT_CPU_KV_BYTES
+        return kv_budget_bytes(fraction or DEFAULT_CUDA_KV_FRACTION, self.device, probe)
+
     @property
     def _eos(self) -> tuple[int, ...]:
         return self.loaded.tokenizer.eos_token_ids

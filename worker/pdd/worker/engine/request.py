@@ -76,6 +76,7 @@ class RequestLimits:
     max_model_len: int
     block_size: int
     num_blocks: int
+    max_prompt_tokens: int  # at most max_model_len - 1: one token must fit after the prompt
 
     def check_prompt(self, prompt_ids: Sequence[int], max_tokens: int) -> list[int]:
         prompt = self.check_tokens(prompt_ids, "prompt")
@@ -85,6 +86,11 @@ class RequestLimits:
             raise PromptTooLongError(
                 f"prompt has {len(prompt)} tokens; the context window is {self.max_model_len}, "
                 "which must leave room for at least one generated token: shorten the prompt"
+            )
+        if len(prompt) > self.max_prompt_tokens:
+            raise PromptTooLongError(
+                f"prompt has {len(prompt)} tokens; this instance takes at most "
+                f"{self.max_prompt_tokens} (max_prompt_tokens): shorten the prompt"
             )
         self.check_fits(min(len(prompt) + max_tokens, self.max_model_len))
         return prompt

@@ -107,6 +107,9 @@ class RoleBase:
         self._tasks: set[asyncio.Task] = set()
         self.live: set[str] = set()  # requests holding engine or transfer state here
         self.ops: dict[str, OpHandler] = {}
+        #: What the engine got (device, dtype, KV capacity); fixed once it is built.
+        self.engine_info = runner.engine.info()
+        metrics.report_engine(self.engine_info)
 
     # --- entry points -----------------------------------------------------------------------
     async def start_request(self, plan: PipelinePlan) -> None:

@@ -1,0 +1,113 @@
+"""Which device and dtype an engine runs on, and how much memory its KV cache may take.
+
+Settings say what the deployment wants (``device: auto``, ``dtype: auto``, a KV cache
+as a fraction of free device memory); this module turns them into what this machine
+can give, through a ``DeviceProbe`` so tests can stand in for a GPU they do not have.
+
+* ``auto`` device: CUDA when a CUDA device is visible (a pod that requests
+  ``nvidia.com/gpu`` sees one), else the CPU.
+* ``auto`` dtype: bfloat16 on CUDA; on the CPU the checkpoint's own dtype (float16
+  becomes float32 there, see ``pdd.worker.model.loader``). bfloat16 asked for on a
+  CPU without native bfloat16 support is refused rather than run slowly.
+* KV cache by fraction: that share of the device memory still free once the weights
+  are loaded, the way vLLM's ``gpu-memory-utilization`` and SGLang's
+  ``mem-fraction-static`` size theirs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pdd.worker.engine.config import EngineConfigError
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class DeviceProbe:
+    """What this machine has; ``SYSTEM_PROBE`` asks torch and the OS, tests fake it."""
+
+    cuda_available: Callable[[], bool]
+    free_memory_bytes: Callable[[torch.device], int]
+    cpu_has_bf16: Callable[[], bool]
+
+
+def _free_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    return _mem_available_bytes()
+
+
+def _mem_available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
+    """The kernel's estimate of memory available to a new process (``MemAvailable``)."""
+    for line in meminfo.read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise EngineConfigError(f"{meminfo} has no MemAvailable line; give the KV cache in GiB")
+
+
+#: CPU feature flags (``/proc/cpuinfo``) that mean native bfloat16 arithmetic.
+BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def _cpu_has_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Native bfloat16 on this CPU: AVX-512 BF16 or AMX on x86, the BF16 extension on Arm."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return False
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features") and BF16_CPU_FLAGS & set(value.split()):
+            return True
+    return False
+
+
+SYSTEM_PROBE = DeviceProbe(torch.cuda.is_available, _free_memory_bytes, _cpu_has_bf16)
+
+
+def resolve_device(requested: str, probe: DeviceProbe = SYSTEM_PROBE) -> torch.device:
+    """``auto`` | ``cpu`` | ``cuda`` | ``cuda:N`` -> the device to run on."""
+    if requested == "auto":
+        return torch.device("cuda" if probe.cuda_available() else "cpu")
+    unknown = f"device {requested!r} is not one of {DEVICES} (or cuda:N)"
+    try:
+        device = torch.device(requested)
+    except RuntimeError:
+        raise EngineConfigError(unknown) from None
+    if device.type not in ("cpu", "cuda"):
+        raise EngineConfigError(unknown)
+    if device.type == "cuda" and not probe.cuda_available():
+        raise EngineConfigError(
+            f"device {requested!r} asked for, but no CUDA device is visible: request "
+            "nvidia.com/gpu for the pod, or use device auto"
+        )
+    return device
+
+
+def resolve_dtype(
+    requested: str | None, device: torch.device, probe: DeviceProbe = SYSTEM_PROBE
+) -> str | None:
+    """The dtype name to load in; None means the checkpoint's own (the loader decides)."""
+    if requested in (None, "auto"):
+        return "bfloat16" if device.type == "cuda" else None
+    if requested == "bfloat16" and device.type == "cpu" and not probe.cpu_has_bf16():
+        raise EngineConfigError(
+            "dtype bfloat16 asked for on a CPU without native bfloat16 (AVX-512 BF16 or AMX); "
+            "use dtype auto or float32"
+        )
+    return requested
+
+
+def kv_budget_bytes(
+    fraction: float, device: torch.device, probe: DeviceProbe = SYSTEM_PROBE
+) -> int:
+    """``fraction`` of the memory free on ``device`` now (call it after the weights load)."""
+    if not 0 < fraction <= 1:
+        raise EngineConfigError(f"kv_memory_fraction must be in (0, 1], got {fraction}")
+    return int(probe.free_memory_bytes(device) * fraction)
