@@ -290,3 +290,15 @@ def test_each_roles_engine_settings_are_rendered_over_the_shared_ones(
     assert engine["prefill"]["chunkedPrefillTokens"] == 8192
     assert engine["prefill"]["kvCacheMemoryFraction"] == 0.9
     assert engine["relay"] == {**engine["prefill"], "chunkedPrefillTokens": None}
+
+
+def test_worker_pods_drain_on_the_specs_schedule(pool_b_spec: PDDSpec, owner: Owner) -> None:
+    """Readiness is /ready (false from the first moment of a drain), the grace period
+    covers drainSeconds, and the worker is told the same drainSeconds."""
+    spec = pool_b_spec.model_copy(update={"drain_seconds": 90})
+    for role in (Component.PREFILL, Component.RELAY, Component.MAIN):
+        pod = build_worker_deployment(spec, owner, role, Site("serving"), "h")["spec"]["template"]
+        container = pod["spec"]["containers"][0]
+        assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+        assert pod["spec"]["terminationGracePeriodSeconds"] == 90 + 10
+    assert build_worker_config(spec, owner, Site("serving")).drain_seconds == 90

@@ -177,6 +177,8 @@ class ConfigDocument(_Section):
     relay: RelaySection
     store: StoreSection
     shared_secret_env: str = Field(default=SHARED_SECRET_ENV, min_length=1)
+    #: On SIGTERM a worker finishes its requests for up to this long, then exits.
+    drain_seconds: float = Field(ge=0)
 
     def to_wire(self) -> dict[str, Any]:
         """The document as plain JSON values, camelCase keys (what is hashed and written)."""

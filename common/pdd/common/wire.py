@@ -173,6 +173,9 @@ class LoadReport(_Wire):
     kv_blocks_total: int = Field(ge=0)
     relay_load: float = Field(ge=0.0, le=1.0)
     capacity: int = Field(ge=1, description="requests it runs at once (its max_running)")
+    draining: bool = Field(
+        default=False, description="shutting down: finishing what it runs, taking nothing new"
+    )
 
 
 class StateReport(_Wire):

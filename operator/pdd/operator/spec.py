@@ -173,6 +173,8 @@ class PDDSpec(_Spec):
     anomalous_traffic: AnomalousTraffic = Field(default_factory=AnomalousTraffic)
     #: Engine settings every worker role shares; each role's ``engine`` overrides them.
     engine: EngineSettings = Field(default_factory=EngineSettings)
+    #: How long a worker pod told to stop may take to finish what it runs.
+    drain_seconds: int = Field(default=30, ge=0)
 
     @property
     def main_pool(self) -> Pool:

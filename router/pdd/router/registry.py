@@ -2,7 +2,8 @@
 
 Each poll asks every instance for its identity (``/health``, once), its load
 (``/load``) and its new cache events (``/v1/pdd/cache-events?since=cursor``), which
-feed the prefix index. An instance that fails a poll is left out of decisions until
+feed the prefix index. An instance that fails a poll, or says it is draining (shutting
+down: its running streams go on), is left out of decisions until
 it answers again; one whose event feed says ``reset`` (it restarted, or events
 were dropped) has its index entries rebuilt from what follows. Service hosts from
 the operator's config are re-resolved every poll, so scaled pods come and go.
@@ -139,6 +140,9 @@ class InstanceRegistry:
             return
         except BlockSizeMismatchError as exc:
             self._set_problem(inst, str(exc))
+            return
+        if inst.load.draining:  # its streams run on; new requests go elsewhere
+            self._set_problem(inst, "draining: finishing its requests, taking no new ones")
             return
         if not inst.ready:
             log.info("%s worker %s is ready", inst.role, inst.instance_id)

@@ -8,8 +8,9 @@
 
 Topology: P and RLD in "datacenter A", MD in "B"; P->MD and MD->RLD traffic crosses
 an emulated WAN line the tests can throttle, hold or cut. ``mono`` is the colocated
-reference. ``md_v`` and ``rld_v`` are victims the process fault tests kill (no other
-test uses them, so test order does not matter). Both planes run requests through the
+reference. ``md_v`` and ``rld_v`` are victims the process fault tests kill, ``rld_d``
+the relay the drain test stops with SIGTERM (no other test uses them, so test order
+does not matter). Both planes run requests through the
 router's own stream relay (``relay_tokens``) and worker client.
 """
 
@@ -59,6 +60,7 @@ SPECS = [
     WorkerSpec("mono", "mono"),
     WorkerSpec("md_v", "main", wan_facing=True),
     WorkerSpec("rld_v", "relay", wan_facing=True),
+    WorkerSpec("rld_d", "relay", wan_facing=True),
 ]
 
 

@@ -186,4 +186,3 @@ class InProcessCluster(PlanBuilder):
             )
             await link.start()
         return InProcessWorker(instance, link)
-

@@ -38,6 +38,7 @@ def flag_defaults(
         "advertise_http": f"{pod_ip}:{http_port}" if pod_ip else None,
         "handoff": doc.handoff.flag,
         "secret_env": doc.shared_secret_env,
+        "drain_seconds": doc.drain_seconds,
         **engine_flags(doc.engine.for_role(role or "")),
     }
     return {dest: value for dest, value in defaults.items() if value is not None}

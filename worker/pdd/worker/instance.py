@@ -8,6 +8,7 @@ app through an in-process HTTP transport and the data port on a
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -45,7 +46,7 @@ class WorkerInstance:
         self.network = network
         self.role = ROLES[settings.role](settings, runner, WorkerMetrics(settings.role), network)
         self.feed = CacheFeed(runner, settings.instance_id)
-        self.app = create_app(self.role, self.feed, ready=lambda: True)
+        self.app = create_app(self.role, self.feed, ready=lambda: not self.role.draining)
         self.data: Server | None = None
 
     async def start(self, data_addr: str) -> None:
@@ -61,6 +62,28 @@ class WorkerInstance:
             config=self.settings.transport,
             network=self.network,
         )
+
+    async def drain(self, grace_s: float, poll_s: float = 0.05) -> bool:
+        """Stop taking work and let what runs finish: ``/ready`` turns false at once (the
+        router stops choosing this instance on its next poll, Kubernetes takes the pod
+        out of its Service), a relay hands each request to MD in one shot as soon as MD
+        holds the KV, and every request with state here ends. True when all did within
+        ``grace_s`` (loop time); False when the deadline came first."""
+        self.role.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        while self.role.live:
+            if loop.time() >= deadline:
+                log.warning(
+                    "%s: drain deadline (%.0f s) reached with %d requests live",
+                    self.settings.instance_id,
+                    grace_s,
+                    len(self.role.live),
+                )
+                return False
+            await asyncio.sleep(poll_s)
+        log.info("%s: drained; nothing live", self.settings.instance_id)
+        return True
 
     async def stop(self) -> None:
         await self.role.close()

@@ -13,7 +13,9 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 from pathlib import Path
+from types import FrameType
 
 import torch
 import uvicorn
@@ -86,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--transfer-timeout-s", type=float, default=30.0)
     engine.add_argument("--torch-threads", type=int, default=0, help="0 = torch default")
+    p.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=30.0,
+        help="on SIGTERM, how long to let running requests finish before exiting",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -158,10 +166,12 @@ async def run(args: argparse.Namespace) -> None:
     )
     await worker.start(args.data)
     http_host, http_port = split_addr(args.http)
-    server = uvicorn.Server(
+    server = DrainingServer(
         uvicorn.Config(
             worker.app, host=http_host, port=http_port, log_level="warning", lifespan="off"
-        )
+        ),
+        worker,
+        args.drain_seconds,
     )
     assert worker.data is not None
     info = worker.role.engine_info
@@ -187,6 +197,32 @@ async def run(args: argparse.Namespace) -> None:
         await server.serve()
     finally:
         await worker.stop()
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, except that SIGTERM (what Kubernetes sends a pod it removes) drains first.
+
+    The first SIGTERM starts ``WorkerInstance.drain``; the HTTP server keeps answering
+    (streams, handoffs, the router's polls that see ``draining``) and exits once nothing
+    is live or ``grace_s`` passed. A second SIGTERM, or SIGINT, stops at once."""
+
+    def __init__(self, config: uvicorn.Config, worker: WorkerInstance, grace_s: float) -> None:
+        super().__init__(config)
+        self._worker = worker
+        self._grace_s = grace_s
+        self._drain: asyncio.Task[bool] | None = None
+        self._loop = asyncio.get_running_loop()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and self._drain is None and not self.should_exit:
+            self._loop.call_soon_threadsafe(self._start_drain)
+            return
+        super().handle_exit(sig, frame)
+
+    def _start_drain(self) -> None:
+        log.info("SIGTERM: draining (up to %.0f s)", self._grace_s)
+        self._drain = asyncio.ensure_future(self._worker.drain(self._grace_s))
+        self._drain.add_done_callback(lambda _: setattr(self, "should_exit", True))
 
 
 def main(argv: list[str]) -> int:

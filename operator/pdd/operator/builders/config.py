@@ -115,6 +115,7 @@ def build_worker_config(spec: PDDSpec, owner: Owner, site: Site) -> ConfigDocume
         relay=RelaySection(target_load=spec.relay.target_load, load_metric=RELAY_LOAD_METRIC),
         store=StoreSection(redis_url=redis_url(spec, hosts)),
         shared_secret_env=SHARED_SECRET_ENV,
+        drain_seconds=spec.drain_seconds,
     )
 
 

@@ -21,8 +21,8 @@ from pdd.operator.naming import (
 )
 from pdd.operator.spec import PDDSpec, Pool
 
-#: Workers drain in-flight requests (a relay hands its tokens to MD) before exiting.
-WORKER_GRACE_SECONDS = 60
+#: Beyond spec.drainSeconds, the seconds a pod gets to close up before it is killed.
+EXIT_MARGIN_SECONDS = 10
 #: GPU pools rarely have a spare node for a surge pod: replace pods one at a time.
 WORKER_STRATEGY = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
 
@@ -57,7 +57,8 @@ def build_worker_deployment(
         ],
         "env": _common_env(owner, role),
         "resources": pool.resources,
-        "readinessProbe": _http_probe("/health", "http"),
+        # /ready turns false the moment a drain starts: the pod leaves its Service at once.
+        "readinessProbe": _http_probe("/ready", "http"),
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
     }
     volumes = [_config_volume(owner)]
@@ -70,7 +71,8 @@ def build_worker_deployment(
         "volumes": volumes,
         "nodeSelector": pool.node_selector_with_gpu(),
         "tolerations": pool.tolerations,
-        "terminationGracePeriodSeconds": WORKER_GRACE_SECONDS,
+        # SIGTERM starts the worker's drain (up to drainSeconds), then it exits by itself.
+        "terminationGracePeriodSeconds": spec.drain_seconds + EXIT_MARGIN_SECONDS,
     }
     deployment_spec: dict[str, Any] = {
         "selector": {"matchLabels": owner.selector_labels(role)},

@@ -107,6 +107,8 @@ class RoleBase:
         self._tasks: set[asyncio.Task] = set()
         self.live: set[str] = set()  # requests holding engine or transfer state here
         self.ops: dict[str, OpHandler] = {}
+        #: Set by ``WorkerInstance.drain``: no new work is routed here; what runs finishes.
+        self.draining = False
         #: What the engine got (device, dtype, KV capacity); fixed once it is built.
         self.engine_info = runner.engine.info()
         metrics.report_engine(self.engine_info)
@@ -159,6 +161,7 @@ class RoleBase:
             kv_blocks_total=s.num_total_blocks,
             relay_load=self.relay_load(),
             capacity=self.max_running,
+            draining=self.draining,
         )
 
     def state_report(self) -> StateReport:

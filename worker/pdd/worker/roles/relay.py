@@ -145,6 +145,8 @@ class RelayRole(RoleBase):
         self.metrics.handoff_bytes.inc(len(payload))
 
     def _mode(self, plan: PipelinePlan) -> str:
+        if self.draining:  # hand everything over at once: the relay is on its way out
+            return "one-shot"
         s = self.settings
         return choose_handoff_mode(plan.handoff, s.handoff, self.relay_load(), s.catchup_load_level)
 
