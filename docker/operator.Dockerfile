@@ -3,7 +3,8 @@
 #
 # Build from the repository root:
 #   docker build -f docker/operator.Dockerfile -t ghcr.io/pdd-project/pdd-operator:0.1.0 .
-# The base package only: no torch (the operator never imports it; `pdd` loads components lazily).
+# The base package only: pdd.common and pdd.operator, no worker code and no torch (the layering
+# contracts in pyproject.toml keep it so; `pdd` loads components lazily).
 ARG PYTHON_IMAGE=python:3.11-slim
 
 FROM ${PYTHON_IMAGE} AS build
@@ -13,8 +14,6 @@ ENV PATH=/opt/pdd/bin:$PATH
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY common common
-COPY worker worker
-COPY router router
 COPY operator operator
 RUN pip install .
 

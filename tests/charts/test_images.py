@@ -100,3 +100,11 @@ def test_dockerignore_keeps_the_build_context_to_the_sources() -> None:
     for sources in copied:
         for source in sources.split():
             assert source in included, f"{source} is COPYed but .dockerignore leaves it out"
+
+
+@pytest.mark.parametrize("component", ["router", "operator"])
+def test_router_and_operator_images_carry_no_worker_code(component: str) -> None:
+    """Only pdd.common and the component's own package go in (setup.py maps what exists)."""
+    copied = re.findall(r"(?m)^COPY (?!--from)(\S+)", dockerfile(component))
+    sources = {c for c in copied if c not in ("pyproject.toml",)}
+    assert sources == {"common", component}, copied
