@@ -210,19 +210,23 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self._worker = worker
         self._grace_s = grace_s
-        self._drain: asyncio.Task[bool] | None = None
+        self._drain_requested = False
+        self._tasks: set[asyncio.Task[bool]] = set()
         self._loop = asyncio.get_running_loop()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if sig == signal.SIGTERM and self._drain is None and not self.should_exit:
+        # A signal handler: runs between bytecodes, so only flag and hand over to the loop.
+        if sig == signal.SIGTERM and not self._drain_requested and not self.should_exit:
+            self._drain_requested = True
             self._loop.call_soon_threadsafe(self._start_drain)
             return
         super().handle_exit(sig, frame)
 
     def _start_drain(self) -> None:
         log.info("SIGTERM: draining (up to %.0f s)", self._grace_s)
-        self._drain = asyncio.ensure_future(self._worker.drain(self._grace_s))
-        self._drain.add_done_callback(lambda _: setattr(self, "should_exit", True))
+        drain = asyncio.ensure_future(self._worker.drain(self._grace_s))
+        self._tasks.add(drain)  # held: the loop keeps only weak references to tasks
+        drain.add_done_callback(lambda _: setattr(self, "should_exit", True))
 
 
 def main(argv: list[str]) -> int:
