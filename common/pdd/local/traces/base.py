@@ -124,15 +124,16 @@ class Trace(Generic[R]):
 def ideal_hit_ratios(trace: Trace[TraceRequest]) -> dict[str, float]:
     """Per request: the share of its blocks an infinite prefix cache would already hold,
     visiting chains in start order (the trace README's "per-request prefix hit")."""
-    seen: set[tuple[str, int]] = set()
+    seen: dict[str, set[int]] = {}
     out: dict[str, float] = {}
     for chain in sorted(trace.chains, key=lambda c: c.start_s):
         for r in chain.walk():
+            cached = seen.setdefault(r.namespace, set())
             hit = 0
             for h in r.hash_ids:
-                if (r.namespace, h) not in seen:
+                if h not in cached:
                     break
                 hit += 1
-            seen.update((r.namespace, h) for h in r.hash_ids)
+            cached.update(r.hash_ids[hit:])
             out[r.key] = hit / len(r.hash_ids) if r.hash_ids else 0.0
     return out
