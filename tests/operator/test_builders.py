@@ -9,7 +9,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from pdd.common.config_document import EngineSettings
+from pdd.common.config_document import API_KEYS_ENV, EngineSettings
 from pdd.operator.builders.config import build_worker_config, config_hash
 from pdd.operator.builders.deployments import build_worker_deployment
 from pdd.operator.builders.hpa import build_relay_hpa, target_quantity
@@ -22,7 +22,7 @@ from pdd.operator.naming import (
     Owner,
 )
 from pdd.operator.plan import Cluster, build_plan, possible_children, ref_of
-from pdd.operator.spec import PDDSpec
+from pdd.operator.spec import ApiKeysSecret, PDDSpec
 
 pytestmark = pytest.mark.unit
 
@@ -302,3 +302,26 @@ def test_worker_pods_drain_on_the_specs_schedule(pool_b_spec: PDDSpec, owner: Ow
         assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
         assert pod["spec"]["terminationGracePeriodSeconds"] == 90 + 10
     assert build_worker_config(spec, owner, Site("serving")).drain_seconds == 90
+
+
+def test_router_takes_client_keys_from_the_named_secret(pool_b_spec: PDDSpec, owner: Owner) -> None:
+    def router_env(spec: PDDSpec) -> dict[str, Any]:
+        children = by_kind_name(build_plan(spec, owner, TOKEN).children)
+        deployment = children[(Cluster.LOCAL, "Deployment", owner.child("router"))]
+        return {
+            e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
+
+    assert API_KEYS_ENV not in router_env(pool_b_spec)  # no Secret named: an open router
+    keyed = pool_b_spec.model_copy(
+        update={
+            "router": pool_b_spec.router.model_copy(
+                update={"api_keys_secret": ApiKeysSecret(name="chat-keys")}
+            )
+        }
+    )
+    assert router_env(keyed)[API_KEYS_ENV]["valueFrom"] == {
+        "secretKeyRef": {"name": "chat-keys", "key": "api-keys"}
+    }
+    # the keys never enter the config document every pod reads
+    assert "chat-keys" not in build_worker_config(keyed, owner, Site(owner.namespace)).to_json()

@@ -193,6 +193,18 @@ MISTAKES = [
         {"relay": {"engine": {"kvCacheMemoryFraction": 0.5, "kvCacheGiB": 4}}},
         "kvCacheMemoryFraction and kvCacheGiB are both set",
     ),
+    (
+        {"engine": {"maxPromptTokens": 32768}},
+        "anomalousTraffic.minInputTokens must be below the prefill's maxPromptTokens",
+    ),
+    (
+        {
+            "engine": {"maxPromptTokens": 131072},
+            "prefill": {"engine": {"maxPromptTokens": 8192}},
+            "anomalousTraffic": {"minInputTokens": 8192},
+        },
+        "anomalousTraffic.minInputTokens must be below the prefill's maxPromptTokens",
+    ),
 ]
 
 

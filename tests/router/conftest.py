@@ -113,10 +113,15 @@ def start_router(tmp_path_factory):
     procs: list[RouterProc] = []
     tmp_path = tmp_path_factory.mktemp("routers")
 
-    def start(*args: str, secret: str = "pdd-local-secret", ready: bool = True) -> RouterProc:
+    def start(
+        *args: str,
+        secret: str = "pdd-local-secret",
+        ready: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> RouterProc:
         port = free_port()
         log = tmp_path / f"router-{port}.log"
-        env = {**os.environ, "PDD_SHARED_SECRET": secret}
+        env = {**os.environ, "PDD_SHARED_SECRET": secret, **(env or {})}
         argv = [
             sys.executable, "-m", "pdd.cli", "router", "--model", ROUTER_MODEL,
             "--host", "127.0.0.1", "--port", str(port), "--poll-interval-s", "0.2", *args,

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdd.common.config_document import EngineSettings
+from pdd.common.config_document import API_KEYS_ENV, EngineSettings
 from pdd.operator.builders.config import build_worker_config
 from pdd.operator.builders.meta import Site
 from pdd.operator.naming import Owner
@@ -87,8 +87,11 @@ def test_reads_the_config_the_operator_renders(tmp_path, monkeypatch):
     assert set(hosts) == {"prefill", "relay", "main"}
 
 
-def test_the_router_refuses_what_prefill_would_refuse(tmp_path, monkeypatch):
-    """The rendered prefill maxPromptTokens becomes the router's own limit (a 400 up front)."""
+def test_prompt_limit_is_prefills_own_unless_capped_and_keys_come_from_the_env(
+    tmp_path, monkeypatch
+):
+    """The rendered prefill maxPromptTokens reaches the router through the workers (their
+    /health), not the file: a flag only caps it. Client keys join from $PDD_API_KEYS."""
     spec = PDDSpec.model_validate(yaml.safe_load(OPERATOR_CR.read_text())["spec"])
     spec = spec.model_copy(
         update={
@@ -101,5 +104,8 @@ def test_the_router_refuses_what_prefill_would_refuse(tmp_path, monkeypatch):
     path = tmp_path / "config.json"
     path.write_text(document.to_json())
     monkeypatch.setenv(document.shared_secret_env, "from-env")
-    assert parse("--config", str(path)).max_prompt_tokens == 900
+    monkeypatch.setenv(API_KEYS_ENV, " sk-a,sk-b\nsk-c ")
+    config = parse("--config", str(path), "--api-key", "sk-flag")
+    assert config.max_prompt_tokens is None
+    assert config.api_keys == ("sk-flag", "sk-a", "sk-b", "sk-c")
     assert parse("--config", str(path), "--max-prompt-tokens", "50").max_prompt_tokens == 50

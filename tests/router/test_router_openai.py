@@ -4,6 +4,8 @@ import httpx
 import openai
 import pytest
 
+from pdd.common.config_document import API_KEYS_ENV
+from pdd.common.wire import WorkerHealth
 from pdd.testing.waiting import until_sync
 
 pytestmark = pytest.mark.integration
@@ -15,13 +17,19 @@ MESSAGES = [{"role": "user", "content": "Tell me about the quick brown fox and t
 
 @pytest.fixture(scope="module")
 def router(worker_flags, start_router):
-    return start_router(*worker_flags(), "--api-key", KEY, "--api-key", "sk-test-2")
+    """Keys from a flag and, as a pod gets them from a Secret, from the environment."""
+    env = {API_KEYS_ENV: "sk-test-2,\nsk-test-3"}
+    return start_router(*worker_flags(), "--api-key", KEY, env=env)
 
 
 @pytest.fixture(scope="module")
 def slow_link_router(worker_flags, start_router):
-    """Declares a WAN so slow that no transfer fits the budget: every request relays."""
-    return start_router(*worker_flags(), "--link-gbps", "0.0001", "--ttft-budget-s", "0.05")
+    """Declares a WAN so slow that no transfer fits the budget: every request relays. It
+    also caps prompts below what prefill takes."""
+    return start_router(
+        *worker_flags(), "--link-gbps", "0.0001", "--ttft-budget-s", "0.05",
+        "--max-prompt-tokens", "64",
+    )  # fmt: skip
 
 
 def client(router, key=KEY) -> openai.OpenAI:
@@ -69,6 +77,9 @@ def test_relayed_pipeline_gives_the_same_tokens(router, slow_link_router):
     text = "".join(c.choices[0].text for c in relayed.parse() if c.choices)
     assert text == direct.choices[0].text
     assert direct.usage.completion_tokens == 40
+    # this router's own cap, below prefill's limit, wins
+    with pytest.raises(openai.BadRequestError, match="at most 64"):
+        raw.completions.create(model=MODEL, prompt="fox " * 100, max_tokens=1)
 
 
 def test_forced_naive_baseline_ships_full_kv_with_the_same_tokens(
@@ -114,7 +125,7 @@ def _error(resp: httpx.Response) -> dict:
     return body["error"]
 
 
-def test_bad_requests_get_openai_errors_and_the_router_keeps_serving(router):
+def test_bad_requests_get_openai_errors_and_the_router_keeps_serving(router, cluster):
     url, auth = f"{router.url}/v1/chat/completions", {"Authorization": f"Bearer {KEY}"}
     bad_json = httpx.post(url, content=b'{"model": "tiny", "messages": [', headers=auth)
     assert bad_json.status_code == 400 and _error(bad_json)["type"] == "invalid_request_error"
@@ -122,19 +133,25 @@ def test_bad_requests_get_openai_errors_and_the_router_keeps_serving(router):
     assert missing.status_code == 400 and _error(missing)["param"] == "messages"
     unknown = httpx.post(url, json={"model": "gpt-9", "messages": MESSAGES}, headers=auth)
     assert unknown.status_code == 404 and _error(unknown)["param"] == "model"
-    long_prompt = [{"role": "user", "content": "x" * 40_000}]
+    # The limit is what prefill reports taking (its engine's), not a number of the router's.
+    limit = WorkerHealth.model_validate(
+        httpx.get(f"{cluster['p'].url}/health").json()
+    ).engine.max_prompt_tokens
+    long_prompt = [{"role": "user", "content": "x " * limit}]
     too_long = httpx.post(url, json={"model": MODEL, "messages": long_prompt}, headers=auth)
-    assert too_long.status_code == 400 and "at most 32768" in _error(too_long)["message"]
+    assert too_long.status_code == 400
+    assert f"at most {limit}" in _error(too_long)["message"]
     huge = httpx.post(url, content=b"{" + b" " * (5 << 20) + b"}", headers=auth)
     assert huge.status_code == 413 and _error(huge)
     with pytest.raises(openai.AuthenticationError):
         client(router, key="sk-wrong").chat.completions.create(model=MODEL, messages=MESSAGES)
     no_key = httpx.post(url, json={"model": MODEL, "messages": MESSAGES})
     assert no_key.status_code == 401 and _error(no_key)["type"] == "authentication_error"
-    ok = client(router, key="sk-test-2").chat.completions.create(
-        model=MODEL, messages=MESSAGES, max_tokens=2
-    )
-    assert ok.usage.completion_tokens >= 1
+    for key in ("sk-test-2", "sk-test-3"):
+        ok = client(router, key=key).chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=2
+        )
+        assert ok.usage.completion_tokens >= 1
     metrics = httpx.get(f"{router.url}/metrics").text
     for cause in ("invalid_request", "unknown_model", "prompt_too_long", "unauthorized"):
         assert f'pdd_router_rejected_requests_total{{cause="{cause}"}}' in metrics

@@ -21,6 +21,9 @@ from pydantic.alias_generators import to_camel
 CONFIG_VERSION: Literal[2] = 2
 #: The environment variable that carries the shared secret into every pod.
 SHARED_SECRET_ENV = "PDD_SHARED_SECRET"
+#: The environment variable that carries the router's accepted client API keys (from a
+#: Secret: commas, spaces or newlines between keys); never written into the config document.
+API_KEYS_ENV = "PDD_API_KEYS"
 
 HandoffPolicy = Literal["auto", "oneShot", "catchUp"]
 #: The CRD's handoff policy names -> the worker's and router's ``--handoff`` values.

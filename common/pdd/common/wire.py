@@ -162,6 +162,15 @@ class EngineInfo(_Wire):
     max_batched_tokens: int = Field(ge=1, description="per-step token budget (chunked prefill)")
 
 
+class WorkerHealth(_Wire):
+    """What a worker's ``GET /health`` answers: who it is and what its engine got."""
+
+    status: Literal["ok"] = "ok"
+    role: Role
+    endpoint: Endpoint
+    engine: EngineInfo
+
+
 class LoadReport(_Wire):
     """What ``GET /load`` answers: the router's and the autoscaler's view of an instance."""
 

@@ -137,8 +137,16 @@ class Slo(_Spec):
     tpot_ms: float = Field(default=50.0, gt=0)
 
 
+class ApiKeysSecret(_Spec):
+    """A Secret of the router's namespace holding the client API keys the router accepts."""
+
+    name: str = Field(min_length=1)
+    key: str = Field(default="api-keys", min_length=1)
+
+
 class Router(_Spec):
     replicas: int = Field(default=1, ge=1)
+    api_keys_secret: ApiKeysSecret | None = None
     redis_url: str | None = None
     managed_redis: bool = False
     resources: dict[str, Any] = Field(default_factory=dict)

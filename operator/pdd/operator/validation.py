@@ -81,7 +81,22 @@ def spec_problems(spec: PDDSpec) -> list[str]:
             f"router.replicas ({router.replicas}) > 1 needs shared state: set "
             "router.redisUrl or router.managedRedis: true, or use one router replica"
         )
+    problems += _anomalous_threshold_problems(spec)
     return problems
+
+
+def _anomalous_threshold_problems(spec: PDDSpec) -> list[str]:
+    """The anomalous filter takes prompts from minInputTokens up; the router refuses prompts
+    above the prefill's maxPromptTokens, so the first must be below the second."""
+    limit = spec.prefill.engine.over(spec.engine).max_prompt_tokens
+    threshold = spec.anomalous_traffic.min_input_tokens
+    if limit is None or limit > threshold:
+        return []
+    return [
+        f"anomalousTraffic.minInputTokens must be below the prefill's maxPromptTokens "
+        f"({threshold} >= {limit}): the router refuses longer prompts, so the anomalous "
+        "filter would never fire; lower anomalousTraffic.minInputTokens or raise maxPromptTokens"
+    ]
 
 
 def _describe(error: Any) -> str:

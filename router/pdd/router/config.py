@@ -74,7 +74,9 @@ class RouterConfig:
     #: below that (an operator's override, e.g. to shed load before the workers queue).
     instance_capacity: int | None = None
     max_body_bytes: int = 4 << 20
-    max_prompt_tokens: int = 32_768
+    #: A cap below what the prefill instances take (they report their own limit); None:
+    #: theirs alone. Longer prompts get a 400 before anything is dispatched.
+    max_prompt_tokens: int | None = None
     default_max_tokens: int = 256
     poll_interval_s: float = 0.5
     request_timeout_s: float = 300.0
@@ -103,7 +105,7 @@ class RouterConfig:
         if self.instance_capacity is not None and self.instance_capacity <= 0:
             raise ConfigError(f"instance_capacity must be positive, got {self.instance_capacity}")
         for name in ("max_body_bytes", "max_prompt_tokens", "block_size"):
-            if getattr(self, name) <= 0:
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
 
     @property
@@ -141,10 +143,7 @@ def read_secret(secret: str | None, secret_file: Path | None, env_name: str) -> 
 
 
 def file_settings(doc: ConfigDocument) -> dict[str, Any]:
-    """RouterConfig fields from the operator's config document.
-
-    The router refuses prompts longer than prefill takes (P sees every prompt first),
-    with a 400 before anything is dispatched."""
+    """RouterConfig fields from the operator's config document."""
     settings: dict[str, Any] = {
         "model": doc.model.path,
         "served_model_name": doc.model.served_name,
@@ -169,6 +168,4 @@ def file_settings(doc: ConfigDocument) -> dict[str, Any]:
         ),
         "secret_env": doc.shared_secret_env,
     }
-    if doc.engine.prefill.max_prompt_tokens is not None:
-        settings["max_prompt_tokens"] = doc.engine.prefill.max_prompt_tokens
     return settings

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from pdd.common.vocabulary import Role
-from pdd.common.wire import Endpoint, LoadReport
+from pdd.common.wire import Endpoint, EngineInfo, LoadReport
 from pdd.router.config import WorkerRef
 from pdd.router.prefix_index import BlockSizeMismatchError, PrefixIndex
 from pdd.router.worker_client import WorkerCallError, WorkerClient
@@ -37,6 +37,8 @@ class Instance:
     http_url: str
     expected_id: str | None = None
     endpoint: Endpoint | None = None
+    #: What its engine got (limits fixed at its start), read with the identity.
+    engine: EngineInfo | None = None
     load: LoadReport | None = None
     ready: bool = False
     cursor: int = 0
@@ -76,6 +78,16 @@ class InstanceRegistry:
 
     def all(self) -> list[Instance]:
         return list(self._instances.values())
+
+    def prompt_limit(self) -> int | None:
+        """The longest prompt every ready instance that sees prompts first takes (P, or
+        mono); None before any has answered."""
+        limits = [
+            i.engine.max_prompt_tokens
+            for i in self._instances.values()
+            if i.ready and i.engine is not None and i.role in (Role.PREFILL, Role.MONO)
+        ]
+        return min(limits, default=None)
 
     async def start(self) -> None:
         await self.poll_once()
@@ -149,7 +161,8 @@ class InstanceRegistry:
         inst.ready, inst.problem = True, None
 
     async def _identify(self, inst: Instance) -> Endpoint:
-        endpoint = await self._client.endpoint(inst.http_url)
+        health = await self._client.health(inst.http_url)
+        endpoint, inst.engine = health.endpoint, health.engine
         if inst.expected_id is not None and endpoint.instance_id != inst.expected_id:
             raise MisconfiguredWorkerError(
                 f"{inst.http_url} is instance {endpoint.instance_id!r}, not "

@@ -73,6 +73,12 @@ class RouterRuntime:
         roles = (Role.MONO,) if self.config.mono else (Role.PREFILL, Role.MAIN)
         return all(self.registry.ready(role) for role in roles)
 
+    def prompt_limit(self) -> int | None:
+        """The longest prompt accepted: what the prefill instances take (their engines'
+        ``max_prompt_tokens``), capped by ``max_prompt_tokens`` where that is set."""
+        limits = (self.config.max_prompt_tokens, self.registry.prompt_limit())
+        return min((n for n in limits if n is not None), default=None)
+
     def refresh_gauges(self) -> None:
         for role in Role:
             self.metrics.instances_ready.labels(role).set(len(self.registry.ready(role)))

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 
 from pdd.common.config_document import (
+    API_KEYS_ENV,
     SHARED_SECRET_ENV,
     ConfigDocumentError,
     read_config_document,
@@ -47,7 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--secret-file", type=Path)
     p.add_argument("--redis", help="redis://HOST:PORT/DB shared by router replicas")
     p.add_argument(
-        "--api-key", action="append", default=[], help="accepted client key (repeatable)"
+        "--api-key",
+        action="append",
+        default=[],
+        help=f"accepted client key (repeatable; also read from ${API_KEYS_ENV})",
     )
     p.add_argument("--link-gbps", type=float, help="declared WAN bandwidth P -> MD")
     p.add_argument("--link-rtt-ms", type=float, help="declared WAN round-trip time")
@@ -110,10 +115,15 @@ def build_config(args: argparse.Namespace) -> RouterConfig:
         settings["workers"] = workers
     if args.redis:
         settings["redis_url"] = args.redis
-    settings["api_keys"] = tuple(args.api_key)
+    settings["api_keys"] = tuple(args.api_key) + env_api_keys()
     settings["secret"] = read_secret(args.secret, args.secret_file, secret_env)
     settings.setdefault("workers", ())
     return RouterConfig(**settings)
+
+
+def env_api_keys() -> tuple[str, ...]:
+    """Keys from the environment (a Secret in a pod): separated by commas, spaces or newlines."""
+    return tuple(os.environ.get(API_KEYS_ENV, "").replace(",", " ").split())
 
 
 def main(argv: list[str]) -> int:

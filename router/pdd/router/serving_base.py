@@ -87,10 +87,10 @@ class OpenAIServing:
     ) -> Generation:
         """Check the prompt's length, route it, and hold the route's in-flight lease."""
         arrived_at = time.monotonic()
-        limit = self.runtime.config.max_prompt_tokens
+        limit = self.runtime.prompt_limit()
         if not prompt_ids:
             raise InvalidRequestError("the prompt is empty after templating", param=param)
-        if len(prompt_ids) > limit:
+        if limit is not None and len(prompt_ids) > limit:
             raise PromptTooLongError(
                 f"the prompt has {len(prompt_ids)} tokens; this router accepts at most {limit}",
                 param=param,

@@ -13,11 +13,11 @@ import httpx
 
 from pdd.common.wire import (
     CacheEventsPage,
-    Endpoint,
     HandoffIds,
     LoadReport,
     PipelinePlan,
     TokenEvent,
+    WorkerHealth,
 )
 
 
@@ -70,9 +70,9 @@ class WorkerClient:
             raise WorkerCallError(url, f"answered {resp.status_code}: {resp.text[:300]}")
         return resp.json()
 
-    async def endpoint(self, http_url: str) -> Endpoint:
-        """The worker's own identity and data addresses, from ``/health``."""
-        return Endpoint.model_validate((await self._get_json(f"{http_url}/health"))["endpoint"])
+    async def health(self, http_url: str) -> WorkerHealth:
+        """The worker's identity, data addresses and engine limits."""
+        return WorkerHealth.model_validate(await self._get_json(f"{http_url}/health"))
 
     async def load(self, http_url: str) -> LoadReport:
         return LoadReport.model_validate(await self._get_json(f"{http_url}/load"))

@@ -16,7 +16,7 @@ from fastapi import Depends, FastAPI, Header, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from pdd.common.wire import CacheEventsPage, HandoffIds, PipelinePlan
+from pdd.common.wire import CacheEventsPage, HandoffIds, PipelinePlan, WorkerHealth
 from pdd.worker.engine.request import RequestError
 from pdd.worker.metrics import CONTENT_TYPE_LATEST
 from pdd.worker.roles.base import NoSuchRequestError, RoleBase, RoleMismatchError
@@ -49,13 +49,10 @@ def create_app(role: RoleBase, feed: CacheFeed, ready: Callable[[], bool]) -> Fa
     _install_errors(app)
 
     @app.get("/health")
-    async def health() -> dict:
-        return {
-            "status": "ok",
-            "role": role.role,
-            "endpoint": role.settings.endpoint.model_dump(),
-            "engine": role.engine_info.model_dump(),
-        }
+    async def health() -> WorkerHealth:
+        return WorkerHealth(
+            role=role.role, endpoint=role.settings.endpoint, engine=role.engine_info
+        )
 
     @app.get("/ready")
     async def is_ready() -> JSONResponse:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pdd.common.config_document import SHARED_SECRET_ENV
+from pdd.common.config_document import API_KEYS_ENV, SHARED_SECRET_ENV
 from pdd.operator.builders.config import model_path
 from pdd.operator.builders.meta import Site, metadata
 from pdd.operator.naming import (
@@ -94,7 +94,7 @@ def build_router_deployment(spec: PDDSpec, owner: Owner, config_hash: str) -> di
         "command": ["pdd"],
         "args": ["router", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"],
         "ports": [{"name": "http", "containerPort": ROUTER_PORT}],
-        "env": _common_env(owner, Component.ROUTER),
+        "env": _common_env(owner, Component.ROUTER) + _api_keys_env(spec),
         "resources": spec.router.resources,
         "readinessProbe": _http_probe("/health", "http"),
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
@@ -183,6 +183,16 @@ def _common_env(owner: Owner, role: Component) -> list[dict[str, Any]]:
             "name": SHARED_SECRET_ENV,
             "valueFrom": {"secretKeyRef": {"name": owner.secret_name, "key": SHARED_SECRET_KEY}},
         },
+    ]
+
+
+def _api_keys_env(spec: PDDSpec) -> list[dict[str, Any]]:
+    """The client API keys from the user's Secret; without one the router is open."""
+    ref = spec.router.api_keys_secret
+    if ref is None:
+        return []
+    return [
+        {"name": API_KEYS_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
     ]
 
 
