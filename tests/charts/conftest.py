@@ -42,9 +42,12 @@ class ChartHarness:
     def path(self) -> Path:
         return self.repo / "charts" / "pdd"
 
-    @property
-    def crd_source(self) -> Path:
-        return self.repo / "crds" / "pdddeployments.yaml"
+    #: The CRDs the chart installs, each a link to the repository's file: PDD's own, and
+    #: kopf's peering kind the operator replicas meet in.
+    crd_files: tuple[str, ...] = ("clusterkopfpeerings.yaml", "pdddeployments.yaml")
+
+    def crd_source(self, name: str) -> Path:
+        return self.repo / "crds" / name
 
     @property
     def examples(self) -> Path:

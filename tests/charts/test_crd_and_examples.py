@@ -58,28 +58,31 @@ def cr_validator() -> jsonschema.Validator:
     return jsonschema.Draft4Validator(schema)
 
 
-def test_chart_crd_is_a_relative_link_to_the_repository_crd(chart) -> None:
-    link = chart.path / "crds" / "pdddeployments.yaml"
-    assert link.is_symlink(), "charts/pdd/crds/pdddeployments.yaml must link, not copy"
-    target = os.readlink(link)
-    assert not os.path.isabs(target), "an absolute link breaks in every other checkout"
-    assert link.resolve() == chart.crd_source.resolve()
+def test_chart_crds_are_relative_links_to_the_repository_crds(chart) -> None:
+    for name in chart.crd_files:
+        link = chart.path / "crds" / name
+        assert link.is_symlink(), f"charts/pdd/crds/{name} must link, not copy"
+        target = os.readlink(link)
+        assert not os.path.isabs(target), "an absolute link breaks in every other checkout"
+        assert link.resolve() == chart.crd_source(name).resolve()
 
 
-def test_helm_loads_the_crd_byte_for_byte(chart) -> None:
+def test_helm_loads_the_crds_byte_for_byte(chart) -> None:
     with helm_python.Chart.load(chart.path) as loaded:
         crds = loaded.crds
-    assert [c["name"] for c in crds] == ["crds/pdddeployments.yaml"]
-    assert crds[0]["data"].encode() == chart.crd_source.read_bytes()
+    assert [c["name"] for c in crds] == [f"crds/{name}" for name in chart.crd_files]
+    for crd, name in zip(crds, chart.crd_files, strict=True):
+        assert crd["data"].encode() == chart.crd_source(name).read_bytes()
 
 
-def test_packaged_chart_carries_the_crd_itself(chart, tmp_path: Path) -> None:
-    """`helm package` must resolve the link: the .tgz a user installs has the real file."""
+def test_packaged_chart_carries_the_crds_themselves(chart, tmp_path: Path) -> None:
+    """`helm package` must resolve the links: the .tgz a user installs has the real files."""
     archive = helm_python.package(chart.path, destination=tmp_path)
     helm_python.expand(tmp_path / "out", archive)
-    packaged = tmp_path / "out" / "pdd" / "crds" / "pdddeployments.yaml"
-    assert not packaged.is_symlink()
-    assert packaged.read_bytes() == chart.crd_source.read_bytes()
+    for name in chart.crd_files:
+        packaged = tmp_path / "out" / "pdd" / "crds" / name
+        assert not packaged.is_symlink()
+        assert packaged.read_bytes() == chart.crd_source(name).read_bytes()
 
 
 @pytest.mark.parametrize("cr", example_docs("PDDDeployment"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -29,15 +30,34 @@ def validate(obj: dict[str, Any]) -> None:
 
 
 def test_every_rendered_object_is_valid(chart, chart_values: dict[str, Any] | None) -> None:
+    """Built-in kinds against Kubernetes' schemas; kinds of the chart's own CRDs (the
+    operators' peering object) against the schema their CRD declares."""
     objects = chart.objects(chart_values)
     assert objects
+    own = {crd["spec"]["names"]["kind"]: crd for crd in chart.crds()}
     for obj in objects:
-        validate(obj)
+        if obj["kind"] in own:
+            validate_custom(obj, own[obj["kind"]])
+        else:
+            validate(obj)
 
 
-def test_the_crd_the_chart_installs_is_valid(chart) -> None:
-    [crd] = chart.crds()
-    validate(crd)
+def validate_custom(obj: dict[str, Any], crd: dict[str, Any]) -> None:
+    """A served version, the CRD's scope, and its schema for everything below metadata."""
+    served = {f"{crd['spec']['group']}/{v['name']}": v for v in crd["spec"]["versions"]}
+    assert obj["apiVersion"] in served, f"{obj['kind']}: {obj['apiVersion']} is not served"
+    if crd["spec"]["scope"] == "Cluster":
+        assert "namespace" not in obj["metadata"], f"{obj['kind']} is cluster-scoped"
+    schema = served[obj["apiVersion"]]["schema"]["openAPIV3Schema"]
+    body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
+    jsonschema.Draft4Validator(schema).validate(body)
+
+
+def test_the_crds_the_chart_installs_are_valid(chart) -> None:
+    crds = chart.crds()
+    assert len(crds) == len(chart.crd_files)
+    for crd in crds:
+        validate(crd)
 
 
 @pytest.mark.parametrize(

@@ -92,7 +92,10 @@ def test_framework_rules_are_only_what_kopf_needs(chart) -> None:
         if header["kind"] == "framework"
         for resource in header["resources"]
     }
-    assert framework == {"customresourcedefinitions", "namespaces", "events", "pdddeployments"}
+    assert framework == {
+        "customresourcedefinitions", "namespaces", "events", "pdddeployments",
+        "clusterkopfpeerings",  # the replicas' peering
+    }  # fmt: skip
 
 
 def test_cluster_scoped_and_borrowed_objects_are_only_read(chart, find_object) -> None:

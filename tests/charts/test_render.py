@@ -43,7 +43,7 @@ def test_chart_renders_the_operator_and_its_identity(chart, find_object, chart_v
     ("values", "field"),
     [
         ({"replicaCount": "two"}, "/replicaCount"),
-        ({"replicaCount": 2}, "/replicaCount"),
+        ({"replicaCount": 2, "operator": {"peering": {"enabled": False}}}, "/operator/peering"),
         ({"redis": {"port": "6379"}}, "/redis/port"),
         ({"redis": {"enabeld": True}}, "enabeld"),
         ({"operator": {"image": "Not An Image!"}}, "/operator/image"),
@@ -120,3 +120,20 @@ def test_notes_print_the_redis_url_and_the_adapter_hand_off(chart) -> None:
 def _operator_container(objects, find_object) -> dict[str, Any]:
     deployment = find_object(objects, "Deployment", "pdd-operator")
     return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_operator_replicas_meet_in_the_peering_the_chart_creates(chart, find_object) -> None:
+    objects = chart.objects()
+    operator = find_object(objects, "Deployment", "pdd-operator")
+    assert operator["spec"]["replicas"] == 2
+    assert operator["spec"]["strategy"]["type"] == "RollingUpdate"
+    args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
+    peering = args[args.index("--peering") + 1]
+    assert find_object(objects, "ClusterKopfPeering", peering)
+    alone = chart.objects({"replicaCount": 1, "operator": {"peering": {"enabled": False}}})
+    operator = find_object(alone, "Deployment", "pdd-operator")
+    assert "--peering" not in operator["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert operator["spec"]["strategy"]["type"] == "Recreate"  # never two at once
+    assert not [o for o in alone if o["kind"] == "ClusterKopfPeering"]
+    role = find_object(alone, "ClusterRole", "pdd-operator")
+    assert all("kopf.dev" not in rule["apiGroups"] for rule in role["rules"])

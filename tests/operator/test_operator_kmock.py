@@ -13,8 +13,9 @@ import asyncio
 import base64
 import copy
 import itertools
+import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import pytest
 import yaml
 
 import pdd.operator.handlers  # noqa: F401  (registers the handlers)
+from pdd.operator.main import peering_options
 from pdd.operator.runtime import OperatorOptions
 from pdd.testing.waiting import until
 
@@ -149,14 +151,17 @@ def watching(k8s: kmock.KubernetesEmulator, since: int) -> bool:
 
 
 @asynccontextmanager
-async def running_operator(k8s: kmock.KubernetesEmulator) -> AsyncIterator[None]:
+async def running_operator(
+    k8s: kmock.KubernetesEmulator, name: str = "kopf", **peering: Any
+) -> AsyncIterator[None]:
     """The operator as `pdd operator` runs it, in its own thread and event loop (kopf
     treats every task created in its loop as its own and would cancel the emulator's),
     until the block ends.
 
     Yields once kopf watches PDDDeployments, so objects created next arrive as watch
     events (the emulator would otherwise list and replay them, and kopf would see stale
-    duplicates that a real API server never sends).
+    duplicates that a real API server never sends). ``peering``: kopf's peering options
+    (``peering_options`` of ``pdd operator --peering``); the caller decides when it is up.
     """
     options = OperatorOptions(
         status_interval_s=0.3, remote_retry_delay_s=0.5, remote_cleanup_retries=1
@@ -164,12 +169,16 @@ async def running_operator(k8s: kmock.KubernetesEmulator) -> AsyncIterator[None]
     stop = threading.Event()
     since = len(list(k8s))
     operator = kopf.operator(
-        clusterwide=True, standalone=True, stop_flag=stop, memo=kopf.Memo(options=options)
+        clusterwide=True,
+        stop_flag=stop,
+        memo=kopf.Memo(options=options),
+        **(peering or {"standalone": True}),
     )
-    thread = threading.Thread(target=asyncio.run, args=(operator,), name="kopf")
+    thread = threading.Thread(target=asyncio.run, args=(operator,), name=name)
     thread.start()
     try:
-        await until(lambda: watching(k8s, since), "kopf to watch PDDDeployments")
+        if not peering:
+            await until(lambda: watching(k8s, since), "kopf to watch PDDDeployments")
         yield
     finally:
         stop.set()
@@ -393,3 +402,94 @@ async def test_moving_md_back_from_cluster_b_cleans_cluster_b(cluster_a: Any) ->
         response.raise_for_status()
         await until(lambda: live(k8s_a, DEPLOYMENTS, "serving", "remote-main"), "MD in A")
         await until(lambda: children(k8s_b, "serving-b") == [], "cluster B to be emptied")
+
+
+PEERINGS = "kopf.dev/v1/clusterkopfpeerings"
+
+
+class OperatorLogs(logging.Handler):
+    """kopf's log records, told apart by the thread (operator) that wrote them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def said(self, operator: str, text: str, since: int = 0) -> bool:
+        return any(
+            r.threadName == operator and text in r.getMessage() for r in self.records[since:]
+        )
+
+    def handled_objects(self, since: int = 0) -> set[str]:
+        """The operators that ran a handler on an object (kopf logs "... succeeded.")."""
+        return {
+            r.threadName
+            for r in self.records[since:]
+            if r.name.startswith("kopf.objects") and r.getMessage().endswith("succeeded.")
+        }
+
+
+@pytest.fixture
+def operator_logs() -> Iterator[OperatorLogs]:
+    logs = OperatorLogs()
+    kopf_logger = logging.getLogger("kopf")
+    level = kopf_logger.level
+    kopf_logger.addHandler(logs)
+    kopf_logger.setLevel(logging.DEBUG)
+    yield logs
+    kopf_logger.removeHandler(logs)
+    kopf_logger.setLevel(level)
+
+
+async def test_two_replicas_with_peering_reconcile_one_at_a_time(
+    cluster_a: Any, operator_logs: OperatorLogs
+) -> None:
+    """Two `pdd operator --peering` replicas: the one of higher priority reconciles, the
+    other stands by paused; when the active one stops, the standby takes over."""
+    k8s, client = cluster_a
+    k8s.resources[PEERINGS] = {"kind": "ClusterKopfPeering", "namespaced": False, "verbs": VERBS}
+    peering = {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering"}
+    peering["metadata"] = {"name": "pdd-operator", "uid": "uid-peering"}
+    await create(client, "/apis/kopf.dev/v1/clusterkopfpeerings", peering)
+    options = peering_options("pdd-operator")
+    watch = "Starting the watch-stream for pdddeployments"
+
+    async with running_operator(k8s, "standby", **{**options, "priority": 100}):
+        await until(lambda: operator_logs.said("standby", watch), "the first replica to watch")
+        async with running_operator(k8s, "active", **{**options, "priority": 200}):
+            await until(
+                lambda: operator_logs.said("standby", "Pausing operations in favour of"),
+                "the lower-priority replica to pause",
+            )
+            await until(lambda: operator_logs.said("active", watch), "the active replica to watch")
+            await create(client, CR_PATH, load_cr("pool-b.yaml", "uid-qwen"))
+            await until(
+                lambda: (
+                    live(k8s, "policy/v1/poddisruptionbudgets", "serving", "qwen-router")
+                    and operator_logs.handled_objects()
+                ),
+                "a replica to build every child",
+            )
+            assert operator_logs.handled_objects() == {"active"}
+            paused = len(operator_logs.records)
+        # The active replica stopped (and left the peering): the standby takes over.
+        stopped = len(operator_logs.records)
+        await until(
+            lambda: operator_logs.said("standby", "Resuming operations", since=paused),
+            "the standby to resume",
+        )
+        patch = {"spec": {"prefill": {"replicas": 4}}}
+        response = await client.patch(
+            f"{CR_PATH}/qwen", json=patch, headers={"Content-Type": "application/merge-patch+json"}
+        )
+        response.raise_for_status()
+        await until(
+            lambda: (
+                (live(k8s, DEPLOYMENTS, "serving", "qwen-prefill") or {})["spec"]["replicas"] == 4
+            ),
+            "the standby to reconcile the change",
+        )
+        await until(lambda: operator_logs.handled_objects(since=stopped), "a handler to run")
+        assert operator_logs.handled_objects(since=stopped) == {"standby"}

@@ -39,6 +39,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # Ask the API server to end watches every 5 minutes: idle long-lived streams are
     # dropped silently by load balancers, and a fresh watch is cheap.
     settings.watching.server_timeout = 300
+    # Replicas (``pdd operator --peering NAME``) meet in one ClusterKopfPeering even when
+    # they serve a list of namespaces: no peering object to create in each of them.
+    settings.peering.clusterwide = True
     memo.runtime = OperatorRuntime(memo.get("options", OperatorOptions()))
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import random
 import sys
+from typing import Any
 
 import kopf
 
@@ -31,6 +33,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--all-namespaces",
         action="store_true",
         help="watch every namespace (the default when no --namespace is given)",
+    )
+    parser.add_argument(
+        "--peering",
+        metavar="NAME",
+        help="run as one of several replicas: they meet in the ClusterKopfPeering NAME and "
+        "only the one with the highest (random) priority reconciles; the others stand by",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument(
@@ -60,9 +68,25 @@ def main(argv: list[str] | None = None) -> int:
     kopf.run(
         clusterwide=not args.namespace,
         namespaces=args.namespace,
-        # One operator replica: no peering objects to create or RBAC to grant for them.
-        standalone=True,
         liveness_endpoint=args.liveness,
         memo=kopf.Memo(options=options),
+        **peering_options(args.peering),
     )
     return 0
+
+
+def peering_options(name: str | None) -> dict[str, Any]:
+    """kopf's peering for replicas: without a name one replica runs alone (standalone).
+
+    With a name, kopf pauses every replica that sees a live peer of higher priority, and all
+    of them when two share one; a random priority per process makes that one replica
+    active. A replica that stops cleanly leaves at once; one that dies is presumed gone
+    once its keep-alive expires (kopf's peering lifetime, 60 s), then the next one resumes.
+    """
+    if name is None:
+        return {"standalone": True}
+    return {
+        "standalone": False,
+        "peering_name": name,
+        "priority": random.SystemRandom().randint(1, 2**31 - 1),
+    }
