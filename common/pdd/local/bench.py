@@ -22,6 +22,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -32,8 +33,9 @@ from pdd.local import plots, report
 from pdd.local.cluster import free_port
 from pdd.local.probes import Probes, WanSampler, delta
 from pdd.local.replay import Outcome, Replayer, ReplayTarget
+from pdd.local.scale_down import ScaleDown, ScaleDownError, parse_roles, pick_victims
 from pdd.local.stack import LocalStack, StackInfo, StackStartError
-from pdd.local.topology import MODES, TopologyError
+from pdd.local.topology import MODES, StackConfig, TopologyError, worker_specs
 from pdd.local.traces import TraceFormatError, bundled_traces, detect, load_trace
 from pdd.local.traces.base import Trace, ideal_hit_ratios
 from pdd.local.traces.synth import Job, Scaling, ScalingError, synthesize
@@ -46,6 +48,8 @@ DEFAULT_TOKENS_PER_BLOCK = {"claude-code": 0.25, "mooncake": 16.0}
 #: stack's answers pace them), so their think gaps shrink a hundredfold; arrival traces
 #: are open loop, and their recorded rate (about 3.4 requests/s) is kept.
 DEFAULT_TIME_SCALE = {"claude-code": 0.01, "mooncake": 1.0}
+#: How long a scaled-down worker may take to exit: its drain (30 s by default) and a margin.
+SCALE_DOWN_WAIT_S = 60.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,6 +84,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--max-think-s", type=float, default=300.0, help="cap, in trace seconds")
+    p.add_argument(
+        "--scale-down",
+        metavar="ROLES",
+        help="e.g. relay,main: SIGTERM the newest worker of each role mid-replay (it drains)",
+    )
+    p.add_argument(
+        "--scale-down-after",
+        type=float,
+        default=0.5,
+        metavar="SHARE",
+        help="share of the requests finished before --scale-down (default 0.5)",
+    )
     add_stack_flags(p, None)
     return p
 
@@ -115,11 +131,14 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
         modes = parse_modes(args)
+        args.scale_down = parse_roles(args.scale_down)
+        if args.scale_down and args.url:
+            raise ScaleDownError("--scale-down stops workers of the stacks bench starts: not --url")
         args.trace = trace_path(args)
         fmt = args.format or detect(args.trace)
         trace = load_trace(args.trace, fmt, args.session_gap_s, args.max_requests)
         scaling = build_scaling(args, fmt)
-    except (TraceFormatError, ScalingError, TopologyError) as exc:
+    except (TraceFormatError, ScalingError, TopologyError, ScaleDownError) as exc:
         say(f"pdd bench: {exc}")
         return 2
     out_dir = args.out_dir or Path("bench-results") / args.trace.name.split(".")[0]
@@ -155,24 +174,51 @@ def _run_mode(args: argparse.Namespace, mode: str, workload: Trace[Job], out_dir
     stack = LocalStack.start(config, say)
     try:
         target = ReplayTarget(stack.info.base_url, stack.info.model, args.request_timeout_s)
-        run = asyncio.run(measure(mode, workload, target, stack.info.probes, not args.no_progress))
+        scale = _scale_down(args, config, stack, len(workload))
+        run = asyncio.run(
+            measure(
+                mode, workload, target, stack.info.probes, not args.no_progress, scale.on_outcome
+            )
+        )
+        run.scale_down = [asdict(s) for s in scale.wait(SCALE_DOWN_WAIT_S)]
+        for stopped in scale.stopped:
+            say(f"pdd bench: scale-down during {mode}: {stopped.describe()}")
         for death in stack.supervisor.deaths():
-            say(f"pdd bench: during {mode}: {death.describe()}")
+            if death.child.name not in scale.names:
+                say(f"pdd bench: during {mode}: {death.describe()}")
         return run
     finally:
         stack.stop()
 
 
+def _scale_down(
+    args: argparse.Namespace, config: StackConfig, stack: LocalStack, requests: int
+) -> ScaleDown:
+    """The workers ``--scale-down`` stops in this mode (none for modes without the role)."""
+    specs = worker_specs(config.mode, config.counts)
+    by_name = {c.name: c for c in stack.supervisor.children}
+    victims = [(s, by_name[s.name]) for s in pick_victims(specs, args.scale_down)]
+    return ScaleDown(victims, after=max(1, round(requests * args.scale_down_after)))
+
+
 async def measure(
-    mode: str, workload: Trace[Job], target: ReplayTarget, probes: Probes, progress: bool
+    mode: str,
+    workload: Trace[Job],
+    target: ReplayTarget,
+    probes: Probes,
+    progress: bool,
+    on_finished: Callable[[], None] | None = None,
 ) -> report.ModeRun:
-    """Replay ``workload`` once against ``target``; counters are read before and after."""
+    """Replay ``workload`` once against ``target``; counters are read before and after.
+    ``on_finished`` is called as each request ends (the scale-down counts them)."""
     bar = _progress_bar(mode, len(workload), progress)
     errors = 0
 
     def on_outcome(o: Outcome) -> None:
         nonlocal errors
         errors += o.error is not None
+        if on_finished is not None:
+            on_finished()
         if bar is not None:
             bar.update(1)
             bar.set_postfix(errors=errors, refresh=False)
@@ -240,6 +286,7 @@ def _document(
         },
         "reference_mode": runs[0].mode if runs else None,
         "mismatch_examples": {m: keys[:10] for m, keys in mismatched.items() if keys},
+        "scale_down": {run.mode: run.scale_down for run in runs if run.scale_down},
         "modes": summaries,
     }
 

@@ -46,6 +46,8 @@ class ModeRun:
     router: Samples = field(default_factory=dict)  # counter differences over the run
     workers: Samples = field(default_factory=dict)
     wan_series: list[tuple[float, int]] = field(default_factory=list)
+    #: Workers stopped mid-replay (``--scale-down``): name, role, exit code, drain time.
+    scale_down: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _ratio(num: float, den: float) -> float | None:
