@@ -27,6 +27,7 @@ ALL_ON: dict[str, Any] = {
     "metricsAdapter": {"rules": {"enabled": True}, "namespace": "monitoring"},
     "operator": {"watchNamespaces": ["team-a", "team-b"], "verbose": True},
     "imagePullSecrets": [{"name": "ghcr"}],
+    "networkPolicy": {"enabled": True, "wanPeers": ["10.20.0.0/16"], "metricsFrom": ["monitoring"]},
 }
 
 

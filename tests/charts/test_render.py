@@ -6,8 +6,12 @@ from typing import Any
 
 import helm_python
 import pytest
+import yaml
 
 from pdd.operator.main import parse_args
+from pdd.operator.naming import Owner
+from pdd.operator.plan import build_plan
+from pdd.operator.spec import PDDSpec
 
 pytestmark = pytest.mark.unit
 
@@ -137,3 +141,30 @@ def test_operator_replicas_meet_in_the_peering_the_chart_creates(chart, find_obj
     assert not [o for o in alone if o["kind"] == "ClusterKopfPeering"]
     role = find_object(alone, "ClusterRole", "pdd-operator")
     assert all("kopf.dev" not in rule["apiGroups"] for rule in role["rules"])
+
+
+def test_network_policy_admits_cluster_b_to_the_wan_port_only(chart, find_object) -> None:
+    values = {
+        "networkPolicy": {"enabled": True, "namespaces": ["serving"], "wanPeers": ["10.20.0.0/16"]}
+    }
+    policy = find_object(chart.objects(values), "NetworkPolicy", "pdd-workers")
+    assert policy["metadata"]["namespace"] == "serving"
+    rules = policy["spec"]["ingress"]
+    inside, wan = rules
+    assert inside["from"] == [{"podSelector": {}}]
+    assert {p["port"] for p in inside["ports"]} == {"http", "kv", "wan"}
+    assert wan == {"from": [{"ipBlock": {"cidr": "10.20.0.0/16"}}], "ports": [{"port": "wan"}]}
+    # the names are ports the operator declares on every worker container it renders
+    cr = next(d for d in yaml.safe_load_all((chart.examples / "node-pools.yaml").read_text()) if d)
+    owner = Owner(name=cr["metadata"]["name"], namespace="serving", uid="u")
+    for cluster, obj in build_plan(PDDSpec.model_validate(cr["spec"]), owner, "t").children:
+        if obj["kind"] == "Deployment" and obj["metadata"]["name"].endswith(
+            ("prefill", "relay", "main")
+        ):
+            declared = {
+                p["name"] for p in obj["spec"]["template"]["spec"]["containers"][0]["ports"]
+            }
+            assert {"http", "kv", "wan"} <= declared
+    assert not [o for o in chart.objects() if o["kind"] == "NetworkPolicy"]  # off by default
+    with pytest.raises(Exception, match="networkPolicy.namespaces"):
+        chart.objects({"networkPolicy": {"enabled": True}})

@@ -113,6 +113,7 @@ def test_remote_cluster_objects_have_labels_but_no_owner_refs(
         ("PodDisruptionBudget", "qwen-main"),
         ("Secret", "qwen-shared-secret"),
         ("Service", "qwen-main"),
+        ("Service", "qwen-main-wan"),
     ]
     for obj in remote:
         assert "ownerReferences" not in obj["metadata"]
@@ -325,3 +326,27 @@ def test_router_takes_client_keys_from_the_named_secret(pool_b_spec: PDDSpec, ow
     }
     # the keys never enter the config document every pod reads
     assert "chat-keys" not in build_worker_config(keyed, owner, Site(owner.namespace)).to_json()
+
+
+def test_wan_facing_roles_get_a_service_with_only_their_wan_port(
+    pool_b_spec: PDDSpec, owner: Owner
+) -> None:
+    """Cluster B's peers need RLD's and MD's WAN data port and nothing else: that port has
+    a Service of its own to export or admit, the role's Service keeps HTTP and in-datacenter
+    data, and P (which no peer reaches across the WAN) has none."""
+    children = by_kind_name(build_plan(pool_b_spec, owner, TOKEN).children)
+    for role in ("relay", "main"):
+        wan = children[(Cluster.LOCAL, "Service", f"qwen-{role}-wan")]
+        assert wan["spec"]["ports"] == [{"name": "wan", "port": 9100, "targetPort": "wan"}]
+        assert wan["spec"]["clusterIP"] == "None"  # every pod's address, as for the role
+        assert wan["spec"]["selector"] == owner.selector_labels(role)
+        inside = children[(Cluster.LOCAL, "Service", f"qwen-{role}")]
+        assert [p["name"] for p in inside["spec"]["ports"]] == ["http", "kv"]
+        pod = children[(Cluster.LOCAL, "Deployment", f"qwen-{role}")]["spec"]["template"]
+        ports = {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
+        assert ports["wan"] == 9100 and ports["kv"] == 9000
+    assert (Cluster.LOCAL, "Service", "qwen-prefill-wan") not in children
+    config = json.loads(
+        children[(Cluster.LOCAL, "ConfigMap", "qwen-config")]["data"]["config.json"]
+    )
+    assert config["ports"]["wan"] == 9100 and config["ports"]["kv"] == 9000

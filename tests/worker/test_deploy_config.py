@@ -1,5 +1,6 @@
 """A worker pod starts from the config the operator renders, identity from the pod env."""
 
+import asyncio
 import json
 import os
 import subprocess
@@ -24,6 +25,7 @@ from pdd.operator.spec import PDDSpec
 from pdd.testing.waiting import until_sync
 from pdd.worker.deploy_config import flag_defaults
 from pdd.worker.server import parse_args
+from pdd.worker.transport import AuthError, connect
 
 #: Tiers per test: some tests here start processes (integration), the rest are unit.
 
@@ -50,11 +52,18 @@ def write(tmp_path: Path, doc: dict) -> Path:
 def test_defaults_come_from_the_rendered_config_and_pod_env():
     doc = operator_config()
     defaults = flag_defaults(parse_config_document(doc, "worker"), POD_ENV)
-    kv, http = doc["ports"]["kv"], doc["ports"]["http"]
+    kv, wan, http = doc["ports"]["kv"], doc["ports"]["wan"], doc["ports"]["http"]
+    assert wan != kv  # peers across the WAN have a port (and a Service) of their own
     assert defaults["role"] == "relay" and defaults["instance_id"] == "qwen-relay-7f9c"
     assert defaults["model"] == doc["model"]["path"]
     assert defaults["data"] == f"0.0.0.0:{kv}" and defaults["http"] == f"0.0.0.0:{http}"
-    assert defaults["advertise_fast"] == defaults["advertise_wan"] == f"10.1.2.3:{kv}"
+    assert defaults["wan"] == f"0.0.0.0:{wan}"
+    assert defaults["advertise_fast"] == f"10.1.2.3:{kv}"
+    assert defaults["advertise_wan"] == f"10.1.2.3:{wan}"
+    # a document without a WAN port: the kv port serves both, as before
+    single = {**doc, "ports": {k: v for k, v in doc["ports"].items() if k != "wan"}}
+    defaults = flag_defaults(parse_config_document(single, "worker"), POD_ENV)
+    assert "wan" not in defaults and defaults["advertise_wan"] == f"10.1.2.3:{kv}"
     assert defaults["advertise_http"] == f"10.1.2.3:{http}"
     assert defaults["secret_env"] == doc["sharedSecretEnv"]
 
@@ -122,8 +131,8 @@ def test_missing_identity_is_a_usage_error(tmp_path, capsys):
 @pytest.mark.integration
 def test_worker_process_serves_from_the_operator_config(tmp_path):
     doc = operator_config()
-    http_port, kv_port = free_port(), free_port()
-    doc["ports"] = {**doc["ports"], "http": http_port, "kv": kv_port}
+    http_port, kv_port, wan_port = free_port(), free_port(), free_port()
+    doc["ports"] = {**doc["ports"], "http": http_port, "kv": kv_port, "wan": wan_port}
     doc["model"] = {**doc["model"], "path": "tiny"}
     doc = with_engine(doc, prefill={"maxRunningRequests": 7, "maxPromptTokens": 100})
     env = {
@@ -150,11 +159,21 @@ def test_worker_process_serves_from_the_operator_config(tmp_path):
             "instance_id": "pod-0",
             "http_url": f"http://127.0.0.1:{http_port}",
             "fast_addr": f"127.0.0.1:{kv_port}",
-            "wan_addr": f"127.0.0.1:{kv_port}",
+            "wan_addr": f"127.0.0.1:{wan_port}",
         }
+        # both data ports speak the peer protocol (the handshake needs the shared secret)
+        for port in (kv_port, wan_port):
+            asyncio.run(_handshake(port, "s3cret"))
+        with pytest.raises(AuthError):
+            asyncio.run(_handshake(wan_port, "not-the-secret"))
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+async def _handshake(port: int, secret: str) -> None:
+    channel = await connect("127.0.0.1", port, secret, "test-peer")
+    await channel.close()
 
 
 def _wait_health(url: str, proc: subprocess.Popen) -> dict:

@@ -55,7 +55,9 @@ class ModelSection(_Section):
 
 class Ports(_Section):
     http: int = Field(ge=1, le=65535)
-    kv: int = Field(ge=1, le=65535)
+    kv: int = Field(ge=1, le=65535, description="data port for peers in the same datacenter")
+    #: Data port for peers across the WAN; None: the kv port serves them too.
+    wan: int | None = Field(default=None, ge=1, le=65535)
     router: int = Field(ge=1, le=65535)
 
 

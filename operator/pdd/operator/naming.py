@@ -31,9 +31,12 @@ OWNER_UID_LABEL = "pdd.dev/owner-uid"
 OWNER_NAMESPACE_LABEL = "pdd.dev/owner-namespace"
 DEPLOYMENT_LABEL = "pdd.dev/deployment"
 
-#: Worker HTTP API (+ /metrics, /health), the KV transfer port, the router's port.
+#: Worker HTTP API (+ /metrics, /health), the data port for peers in the same datacenter,
+#: the data port for peers across the WAN (its own Service, so that cluster B's traffic can
+#: be admitted to it alone), the router's port.
 WORKER_HTTP_PORT = 8000
 WORKER_KV_PORT = 9000
+WORKER_WAN_PORT = 9100
 ROUTER_PORT = 8080
 REDIS_PORT = 6379
 
@@ -59,6 +62,8 @@ class Component(StrEnum):
 
 
 WORKER_ROLES = tuple(Component(role) for role in PDD_ROLES)
+#: Roles that peers reach across the WAN: MD (P's KV) and RLD (MD's handoff calls).
+WAN_FACING_ROLES = (Component.RELAY, Component.MAIN)
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,10 @@ class Owner:
 
     def child(self, role: Component | str) -> str:
         return f"{self.name}-{role}"
+
+    def wan_service_name(self, role: Component) -> str:
+        """The Service of a role's WAN data port (what cluster B's peers reach)."""
+        return f"{self.child(role)}-wan"
 
     @property
     def config_name(self) -> str:

@@ -29,8 +29,9 @@ from pdd.operator.builders.services import (
     build_headless_service,
     build_redis_service,
     build_router_service,
+    build_wan_service,
 )
-from pdd.operator.naming import WORKER_ROLES, Component, Owner
+from pdd.operator.naming import WAN_FACING_ROLES, WORKER_ROLES, Component, Owner
 from pdd.operator.spec import PDDSpec
 
 
@@ -97,6 +98,8 @@ def build_plan(spec: PDDSpec, owner: Owner, token: str) -> Plan:
             (main_cluster, main_site, main_config) if role is Component.MAIN
             else (Cluster.LOCAL, local, local_config)
         )  # fmt: skip
+        if role in WAN_FACING_ROLES:
+            children.append((cluster, build_wan_service(owner, role, site)))
         children += [
             (cluster, build_headless_service(owner, role, site)),
             (cluster, build_worker_deployment(spec, owner, role, site, config_hash(cfg))),
@@ -129,5 +132,6 @@ def possible_children(owner: Owner, cluster: Cluster, namespace: str) -> list[Ch
         ref("PodDisruptionBudget", owner.child(role)) for role in roles if role != Component.REDIS
     ]
     refs += [ref("Service", owner.child(role)) for role in roles]
+    refs += [ref("Service", owner.wan_service_name(r)) for r in roles if r in WAN_FACING_ROLES]
     refs += [ref("ConfigMap", owner.config_name), ref("Secret", owner.secret_name)]
     return refs

@@ -20,12 +20,13 @@ def flag_defaults(
 ) -> dict[str, Any]:
     """argparse defaults (by ``dest``) from the config document and the pod environment.
 
-    Listens on all interfaces (a pod's only address is its own) and advertises the
-    pod IP, which is how peers and the router reach this instance. The engine
+    Listens on all interfaces (a pod's only address is its own), for peers of this
+    datacenter on the kv port and for peers across the WAN on the wan port, and advertises
+    the pod IP with each, which is how peers and the router reach this instance. The engine
     settings are those of ``role`` (the ``--role`` flag, else ``$PDD_ROLE``).
     """
     role = role or env.get("PDD_ROLE")
-    http_port, kv_port = doc.ports.http, doc.ports.kv
+    http_port, kv_port, wan_port = doc.ports.http, doc.ports.kv, doc.ports.wan or doc.ports.kv
     pod_ip = env.get("PDD_POD_IP")
     defaults: dict[str, Any] = {
         "role": role,
@@ -33,8 +34,9 @@ def flag_defaults(
         "model": doc.model.path,
         "http": f"0.0.0.0:{http_port}",
         "data": f"0.0.0.0:{kv_port}",
+        "wan": f"0.0.0.0:{wan_port}" if doc.ports.wan else None,
         "advertise_fast": f"{pod_ip}:{kv_port}" if pod_ip else None,
-        "advertise_wan": f"{pod_ip}:{kv_port}" if pod_ip else None,
+        "advertise_wan": f"{pod_ip}:{wan_port}" if pod_ip else None,
         "advertise_http": f"{pod_ip}:{http_port}" if pod_ip else None,
         "handoff": doc.handoff.flag,
         "secret_env": doc.shared_secret_env,

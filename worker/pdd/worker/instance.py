@@ -48,12 +48,20 @@ class WorkerInstance:
         self.feed = CacheFeed(runner, settings.instance_id)
         self.app = create_app(self.role, self.feed, ready=lambda: not self.role.draining)
         self.data: Server | None = None
+        self.wan: Server | None = None
 
-    async def start(self, data_addr: str) -> None:
-        """Start the engine's driver and listen for peers on ``data_addr`` (HOST:PORT)."""
+    async def start(self, data_addr: str, wan_addr: str | None = None) -> None:
+        """Start the engine's driver and listen for peers on ``data_addr`` (HOST:PORT), and
+        for peers across the WAN on ``wan_addr`` where given: the same protocol on a port
+        of its own, so that only that port need be reachable from the other datacenter."""
         self.runner.start()
-        host, port = split_addr(data_addr)
-        self.data = await serve(
+        self.data = await self._listen(data_addr)
+        if wan_addr is not None:
+            self.wan = await self._listen(wan_addr)
+
+    async def _listen(self, addr: str) -> Server:
+        host, port = split_addr(addr)
+        return await serve(
             host,
             port,
             self.settings.secret,
@@ -87,8 +95,9 @@ class WorkerInstance:
 
     async def stop(self) -> None:
         await self.role.close()
-        if self.data is not None:
-            await self.data.close()
+        for server in (self.data, self.wan):
+            if server is not None:
+                await server.close()
         self.runner.stop()
 
 

@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http", default="127.0.0.1:8000", help="HOST:PORT of the control API")
     p.add_argument("--advertise-http", help="HOST:PORT the router uses (default: --http)")
     p.add_argument("--data", default="127.0.0.1:9000", help="HOST:PORT to listen for KV")
+    p.add_argument(
+        "--wan", help="HOST:PORT to listen for peers across the WAN (default: --data serves them)"
+    )
     p.add_argument("--advertise-fast", help="data address peers in this datacenter use")
     p.add_argument("--advertise-wan", help="data address peers across the WAN use")
     p.add_argument("--secret-file", type=Path, help="shared secret (else $PDD_SHARED_SECRET)")
@@ -139,7 +142,7 @@ def build_settings(args: argparse.Namespace) -> WorkerSettings:
         catchup_load_level=args.catchup_load_level,
         transfer_timeout_s=args.transfer_timeout_s,
         advertise_fast=args.advertise_fast or args.data,
-        advertise_wan=args.advertise_wan or args.advertise_fast or args.data,
+        advertise_wan=args.advertise_wan or args.wan or args.advertise_fast or args.data,
         http=args.advertise_http or args.http,
     )
 
@@ -164,7 +167,7 @@ async def run(args: argparse.Namespace) -> None:
     worker = WorkerInstance(
         settings, ThreadEngineRunner(build_engine(args), asyncio.get_running_loop())
     )
-    await worker.start(args.data)
+    await worker.start(args.data, args.wan)
     http_host, http_port = split_addr(args.http)
     server = DrainingServer(
         uvicorn.Config(
@@ -176,12 +179,14 @@ async def run(args: argparse.Namespace) -> None:
     assert worker.data is not None
     info = worker.role.engine_info
     log.info(
-        "%s %s: data on %s, port %d, http on %s; engine on %s %s, KV %d blocks x %d = %d tokens "
-        "(%.2f GiB), max running %d, max prompt %d tokens, chunked prefill %d tokens",
+        "%s %s: data on %s, port %d, WAN data %s, http on %s; engine on %s %s, KV %d blocks "
+        "x %d = %d tokens (%.2f GiB), max running %d, max prompt %d tokens, chunked prefill "
+        "%d tokens",
         args.role,
         settings.instance_id,
         args.data,
         worker.data.port,
+        f"on port {worker.wan.port}" if worker.wan else "on the same port",
         args.http,
         info.device,
         info.dtype,

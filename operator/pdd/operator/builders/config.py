@@ -38,6 +38,7 @@ from pdd.operator.naming import (
     WORKER_HTTP_PORT,
     WORKER_KV_PORT,
     WORKER_ROLES,
+    WORKER_WAN_PORT,
     Component,
     Owner,
     service_host,
@@ -100,7 +101,9 @@ def build_worker_config(spec: PDDSpec, owner: Owner, site: Site) -> ConfigDocume
             path=model_path(spec),
             kv_bytes_per_token=resolve_kv_bytes_per_token(spec.model),
         ),
-        ports=Ports(http=WORKER_HTTP_PORT, kv=WORKER_KV_PORT, router=ROUTER_PORT),
+        ports=Ports(
+            http=WORKER_HTTP_PORT, kv=WORKER_KV_PORT, wan=WORKER_WAN_PORT, router=ROUTER_PORT
+        ),
         peers=Peers(**workers, router=RouterPeer(host=hosts[Component.ROUTER], port=ROUTER_PORT)),
         wan=WanSection(declared_gbps=spec.wan.declared_gbps, rtt_ms=spec.wan.rtt_ms),
         slo=SloSection(ttft_p99_ms=spec.slo.ttft_p99_ms, tpot_ms=spec.slo.tpot_ms),

@@ -16,6 +16,7 @@ from pdd.operator.naming import (
     SHARED_SECRET_KEY,
     WORKER_HTTP_PORT,
     WORKER_KV_PORT,
+    WORKER_WAN_PORT,
     Component,
     Owner,
 )
@@ -54,6 +55,7 @@ def build_worker_deployment(
         "ports": [
             {"name": "http", "containerPort": WORKER_HTTP_PORT},
             {"name": "kv", "containerPort": WORKER_KV_PORT},
+            {"name": "wan", "containerPort": WORKER_WAN_PORT},
         ],
         "env": _common_env(owner, role),
         "resources": pool.resources,

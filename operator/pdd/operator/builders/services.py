@@ -1,7 +1,11 @@
 """Services: one headless Service per worker role, a ClusterIP for the router and Redis.
 
 Worker Services are headless because the router and the peers need every instance's
-address (prefix-cache locality is per pod), not a load-balanced virtual IP.
+address (prefix-cache locality is per pod), not a load-balanced virtual IP. The roles
+peers reach across the WAN (RLD, MD) get a second headless Service, ``<name>-<role>-wan``,
+with only their WAN data port: the one to export to cluster B (a multi-cluster
+ServiceExport, a LoadBalancer of your own) and to admit in a NetworkPolicy, while the
+HTTP and in-datacenter data ports stay inside the cluster.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from pdd.operator.naming import (
     ROUTER_PORT,
     WORKER_HTTP_PORT,
     WORKER_KV_PORT,
+    WORKER_WAN_PORT,
     Component,
     Owner,
 )
@@ -25,6 +30,13 @@ def build_headless_service(owner: Owner, role: Component, site: Site) -> dict[st
         {"name": "kv", "port": WORKER_KV_PORT, "targetPort": "kv"},
     ]
     return _service(owner, role, site, {"clusterIP": "None", "ports": ports})
+
+
+def build_wan_service(owner: Owner, role: Component, site: Site) -> dict[str, Any]:
+    ports = [{"name": "wan", "port": WORKER_WAN_PORT, "targetPort": "wan"}]
+    service = _service(owner, role, site, {"clusterIP": "None", "ports": ports})
+    service["metadata"]["name"] = owner.wan_service_name(role)
+    return service
 
 
 def build_router_service(owner: Owner) -> dict[str, Any]:
