@@ -31,7 +31,7 @@ import httpx
 
 from pdd.local import plots, report
 from pdd.local.cluster import free_port
-from pdd.local.probes import Probes, WanSampler, delta
+from pdd.local.probes import Probes, WanSampler, delta, summed
 from pdd.local.replay import Outcome, Replayer, ReplayTarget
 from pdd.local.scale_down import ScaleDown, ScaleDownError, parse_roles, pick_victims
 from pdd.local.stack import LocalStack, StackInfo, StackStartError
@@ -233,7 +233,7 @@ async def measure(
         wall = time.monotonic() - t0
         stop.set()
         await sampling
-        router1, workers1 = await probes.metrics(client)
+        router1, workers1 = await probes.metrics(client, last=workers0)
         wan1 = await probes.wan_bytes(client)
     if bar is not None:
         bar.close()
@@ -243,7 +243,7 @@ async def measure(
         wall_s=wall,
         wan_bytes=None if wan0 is None or wan1 is None else wan1 - wan0,
         router=delta(router0, router1),
-        workers=delta(workers0, workers1),
+        workers=delta(summed(workers0), summed(workers1)),
         wan_series=sampler.series,
     )
 

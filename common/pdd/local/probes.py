@@ -34,6 +34,15 @@ def delta(before: Samples, after: Samples) -> Samples:
     return {k: v - before.get(k, 0.0) for k, v in after.items()}
 
 
+def summed(per_worker: dict[str, Samples]) -> Samples:
+    """Every worker's samples added up."""
+    out: Samples = {}
+    for samples in per_worker.values():
+        for k, v in samples.items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
 def total(samples: Samples, name: str, **labels: str) -> float:
     """Sum of every sample called ``name`` whose labels include ``labels``."""
     want = [f'{k}="{v}"' for k, v in labels.items()]
@@ -67,16 +76,24 @@ class Probes:
     worker_urls: tuple[str, ...] = ()
     link_admin_urls: tuple[str, ...] = ()
 
-    async def metrics(self, client: httpx.AsyncClient) -> tuple[Samples, Samples]:
-        """(router samples, all workers' samples summed)."""
+    async def metrics(
+        self, client: httpx.AsyncClient, last: dict[str, Samples] | None = None
+    ) -> tuple[Samples, dict[str, Samples]]:
+        """(router samples, each answering worker's samples by URL). A worker that no
+        longer answers (stopped by a scale-down) keeps its reading from ``last``, so the
+        difference over a run never goes negative; what it did after that is not counted."""
         router: Samples = {}
         if self.router_url:
             router = flatten((await client.get(f"{self.router_url}/metrics")).text)
-        workers: Samples = {}
-        texts = await asyncio.gather(*(client.get(f"{u}/metrics") for u in self.worker_urls))
-        for resp in texts:
-            for k, v in flatten(resp.text).items():
-                workers[k] = workers.get(k, 0.0) + v
+        workers = dict(last or {})
+        answers = await asyncio.gather(
+            *(client.get(f"{u}/metrics") for u in self.worker_urls), return_exceptions=True
+        )
+        for url, answer in zip(self.worker_urls, answers, strict=True):
+            if isinstance(answer, httpx.Response):
+                workers[url] = flatten(answer.text)
+            elif not isinstance(answer, httpx.TransportError):
+                raise answer
         return router, workers
 
     async def wan_bytes(self, client: httpx.AsyncClient) -> int | None:

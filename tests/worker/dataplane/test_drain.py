@@ -79,3 +79,31 @@ async def test_a_draining_relay_leaves_the_routers_choice_and_hands_everything_o
     assert await draining[0]  # every request with state on the relay ended within the grace
     await client.aclose()
     await vdp.assert_quiescent()
+
+
+async def test_a_draining_instance_serves_what_is_still_sent_during_the_notice(vdp):
+    """Routers and the Service learn of a drain only on their next poll: an idle MD told to
+    stop must not exit under a request sent to it meanwhile. It serves it, token-exact, and
+    exits only once the notice has passed and nothing is live."""
+    prompts = vdp.prompts(1, seed=9)
+    expected = await vdp.reference(prompts, 40, "notice")
+    main = vdp.cluster["md"]
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    drained_at: list[float] = []
+
+    async def drain() -> bool:
+        ok = await main.instance.drain(grace_s=600.0, notice_s=5.0)
+        drained_at.append(loop.time())
+        return ok
+
+    draining = asyncio.ensure_future(drain())
+    await asyncio.sleep(0)  # the drain has begun: MD says so, and still nothing is live
+    assert main.role.draining and not main.role.live
+    plan = vdp.cluster.plan("notice-0", prompts[0], "P-MD", vdp.sampling(0, 40))
+    [result] = await vdp.run_all([plan])
+    assert result.token_ids == expected[0] and not result.errors
+    assert result.sources[-1] == "md"
+    assert await draining
+    assert drained_at[0] >= started + 5.0  # not before the notice passed
+    await vdp.assert_quiescent()

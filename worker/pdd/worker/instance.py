@@ -71,16 +71,19 @@ class WorkerInstance:
             network=self.network,
         )
 
-    async def drain(self, grace_s: float, poll_s: float = 0.05) -> bool:
+    async def drain(self, grace_s: float, notice_s: float = 0.0, poll_s: float = 0.05) -> bool:
         """Stop taking work and let what runs finish: ``/ready`` turns false at once (the
         router stops choosing this instance on its next poll, Kubernetes takes the pod
         out of its Service), a relay hands each request to MD in one shot as soon as MD
-        holds the KV, and every request with state here ends. True when all did within
-        ``grace_s`` (loop time); False when the deadline came first."""
+        holds the KV, and every request with state here ends. Requests still sent during
+        ``notice_s`` (before every router and the Service have seen the drain) are served
+        too, so an idle instance lingers that long instead of exiting under them. True
+        when all ended within ``grace_s`` (loop time); False when the deadline came first."""
         self.role.draining = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace_s
-        while self.role.live:
+        noticed = loop.time() + min(notice_s, grace_s)
+        while self.role.live or loop.time() < noticed:
             if loop.time() >= deadline:
                 log.warning(
                     "%s: drain deadline (%.0f s) reached with %d requests live",

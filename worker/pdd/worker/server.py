@@ -97,6 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         help="on SIGTERM, how long to let running requests finish before exiting",
     )
+    p.add_argument(
+        "--drain-notice-seconds",
+        type=float,
+        default=5.0,
+        help="on SIGTERM, keep serving what is still sent this long (routers poll every "
+        "0.5 s; Kubernetes takes a few seconds to drop the pod from its Service)",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -175,6 +182,7 @@ async def run(args: argparse.Namespace) -> None:
         ),
         worker,
         args.drain_seconds,
+        args.drain_notice_seconds,
     )
     assert worker.data is not None
     info = worker.role.engine_info
@@ -211,10 +219,13 @@ class DrainingServer(uvicorn.Server):
     (streams, handoffs, the router's polls that see ``draining``) and exits once nothing
     is live or ``grace_s`` passed. A second SIGTERM, or SIGINT, stops at once."""
 
-    def __init__(self, config: uvicorn.Config, worker: WorkerInstance, grace_s: float) -> None:
+    def __init__(
+        self, config: uvicorn.Config, worker: WorkerInstance, grace_s: float, notice_s: float
+    ) -> None:
         super().__init__(config)
         self._worker = worker
         self._grace_s = grace_s
+        self._notice_s = notice_s
         self._drain_requested = False
         self._tasks: set[asyncio.Task[bool]] = set()
         self._loop = asyncio.get_running_loop()
@@ -229,7 +240,7 @@ class DrainingServer(uvicorn.Server):
 
     def _start_drain(self) -> None:
         log.info("SIGTERM: draining (up to %.0f s)", self._grace_s)
-        drain = asyncio.ensure_future(self._worker.drain(self._grace_s))
+        drain = asyncio.ensure_future(self._worker.drain(self._grace_s, self._notice_s))
         self._tasks.add(drain)  # held: the loop keeps only weak references to tasks
         drain.add_done_callback(lambda _: setattr(self, "should_exit", True))
 
