@@ -17,6 +17,7 @@ from pdd.common.wire import TokenEvent
 from pdd.router.config import WorkerRef
 from pdd.router.prefix_index import PrefixIndex, PrefixIndexConfig
 from pdd.router.registry import InstanceRegistry
+from pdd.testing.waiting import until
 
 pytestmark = [pytest.mark.unit, pytest.mark.virtual_clock]
 
@@ -98,8 +99,8 @@ async def test_a_draining_instance_serves_what_is_still_sent_during_the_notice(v
         return ok
 
     draining = asyncio.ensure_future(drain())
-    await asyncio.sleep(0)  # the drain has begun: MD says so, and still nothing is live
-    assert main.role.draining and not main.role.live
+    await until(lambda: main.role.draining, "the drain to begin")
+    assert not main.role.live and not draining.done()  # idle, yet it stays
     plan = vdp.cluster.plan("notice-0", prompts[0], "P-MD", vdp.sampling(0, 40))
     [result] = await vdp.run_all([plan])
     assert result.token_ids == expected[0] and not result.errors
