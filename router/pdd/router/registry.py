@@ -72,6 +72,7 @@ class InstanceRegistry:
         }
         self._task: asyncio.Task | None = None
         self._polls = 0
+        self._prompt_limit: int | None = None
 
     def ready(self, role: Role) -> list[Instance]:
         return [i for i in self._instances.values() if i.ready and i.role == role]
@@ -81,13 +82,16 @@ class InstanceRegistry:
 
     def prompt_limit(self) -> int | None:
         """The longest prompt every ready instance that sees prompts first takes (P, or
-        mono); None before any has answered."""
+        mono), as of the last poll; None before any has answered."""
+        return self._prompt_limit
+
+    def _update_prompt_limit(self) -> None:
         limits = [
             i.engine.max_prompt_tokens
             for i in self._instances.values()
             if i.ready and i.engine is not None and i.role in (Role.PREFILL, Role.MONO)
         ]
-        return min(limits, default=None)
+        self._prompt_limit = min(limits, default=None)
 
     async def start(self) -> None:
         await self.poll_once()
@@ -107,6 +111,7 @@ class InstanceRegistry:
     async def poll_once(self) -> None:
         await self._resolve()
         await asyncio.gather(*(self._poll(i) for i in list(self._instances.values())))
+        self._update_prompt_limit()
         self._polls += 1
         if self._polls % _EXPIRE_EVERY == 0:
             self._index.expire()
