@@ -245,3 +245,31 @@ def test_schema_ranges_refuse_bad_numbers(crd: dict[str, Any], pool_b_cr: dict[s
         parse_spec(cr["spec"], "qwen")
     assert len(caught.value.problems) == 3
     assert "spec.handoff.policy" in str(caught.value)
+
+
+def test_engine_settings_that_cannot_fit_the_model_or_the_chip_are_refused(
+    crd: dict[str, Any], pool_b_cr: dict[str, Any]
+) -> None:
+    """What the spec itself says about the model (its context) and the chips (one GPU's
+    memory) bounds maxPromptTokens and kvCacheGiB; the operator refuses a spec past them,
+    naming the role and the field, instead of leaving a pod to fail at start."""
+    cr = copy.deepcopy(pool_b_cr)
+    cr["spec"]["model"]["config"]["maxPositionEmbeddings"] = 40960
+    cr["spec"]["poolB"]["gpuType"]["memoryGiB"] = 141
+    cr["spec"]["engine"] = {"maxPromptTokens": 40000}
+    cr["spec"]["anomalousTraffic"] = {"minInputTokens": 32768}
+    cr["spec"]["mainDecode"]["engine"] = {"kvCacheGiB": 100}
+    assert admit(crd, cr) == []
+    assert parse_spec(cr["spec"], "qwen")  # within both bounds: fine
+
+    cr["spec"]["prefill"]["engine"] = {"maxPromptTokens": 40960}
+    cr["spec"]["mainDecode"]["engine"] = {"kvCacheGiB": 141}
+    assert admit(crd, cr) == []  # the schema cannot see across fields: the operator does
+    with pytest.raises(InvalidSpecError) as caught:
+        parse_spec(cr["spec"], "qwen")
+    assert caught.value.problems == [
+        "prefill: maxPromptTokens (40960) must be below the model's context "
+        "(model.config.maxPositionEmbeddings = 40960); lower maxPromptTokens",
+        "mainDecode: kvCacheGiB (141) does not fit one GPU of its pool (NVIDIA-H200, 141 GiB, "
+        "and the weights need room too); lower kvCacheGiB or use kvCacheMemoryFraction",
+    ]

@@ -56,6 +56,8 @@ class ModelShape(_Spec):
     num_kv_heads: int = Field(gt=0, alias="numKVHeads")
     head_dim: int = Field(gt=0)
     dtype: KVDtype = "bfloat16"
+    #: The model's context, where known: bounds maxPromptTokens.
+    max_position_embeddings: int | None = Field(default=None, gt=0)
 
 
 class ModelSpec(_Spec):
@@ -77,6 +79,8 @@ class Images(_Spec):
 class GpuType(_Spec):
     label_key: str = "nvidia.com/gpu.product"
     value: str = Field(min_length=1)
+    #: One GPU's memory, where known: bounds kvCacheGiB.
+    memory_gib: float | None = Field(default=None, gt=0, alias="memoryGiB")
 
 
 class Pool(_Spec):

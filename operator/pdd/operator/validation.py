@@ -82,6 +82,36 @@ def spec_problems(spec: PDDSpec) -> list[str]:
             "router.redisUrl or router.managedRedis: true, or use one router replica"
         )
     problems += _anomalous_threshold_problems(spec)
+    problems += _engine_fit_problems(spec)
+    return problems
+
+
+def _engine_fit_problems(spec: PDDSpec) -> list[str]:
+    """Engine settings that cannot work on the model or the chips the spec names: refused
+    here, with the field to change, rather than found by a pod that cannot start."""
+    context = spec.model.config.max_position_embeddings if spec.model.config else None
+    roles = (
+        ("prefill", spec.prefill.engine, spec.pool_a),
+        ("relay", spec.relay.engine, spec.pool_a),
+        ("mainDecode", spec.main_decode.engine, spec.main_pool),
+    )
+    problems = []
+    for name, own, pool in roles:
+        settings = own.over(spec.engine)
+        prompt = settings.max_prompt_tokens
+        if context is not None and prompt is not None and prompt >= context:
+            problems.append(
+                f"{name}: maxPromptTokens ({prompt}) must be below the model's context "
+                f"(model.config.maxPositionEmbeddings = {context}); lower maxPromptTokens"
+            )
+        gpu, kv = pool.gpu_type, settings.kv_cache_gib
+        memory = gpu.memory_gib if gpu is not None else None
+        if gpu is not None and memory is not None and kv is not None and kv >= memory:
+            problems.append(
+                f"{name}: kvCacheGiB ({kv:g}) does not fit one GPU of its pool "
+                f"({gpu.value}, {memory:g} GiB, and the weights need room too); "
+                "lower kvCacheGiB or use kvCacheMemoryFraction"
+            )
     return problems
 
 
