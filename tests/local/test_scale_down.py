@@ -89,3 +89,10 @@ def test_a_worker_still_draining_is_reported_as_such(tmp_path: Path) -> None:
     [stopped] = scale.wait(timeout_s=0.0)
     assert stopped.exit_code is None and "had not exited" in stopped.describe()
     proc.drained.set()
+
+
+def test_bench_refuses_a_scale_down_the_stack_cannot_do_before_starting_anything(capsys) -> None:
+    from pdd.local import bench
+
+    assert bench.main(["--modes", "mono,pdd", "--scale-down", "relay", "--max-requests", "2"]) == 2
+    assert "needs at least 2 relay workers (pass --relay 2)" in capsys.readouterr().err

@@ -35,7 +35,7 @@ from pdd.local.probes import Probes, WanSampler, delta, summed
 from pdd.local.replay import Outcome, Replayer, ReplayTarget
 from pdd.local.scale_down import ScaleDown, ScaleDownError, parse_roles, pick_victims
 from pdd.local.stack import LocalStack, StackInfo, StackStartError
-from pdd.local.topology import MODES, StackConfig, TopologyError, worker_specs
+from pdd.local.topology import MODES, Counts, StackConfig, TopologyError, worker_specs
 from pdd.local.traces import TraceFormatError, bundled_traces, detect, load_trace
 from pdd.local.traces.base import Trace, ideal_hit_ratios
 from pdd.local.traces.synth import Job, Scaling, ScalingError, synthesize
@@ -134,6 +134,11 @@ def main(argv: list[str]) -> int:
         args.scale_down = parse_roles(args.scale_down)
         if args.scale_down and args.url:
             raise ScaleDownError("--scale-down stops workers of the stacks bench starts: not --url")
+        for mode in modes:  # refused now, before any stack is brought up
+            pick_victims(
+                worker_specs(mode, Counts(args.prefill, args.relay, args.main, args.mono)),
+                args.scale_down,
+            )  # type: ignore[arg-type]
         args.trace = trace_path(args)
         fmt = args.format or detect(args.trace)
         trace = load_trace(args.trace, fmt, args.session_gap_s, args.max_requests)
