@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
 from pdd.testing.virtual_time import advance
 from pdd.testing.waiting import until
-from pdd.wan.link import WanLink, parse_addr
+from pdd.wan.link import Route, WanLink, parse_addr
 from pdd.worker.transport.memory import MemoryNetwork
 
 pytestmark = [pytest.mark.unit, pytest.mark.virtual_clock]
@@ -55,7 +56,7 @@ async def net() -> AsyncIterator[MemoryNetwork]:
     yield network
 
 
-def wan_link(net: MemoryNetwork, **kwargs: float) -> WanLink:
+def wan_link(net: MemoryNetwork, **kwargs: Any) -> WanLink:
     host, port = LINK
     return WanLink(f"{host}:{port}", "dc-b:7000", network=net, **kwargs)  # type: ignore[arg-type]
 
@@ -204,3 +205,39 @@ def test_bad_settings_are_refused_with_the_fix() -> None:
         WanLink("127.0.0.1:0", "127.0.0.1:1", gbps=0)
     with pytest.raises(ValueError, match="must not be negative"):
         WanLink("127.0.0.1:0", "127.0.0.1:1", gbps=1, rtt_ms=-1)
+
+
+async def test_routes_share_one_line(net: MemoryNetwork) -> None:
+    """Connections of two routes (two far-side servers) meet in one bottleneck."""
+    other = Sink()
+    await net.start_server(other.handle, "dc-b", 7001)
+    rate_bps = 100e6
+    route = Route.parse("dc-a:7101=dc-b:7001")
+    async with wan_link(net, gbps=rate_bps / 1e9, extra_routes=[route]) as link:
+
+        async def upload_to_other() -> float:
+            loop = asyncio.get_running_loop()
+            reader, writer = await net.open_connection("dc-a", 7101)
+            start = loop.time()
+            writer.write(bytes(2 * MB))
+            await writer.drain()
+            writer.write_eof()
+            assert int(await reader.read()) == 2 * MB
+            writer.close()
+            return loop.time() - start
+
+        (count, first), second = await asyncio.gather(upload(net, 2 * MB), upload_to_other())
+        await until(lambda: link.connections.active == 0, "the proxy saw every end close")
+        stats = link.stats()
+    assert count == 2 * MB and other.received == [2 * MB]
+    both = 8 * 4 * MB / rate_bps  # the line time of both uploads: they shared it
+    assert all(both - 8 * CHUNK / rate_bps <= s <= both * 1.01 for s in (first, second))
+    assert stats["forward"]["bytes"] == 4 * MB
+    assert stats["routes"] == [{"listen": "dc-a:7101", "to": "dc-b:7001"}]
+
+
+def test_route_text_must_name_both_ends() -> None:
+    assert Route.parse("10.0.0.5:9100=10.1.0.5:9100").to == "10.1.0.5:9100"
+    for bad in ("10.0.0.5:9100", "10.0.0.5=10.1.0.5:9100"):
+        with pytest.raises(ValueError, match=r"LISTEN=TO|host:port"):
+            Route.parse(bad)

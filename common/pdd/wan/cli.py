@@ -3,8 +3,10 @@
     pdd wan-link --listen 127.0.0.1:7100 --to 127.0.0.1:7000 \\
         --gbps 10 --rtt-ms 30 --jitter-ms 5 --admin 127.0.0.1:7101
 
-The line itself is ``pdd.wan.link``; the admin HTTP endpoint that re-rates or cuts it
-at run time is ``pdd.wan.admin``. See docs/wan-link.md.
+More routes can share the line: ``--route LISTEN=TO`` (repeatable), e.g. one per
+address of the far side that the near side dials. The line itself is ``pdd.wan.link``;
+the admin HTTP endpoint that re-rates or cuts it at run time is ``pdd.wan.admin``.
+See docs/wan-link.md.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import signal
 import sys
 
 from pdd.wan.admin import AdminServer
-from pdd.wan.link import WanLink
+from pdd.wan.link import Route, WanLink
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -25,6 +27,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--listen", required=True, help="host:port to accept connections on")
     parser.add_argument("--to", required=True, help="host:port to forward them to")
+    parser.add_argument(
+        "--route", action="append", default=[], metavar="LISTEN=TO",
+        help="another forwarded address sharing the same line (repeatable)",
+    )  # fmt: skip
     parser.add_argument("--gbps", type=float, required=True, help="shared line rate, Gbit/s")
     parser.add_argument("--rtt-ms", type=float, default=0.0, help="round-trip time")
     parser.add_argument("--jitter-ms", type=float, default=0.0, help="max extra one-way delay")
@@ -43,6 +49,7 @@ async def _run(args: argparse.Namespace) -> None:
         args.jitter_ms,
         partition_grace_s=args.partition_grace_s,
         seed=args.seed,
+        extra_routes=[Route.parse(r) for r in args.route],
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -52,7 +59,10 @@ async def _run(args: argparse.Namespace) -> None:
     admin = AdminServer(link) if args.admin else None
     if admin is not None:
         await admin.start(args.admin)
-    print(f"wan-link listening on {args.listen} -> {args.to} ({args.gbps} Gbit/s)", flush=True)
+    more = f" and {len(args.route)} more routes" if args.route else ""
+    print(
+        f"wan-link listening on {args.listen} -> {args.to}{more} ({args.gbps} Gbit/s)", flush=True
+    )
     try:
         await stop.wait()
     finally:

@@ -1,7 +1,8 @@
 """A TCP proxy that behaves like one inter-datacenter line (run by ``pdd wan-link``).
 
-Every connection accepted on ``--listen`` is forwarded to ``--to``. All of
-them share one bottleneck per direction (see ``bottleneck``), each chunk is
+Every connection accepted on ``--listen`` is forwarded to ``--to``; more routes
+(``Route``: other listen addresses, other targets) can share the same line. All
+connections share one bottleneck per direction (see ``bottleneck``), each chunk is
 delayed by RTT/2 plus bounded jitter on a delay line (see ``pipe``), and
 the line can be re-rated or cut at run time, in-process (``WanLink``) or over
 the admin HTTP endpoint (``admin``). A cut stalls every connection; after
@@ -13,10 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import socket
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +47,24 @@ def _reset(writer: asyncio.StreamWriter) -> None:
     writer.transport.abort()
 
 
+@dataclass(frozen=True)
+class Route:
+    """Connections accepted on ``listen`` go to ``to``, over the line's shared directions:
+    what the client sends on ``forward``, the answers on ``reverse``."""
+
+    listen: str
+    to: str
+
+    @classmethod
+    def parse(cls, text: str) -> Route:
+        """``LISTEN=TO`` (both ``host:port``); raises ValueError naming the bad text."""
+        listen, sep, to = text.partition("=")
+        if not sep:
+            raise ValueError(f"route {text!r} is not LISTEN=TO (e.g. 10.0.0.5:9100=10.1.0.5:9100)")
+        parse_addr(listen), parse_addr(to)
+        return cls(listen, to)
+
+
 @dataclass
 class ConnectionCounts:
     active: int = 0
@@ -66,11 +87,13 @@ class WanLink:
         partition_grace_s: float = 5.0,
         seed: int | None = None,
         network: Network = TCP,
+        extra_routes: Sequence[Route] = (),
     ) -> None:
         if rtt_ms < 0 or jitter_ms < 0 or partition_grace_s < 0:
             raise ValueError("rtt_ms, jitter_ms and partition_grace_s must not be negative")
-        self._listen = parse_addr(listen)
-        self._to = parse_addr(to)
+        self._routes = (Route(listen, to), *extra_routes)
+        for route in self._routes:
+            parse_addr(route.listen), parse_addr(route.to)
         self.rtt_ms = rtt_ms
         self.jitter_ms = jitter_ms
         self.partition_grace_s = partition_grace_s
@@ -82,28 +105,32 @@ class WanLink:
         self._network = network
         self._open = asyncio.Event()
         self._open.set()
-        self._server: Listener | None = None
+        self._servers: list[Listener] = []
         self._tasks: set[asyncio.Task] = set()
         self._reset_timer: asyncio.Task | None = None
 
     @property
     def port(self) -> int:
         """The port actually listened on (useful with ``listen='127.0.0.1:0'``)."""
-        if self._server is None:
+        if not self._servers:
             raise RuntimeError("WanLink.port read before start()")
-        return self._server.port
+        return self._servers[0].port
 
     @property
     def is_cut(self) -> bool:
         return not self._open.is_set()
 
     async def start(self) -> None:
-        self._server = await self._network.start_server(self._on_client, *self._listen)
-        log.info("wan-link %s:%d -> %s:%d", self._listen[0], self.port, *self._to)
+        for route in self._routes:
+            server = await self._network.start_server(
+                functools.partial(self._on_client, route=route), *parse_addr(route.listen)
+            )
+            self._servers.append(server)
+            log.info("wan-link %s (port %d) -> %s", route.listen, server.port, route.to)
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         if self._reset_timer is not None:
             self._reset_timer.cancel()
         await self._reset_all()
@@ -132,9 +159,14 @@ class WanLink:
                 self._reset_timer = None
 
     def stats(self) -> dict[str, Any]:
+        first = self._routes[0]
+        listen = first.listen
+        if self._servers:
+            listen = f"{parse_addr(first.listen)[0]}:{self.port}"
         return {
-            "listen": f"{self._listen[0]}:{self.port if self._server else self._listen[1]}",
-            "to": f"{self._to[0]}:{self._to[1]}",
+            "listen": listen,
+            "to": first.to,
+            "routes": [vars(route).copy() for route in self._routes[1:]],
             "gbps": self.forward.gbps,
             "rtt_ms": self.rtt_ms,
             "jitter_ms": self.jitter_ms,
@@ -157,17 +189,19 @@ class WanLink:
             with contextlib.suppress(BaseException):
                 await task
 
-    async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _on_client(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, route: Route
+    ) -> None:
         if self.is_cut:
             self.connections.refused += 1
             _reset(writer)
             return
         try:
             up_reader, up_writer = await asyncio.wait_for(
-                self._network.open_connection(*self._to), 10
+                self._network.open_connection(*parse_addr(route.to)), 10
             )
         except (OSError, TimeoutError) as exc:
-            log.warning("wan-link cannot reach %s:%d: %s", *self._to, exc)
+            log.warning("wan-link cannot reach %s: %s", route.to, exc)
             self.connections.refused += 1
             _reset(writer)
             return
