@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import base64
 import logging
-import secrets
 from collections import Counter
 from typing import Any
 
 import kopf
 
+from pdd.operator.builders.config import new_shared_token
 from pdd.operator.conditions import Condition
 from pdd.operator.kube import KubeApi, ObjectPath, Outcome
 from pdd.operator.naming import SHARED_SECRET_KEY, Owner
@@ -26,9 +26,6 @@ from pdd.operator.sizing import kv_capacity, size_link
 from pdd.operator.spec import PDDSpec
 from pdd.operator.status import write_status
 from pdd.operator.validation import InvalidSpecError, parse_spec
-
-#: Bytes of randomness in the generated shared secret.
-SHARED_SECRET_BYTES = 32
 
 HEALTHY = Condition("Degraded", "False", "AsExpected", "spec is valid and every child is written")
 
@@ -115,7 +112,7 @@ async def _shared_token(api: KubeApi, owner: Owner) -> str:
     encoded = ((secret or {}).get("data") or {}).get(SHARED_SECRET_KEY)
     if encoded:
         return base64.b64decode(encoded).decode()
-    return secrets.token_urlsafe(SHARED_SECRET_BYTES)
+    return new_shared_token()
 
 
 async def _apply(plan: Plan, local: KubeApi, remote: KubeApi | None) -> Counter[Outcome]:

@@ -8,6 +8,7 @@ the multi-cluster service domain, and vice versa).
 from __future__ import annotations
 
 import base64
+import secrets
 from typing import Any
 
 from pdd.common.config_document import (
@@ -134,6 +135,15 @@ def build_config_map(owner: Owner, site: Site, config: ConfigDocument) -> dict[s
         "metadata": metadata(owner, "config", owner.config_name, site),
         "data": {CONFIG_FILE: config.to_json()},
     }
+
+
+#: Bytes of randomness in the generated shared secret.
+SHARED_SECRET_BYTES = 32
+
+
+def new_shared_token() -> str:
+    """A fresh token for the peers' shared secret (the only impure builder helper)."""
+    return secrets.token_urlsafe(SHARED_SECRET_BYTES)
 
 
 def build_shared_secret(owner: Owner, site: Site, token: str) -> dict[str, Any]:
