@@ -16,6 +16,17 @@ def test_multibyte_characters_are_never_split():
     assert all("\ufffd" not in d for d in deltas)
 
 
+def test_a_character_cut_off_by_the_end_of_output_still_comes_out():
+    """A byte-level model may stop mid-character: the full text is decode(ids), U+FFFD
+    included, not the text minus the unfinished character."""
+    ids = list("ok 東".encode())[:-1]  # the last character's final byte never comes
+    detok = IncrementalDetokenizer(TinyTokenizer())
+    streamed = "".join(detok.push(i) for i in ids)
+    assert streamed == "ok "
+    assert streamed + detok.finish() == TinyTokenizer().decode(ids) == "ok \ufffd"
+    assert detok.finish() == ""  # nothing is emitted twice
+
+
 def test_a_bpe_tokenizer_streams_the_same_text_it_decodes(write_checkpoint):
     from pdd.router.tokenization import load_prompt_tokenizer
 

@@ -3,7 +3,7 @@
 Decoding one token at a time breaks multi-byte characters and byte-level BPE
 merges, so (as vLLM does) each step decodes a short window of recent tokens twice,
 with and without the new one, and emits only the difference; a trailing U+FFFD means
-the character is not complete yet and the text is held back.
+the character is not complete yet and the text is held back (until ``finish``).
 """
 
 from __future__ import annotations
@@ -31,6 +31,14 @@ class IncrementalDetokenizer:
         if len(after) <= len(before) or after.endswith("\ufffd"):
             return ""
         self._prefix = max(self._prefix, len(self.ids) - _CONTEXT_TOKENS)
+        self._read = len(self.ids)
+        return after[len(before) :]
+
+    def finish(self) -> str:
+        """The text still held back when the output ends: a character that never
+        completed comes out as U+FFFD, so the whole equals ``decode(ids)`` (as vLLM's)."""
+        before = self.tokenizer.decode(self.ids[self._prefix : self._read])
+        after = self.tokenizer.decode(self.ids[self._prefix :])
         self._read = len(self.ids)
         return after[len(before) :]
 

@@ -97,6 +97,9 @@ class Generation:
                 self.hits.observe(event)
                 self._count(event.source == relay_id)
                 text, stopped = self._stops.feed(detok.push(event.token_id))  # type: ignore[arg-type]
+                if event.finished and not stopped:
+                    tail, stopped = self._stops.feed(detok.finish())
+                    text += tail
                 if stopped or event.finished:
                     self.finish_reason = "stop" if stopped else (event.finish_reason or "stop")
                     yield TextDelta(
