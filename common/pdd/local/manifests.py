@@ -1,0 +1,312 @@
+"""Rendered Kubernetes objects -> the pods a kubelet would run: pure planning.
+
+Input: each cluster's objects as the operator renders them (``pdd operator render``):
+Deployments, Services, ConfigMaps, Secrets, HorizontalPodAutoscalers (others are
+ignored: they have no process). Output: ``PodPlan``s with everything resolved that
+Kubernetes resolves before a container starts (replicas, the pod's IP, env from
+Secrets and the downward API, ConfigMap files, volumes) and each cluster's name
+table (``hosts``), so ``pdd.local.pods`` can run them without changing a byte of
+their command line, environment or config.
+
+Addresses (``Addressing``): pod ``i`` of cluster ``c`` gets ``10.P.c.(i+1)``, the address
+every peer and Service name sees (``status.podIP``), and ``10.(P+1).c.(i+1)`` on the same
+interface, the address its node (the runner: probes, the test's client) and the WAN
+gateway use. A Service name resolves to its pods' IPs (headless Services do exactly
+that; ClusterIP ones get no virtual IP here, which no client of ours can tell apart).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+#: The resources a CPU-only machine cannot give a pod.
+GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+
+
+class ManifestError(ValueError):
+    """Rendered objects that cannot run here; the message names the object and the fix."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A readiness probe: an HTTP GET of ``path`` (or a TCP connect when None) on ``port``."""
+
+    port: int
+    path: str | None = None
+
+
+@dataclass(frozen=True)
+class Addressing:
+    """Two /16s of 10/8: ``10.P`` for pod IPs (what peers dial), ``10.(P+1)`` for the
+    node-side addresses of the same pods (what the runner and the WAN gateway dial)."""
+
+    pod_octet: int = 240
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.pod_octet <= 254:
+            raise ValueError(f"pod_octet {self.pod_octet} must be in 1..254")
+
+    @property
+    def pod_net(self) -> str:
+        return f"10.{self.pod_octet}"
+
+    def pod(self, cluster: int, host: int) -> str:
+        return f"10.{self.pod_octet}.{cluster}.{host}"
+
+    def node(self, cluster: int, host: int) -> str:
+        return f"10.{self.pod_octet + 1}.{cluster}.{host}"
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    name: str
+    cluster: str
+    cluster_index: int
+    index: int  # within its cluster: the host part of its addresses
+    labels: dict[str, str]
+    image: str
+    command: tuple[str, ...]  # empty: the image's own entrypoint
+    args: tuple[str, ...]
+    env: dict[str, str]
+    ports: dict[str, int]
+    probe: Probe | None
+    files: dict[str, dict[str, str]] = field(default_factory=dict)  # mount path -> name -> text
+    host_mounts: dict[str, str] = field(default_factory=dict)  # mount path -> host path
+    addressing: Addressing = Addressing()
+
+    @property
+    def pod_ip(self) -> str:
+        return self.addressing.pod(self.cluster_index, self.index + 1)
+
+    @property
+    def node_ip(self) -> str:
+        return self.addressing.node(self.cluster_index, self.index + 1)
+
+
+@dataclass(frozen=True)
+class ClusterObjects:
+    """One cluster's rendered objects, by kind and name."""
+
+    name: str
+    objects: list[dict[str, Any]]
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [o for o in self.objects if o.get("kind") == kind]
+
+    def named(self, kind: str, name: str) -> dict[str, Any]:
+        for obj in self.of_kind(kind):
+            if obj["metadata"]["name"] == name:
+                return obj
+        raise ManifestError(f"{self.name}: no {kind} named {name!r} among the rendered objects")
+
+
+def plan_pods(
+    clusters: list[ClusterObjects],
+    claims: Mapping[str, str] | None = None,
+    secrets: Mapping[str, Mapping[str, str]] | None = None,
+    addressing: Addressing = Addressing(),
+) -> list[PodPlan]:
+    """Every pod of every Deployment, in order. ``claims``: PVC name -> host directory;
+    ``secrets``: Secrets the user creates (name -> key -> value), beside rendered ones."""
+    pods: list[PodPlan] = []
+    for c, cluster in enumerate(clusters):
+        index = 0
+        for deployment in cluster.of_kind("Deployment"):
+            for replica in range(replicas(cluster, deployment)):
+                name = f"{deployment['metadata']['name']}-{replica}"
+                where = (c, index, addressing)
+                pods.append(_pod(cluster, where, name, deployment, claims or {}, secrets or {}))
+                index += 1
+    return pods
+
+
+def replicas(cluster: ClusterObjects, deployment: dict[str, Any]) -> int:
+    """``spec.replicas``; where an HPA owns the count, its ``minReplicas`` (its floor)."""
+    count = deployment["spec"].get("replicas")
+    if count is not None:
+        return int(count)
+    name = deployment["metadata"]["name"]
+    for hpa in cluster.of_kind("HorizontalPodAutoscaler"):
+        if hpa["spec"]["scaleTargetRef"]["name"] == name:
+            return int(hpa["spec"].get("minReplicas", 1))
+    return 1
+
+
+def _pod(
+    cluster: ClusterObjects,
+    where: tuple[int, int, Addressing],  # cluster index, pod index in it, addresses
+    name: str,
+    deployment: dict[str, Any],
+    claims: Mapping[str, str],
+    user_secrets: Mapping[str, Mapping[str, str]],
+) -> PodPlan:
+    c, index, addressing = where
+    template = deployment["spec"]["template"]
+    pod_spec = template["spec"]
+    if len(pod_spec["containers"]) != 1:
+        raise ManifestError(f"{name}: one container per pod is all the runner knows")
+    container = pod_spec["containers"][0]
+    _refuse_gpus(name, container)
+    ports = {p["name"]: int(p["containerPort"]) for p in container.get("ports", [])}
+    draft = PodPlan(
+        name=name,
+        cluster=cluster.name,
+        cluster_index=c,
+        index=index,
+        labels=dict(template["metadata"].get("labels", {})),
+        image=container["image"],
+        command=tuple(container.get("command", ())),
+        args=tuple(container.get("args", ())),
+        env={},
+        ports=ports,
+        probe=_probe(name, container.get("readinessProbe"), ports),
+        addressing=addressing,
+    )
+    env = {e["name"]: _env_value(cluster, draft, e, user_secrets) for e in container.get("env", [])}
+    files, host_mounts = _mounts(cluster, name, pod_spec, container, claims)
+    return PodPlan(**{**vars(draft), "env": env, "files": files, "host_mounts": host_mounts})
+
+
+def _refuse_gpus(name: str, container: dict[str, Any]) -> None:
+    resources = container.get("resources") or {}
+    for part in ("limits", "requests"):
+        for gpu in GPU_RESOURCES:
+            if gpu in (resources.get(part) or {}):
+                raise ManifestError(
+                    f"{name} asks for {gpu} and this machine has none: drop the pool's "
+                    "GPU resources to run the manifests here"
+                )
+
+
+def _probe(name: str, probe: dict[str, Any] | None, ports: dict[str, int]) -> Probe | None:
+    if probe is None:
+        return None
+    if "httpGet" in probe:
+        get = probe["httpGet"]
+        return Probe(_port(name, get["port"], ports), get.get("path", "/"))
+    if "tcpSocket" in probe:
+        return Probe(_port(name, probe["tcpSocket"]["port"], ports))
+    raise ManifestError(f"{name}: only httpGet and tcpSocket readiness probes are run here")
+
+
+def _port(name: str, port: int | str, ports: dict[str, int]) -> int:
+    if isinstance(port, int):
+        return port
+    if port not in ports:
+        raise ManifestError(f"{name}: probe port {port!r} is not a named container port")
+    return ports[port]
+
+
+def _env_value(
+    cluster: ClusterObjects,
+    pod: PodPlan,
+    entry: dict[str, Any],
+    user_secrets: Mapping[str, Mapping[str, str]],
+) -> str:
+    if "value" in entry:
+        return str(entry["value"])
+    source = entry.get("valueFrom") or {}
+    if "fieldRef" in source:
+        path = source["fieldRef"]["fieldPath"]
+        fields = {"metadata.name": pod.name, "status.podIP": pod.pod_ip}
+        if path not in fields:
+            raise ManifestError(f"{pod.name}: env {entry['name']} reads {path}, not supported")
+        return fields[path]
+    if "secretKeyRef" in source:
+        ref = source["secretKeyRef"]
+        return _secret_value(cluster, pod.name, ref["name"], ref["key"], user_secrets)
+    raise ManifestError(f"{pod.name}: env {entry['name']} has no value the runner can resolve")
+
+
+def _secret_value(
+    cluster: ClusterObjects,
+    pod: str,
+    name: str,
+    key: str,
+    user_secrets: Mapping[str, Mapping[str, str]],
+) -> str:
+    if name in user_secrets and key in user_secrets[name]:
+        return user_secrets[name][key]
+    secret = cluster.named("Secret", name)
+    if key in (secret.get("stringData") or {}):
+        return str(secret["stringData"][key])
+    data = secret.get("data") or {}
+    if key not in data:
+        raise ManifestError(f"{pod}: Secret {name!r} has no key {key!r}")
+    return base64.b64decode(data[key]).decode()
+
+
+def _mounts(
+    cluster: ClusterObjects,
+    pod: str,
+    pod_spec: dict[str, Any],
+    container: dict[str, Any],
+    claims: Mapping[str, str],
+) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
+    files: dict[str, dict[str, str]] = {}
+    host_mounts: dict[str, str] = {}
+    for mount in container.get("volumeMounts", []):
+        volume = volumes[mount["name"]]
+        target = mount["mountPath"]
+        if "configMap" in volume:
+            config_map = cluster.named("ConfigMap", volume["configMap"]["name"])
+            files[target] = dict(config_map.get("data") or {})
+        elif "hostPath" in volume:
+            host_mounts[target] = _sub(volume["hostPath"]["path"], mount)
+        elif "persistentVolumeClaim" in volume:
+            claim = volume["persistentVolumeClaim"]["claimName"]
+            if claim not in claims:
+                raise ManifestError(
+                    f"{pod} mounts PersistentVolumeClaim {claim!r}: give the runner a local "
+                    "directory for it"
+                )
+            host_mounts[target] = _sub(claims[claim], mount)
+        else:
+            raise ManifestError(f"{pod}: volume {mount['name']!r} is of a kind not run here")
+    return files, host_mounts
+
+
+def _sub(path: str, mount: dict[str, Any]) -> str:
+    sub = mount.get("subPath")
+    return f"{path.rstrip('/')}/{sub}" if sub else path
+
+
+def host_table(
+    clusters: list[ClusterObjects], pods: list[PodPlan], service_domain: str
+) -> dict[str, dict[str, list[str]]]:
+    """Per cluster: DNS name -> pod IPs. Own Services as ``name.ns.svc`` (and the
+    ``.cluster.local`` form); the other clusters' as ``name.ns.svc.<service_domain>``,
+    the multi-cluster services convention."""
+    tables: dict[str, dict[str, list[str]]] = {c.name: {} for c in clusters}
+    for cluster in clusters:
+        for service in cluster.of_kind("Service"):
+            meta = service["metadata"]
+            selector = service["spec"].get("selector") or {}
+            ips = [
+                p.pod_ip for p in pods if p.cluster == cluster.name and _selects(selector, p.labels)
+            ]
+            short = f"{meta['name']}.{meta['namespace']}.svc"
+            for viewer in clusters:
+                table = tables[viewer.name]
+                if viewer.name == cluster.name:
+                    table[short] = ips
+                    table[f"{short}.cluster.local"] = ips
+                else:
+                    table[f"{short}.{service_domain}"] = ips
+    return tables
+
+
+def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def hosts_file(table: dict[str, list[str]]) -> str:
+    """``/etc/hosts`` text: one line per (address, name), so a lookup returns them all."""
+    lines = ["127.0.0.1 localhost"]
+    for name, ips in sorted(table.items()):
+        lines += [f"{ip} {name}" for ip in ips]
+    return "\n".join(lines) + "\n"

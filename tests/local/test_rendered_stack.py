@@ -1,0 +1,142 @@
+"""What the operator renders is what runs: both examples, as rendered, on local processes.
+
+``pdd operator render``'s pure core turns each example into manifests; ``pdd.local.pods``
+runs every container's exact command line, environment and mounted config, each pod in
+its own network namespace with the Service names of its cluster. In the two-cluster
+example the only path between the clusters is one ``pdd wan-link``. A request through
+the rendered router must produce mono's tokens, and both P-MD and P-RLD-MD must serve.
+
+What the test changes in the examples, and why (nothing else): the model becomes the
+built-in ``tiny`` one (no checkpoint can be downloaded here), GPU requests go (no GPU
+here; the engine's ``device: auto`` then picks the CPU, as on a CPU pool), and the
+declared link and TTFT SLO are set so that a long prompt's KV cannot cross in time
+(P-RLD-MD) while a short one's can (P-MD).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from pdd.common.tokenizer import ByteTokenizer
+from pdd.local.cluster import LinkSpec
+from pdd.local.manifests import ClusterObjects
+from pdd.local.pods import RunningPods, start_pods
+from pdd.operator.render import render_file
+from pdd.testing.waiting import until_sync
+
+pytestmark = pytest.mark.integration
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+TINY_MODEL = {
+    "servedName": "tiny",
+    "source": {"image": {"path": "tiny"}},
+    "config": {"numLayers": 4, "numKVHeads": 2, "headDim": 32, "dtype": "float32"},
+}
+#: 0.01 Gbit/s declared and a 150 ms SLO: 2 KiB of tiny-model KV per token makes a
+#: 300-token prompt's transfer ~0.5 s (too slow: P-RLD-MD) and a 12-token one's ~20 ms.
+DIALS = {"wan": {"declaredGbps": 0.01, "rttMs": 10}, "slo": {"ttftP99Ms": 150}}
+LINK = LinkSpec(gbps=0.05, rtt_ms=10.0, jitter_ms=0.0)
+LONG, SHORT = 300, 12
+KV_BYTES_PER_TOKEN = 4 * 2 * 32 * 2 * 4  # layers x KV heads x head dim x (K, V) x float32
+MAX_TOKENS = 16
+
+
+def netns_unavailable() -> str | None:
+    """Why pods cannot get network namespaces here, or None when they can."""
+    name = f"pdd-probe-{uuid.uuid4().hex[:6]}"
+    done = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+    if done.returncode != 0:
+        return f"needs root with network namespaces (`ip netns add`): {done.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    return None
+
+
+def for_this_machine(doc: dict[str, Any]) -> dict[str, Any]:
+    spec = doc["spec"]
+    spec["model"] = TINY_MODEL
+    pools = [spec.get("poolA"), spec.get("poolB"), (spec.get("remoteCluster") or {}).get("pool")]
+    for pool in filter(None, pools):
+        pool.pop("resources", None)
+    spec.update(DIALS)
+    return doc
+
+
+def rendered(example: str) -> list[ClusterObjects]:
+    docs = [d for d in yaml.safe_load_all((EXAMPLES / example).read_text()) if d]
+    docs = [for_this_machine(d) if d["kind"] == "PDDDeployment" else d for d in docs]
+    by_cluster = render_file(yaml.safe_dump_all(docs), token="rendered-stack-test")
+    return [ClusterObjects(str(cluster), objs) for cluster, objs in by_cluster.items()]
+
+
+@pytest.fixture(params=["node-pools.yaml", "two-clusters.yaml"], scope="module")
+def stack(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[RunningPods]:
+    reason = netns_unavailable()
+    if reason:
+        pytest.skip(reason)
+    clusters = rendered(request.param)
+    image_env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    log_dir = tmp_path_factory.mktemp(request.param.removesuffix(".yaml"))
+    running = start_pods(clusters, log_dir, link=LINK, image_env=image_env)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def router_url(stack: RunningPods) -> str:
+    (router, *_) = stack.with_label("app.kubernetes.io/component", "router")
+    return f"http://{router.node_ip}:{router.ports['http']}"
+
+
+def mono_ids(prompt: list[int]) -> list[int]:
+    """Greedy IDs from one colocated engine (``pdd generate``), the ground truth."""
+    argv = ["generate", "--model", "tiny", "--max-tokens", str(MAX_TOKENS), "--json"]
+    argv += ["--prompt-ids", ",".join(map(str, prompt))]
+    out = subprocess.run([sys.executable, "-m", "pdd.cli", *argv], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)["token_ids"]
+
+
+def pipelines_served(url: str) -> dict[str, float]:
+    served: dict[str, float] = {}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("pdd_router_requests_total{"):
+            labels, value = line.split("} ")
+            pipeline = labels.split('pipeline="')[1].split('"')[0]
+            served[pipeline] = served.get(pipeline, 0) + float(value)
+    return served
+
+
+def test_rendered_pods_serve_monos_tokens_on_both_pipelines(stack: RunningPods) -> None:
+    url = router_url(stack)
+    until_sync(
+        lambda: httpx.get(f"{url}/ready", timeout=5).status_code == 200,
+        "the rendered router to see its workers",
+        timeout_s=120,
+    )
+    tokenizer = ByteTokenizer()
+    with httpx.Client(base_url=f"{url}/v1", timeout=120) as client:
+        for n, length in enumerate((LONG, SHORT)):
+            prompt = [(7 * n + 31 * i) % 250 + 1 for i in range(length)]
+            body = {"model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
+            answer = client.post("/completions", json=body)
+            assert answer.status_code == 200, answer.text
+            expected = tokenizer.decode(mono_ids(prompt))
+            assert answer.json()["choices"][0]["text"] == expected
+    served = pipelines_served(url)
+    assert served.get("P-RLD-MD", 0) >= 1 and served.get("P-MD", 0) >= 1, served
+    if stack.gateway_admins:  # two clusters: the KV went to MD over the emulated line
+        a_side, b_side = (httpx.get(f"{a}/stats", timeout=10).json() for a in stack.gateway_admins)
+        assert a_side["forward"]["bytes"] >= LONG * KV_BYTES_PER_TOKEN
+        assert b_side["connections"]["total"] >= 1  # MD's handoff calls to the relay
