@@ -138,3 +138,15 @@ def test_sigint_stops_every_child(own_up: Up) -> None:
     assert process_group_members(up.proc.pid) == []
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{up.info.router_url}/health", timeout=2.0)
+
+
+def test_settings_a_worker_refuses_stop_pdd_up_at_once_with_the_reason(tmp_path: Path) -> None:
+    """The worker stays up not-ready (no crash loop on a cluster); ``pdd up`` reads its
+    refusal and stops with it instead of waiting for a readiness that cannot come."""
+    argv = [sys.executable, "-m", "pdd.cli", "up", "--port", str(free_port()),
+            "--log-dir", str(tmp_path / "logs"), "--worker-arg=--device=cuda"]  # fmt: skip
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _, stderr = proc.communicate(timeout=READY_TIMEOUT_S)
+    assert proc.returncode == 1
+    assert "refused its settings: device 'cuda' asked for" in stderr
+    assert process_group_members(proc.pid) == []  # every worker it started is gone

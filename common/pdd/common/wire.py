@@ -171,6 +171,16 @@ class WorkerHealth(_Wire):
     engine: EngineInfo
 
 
+class WorkerRefusal(_Wire):
+    """What ``GET /health`` answers (with 503) from a worker whose engine settings its
+    machine refuses: it stays up, not ready, saying why, instead of crash-looping."""
+
+    status: Literal["misconfigured"] = "misconfigured"
+    role: str
+    instance_id: str
+    problem: str
+
+
 class LoadReport(_Wire):
     """What ``GET /load`` answers: the router's and the autoscaler's view of an instance."""
 

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
-from pdd.common.wire import Endpoint, PipelinePlan, SamplingSpec, StateReport
+from pdd.common.wire import Endpoint, PipelinePlan, SamplingSpec, StateReport, WorkerRefusal
 from pdd.local.probes import flatten
 from pdd.local.supervisor import spawn_pdd
 
@@ -226,6 +227,18 @@ def _start_worker(
     return WorkerProc(spec, endpoint, spawn_pdd(argv, log, env), log, wan_link)
 
 
+def refused_settings(ready_url: str) -> WorkerRefusal | None:
+    """The refusal of a worker that stays up without its engine (see WorkerRefusal), if
+    the worker behind ``ready_url`` is one: such a worker will never become ready."""
+    try:
+        answer = httpx.get(ready_url.removesuffix("/ready") + "/health", timeout=2.0)
+        if answer.status_code == 503:
+            return WorkerRefusal.model_validate_json(answer.content)
+    except (httpx.HTTPError, ValidationError):
+        pass
+    return None
+
+
 def wait_http_ok(url: str, deadline: float, check_alive: Callable[[], None]) -> bool:
     """Poll ``url`` until it answers 200 (True) or ``deadline`` passes (False).
 
@@ -249,6 +262,9 @@ def _wait_http(url: str, proc: subprocess.Popen, log: Path, deadline: float) -> 
         if proc.poll() is not None:
             tail = log.read_text(errors="replace")[-3000:]
             raise ClusterStartError(f"{proc.args} exited with {proc.returncode}:\n{tail}")
+        refusal = refused_settings(url) if url.endswith("/ready") else None
+        if refusal is not None:
+            raise ClusterStartError(f"{refusal.role} refused its settings: {refusal.problem}")
 
     if not wait_http_ok(url, deadline, check_alive):
         raise ClusterStartError(f"{url} not ready in time; log {log}")

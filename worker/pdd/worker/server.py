@@ -4,7 +4,9 @@ One process is one engine driven by one engine thread, plus an asyncio loop
 that serves the HTTP control API (uvicorn) and the data-plane transport (KV
 chunks, token-ID handoffs). Startup order: load the model, start the engine
 thread, listen on the data port, then serve HTTP; ``/ready`` turns true once
-all of it is up.
+all of it is up. Engine settings this machine refuses (``EngineConfigError``: bfloat16
+on a CPU without it, CUDA where none is visible) do not end the process: it serves
+``pdd.worker.refused_config`` on the HTTP address instead, not ready, saying why.
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ import torch
 import uvicorn
 
 from pdd.common.config_document import ConfigDocumentError, read_config_document
+from pdd.common.wire import WorkerRefusal
 from pdd.worker.deploy_config import flag_defaults
-from pdd.worker.engine import Engine
+from pdd.worker.engine import Engine, EngineConfigError
+from pdd.worker.engine.device import SYSTEM_PROBE, DeviceProbe
 from pdd.worker.engine_runner import ThreadEngineRunner
 from pdd.worker.instance import ROLES, WorkerInstance
+from pdd.worker.refused_config import serve_refused
 from pdd.worker.roles.base import WorkerSettings
 from pdd.worker.roles.protocol import split_addr
 
@@ -154,9 +159,10 @@ def build_settings(args: argparse.Namespace) -> WorkerSettings:
     )
 
 
-def build_engine(args: argparse.Namespace) -> Engine:
+def build_engine(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> Engine:
     return Engine(
         args.model,
+        probe=probe,
         dtype=args.dtype,
         device=args.device,
         block_size=args.block_size,
@@ -169,11 +175,16 @@ def build_engine(args: argparse.Namespace) -> Engine:
     )
 
 
-async def run(args: argparse.Namespace) -> None:
+async def run(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> None:
     settings = build_settings(args)
-    worker = WorkerInstance(
-        settings, ThreadEngineRunner(build_engine(args), asyncio.get_running_loop())
-    )
+    try:
+        engine = build_engine(args, probe)
+    except EngineConfigError as exc:
+        # Stay up, not ready, saying why: exiting would crash-loop the pod (refused_config).
+        refusal = WorkerRefusal(role=args.role, instance_id=settings.instance_id, problem=str(exc))
+        await serve_refused(refusal, args.http)
+        return
+    worker = WorkerInstance(settings, ThreadEngineRunner(engine, asyncio.get_running_loop()))
     await worker.start(args.data, args.wan)
     http_host, http_port = split_addr(args.http)
     server = DrainingServer(
@@ -245,7 +256,8 @@ class DrainingServer(uvicorn.Server):
         drain.add_done_callback(lambda _: setattr(self, "should_exit", True))
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], probe: DeviceProbe = SYSTEM_PROBE) -> int:
+    """``pdd worker``; ``probe`` stands in for the machine (tests fake a CPU or a GPU)."""
     args = parse_args(argv)
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
@@ -253,7 +265,7 @@ def main(argv: list[str]) -> int:
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     try:
-        asyncio.run(run(args))
+        asyncio.run(run(args, probe))
     except ConfigError as exc:
         log.error("%s", exc)
         return 2

@@ -1,0 +1,89 @@
+"""A worker whose engine settings this machine refuses: it stays up, not ready, and says why.
+
+Some settings only the node can judge (``dtype: bfloat16`` on a CPU without native
+bfloat16, ``device: cuda`` in a pod that sees no GPU). A worker that exited on them
+would crash-loop (CrashLoopBackOff): restarts forever, each hiding the reason a little
+deeper in a previous container's log, while nothing in the pod's state says what to
+change. Instead the worker stays up and serves only this: ``/ready`` answers 503 with the
+reason (readiness probes use it, so the pod is never restarted and never joins its
+Service; ``kubectl describe pod`` shows it running, not ready, with no restarts),
+``/health`` answers 503 with the reason as JSON, ``/metrics`` has
+``pdd_worker_config_refused 1``, and its log says it once, in one line (``kubectl logs``,
+the current container's). SIGTERM or SIGINT ends it with code 0, like any pod removed.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from pdd.common.wire import WorkerRefusal
+from pdd.worker.roles.protocol import split_addr
+
+log = logging.getLogger("pdd.worker")
+
+
+def log_line(refusal: WorkerRefusal, http: str) -> str:
+    return (
+        f"{refusal.role} {refusal.instance_id}: engine settings refused on this machine: "
+        f"{refusal.problem} (set in the PDDDeployment's spec.engine or the role's engine, or "
+        f"the worker flag of that name). Not exiting, which would crash-loop: serving "
+        f"/ready 503 with this reason on {http} until stopped"
+    )
+
+
+def create_refused_app(refusal: WorkerRefusal) -> FastAPI:
+    """``/ready``, ``/health`` and ``/metrics`` say the refusal; every other path is 503 too."""
+    app = FastAPI(title=f"pdd worker ({refusal.role}, settings refused)")
+    registry = CollectorRegistry()
+    Gauge(
+        "pdd_worker_config_refused",
+        "1: this worker's engine settings are refused on this machine; it serves nothing",
+        registry=registry,
+    ).set(1)
+    metrics = generate_latest(registry)  # fixed from now on: render it once
+
+    @app.get("/ready")
+    async def ready() -> PlainTextResponse:
+        return PlainTextResponse(f"not ready: {refusal.problem}\n", status_code=503)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        return JSONResponse(refusal.model_dump(), status_code=503)
+
+    @app.get("/metrics")
+    async def scrape() -> Response:
+        return Response(metrics, media_type=CONTENT_TYPE_LATEST)
+
+    @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    async def anything_else(path: str) -> JSONResponse:
+        # The control API's error shape: a router or peer that reaches it learns why.
+        error = {"type": refusal.status, "message": f"engine settings refused: {refusal.problem}"}
+        return JSONResponse({"error": error}, status_code=503)
+
+    return app
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, except that a stop signal is not raised again once the server has shut
+    down (uvicorn's default, which would end the process by that signal, not with 0)."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.force_exit = self.should_exit  # a second signal: stop without waiting
+        self.should_exit = True
+
+
+async def serve_refused(refusal: WorkerRefusal, http: str) -> None:
+    """Log the refusal once and serve ``create_refused_app`` on ``http`` (HOST:PORT) until
+    SIGTERM or SIGINT."""
+    log.error("%s", log_line(refusal, http))
+    host, port = split_addr(http)
+    app = create_refused_app(refusal)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+    await _Server(config).serve()
