@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import uuid
@@ -53,13 +54,29 @@ MAX_TOKENS = 16
 
 
 def netns_unavailable() -> str | None:
-    """Why pods cannot get network namespaces here, or None when they can."""
-    name = f"pdd-probe-{uuid.uuid4().hex[:6]}"
-    done = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
-    if done.returncode != 0:
-        return f"needs root with network namespaces (`ip netns add`): {done.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", name], capture_output=True)
-    return None
+    """Why pods cannot get their network here (namespaces, veth, bridges), or None."""
+    tag = uuid.uuid4().hex[:6]
+    ns, bridge, veth = f"pdd-probe-{tag}", f"pdp{tag}b", f"pdp{tag}v"
+    steps = [
+        ["ip", "netns", "add", ns],
+        ["ip", "link", "add", bridge, "type", "bridge"],
+        ["ip", "link", "add", veth, "type", "veth", "peer", "name", f"pdp{tag}w", "netns", ns],
+        ["ip", "link", "set", veth, "master", bridge],
+    ]
+    try:
+        for argv in steps:
+            done = subprocess.run(argv, capture_output=True, text=True)
+            if done.returncode != 0:
+                return f"needs root with netns, veth and bridges (`{shlex.join(argv)}`): " + (
+                    done.stderr.strip()
+                )
+        return None
+    except FileNotFoundError as exc:
+        return f"needs iproute2's `ip`: {exc}"
+    finally:
+        for argv in (["ip", "link", "del", veth], ["ip", "link", "del", bridge]):
+            subprocess.run(argv, capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 def for_this_machine(doc: dict[str, Any]) -> dict[str, Any]:

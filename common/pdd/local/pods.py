@@ -196,6 +196,7 @@ def claim_addressing() -> tuple[Addressing, TextIO]:
     """Two /16s of 10/8 that no route of this machine uses and no other runner holds
     (a lock file per pair), so runs side by side (two test suites) never share a subnet."""
     routes = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout
+    LOCK_DIR.mkdir(parents=True, exist_ok=True)
     for octet in POD_OCTETS:
         if f"10.{octet}." in routes or f"10.{octet + 1}." in routes:
             continue
