@@ -122,8 +122,14 @@ class Dispatcher:
         self._policy = policy
         self._traffic = traffic
 
-    def route(self, prompt_ids: Sequence[int], max_tokens: int | None) -> Route:
-        instances = self._ready_instances()
+    def route(
+        self,
+        prompt_ids: Sequence[int],
+        max_tokens: int | None,
+        exclude: frozenset[str] = frozenset(),
+    ) -> Route:
+        """Route one prompt; ``exclude`` names instances this request already failed on."""
+        instances = {i: inst for i, inst in self._ready_instances().items() if i not in exclude}
         hashes = tuple(self._index.hashes(prompt_ids))
         hits = self._index.match(hashes)
         loads = self._loads(instances)

@@ -75,10 +75,15 @@ class SaturatedError(RouterError):
 
 
 class UpstreamError(RouterError):
-    """A worker refused or lost the request and nobody could carry it on."""
+    """A worker refused or lost the request and nobody could carry it on. ``failed``: the
+    instances to blame (none when the failure names no one, e.g. a timeout)."""
 
     status, type = 502, "upstream_error"
     cause = "upstream"
+
+    def __init__(self, message: str, failed: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.failed = failed
 
 
 class NotReadyError(RouterError):

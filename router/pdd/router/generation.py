@@ -5,6 +5,10 @@ the client's stop strings (the workers only know stop token IDs), and timed wher
 the client sees it. The request's in-flight lease on P is released at the first
 token (P's part is over by then); the rest when the stream ends, however it ends.
 
+A worker that fails the request before its first token (a dead P, an MD or RLD whose
+stream breaks at once) is left out and the request routed again, so a client never
+sees a failure another instance could have absorbed.
+
 The workers measure what the router only estimated: the prefix hit P really had
 (reported to the client as ``cached_tokens``) and what MD really held at the
 handshake (fed back into the prefix index, correcting it).
@@ -12,8 +16,10 @@ handshake (fed back into the prefix index, correcting it).
 
 from __future__ import annotations
 
+import itertools
+import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from pdd.common.openai_protocol import UsageInfo
@@ -21,9 +27,15 @@ from pdd.common.vocabulary import FinishReason
 from pdd.common.wire import PipelinePlan, TokenEvent
 from pdd.router.detokenize import IncrementalDetokenizer, StopStrings
 from pdd.router.dispatch import Lease, Route
+from pdd.router.errors import UpstreamError
 from pdd.router.prefix_index import PrefixIndex
 from pdd.router.runtime import RouterRuntime
 from pdd.router.stream_relay import relay_tokens
+
+log = logging.getLogger(__name__)
+
+#: How many times a request that failed before its first token is routed again.
+MAX_REDISPATCHES = 2
 
 
 @dataclass(frozen=True)
@@ -49,27 +61,43 @@ class MeasuredHits:
             self.index.confirm(self.plan.main.instance_id, hashes, event.md_hit_tokens)
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """One try at serving the request: its route, the plan sent, the in-flight lease."""
+
+    route: Route
+    plan: PipelinePlan
+    lease: Lease
+
+
+#: ``(instances to leave out, attempt number) -> Attempt``: routes the request again.
+Reroute = Callable[[frozenset[str], int], Attempt]
+
+
 class Generation:
     def __init__(
         self,
         runtime: RouterRuntime,
-        route: Route,
-        plan: PipelinePlan,
+        attempt: Attempt,
         stop: list[str],
         arrived_at: float,
-        lease: Lease,
+        reroute: Reroute | None = None,
     ) -> None:
         self.runtime = runtime
-        self.route = route
-        self.plan = plan
-        self.prompt_tokens = len(plan.prompt_ids)
+        self.prompt_tokens = len(attempt.plan.prompt_ids)
         self.completion_tokens = 0
         self.relayed_tokens = 0
         self.finish_reason: FinishReason | None = None
         self._stops = StopStrings(stop)
         self._arrived_at = arrived_at
-        self._lease = lease
-        self.hits = MeasuredHits(runtime.index, plan, prompt_hashes=route.prompt_hashes)
+        self._reroute = reroute
+        self._use(attempt)
+
+    def _use(self, attempt: Attempt) -> None:
+        self.route, self.plan, self._lease = attempt.route, attempt.plan, attempt.lease
+        self.hits = MeasuredHits(
+            self.runtime.index, attempt.plan, prompt_hashes=attempt.route.prompt_hashes
+        )
 
     @property
     def cached_tokens(self) -> int:
@@ -80,6 +108,44 @@ class Generation:
         return UsageInfo.of(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
 
     async def deltas(self) -> AsyncIterator[TextDelta]:
+        """The request's text; a failure before its first token is routed around (another
+        P, MD or RLD, up to ``MAX_REDISPATCHES`` times), invisibly to the client."""
+        failed: set[str] = set()
+        for attempt in itertools.count(1):
+            try:
+                async for delta in self._attempt():
+                    yield delta
+                return
+            except UpstreamError as exc:
+                if not self._may_redispatch(exc, attempt):
+                    raise
+                failed.update(exc.failed)
+                self._redispatch(exc, frozenset(failed), attempt)
+
+    def _may_redispatch(self, exc: UpstreamError, attempt: int) -> bool:
+        """Only before any token (after one, resuming is another story), only when the
+        failure names an instance to avoid, and only so many times."""
+        return (
+            self._reroute is not None
+            and self.completion_tokens == 0
+            and bool(exc.failed)
+            and attempt <= MAX_REDISPATCHES
+        )
+
+    def _redispatch(self, exc: UpstreamError, exclude: frozenset[str], attempt: int) -> None:
+        assert self._reroute is not None
+        for instance_id in exc.failed:
+            self.runtime.registry.suspect(instance_id, f"a request failed on it: {exc.message}")
+        self.runtime.metrics.recoveries.labels("redispatch").inc()
+        log.warning(
+            "request %s failed before its first token (%s); re-dispatching without %s",
+            self.plan.request_id,
+            exc.message,
+            ", ".join(sorted(exclude)),
+        )
+        self._use(self._reroute(exclude, attempt))
+
+    async def _attempt(self) -> AsyncIterator[TextDelta]:
         rt = self.runtime
         detok = IncrementalDetokenizer(rt.tokenizer.tokenizer)
         relay_id = self.plan.relay.instance_id if self.plan.relay else None

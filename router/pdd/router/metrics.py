@@ -51,6 +51,12 @@ class RouterMetrics:
             buckets=_RATIO_BUCKETS,
             registry=r,
         )
+        self.recoveries = Counter(
+            "pdd_router_recoveries",
+            "Requests the router carried on after a worker failed, by kind",
+            ["kind"],
+            registry=r,
+        )
         self.redis_up = Gauge(
             "pdd_router_redis_up", "1 when the shared Redis store is reachable", registry=r
         )

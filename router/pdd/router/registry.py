@@ -80,6 +80,13 @@ class InstanceRegistry:
     def all(self) -> list[Instance]:
         return list(self._instances.values())
 
+    def suspect(self, instance_id: str, problem: str) -> None:
+        """Leave an instance out now, not at the next poll: a request just failed on it.
+        Its next successful poll brings it back."""
+        for inst in self._instances.values():
+            if inst.instance_id == instance_id:
+                self._set_problem(inst, problem)
+
     def prompt_limit(self) -> int | None:
         """The longest prompt every ready instance that sees prompts first takes (P, or
         mono), as of the last poll; None before any has answered."""

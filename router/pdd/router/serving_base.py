@@ -26,7 +26,7 @@ from pdd.router.errors import (
     PromptTooLongError,
     RouterError,
 )
-from pdd.router.generation import Generation
+from pdd.router.generation import Attempt, Generation
 from pdd.router.runtime import RouterRuntime
 
 log = logging.getLogger(__name__)
@@ -95,14 +95,20 @@ class OpenAIServing:
                 f"the prompt has {len(prompt_ids)} tokens; this router accepts at most {limit}",
                 param=param,
             )
-        route = self.runtime.dispatcher.route(prompt_ids, max_tokens)
-        self._record(route, len(prompt_ids))
-        lease = Lease(self.runtime.store)
-        lease.acquire([e.instance_id for e in route.endpoints])
-        plan = route.plan(
-            new_id("pdd"), prompt_ids, self.sampling(request, max_tokens), self.runtime.config
-        )
-        return Generation(self.runtime, route, plan, request.stop_strings, arrived_at, lease)
+        request_id = new_id("pdd")
+        sampling = self.sampling(request, max_tokens)
+
+        def routed(exclude: frozenset[str], attempt: int) -> Attempt:
+            route = self.runtime.dispatcher.route(prompt_ids, max_tokens, exclude)
+            lease = Lease(self.runtime.store)
+            lease.acquire([e.instance_id for e in route.endpoints])
+            attempt_id = request_id if attempt == 0 else f"{request_id}-r{attempt}"
+            plan = route.plan(attempt_id, prompt_ids, sampling, self.runtime.config)
+            return Attempt(route, plan, lease)
+
+        first = routed(frozenset(), 0)
+        self._record(first.route, len(prompt_ids))
+        return Generation(self.runtime, first, request.stop_strings, arrived_at, routed)
 
     def _record(self, route: Route, prompt_tokens: int) -> None:
         m = self.runtime.metrics

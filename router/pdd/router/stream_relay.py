@@ -58,7 +58,9 @@ async def relay_tokens(
         try:
             await client.start(entry.http_url, plan)
         except WorkerCallError as exc:
-            raise UpstreamError(f"{entry.instance_id} refused the request: {exc.detail}") from exc
+            raise UpstreamError(
+                f"{entry.instance_id} refused the request: {exc.detail}", (entry.instance_id,)
+            ) from exc
         deadline = asyncio.get_running_loop().time() + timeout_s
         async for event in _merged(plan, client, queue, merger, len(readers), deadline):
             yield event
@@ -82,7 +84,8 @@ async def _merged(
         if open_streams == 0:
             raise UpstreamError(
                 f"request {plan.request_id}: every worker stream ended after "
-                f"{merger.next_seq} tokens without a finish; errors: {merger.errors or 'none'}"
+                f"{merger.next_seq} tokens without a finish; errors: {merger.errors or 'none'}",
+                tuple(merger.errors),
             )
         try:
             remaining = deadline - asyncio.get_running_loop().time()

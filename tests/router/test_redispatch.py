@@ -1,0 +1,61 @@
+"""A request whose worker fails before the first token is routed around by the router.
+
+A second prefill worker, ``a-victim``, sorts first, so with equal load and no prefix
+hit the router picks it. The router polls once at start and then not for an hour, so
+it cannot learn of the death from its registry: only the request path can. The victim
+is SIGKILLed; the next request must still succeed, on ``p``, with the same tokens as
+a request that never met the victim, and the router must count one re-dispatch, leave
+the victim out at once (the next request goes straight to ``p``) and say so in its log.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from pdd.local.cluster import LinkSpec, LocalCluster, WorkerSpec
+
+pytestmark = pytest.mark.integration
+
+VICTIM = "a-victim"
+PROMPT = [(i * 37 + 11) % 241 + 3 for i in range(70)]  # no other test's prefix
+
+
+@pytest.fixture
+def victim(tmp_path):
+    common = ["--model", "tiny", "--num-blocks", "512", "--torch-threads", "1"]
+    c = LocalCluster.start(
+        [WorkerSpec(VICTIM, "prefill")], tmp_path, LinkSpec(gbps=10.0), common_args=common
+    )
+    yield c[VICTIM]
+    c.stop()
+
+
+def recoveries(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    lines = [ln for ln in text.splitlines() if ln.startswith("pdd_router_recoveries_total{")]
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in lines if 'kind="redispatch"' in ln)
+
+
+def complete(url: str) -> httpx.Response:
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 12, "temperature": 0}
+    return httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+
+
+def test_a_dead_prefill_is_routed_around_before_the_first_token(
+    victim, worker_flags, start_router
+) -> None:
+    flags = [*worker_flags(), "--prefill", f"{VICTIM}={victim.url}", "--poll-interval-s", "3600"]
+    router = start_router(*flags)
+    victim.proc.kill()
+    victim.proc.wait()
+
+    first = complete(router.url)
+    assert first.status_code == 200, first.text
+    assert recoveries(router.url) == 1
+    assert f"re-dispatching without {VICTIM}" in router.log.read_text()
+
+    again = complete(router.url)  # the victim is left out already: no second recovery
+    assert again.status_code == 200, again.text
+    assert again.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
+    assert recoveries(router.url) == 1
