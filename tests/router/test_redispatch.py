@@ -31,8 +31,12 @@ def victim(tmp_path):
     c.stop()
 
 
+def metrics(url: str) -> str:
+    return httpx.get(f"{url}/metrics", timeout=10).text
+
+
 def recoveries(url: str) -> float:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
+    text = metrics(url)
     lines = [ln for ln in text.splitlines() if ln.startswith("pdd_router_recoveries_total{")]
     return sum(float(ln.rsplit(" ", 1)[1]) for ln in lines if 'kind="redispatch"' in ln)
 
@@ -47,6 +51,8 @@ def test_a_dead_prefill_is_routed_around_before_the_first_token(
 ) -> None:
     flags = [*worker_flags(), "--prefill", f"{VICTIM}={victim.url}", "--poll-interval-s", "3600"]
     router = start_router(*flags)
+    # Its one poll (at start) saw both prefill workers; it will not poll again.
+    assert 'pdd_router_instances_ready{role="prefill"} 2.0' in metrics(router.url)
     victim.proc.kill()
     victim.proc.wait()
 
