@@ -108,7 +108,7 @@ def worker_flags(cluster):
 @pytest.fixture(scope="module")
 def start_router(tmp_path_factory):
     """Start ``pdd router`` processes; each is stopped when the test module ends."""
-    from pdd.local.cluster import free_port
+    from pdd.local.cluster import ADDRESS_IN_USE, PORT_ATTEMPTS, free_port
 
     procs: list[RouterProc] = []
     tmp_path = tmp_path_factory.mktemp("routers")
@@ -119,19 +119,26 @@ def start_router(tmp_path_factory):
         ready: bool = True,
         env: dict[str, str] | None = None,
     ) -> RouterProc:
-        port = free_port()
-        log = tmp_path / f"router-{port}.log"
         env = {**os.environ, "PDD_SHARED_SECRET": secret, **(env or {})}
-        argv = [
-            sys.executable, "-m", "pdd.cli", "router", "--model", ROUTER_MODEL,
-            "--host", "127.0.0.1", "--port", str(port), "--poll-interval-s", "0.2", *args,
-        ]  # fmt: skip
-        with log.open("wb") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
-        router = RouterProc(f"http://127.0.0.1:{port}", proc, log)
-        procs.append(router)
-        wait_http(router, "/ready" if ready else "/health")
-        return router
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            port = free_port()
+            log = tmp_path / f"router-{port}.log"
+            argv = [
+                sys.executable, "-m", "pdd.cli", "router", "--model", ROUTER_MODEL,
+                "--host", "127.0.0.1", "--port", str(port), "--poll-interval-s", "0.2", *args,
+            ]  # fmt: skip
+            with log.open("wb") as out:
+                proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+            router = RouterProc(f"http://127.0.0.1:{port}", proc, log)
+            procs.append(router)
+            try:
+                wait_http(router, "/ready" if ready else "/health")
+                return router
+            except RuntimeError:
+                # free_port's port may be bound by another process first: try a new one.
+                if ADDRESS_IN_USE not in router.log_tail() or attempt == PORT_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
 
     yield start
     for r in procs:

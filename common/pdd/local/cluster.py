@@ -27,6 +27,12 @@ from pdd.local.supervisor import spawn_pdd
 HOST = "127.0.0.1"
 
 
+#: ``free_port`` hands out a port that another process (a second suite, the other pytest
+#: worker) may bind before the worker does; such a start is tried again on new ports.
+PORT_ATTEMPTS = 3
+ADDRESS_IN_USE = "address already in use"
+
+
 class ClusterStartError(RuntimeError):
     """A process did not come up; the message carries the tail of its log."""
 
@@ -152,23 +158,35 @@ class LocalCluster(PlanBuilder):
     ) -> LocalCluster:
         cluster = cls(secret)
         env = {"PDD_SHARED_SECRET": secret, "OMP_NUM_THREADS": "1"}
+
+        def launch(spec: WorkerSpec) -> WorkerProc:
+            return _start_worker(spec, log_dir, env, link or LinkSpec(), common_args)
+
         try:
             for spec in specs:
-                cluster.workers[spec.name] = _start_worker(
-                    spec, log_dir, env, link or LinkSpec(), common_args
-                )
-            cluster.wait_ready(ready_timeout_s)
+                cluster.workers[spec.name] = launch(spec)
+            cluster._wait_ready(time.monotonic() + ready_timeout_s, launch)
         except BaseException:
             cluster.stop()
             raise
         return cluster
 
-    def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        for w in self.workers.values():
-            _wait_http(f"{w.url}/ready", w.proc, w.log, deadline)
-            if w.link is not None:
-                _wait_http(f"{w.link.admin_url}/stats", w.link.proc, w.link.log, deadline)
+    def _wait_ready(self, deadline: float, launch: Callable[[WorkerSpec], WorkerProc]) -> None:
+        """Each worker (and its link) ready; one that lost its port to another process
+        is started again on new ports, up to ``PORT_ATTEMPTS`` times."""
+        for name in list(self.workers):
+            for attempt in range(1, PORT_ATTEMPTS + 1):
+                w = self.workers[name]
+                try:
+                    _wait_http(f"{w.url}/ready", w.proc, w.log, deadline)
+                    if w.link is not None:
+                        _wait_http(f"{w.link.admin_url}/stats", w.link.proc, w.link.log, deadline)
+                    break
+                except ClusterStartError as exc:
+                    if ADDRESS_IN_USE not in str(exc) or attempt == PORT_ATTEMPTS:
+                        raise
+                    _stop([w.proc] + ([w.link.proc] if w.link else []))
+                    self.workers[name] = launch(w.spec)
 
     def wait_quiescent(self, timeout_s: float = 30.0) -> dict[str, StateReport]:
         """Wait until no worker holds request state, locks or blocks; the last reports."""
@@ -183,15 +201,19 @@ class LocalCluster(PlanBuilder):
     def stop(self) -> None:
         procs = [w.proc for w in self.workers.values()]
         procs += [w.link.proc for w in self.workers.values() if w.link is not None]
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(10)
+        _stop(procs)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(10)
 
 
 def _start_worker(
