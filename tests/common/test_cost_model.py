@@ -12,6 +12,7 @@ from pdd.common.cost_model import (
     regularized_incomplete_beta,
     size_wan_link,
     wan_transfer_seconds,
+    with_active_transfers,
 )
 
 pytestmark = pytest.mark.unit
@@ -94,6 +95,20 @@ def test_wan_transfer_seconds_is_serialization_plus_rtt():
 def test_wan_transfer_uses_measured_goodput():
     link = LinkState(declared_gbps=10, rtt_ms=0, measured_goodput_gbps=5)
     assert wan_transfer_seconds(10_000, 100_000, link) == pytest.approx(1.6)
+
+
+def test_a_new_transfer_gets_a_fair_share_next_to_the_active_ones():
+    link = LinkState(declared_gbps=10, rtt_ms=30)
+    assert with_active_transfers(link, 0).effective_gbps == 10
+    busy = with_active_transfers(link, 3)
+    assert busy.effective_gbps == 2.5 and busy.rtt_ms == 30
+    # Serialization takes 4x as long behind three others; the RTT does not change.
+    alone, shared = (wan_transfer_seconds(10_000, 1000, x) for x in (link, busy))
+    assert shared - 0.03 == pytest.approx(4 * (alone - 0.03))
+    measured = LinkState(declared_gbps=10, rtt_ms=30, measured_goodput_gbps=4)
+    assert with_active_transfers(measured, 1).effective_gbps == 2  # shares what was measured
+    with pytest.raises(ValueError, match="active transfers"):
+        with_active_transfers(link, -1)
 
 
 def test_wan_transfer_rejects_negative_tokens():

@@ -3,7 +3,7 @@
 import pytest
 
 from pdd.common.block_hash import block_hashes
-from pdd.common.cost_model import LinkState, wan_transfer_seconds
+from pdd.common.cost_model import LinkState, wan_transfer_seconds, with_active_transfers
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.router.instance_choice import InstanceLoad
 from pdd.router.policy import Decision, PolicyConfig, RequestFeatures, Saturated, decide
@@ -202,3 +202,29 @@ def test_features_from_prompt_key_is_the_first_block_hash():
     assert RequestFeatures.from_prompt([*tokens, 1, 2], None, 16).affinity_key == f.affinity_key
     short = RequestFeatures.from_prompt([1, 2, 3], None, 16)
     assert short.affinity_key != RequestFeatures.from_prompt([1, 2, 4], None, 16).affinity_key
+
+
+def test_kv_already_on_the_line_sends_the_next_request_to_a_relay():
+    """Alone, this request's miss crosses in time (P-MD); behind four transfers the router
+    dispatched and has not seen land, its fair share of the line does not (P-RLD-MD)."""
+    request, hits = req(64_000), {"p0": 63_000, "md0": 50_000}
+    alone = run(request, hits)
+    assert isinstance(alone, Decision) and alone.pipeline == Pipeline.P_MD
+    queued = run(request, hits, link=with_active_transfers(SLOW, 4))
+    assert isinstance(queued, Decision) and queued.pipeline == Pipeline.P_RLD_MD
+    assert queued.estimate.transfer_s > CONFIG.ttft_budget_s
+
+
+def test_routes_that_ship_kv_count_on_the_link_until_md_has_it():
+    from pdd.common.wire import Endpoint
+    from pdd.router.dispatch import WAN_TRANSFERS, Route
+
+    def ep(name):
+        return Endpoint(
+            instance_id=name, http_url=f"http://{name}", fast_addr=f"{name}:1", wan_addr=f"{name}:2"
+        )
+
+    p_md = Route(Pipeline.P_MD, "r", "c", prefill=ep("p0"), relay=None, main=ep("md0"))
+    assert p_md.lease_keys == ["p0", "md0", WAN_TRANSFERS]
+    mono = Route(Pipeline.MONO, "r", "c", prefill=None, relay=None, main=ep("m0"))
+    assert mono.lease_keys == ["m0"]

@@ -118,6 +118,16 @@ class LinkState:
         return self.rtt_ms / 1000.0
 
 
+def with_active_transfers(link: LinkState, active: int) -> LinkState:
+    """The link as one more transfer would find it: a fair share next to ``active`` KV
+    transfers already on it. The router counts the transfers it dispatched and has not
+    seen land; the simulator counts its line's flows: the same estimate in both."""
+    if active < 0:
+        raise ValueError(f"active transfers must be >= 0, got {active}")
+    share = link.effective_gbps / (1 + active)
+    return LinkState(link.declared_gbps, link.rtt_ms, share)
+
+
 def wan_transfer_seconds(miss_tokens: int, kv_bytes_per_token: int, link: LinkState) -> float:
     """Seconds to ship ``miss_tokens`` tokens of KV over ``link``: serialization + one RTT."""
     if miss_tokens < 0:

@@ -4,7 +4,10 @@
 loads, the link, the recent traffic window), turns its answer into the workers'
 endpoints, and raises typed errors for "nobody is up" (503) and "everybody is busy"
 (429). ``Lease`` counts the request against its instances in the shared store, so
-other router replicas see the load before the workers' own reports catch up.
+other router replicas see the load before the workers' own reports catch up; a route
+whose KV crosses the link also counts under ``WAN_TRANSFERS`` until MD has it, and the
+policy sees the link as a fair share next to that many transfers (``with_active_transfers``,
+the simulator's model too), so P-MD requests stop piling up on a busy line.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from pdd.common.cost_model import LinkState, with_active_transfers
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.common.wire import Endpoint, PipelinePlan, SamplingSpec
 from pdd.router.config import RouterConfig
@@ -23,6 +27,10 @@ from pdd.router.prefix_index import PrefixIndex
 from pdd.router.recent_traffic import RecentTraffic
 from pdd.router.registry import Instance, InstanceRegistry
 from pdd.router.state.base import RouterStore
+
+#: The in-flight counter of KV transfers on the WAN link, beside the instances' counters:
+#: every replica adds its own, so all of them see the line's load (no instance has this id).
+WAN_TRANSFERS = "~wan-transfers"
 
 #: The policy's roles for the workers' roles; a mono instance plays main decode.
 POLICY_ROLE: dict[Role, Role] = {
@@ -52,6 +60,17 @@ class Route:
     @property
     def endpoints(self) -> list[Endpoint]:
         return [e for e in (self.prefill, self.relay, self.main) if e is not None]
+
+    @property
+    def ships_kv(self) -> bool:
+        """P sends the prompt's KV (MD's miss) to MD: a transfer on the link."""
+        return self.prefill is not None and self.main is not None
+
+    @property
+    def lease_keys(self) -> list[str]:
+        """What this route counts in flight: its instances, and the link when it ships KV."""
+        keys = [e.instance_id for e in self.endpoints]
+        return [*keys, WAN_TRANSFERS] if self.ships_kv else keys
 
     def plan(
         self,
@@ -132,14 +151,16 @@ class Dispatcher:
         instances = {i: inst for i, inst in self._ready_instances().items() if i not in exclude}
         hashes = tuple(self._index.hashes(prompt_ids))
         hits = self._index.match(hashes)
-        loads = self._loads(instances)
+        inflight = self._store.inflight()
+        loads = self._loads(instances, inflight)
+        link = with_active_transfers(self._config.link, inflight.get(WAN_TRANSFERS, 0))
         features = RequestFeatures.from_prompt(prompt_ids, max_tokens, self._config.block_size)
         if self._config.mono:
             route = self._route_mono(features, hits, loads, instances)
         elif self._config.force_pipeline == Pipeline.NAIVE:
             route = self._route_naive(features, hits, loads, instances)
         else:
-            route = self._route_policy(features, hits, loads, instances)
+            route = self._route_policy(features, hits, loads, instances, link)
         return replace(route, prompt_hashes=hashes)
 
     def _route_policy(
@@ -148,11 +169,10 @@ class Dispatcher:
         hits: dict[str, int],
         loads: list[InstanceLoad],
         instances: dict[str, Instance],
+        link: LinkState,
     ) -> Route:
         """PDD: the pure policy picks the pipeline and instances."""
-        result = decide(
-            features, hits, loads, self._config.link, self._traffic.snapshot(), self._policy
-        )
+        result = decide(features, hits, loads, link, self._traffic.snapshot(), self._policy)
         if isinstance(result, Saturated):
             raise SaturatedError(result.reason, result.retry_after_s)
         self._traffic.record(result.pipeline == Pipeline.P_RLD, features.input_tokens)
@@ -233,10 +253,11 @@ class Dispatcher:
             if i.ready and i.endpoint is not None
         }
 
-    def _loads(self, instances: dict[str, Instance]) -> list[InstanceLoad]:
+    def _loads(
+        self, instances: dict[str, Instance], inflight: dict[str, int]
+    ) -> list[InstanceLoad]:
         """Active = the larger of the routers' in-flight count and the worker's own report;
         capacity = what the worker reports (its max_running), capped by the config's."""
-        inflight = self._store.inflight()
         cap = self._config.instance_capacity
         loads = []
         for instance_id, inst in instances.items():

@@ -26,7 +26,7 @@ from pdd.common.openai_protocol import UsageInfo
 from pdd.common.vocabulary import FinishReason
 from pdd.common.wire import PipelinePlan, TokenEvent
 from pdd.router.detokenize import IncrementalDetokenizer, StopStrings
-from pdd.router.dispatch import Lease, Route
+from pdd.router.dispatch import WAN_TRANSFERS, Lease, Route
 from pdd.router.errors import UpstreamError
 from pdd.router.prefix_index import PrefixIndex
 from pdd.router.runtime import RouterRuntime
@@ -159,6 +159,8 @@ class Generation:
                         self._lease.release(self.plan.prefill.instance_id)
                 else:
                     rt.metrics.itl.observe(now - last)
+                if self.plan.main is not None and event.source == self.plan.main.instance_id:
+                    self._lease.release(WAN_TRANSFERS)  # MD streams: it has the KV
                 last = now
                 self.hits.observe(event)
                 self._count(event.source == relay_id)

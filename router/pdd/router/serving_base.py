@@ -101,7 +101,7 @@ class OpenAIServing:
         def routed(exclude: frozenset[str], attempt: int) -> Attempt:
             route = self.runtime.dispatcher.route(prompt_ids, max_tokens, exclude)
             lease = Lease(self.runtime.store)
-            lease.acquire([e.instance_id for e in route.endpoints])
+            lease.acquire(route.lease_keys)
             attempt_id = request_id if attempt == 0 else f"{request_id}-r{attempt}"
             plan = route.plan(attempt_id, prompt_ids, sampling, self.runtime.config)
             return Attempt(route, plan, lease)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import simpy
 
-from pdd.common.cost_model import LinkState
+from pdd.common.cost_model import LinkState, with_active_transfers
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.router.instance_choice import available, choose_relay
 from pdd.router.policy import Assignment, Decision, PolicyConfig, RequestFeatures, Saturated, decide
@@ -168,8 +168,7 @@ class Cluster:
         """
         if self.wan is None:
             return self.link_state
-        share = self.scenario.wan.gbps / (1 + self.wan.active_flows)
-        return LinkState(self.link_state.declared_gbps, self.link_state.rtt_ms, share)
+        return with_active_transfers(self.link_state, self.wan.active_flows)
 
     def sample_relays(self) -> tuple[float, bool]:
         """Mean relay utilization, and whether every relay is saturated."""
