@@ -91,6 +91,15 @@ def test_the_engine_reports_the_kv_capacity_it_was_given(tiny):
     assert Engine(tiny).info().kv_blocks == DEFAULT_CPU_KV_BYTES // per_block
 
 
+def test_a_kv_size_the_device_cannot_hold_is_a_setting_to_change_not_an_oom(tiny):
+    """Refused as EngineConfigError (the worker then stays up not ready, saying why)."""
+    with pytest.raises(EngineConfigError, match=r"2\.00 GiB was asked for, but cpu has 1\.00 GiB"):
+        Engine(tiny, kv_budget_bytes=2 * GIB, probe=probe(free=1 * GIB))
+    per_block = Engine(tiny, kv_budget_bytes=GIB // 64).layout.bytes_per_block
+    with pytest.raises(EngineConfigError, match="below one block"):
+        Engine(tiny, kv_budget_bytes=per_block - 1)
+
+
 def test_limits_are_reported_and_enforced(tiny):
     engine = Engine(tiny, max_running=5, max_prompt_tokens=20, max_num_batched_tokens=64)
     info = engine.info()

@@ -33,6 +33,7 @@ from pdd.worker.engine.config import (
     DEFAULT_CPU_KV_BYTES,
     DEFAULT_CUDA_KV_FRACTION,
     EngineConfig,
+    EngineConfigError,
     EngineStats,
 )
 from pdd.worker.engine.device import (
@@ -60,6 +61,8 @@ from pdd.worker.engine.scheduler import ScheduledSeq, Scheduler, SchedulerConfig
 from pdd.worker.model.batch import ForwardBatch, SeqInput
 from pdd.worker.model.kv_cache import KVLayout, PagedKVCache
 from pdd.worker.model.loader import LoadedModel, load_model
+
+GIB = 2**30
 
 
 class Engine:
@@ -90,9 +93,7 @@ class Engine:
         self.model_config = self.loaded.config
         self.device = torch.device(self.loaded.device)
         self.layout = KVLayout.from_config(self.model_config, config.block_size, self.loaded.dtype)
-        num_blocks = config.num_blocks or PagedKVCache.blocks_for_budget(
-            self.layout, self._kv_budget(probe)
-        )
+        num_blocks = config.num_blocks or self._blocks_for_budget(probe)
         self.kv = PagedKVCache(self.layout, num_blocks, self.device)
         self.pool = BlockPool(num_blocks)
         self.cache = RadixCache(self.pool, config.block_size)
@@ -464,6 +465,23 @@ class Engine:
             yield encode_chunk(data, a, self.fingerprint, req.token_range(0, b))
 
     # --- helpers ------------------------------------------------------------------------------
+    def _blocks_for_budget(self, probe: DeviceProbe) -> int:
+        """KV blocks for the budget; a budget this device cannot hold, or one below a
+        block, is a setting to change (EngineConfigError), not an out-of-memory crash."""
+        budget = self._kv_budget(probe)
+        if self.config.kv_memory_fraction is None:
+            free = probe.free_memory_bytes(self.device)
+            if budget > free:
+                raise EngineConfigError(
+                    f"a KV cache of {budget / GIB:.2f} GiB was asked for, but {self.device} has "
+                    f"{free / GIB:.2f} GiB free after the weights; lower kvCacheGiB (or "
+                    "--kv-budget-mb), or give kvCacheMemoryFraction instead"
+                )
+        try:
+            return PagedKVCache.blocks_for_budget(self.layout, budget)
+        except ValueError as exc:
+            raise EngineConfigError(str(exc)) from None
+
     def _kv_budget(self, probe: DeviceProbe) -> int:
         """Bytes for the KV pool (see ``EngineConfig``); call it once the weights are in."""
         fraction = self.config.kv_memory_fraction
