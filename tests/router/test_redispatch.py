@@ -1,5 +1,8 @@
 """A request whose worker fails before the first token is routed around by the router.
 
+Two cases: a dead prefill worker (refuses the plan) and a dead main-decode worker (its
+stream breaks before any token).
+
 A second prefill worker, ``a-victim``, sorts first, so with equal load and no prefix
 hit the router picks it. The router polls once at start and then not for an hour, so
 it cannot learn of the death from its registry: only the request path can. The victim
@@ -14,19 +17,29 @@ import httpx
 import pytest
 
 from pdd.local.cluster import LinkSpec, LocalCluster, WorkerSpec
+from pdd.router.instance_choice import rendezvous_weight
+from pdd.router.policy import RequestFeatures
 
 pytestmark = pytest.mark.integration
 
 VICTIM = "a-victim"
 PROMPT = [(i * 37 + 11) % 241 + 3 for i in range(70)]  # no other test's prefix
+COMMON = ["--model", "tiny", "--num-blocks", "512", "--torch-threads", "1"]
 
 
 @pytest.fixture
 def victim(tmp_path):
-    common = ["--model", "tiny", "--num-blocks", "512", "--torch-threads", "1"]
     c = LocalCluster.start(
-        [WorkerSpec(VICTIM, "prefill")], tmp_path, LinkSpec(gbps=10.0), common_args=common
+        [WorkerSpec(VICTIM, "prefill")], tmp_path, LinkSpec(gbps=10.0), common_args=COMMON
     )
+    yield c[VICTIM]
+    c.stop()
+
+
+@pytest.fixture
+def md_victim(tmp_path):
+    spec = WorkerSpec(VICTIM, "main", wan_facing=True)
+    c = LocalCluster.start([spec], tmp_path, LinkSpec(gbps=10.0), common_args=COMMON)
     yield c[VICTIM]
     c.stop()
 
@@ -41,8 +54,8 @@ def recoveries(url: str) -> float:
     return sum(float(ln.rsplit(" ", 1)[1]) for ln in lines if 'kind="redispatch"' in ln)
 
 
-def complete(url: str) -> httpx.Response:
-    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 12, "temperature": 0}
+def complete(url: str, prompt: list[int] = PROMPT) -> httpx.Response:
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0}
     return httpx.post(f"{url}/v1/completions", json=body, timeout=120)
 
 
@@ -65,3 +78,32 @@ def test_a_dead_prefill_is_routed_around_before_the_first_token(
     assert again.status_code == 200, again.text
     assert again.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
     assert recoveries(router.url) == 1
+
+
+def prompt_whose_conversation_lands_on(instance: str, others: tuple[str, ...]) -> list[int]:
+    """A fresh prompt that rendezvous hashing (no MD holds it) gives to ``instance``."""
+    for seed in range(1000):
+        prompt = [(i * 53 + seed) % 239 + 5 for i in range(70)]
+        key = RequestFeatures.from_prompt(prompt, 12, block_size=16).affinity_key
+        weights = {i: rendezvous_weight(key, i) for i in (instance, *others)}
+        if max(weights, key=weights.__getitem__) == instance:
+            return prompt
+    raise AssertionError("no prompt lands on the victim")
+
+
+def test_a_dead_main_decode_is_routed_around_before_the_first_token(
+    md_victim, worker_flags, start_router
+) -> None:
+    flags = [*worker_flags(), "--main", f"{VICTIM}={md_victim.url}", "--poll-interval-s", "3600"]
+    router = start_router(*flags)
+    assert 'pdd_router_instances_ready{role="main"} 3.0' in metrics(router.url)
+    prompt = prompt_whose_conversation_lands_on(VICTIM, ("md1", "md2"))
+    md_victim.proc.kill()
+    md_victim.proc.wait()
+
+    answer = complete(router.url, prompt)
+    assert answer.status_code == 200, answer.text
+    assert recoveries(router.url) == 1
+    assert f"re-dispatching without {VICTIM}" in router.log.read_text()
+    again = complete(router.url, prompt)
+    assert again.json()["choices"][0]["text"] == answer.json()["choices"][0]["text"]
