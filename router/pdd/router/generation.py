@@ -5,9 +5,9 @@ the client's stop strings (the workers only know stop token IDs), and timed wher
 the client sees it. The request's in-flight lease on P is released at the first
 token (P's part is over by then); the rest when the stream ends, however it ends.
 
-A worker that fails the request before its first token (a dead P, an MD or RLD whose
-stream breaks at once) is left out and the request routed again, so a client never
-sees a failure another instance could have absorbed.
+A worker that fails the request (a dead P, an MD or RLD whose stream breaks) is left
+out and the request routed again, or resumed after the tokens already sent, so a
+client never sees a failure another instance could have absorbed.
 
 The workers measure what the router only estimated: the prefix hit P really had
 (reported to the client as ``cached_tokens``) and what MD really held at the
@@ -34,8 +34,8 @@ from pdd.router.stream_relay import relay_tokens
 
 log = logging.getLogger(__name__)
 
-#: How many times a request that failed before its first token is routed again.
-MAX_REDISPATCHES = 2
+#: How many times one request is recovered (re-dispatched or resumed).
+MAX_RECOVERIES = 2
 
 
 @dataclass(frozen=True)
@@ -70,8 +70,9 @@ class Attempt:
     lease: Lease
 
 
-#: ``(instances to leave out, attempt number) -> Attempt``: routes the request again.
-Reroute = Callable[[frozenset[str], int], Attempt]
+#: ``(instances to leave out, attempt number, token IDs already sent) -> Attempt``: the
+#: request routed again, or resumed after the tokens already sent.
+Reroute = Callable[[frozenset[str], int, Sequence[int]], Attempt]
 
 
 class Generation:
@@ -85,13 +86,16 @@ class Generation:
     ) -> None:
         self.runtime = runtime
         self.prompt_tokens = len(attempt.plan.prompt_ids)
+        self._max_tokens = attempt.plan.sampling.max_tokens
         self.completion_tokens = 0
         self.relayed_tokens = 0
         self.finish_reason: FinishReason | None = None
         self._stops = StopStrings(stop)
+        self._detok = IncrementalDetokenizer(runtime.tokenizer.tokenizer)
         self._arrived_at = arrived_at
         self._reroute = reroute
         self._use(attempt)
+        self._first_hits = self.hits
 
     def _use(self, attempt: Attempt) -> None:
         self.route, self.plan, self._lease = attempt.route, attempt.plan, attempt.lease
@@ -101,60 +105,74 @@ class Generation:
 
     @property
     def cached_tokens(self) -> int:
-        """Prompt tokens the computing instance (P, or mono) took from its prefix cache."""
-        return self.hits.cached_tokens
+        """Prompt tokens the computing instance (P, or mono) took from its prefix cache
+        (the first attempt's: a resumed one's prompt includes the output)."""
+        return self._first_hits.cached_tokens
 
     def usage(self) -> UsageInfo:
         return UsageInfo.of(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
 
     async def deltas(self) -> AsyncIterator[TextDelta]:
-        """The request's text; a failure before its first token is routed around (another
-        P, MD or RLD, up to ``MAX_REDISPATCHES`` times), invisibly to the client."""
+        """The request's text. A failure that names the instances at fault is recovered,
+        up to ``MAX_RECOVERIES`` times, invisibly to the client: before the first token by
+        routing the request again without them (``redispatch``); after it by resuming on
+        other instances from the prompt plus the tokens already sent (``resume``), so the
+        stream goes on at the next position, none repeated and none missing (greedy
+        output is the same as without the failure; a seeded sample continues on a new
+        random stream)."""
         failed: set[str] = set()
-        for attempt in itertools.count(1):
-            try:
-                async for delta in self._attempt():
-                    yield delta
-                return
-            except UpstreamError as exc:
-                if not self._may_redispatch(exc, attempt):
-                    raise
-                failed.update(exc.failed)
-                self._redispatch(exc, frozenset(failed), attempt)
+        try:
+            for attempt in itertools.count(1):
+                try:
+                    async for delta in self._attempt():
+                        yield delta
+                    return
+                except UpstreamError as exc:
+                    if not self._may_recover(exc, attempt):
+                        raise
+                    failed.update(exc.failed)
+                    self._recover(exc, frozenset(failed), attempt)
+        finally:
+            if self.completion_tokens:
+                share = self.relayed_tokens / self.completion_tokens
+                self.runtime.metrics.relayed_share.observe(share)
 
-    def _may_redispatch(self, exc: UpstreamError, attempt: int) -> bool:
-        """Only before any token (after one, resuming is another story), only when the
-        failure names an instance to avoid, and only so many times."""
+    def _may_recover(self, exc: UpstreamError, attempt: int) -> bool:
         return (
             self._reroute is not None
-            and self.completion_tokens == 0
             and bool(exc.failed)
-            and attempt <= MAX_REDISPATCHES
+            and attempt <= MAX_RECOVERIES
+            and len(self._detok.ids) < self._max_tokens  # else there is nothing left to do
         )
 
-    def _redispatch(self, exc: UpstreamError, exclude: frozenset[str], attempt: int) -> None:
+    def _recover(self, exc: UpstreamError, exclude: frozenset[str], attempt: int) -> None:
         assert self._reroute is not None
         for instance_id in exc.failed:
             self.runtime.registry.suspect(instance_id, f"a request failed on it: {exc.message}")
-        self.runtime.metrics.recoveries.labels("redispatch").inc()
+        emitted = list(self._detok.ids)
+        kind = "resume" if emitted else "redispatch"
+        self.runtime.metrics.recoveries.labels(kind).inc()
         log.warning(
-            "request %s failed before its first token (%s); re-dispatching without %s",
+            "request %s failed after %d tokens (%s); %s without %s",
             self.plan.request_id,
+            len(emitted),
             exc.message,
+            "resuming from the tokens sent" if emitted else "re-dispatching",
             ", ".join(sorted(exclude)),
         )
-        self._use(self._reroute(exclude, attempt))
+        self._use(self._reroute(exclude, attempt, emitted))
 
     async def _attempt(self) -> AsyncIterator[TextDelta]:
         rt = self.runtime
-        detok = IncrementalDetokenizer(rt.tokenizer.tokenizer)
+        detok = self._detok
         relay_id = self.plan.relay.instance_id if self.plan.relay else None
         last: float | None = None
         try:
             async for event in relay_tokens(self.plan, rt.client, rt.config.request_timeout_s):
                 now = time.monotonic()
                 if last is None:
-                    rt.metrics.ttft.observe(now - self._arrived_at)
+                    if self.completion_tokens == 0:
+                        rt.metrics.ttft.observe(now - self._arrived_at)
                     if self.plan.prefill is not None:
                         self._lease.release(self.plan.prefill.instance_id)
                 else:
@@ -178,8 +196,6 @@ class Generation:
                     yield TextDelta(text)
         finally:
             self._lease.release_all()
-            if self.completion_tokens:
-                rt.metrics.relayed_share.observe(self.relayed_tokens / self.completion_tokens)
 
     def _count(self, from_relay: bool) -> None:
         self.completion_tokens += 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -98,12 +98,17 @@ class OpenAIServing:
         request_id = new_id("pdd")
         sampling = self.sampling(request, max_tokens)
 
-        def routed(exclude: frozenset[str], attempt: int) -> Attempt:
-            route = self.runtime.dispatcher.route(prompt_ids, max_tokens, exclude)
+        def routed(exclude: frozenset[str], attempt: int, emitted: Sequence[int] = ()) -> Attempt:
+            """Route the prompt, or, to resume, the prompt plus the tokens already sent
+            with what is left of ``max_tokens``: the new instances prefill the known tokens
+            and go on from the next position."""
+            prompt = [*prompt_ids, *emitted]
+            left = sampling.model_copy(update={"max_tokens": sampling.max_tokens - len(emitted)})
+            route = self.runtime.dispatcher.route(prompt, left.max_tokens, exclude)
             lease = Lease(self.runtime.store)
             lease.acquire(route.lease_keys)
             attempt_id = request_id if attempt == 0 else f"{request_id}-r{attempt}"
-            plan = route.plan(attempt_id, prompt_ids, sampling, self.runtime.config)
+            plan = route.plan(attempt_id, prompt, left, self.runtime.config)
             return Attempt(route, plan, lease)
 
         first = routed(frozenset(), 0)
