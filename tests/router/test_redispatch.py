@@ -80,10 +80,14 @@ def test_a_dead_prefill_is_routed_around_before_the_first_token(
     assert recoveries(router.url) == 1
 
 
-def prompt_whose_conversation_lands_on(instance: str, others: tuple[str, ...]) -> list[int]:
-    """A fresh prompt that rendezvous hashing (no MD holds it) gives to ``instance``."""
+def prompt_whose_conversation_lands_on(
+    instance: str, others: tuple[str, ...], stride: int
+) -> list[int]:
+    """A prompt that rendezvous hashing gives to ``instance`` while no MD holds any of it:
+    each test passes its own ``stride``, so no earlier test left it in an MD's cache (a
+    holder would win on its hit instead)."""
     for seed in range(1000):
-        prompt = [(i * 53 + seed) % 239 + 5 for i in range(70)]
+        prompt = [(i * stride + seed) % 239 + 5 for i in range(70)]
         key = RequestFeatures.from_prompt(prompt, 12, block_size=16).affinity_key
         weights = {i: rendezvous_weight(key, i) for i in (instance, *others)}
         if max(weights, key=weights.__getitem__) == instance:
@@ -97,7 +101,7 @@ def test_a_dead_main_decode_is_routed_around_before_the_first_token(
     flags = [*worker_flags(), "--main", f"{VICTIM}={md_victim.url}", "--poll-interval-s", "3600"]
     router = start_router(*flags)
     assert 'pdd_router_instances_ready{role="main"} 3.0' in metrics(router.url)
-    prompt = prompt_whose_conversation_lands_on(VICTIM, ("md1", "md2"))
+    prompt = prompt_whose_conversation_lands_on(VICTIM, ("md1", "md2"), stride=53)
     md_victim.proc.kill()
     md_victim.proc.wait()
 

@@ -86,7 +86,7 @@ def test_md_dead_after_the_handoff_is_resumed_from_the_tokens_sent(
     md, http_line, line_url = victim
     flags = [*worker_flags(), "--main", f"{VICTIM}={line_url}", "--poll-interval-s", "3600"]
     router = start_router(*flags, "--ttft-budget-s", "0.0001", "--handoff", "one-shot")
-    prompt = prompt_whose_conversation_lands_on(VICTIM, ("md1", "md2"))
+    prompt = prompt_whose_conversation_lands_on(VICTIM, ("md1", "md2"), stride=59)
     relay = cluster["rld"]
     handoffs_before = relay.metrics().get(HANDOFF, 0.0)
     assert md.link is not None
