@@ -5,8 +5,9 @@ token stream to the router) sits behind a WAN link emulator the test holds, and 
 KV port sits behind a second one. The order is forced, never timed:
 
 1. the victim's KV line is held to a trickle, so it cannot take the request over yet;
-2. the request starts (P-RLD-MD, one-shot handoff); once the router's stream to the
-   victim is open, the victim's HTTP line is cut: nothing it says reaches the router;
+2. the request starts (P-RLD-MD, one-shot handoff); once the router's stream request
+   has crossed the victim's HTTP line, the line is cut: nothing the victim says reaches
+   the router;
 3. the client reads its first tokens (from the relay); the KV line is restored, the
    relay hands the request to the victim (the relay's handoff counter says so);
 4. the victim is killed and its line healed: the router's stream to it breaks after
@@ -91,15 +92,16 @@ def test_md_dead_after_the_handoff_is_resumed_from_the_tokens_sent(
     handoffs_before = relay.metrics().get(HANDOFF, 0.0)
     assert md.link is not None
     md.link.set_rate(TRICKLE_GBPS)  # 1. the victim cannot get the KV yet
+    polled = http_line.stats()["forward"]["bytes"]  # the router's one poll, and no more
 
     body = {"model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
             "ignore_eos": True, "stream": True}  # fmt: skip
     text = []
     with httpx.stream("POST", f"{router.url}/v1/completions", json=body, timeout=120) as resp:
         assert resp.status_code == 200
-        until_sync(  # 2. the router's stream to the victim is open: hold what it says
-            lambda: http_line.stats()["connections"]["active"] >= 1,
-            "the router's stream to the victim",
+        until_sync(  # 2. the router asked the victim for the stream: hold what it says
+            lambda: http_line.stats()["forward"]["bytes"] > polled,
+            "the router's stream request to reach the victim",
         )
         http_line.partition(True)
         lines = resp.iter_lines()
