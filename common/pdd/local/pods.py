@@ -212,7 +212,8 @@ def claim_addressing() -> tuple[Addressing, TextIO]:
 
 @dataclass
 class RunningPods:
-    """A started set of pods; ``stop()`` ends the processes and removes every trace."""
+    """A started set of pods; ``stop()`` ends the processes and removes the network, the
+    hosts files and the address claim (mount points it made stay: ``_ensure_mount_point``)."""
 
     pods: list[PodPlan]
     supervisor: Supervisor
@@ -308,7 +309,7 @@ def _start_pod(
             (folder / name).write_text(text)
         binds[target] = str(folder)
     for target in binds:
-        _ensure_mount_point(running, Path(target))
+        _ensure_mount_point(Path(target))
     script = [f"mount --bind {shlex.quote(src)} {shlex.quote(dst)}" for dst, src in binds.items()]
     script.append(f"exec {shlex.join(_container_argv(pod, entrypoints))}")
     log = running.log_dir / f"{pod.name}.log"
@@ -338,14 +339,11 @@ def _container_argv(pod: PodPlan, entrypoints: Mapping[str, tuple[str, ...]]) ->
     return command + list(pod.args)
 
 
-def _ensure_mount_point(running: RunningPods, path: Path) -> None:
-    """Bind mounts need an existing target; one made here is removed at the end."""
-    if path.exists():
-        return
-    missing = [p for p in (path, *path.parents) if not p.exists()]
-    path.mkdir(parents=True)
-    for made in missing:  # deepest first
-        running._cleanup.insert(0, functools.partial(Path.rmdir, made))
+def _ensure_mount_point(path: Path) -> None:
+    """Bind mounts need an existing target. One made here stays (empty) afterwards:
+    removing it would detach the bind mounts of every other run using it, since an
+    ``rmdir`` of a mount point takes its mounts away in every mount namespace."""
+    path.mkdir(parents=True, exist_ok=True)
 
 
 def _start_gateway(running: RunningPods, link: LinkSpec, side: int) -> None:
