@@ -26,7 +26,14 @@ import sys
 import httpx
 import pytest
 
-from pdd.local.cluster import LinkSpec, LocalCluster, WanLinkProc, WorkerSpec, free_port
+from pdd.local.cluster import (
+    LinkSpec,
+    LocalCluster,
+    WanLinkProc,
+    WorkerSpec,
+    free_port,
+    http_ok,
+)
 from pdd.local.supervisor import spawn_pdd
 from pdd.testing.waiting import until_sync
 
@@ -53,18 +60,11 @@ def victim(tmp_path):
         "--gbps", "1", "--admin", f"127.0.0.1:{admin}", "--partition-grace-s", "3600",
     ]  # fmt: skip
     line = WanLinkProc(spawn_pdd(argv, log, {}), f"http://127.0.0.1:{admin}", log)
-    until_sync(lambda: _answers(f"{line.admin_url}/stats"), "the HTTP line's admin endpoint")
+    until_sync(lambda: http_ok(f"{line.admin_url}/stats"), "the HTTP line's admin endpoint")
     yield c[VICTIM], line, f"http://127.0.0.1:{http_line}"
     line.proc.kill()
     line.proc.wait()
     c.stop()
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def mono_text(prompt: list[int]) -> str:

@@ -261,6 +261,14 @@ def refused_settings(ready_url: str) -> WorkerRefusal | None:
     return None
 
 
+def http_ok(url: str) -> bool:
+    """One try: does ``url`` answer 200 now (a refused or timed-out call is a no)."""
+    try:
+        return httpx.get(url, timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def wait_http_ok(url: str, deadline: float, check_alive: Callable[[], None]) -> bool:
     """Poll ``url`` until it answers 200 (True) or ``deadline`` passes (False).
 
@@ -269,11 +277,8 @@ def wait_http_ok(url: str, deadline: float, check_alive: Callable[[], None]) -> 
     """
     while True:
         check_alive()
-        try:
-            if httpx.get(url, timeout=2.0).status_code == 200:
-                return True
-        except httpx.HTTPError:
-            pass
+        if http_ok(url):
+            return True
         if time.monotonic() > deadline:
             return False
         time.sleep(0.1)

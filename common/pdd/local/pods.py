@@ -36,9 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-import httpx
-
-from pdd.local.cluster import LinkSpec
+from pdd.local.cluster import LinkSpec, http_ok
 from pdd.local.manifests import (
     Addressing,
     ClusterObjects,
@@ -223,9 +221,6 @@ class RunningPods:
     gateway_admins: list[str] = field(default_factory=list)
     _cleanup: list[Callable[[], None]] = field(default_factory=list)
 
-    def pod(self, name: str) -> PodPlan:
-        return next(p for p in self.pods if p.name == name)
-
     def with_label(self, key: str, value: str) -> list[PodPlan]:
         return [p for p in self.pods if p.labels.get(key) == value]
 
@@ -365,7 +360,7 @@ def _wait_ready(running: RunningPods, deadline: float) -> None:
         p.name: functools.partial(_probe_ok, p) for p in running.pods if p.probe is not None
     }
     for side, admin in enumerate(running.gateway_admins):
-        checks[f"wan-gateway-{side}"] = functools.partial(_http_ok, f"{admin}/stats")
+        checks[f"wan-gateway-{side}"] = functools.partial(http_ok, f"{admin}/stats")
     while checks:
         for death in running.supervisor.deaths():
             raise PodStartError(death.describe())
@@ -386,11 +381,4 @@ def _probe_ok(pod: PodPlan) -> bool:
         ):
             return True
         return False
-    return _http_ok(f"http://{pod.node_ip}:{pod.probe.port}{pod.probe.path}")
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
+    return http_ok(f"http://{pod.node_ip}:{pod.probe.port}{pod.probe.path}")
