@@ -1,9 +1,11 @@
 """What the operator renders is what runs: both examples, as rendered, on local processes.
 
-``pdd operator render``'s pure core turns each example into manifests; ``pdd.local.pods``
-runs every container's exact command line, environment and mounted config, each pod in
-its own network namespace with the Service names of its cluster. In the two-cluster
-example the only path between the clusters is one ``pdd wan-link``. A request through
+``pdd operator render``'s pure core turns each example into manifests, which run two ways:
+``pdd.local.pods`` (root) runs every container's exact command line, environment and
+mounted config, each pod in its own network namespace with the Service names of its
+cluster; ``pdd.local.hostnet`` (what ``pdd up`` uses, no privileges) runs them on the
+host's loopback with only the pod network's part given as flags. In the two-cluster
+example the only data path between the clusters is ``pdd wan-link``. A request through
 the rendered router must produce mono's tokens, and both P-MD and P-RLD-MD must serve.
 
 What the test changes in the examples, and why (nothing else): the model becomes the
@@ -21,7 +23,9 @@ import shlex
 import subprocess
 import sys
 import uuid
+from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +35,8 @@ import yaml
 
 from pdd.common.tokenizer import ByteTokenizer
 from pdd.local.cluster import LinkSpec
-from pdd.local.manifests import ClusterObjects
+from pdd.local.hostnet import start_host_pods
+from pdd.local.manifests import COMPONENT_LABEL, ClusterObjects, HostAddressing, plan_pods
 from pdd.local.pods import RunningPods, start_pods
 from pdd.operator.render import render_file
 from pdd.testing.waiting import until_sync
@@ -96,27 +101,62 @@ def rendered(example: str) -> list[ClusterObjects]:
     return [ClusterObjects(str(cluster), objs) for cluster, objs in by_cluster.items()]
 
 
-@pytest.fixture(params=["node-pools.yaml", "two-clusters.yaml"], scope="module")
-def stack(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[RunningPods]:
+@dataclass
+class Stack:
+    """A running rendered stack, whichever runner started it."""
+
+    router_url: str
+    pods_by_role: dict[str, int]
+    #: The A-to-B line's stats URL (two clusters), else None.
+    a_to_b_stats: str | None
+
+
+def in_namespaces(clusters: list[ClusterObjects], log_dir: Path) -> Iterator[Stack]:
     reason = netns_unavailable()
     if reason:
         pytest.skip(reason)
-    clusters = rendered(request.param)
     image_env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    log_dir = tmp_path_factory.mktemp(request.param.removesuffix(".yaml"))
-    running = start_pods(clusters, log_dir, link=LINK, image_env=image_env)
+    running: RunningPods = start_pods(clusters, log_dir, link=LINK, image_env=image_env)
     try:
-        yield running
+        (router, *_) = running.with_label(COMPONENT_LABEL, "router")
+        roles = Counter(p.component for p in running.pods)
+        a_side = f"{running.gateway_admins[0]}/stats" if running.gateway_admins else None
+        yield Stack(f"http://{router.node_ip}:{router.ports['http']}", roles, a_side)
     finally:
         running.stop()
 
 
-def router_url(stack: RunningPods) -> str:
-    (router, *_) = stack.with_label("app.kubernetes.io/component", "router")
-    return f"http://{router.node_ip}:{router.ports['http']}"
+def on_host(clusters: list[ClusterObjects], log_dir: Path) -> Iterator[Stack]:
+    plans = plan_pods(clusters, addressing=HostAddressing())
+    running = start_host_pods(plans, log_dir, link=LINK, env={"OMP_NUM_THREADS": "1"})
+    try:
+        (router, *_) = running.of_role("router")
+        roles = Counter(p.role for p in running.pods)
+        a_side = f"{running.lines[0].admin_url}/stats" if running.lines else None
+        yield Stack(router.http_url, roles, a_side)
+    finally:
+        running.stop()
 
 
-def router_sees_every_worker(url: str, stack: RunningPods) -> bool:
+RUNNERS = {"netns": in_namespaces, "hostnet": on_host}
+
+
+@pytest.fixture(
+    params=[
+        (example, runner)
+        for runner in ("hostnet", "netns")
+        for example in ("node-pools.yaml", "two-clusters.yaml")
+    ],
+    ids=lambda p: f"{p[1]}-{p[0].removesuffix('.yaml')}",
+    scope="module",
+)
+def stack(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[Stack]:
+    example, runner = request.param
+    log_dir = tmp_path_factory.mktemp(f"{runner}-{example.removesuffix('.yaml')}")
+    yield from RUNNERS[runner](rendered(example), log_dir)
+
+
+def router_sees_every_worker(url: str, stack: Stack) -> bool:
     """The router's ``pdd_router_instances_ready`` per role equals the pods of that role."""
     ready: dict[str, float] = {}
     for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
@@ -124,8 +164,7 @@ def router_sees_every_worker(url: str, stack: RunningPods) -> bool:
             labels, value = line.split("} ")
             ready[labels.split('role="')[1].split('"')[0]] = float(value)
     return all(
-        ready.get(role, 0) == len(stack.with_label("app.kubernetes.io/component", role))
-        for role in ("prefill", "relay", "main")
+        ready.get(role, 0) == stack.pods_by_role[role] for role in ("prefill", "relay", "main")
     )
 
 
@@ -148,8 +187,8 @@ def pipelines_served(url: str) -> dict[str, float]:
     return served
 
 
-def test_rendered_pods_serve_monos_tokens_on_both_pipelines(stack: RunningPods) -> None:
-    url = router_url(stack)
+def test_rendered_pods_serve_monos_tokens_on_both_pipelines(stack: Stack) -> None:
+    url = stack.router_url
     until_sync(
         lambda: router_sees_every_worker(url, stack),
         "the rendered router to see every worker pod (a relay it has not seen is saturated)",
@@ -166,8 +205,8 @@ def test_rendered_pods_serve_monos_tokens_on_both_pipelines(stack: RunningPods) 
             assert answer.json()["choices"][0]["text"] == expected
     served = pipelines_served(url)
     assert served.get("P-RLD-MD", 0) >= 1 and served.get("P-MD", 0) >= 1, served
-    if stack.gateway_admins:  # two clusters: the KV goes to MD over the emulated line
-        a_side = f"{stack.gateway_admins[0]}/stats"
+    if stack.a_to_b_stats:  # two clusters: the KV goes to MD over the emulated line
+        a_side = stack.a_to_b_stats
         until_sync(  # a relay may finish before the long prompt's KV has landed at MD
             lambda: (
                 httpx.get(a_side, timeout=10).json()["forward"]["bytes"]

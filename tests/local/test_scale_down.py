@@ -15,7 +15,7 @@ import pytest
 from pdd.common.vocabulary import Role
 from pdd.local.scale_down import ScaleDown, ScaleDownError, parse_roles, pick_victims
 from pdd.local.supervisor import Child
-from pdd.local.topology import Counts, worker_specs
+from pdd.local.topology import Counts, mode_workers
 
 pytestmark = pytest.mark.unit
 
@@ -45,19 +45,19 @@ def test_roles_are_parsed_and_checked() -> None:
 
 def test_the_newest_worker_of_each_role_is_picked_where_the_mode_has_the_role() -> None:
     counts = Counts(prefill=1, relay=2, main=3)
-    picked = pick_victims(worker_specs("pdd", counts), (Role.RELAY, Role.MAIN))
-    assert [s.name for s in picked] == ["rld1", "md2"]
+    picked = pick_victims(mode_workers("pdd", counts), (Role.RELAY, Role.MAIN))
+    assert [s.name for s in picked] == ["pdd-relay-1", "pdd-main-2"]
     # naive has no relay: only MD shrinks there; mono has neither
     assert [
-        s.name for s in pick_victims(worker_specs("naive", counts), (Role.RELAY, Role.MAIN))
-    ] == ["md2"]
-    assert pick_victims(worker_specs("mono", counts), (Role.RELAY, Role.MAIN)) == []
+        s.name for s in pick_victims(mode_workers("naive", counts), (Role.RELAY, Role.MAIN))
+    ] == ["pdd-main-2"]
+    assert pick_victims(mode_workers("mono", counts), (Role.RELAY, Role.MAIN)) == []
     with pytest.raises(ScaleDownError, match="at least 2 prefill workers"):
-        pick_victims(worker_specs("pdd", counts), (Role.PREFILL,))
+        pick_victims(mode_workers("pdd", counts), (Role.PREFILL,))
 
 
 def test_sigterm_goes_out_once_after_the_share_and_the_drain_is_recorded(tmp_path: Path) -> None:
-    specs = pick_victims(worker_specs("pdd", Counts(relay=2, main=2)), (Role.RELAY, Role.MAIN))
+    specs = pick_victims(mode_workers("pdd", Counts(relay=2, main=2)), (Role.RELAY, Role.MAIN))
     procs = [DrainingProcess(0), DrainingProcess(1)]
     children: list[Any] = [
         Child(s.name, p, tmp_path / "log") for s, p in zip(specs, procs, strict=True)
@@ -74,15 +74,15 @@ def test_sigterm_goes_out_once_after_the_share_and_the_drain_is_recorded(tmp_pat
         p.drained.set()
     stopped = scale.wait(timeout_s=60.0)
     assert [(s.name, s.role, s.after_requests, s.exit_code) for s in stopped] == [
-        ("rld1", "relay", 3, 0),
-        ("md1", "main", 3, 1),
+        ("pdd-relay-1", "relay", 3, 0),
+        ("pdd-main-1", "main", 3, 1),
     ]
     assert all(s.drain_s is not None and s.drain_s >= 0 for s in stopped)
-    assert scale.names == {"rld1", "md1"}
+    assert scale.names == {"pdd-relay-1", "pdd-main-1"}
 
 
 def test_a_worker_still_draining_is_reported_as_such(tmp_path: Path) -> None:
-    [spec] = pick_victims(worker_specs("pdd", Counts(relay=2)), (Role.RELAY,))
+    [spec] = pick_victims(mode_workers("pdd", Counts(relay=2)), (Role.RELAY,))
     proc = DrainingProcess()
     scale = ScaleDown([(spec, Child(spec.name, proc, tmp_path / "log"))], after=1)  # type: ignore[arg-type]
     scale.on_outcome()

@@ -1,31 +1,73 @@
+"""``pdd up``'s modes as a PDDDeployment: what is rendered, and what each mode runs of it."""
+
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
+from pdd.common.vocabulary import Role
+from pdd.local.manifests import ClusterObjects, HostAddressing, PodPlan, plan_pods
 from pdd.local.topology import (
     NAIVE_ROUTER_FLAGS,
     Counts,
     StackConfig,
     TopologyError,
-    router_argv,
-    worker_specs,
+    extra_args,
+    mode_objects,
+    mode_workers,
+    stack_deployment,
 )
+from pdd.operator.render import render_deployment
 
 pytestmark = pytest.mark.unit
 
-
-def roles(mode: str, counts: Counts | None = None) -> list[tuple[str, str, bool]]:
-    specs = worker_specs(mode, counts or Counts())  # type: ignore[arg-type]
-    return [(s.name, s.role, s.wan_facing) for s in specs]
+COUNTS = Counts(prefill=2, relay=3, main=2, mono=2)
 
 
-def test_each_mode_runs_its_workers_and_links() -> None:
-    assert roles("pdd") == [("p0", "prefill", False), ("rld0", "relay", True),
-                            ("md0", "main", True)]  # fmt: skip
-    assert roles("naive") == [("p0", "prefill", False), ("md0", "main", True)]
-    assert roles("samedc") == [("p0", "prefill", False), ("md0", "main", False)]
-    assert roles("mono", Counts(mono=2)) == [("mono0", "mono", False), ("mono1", "mono", False)]
-    assert len(roles("pdd", Counts(prefill=2, relay=3, main=2))) == 7
+def rendered(config: StackConfig) -> list[PodPlan]:
+    """What ``LocalStack`` runs for ``config``, through the operator's own rendering."""
+    by_cluster = render_deployment(stack_deployment(config), token="t0ken")
+    clusters = [ClusterObjects(str(c), objs) for c, objs in by_cluster.items()]
+    return plan_pods(mode_objects(config.mode, clusters), addressing=HostAddressing())
+
+
+@pytest.mark.parametrize("mode", ["pdd", "naive", "samedc", "mono"])
+def test_each_mode_runs_the_rendered_workers_it_names_up_front(mode: str) -> None:
+    pods = rendered(StackConfig(mode=mode, counts=COUNTS))  # type: ignore[arg-type]
+    workers = [(p.name, p.component) for p in pods if p.component != "router"]
+    assert workers == [(w.name, str(w.role)) for w in mode_workers(mode, COUNTS)]  # type: ignore[arg-type]
+    assert [p.component for p in pods].count("router") == 1
+    for pod in pods:  # the operator's command line, only mono's role changed
+        role = pod.component
+        if role != "router":
+            assert list(pod.args) == ["worker", "--role", role, "--config", "/etc/pdd/config.json"]
+            assert pod.env["PDD_INSTANCE_ID"] == pod.name and pod.env["PDD_POD_IP"] == "127.0.0.1"
+
+
+def test_md_is_in_the_other_cluster_exactly_where_the_mode_crosses_the_wan() -> None:
+    for mode, remote in (("pdd", True), ("naive", True), ("samedc", False), ("mono", False)):
+        pods = rendered(StackConfig(mode=mode))  # type: ignore[arg-type]
+        clusters = {p.component: p.cluster_index for p in pods}
+        assert clusters.get(Role.MAIN, 0) == (1 if remote else 0), mode
+        assert clusters[Role.PREFILL if mode != "mono" else Role.MONO] == 0
+
+
+def test_the_deployment_carries_the_flags_that_a_cluster_user_would_set(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    config = StackConfig(
+        model=str(tmp_path), counts=Counts(prefill=2, relay=3, main=4), ttft_budget_s=0.5,
+        redis_url="redis://r:6379/0", served_model_name="m",
+    )  # fmt: skip
+    spec = stack_deployment(config)["spec"]
+    assert spec["model"] == {"servedName": "m", "source": {"image": {"path": str(tmp_path)}}}
+    assert spec["prefill"] == {"replicas": 2} and spec["mainDecode"] == {"replicas": 4}
+    assert spec["relay"] == {"minReplicas": 3, "maxReplicas": 3}
+    assert spec["wan"] == {"declaredGbps": 0.05, "rttMs": 30.0}
+    assert spec["slo"] == {"ttftP99Ms": 500.0} and spec["router"] == {
+        "redisUrl": "redis://r:6379/0"
+    }
+    assert "slo" not in stack_deployment(StackConfig())["spec"]  # the CRD's default SLO
 
 
 def test_counts_must_be_positive() -> None:
@@ -33,16 +75,10 @@ def test_counts_must_be_positive() -> None:
         Counts(relay=0)
 
 
-def test_router_is_told_its_workers_and_the_mode() -> None:
-    workers = [("p0", "prefill", "http://h:1"), ("md0", "main", "http://h:2")]
-    pdd = router_argv(StackConfig(mode="pdd", port=9000, ttft_budget_s=0.5), workers)
-    assert pdd[:1] == ["router"] and "--prefill" in pdd and "p0=http://h:1" in pdd
-    assert pdd[pdd.index("--port") + 1] == "9000"
-    assert pdd[pdd.index("--link-gbps") + 1] == "0.05"
-    assert pdd[pdd.index("--ttft-budget-s") + 1] == "0.5"
-    assert not set(NAIVE_ROUTER_FLAGS) & set(pdd)
+def test_baselines_force_the_naive_pipeline_and_user_flags_come_last() -> None:
+    config = StackConfig(mode="pdd", worker_args=("--max-running", "4"), router_args=("--x",))
+    assert extra_args(config)["router"] == ("--x",)
+    assert extra_args(config)[Role.MAIN] == ("--max-running", "4")
     for mode in ("naive", "samedc"):
-        argv = router_argv(StackConfig(mode=mode), workers)  # type: ignore[arg-type]
-        assert " ".join(NAIVE_ROUTER_FLAGS) in " ".join(argv)
-    redis = router_argv(StackConfig(redis_url="redis://r:6379/0"), workers)
-    assert redis[redis.index("--redis") + 1] == "redis://r:6379/0"
+        flags = extra_args(StackConfig(mode=mode))["router"]  # type: ignore[arg-type]
+        assert flags[: len(NAIVE_ROUTER_FLAGS)] == NAIVE_ROUTER_FLAGS

@@ -35,7 +35,7 @@ from pdd.local.probes import Probes, WanSampler, delta, summed
 from pdd.local.replay import Outcome, Replayer, ReplayTarget
 from pdd.local.scale_down import ScaleDown, ScaleDownError, parse_roles, pick_victims
 from pdd.local.stack import LocalStack, StackInfo, StackStartError
-from pdd.local.topology import MODES, Counts, StackConfig, TopologyError, worker_specs
+from pdd.local.topology import MODES, Counts, StackConfig, TopologyError, mode_workers
 from pdd.local.traces import TraceFormatError, bundled_traces, detect, load_trace
 from pdd.local.traces.base import Trace, ideal_hit_ratios
 from pdd.local.traces.synth import Job, Scaling, ScalingError, synthesize
@@ -135,10 +135,8 @@ def main(argv: list[str]) -> int:
         if args.scale_down and args.url:
             raise ScaleDownError("--scale-down stops workers of the stacks bench starts: not --url")
         for mode in modes:  # refused now, before any stack is brought up
-            pick_victims(
-                worker_specs(mode, Counts(args.prefill, args.relay, args.main, args.mono)),
-                args.scale_down,
-            )  # type: ignore[arg-type]
+            counts = Counts(args.prefill, args.relay, args.main, args.mono)
+            pick_victims(mode_workers(mode, counts), args.scale_down)  # type: ignore[arg-type]
         args.trace = trace_path(args)
         fmt = args.format or detect(args.trace)
         trace = load_trace(args.trace, fmt, args.session_gap_s, args.max_requests)
@@ -200,9 +198,8 @@ def _scale_down(
     args: argparse.Namespace, config: StackConfig, stack: LocalStack, requests: int
 ) -> ScaleDown:
     """The workers ``--scale-down`` stops in this mode (none for modes without the role)."""
-    specs = worker_specs(config.mode, config.counts)
     by_name = {c.name: c for c in stack.supervisor.children}
-    victims = [(s, by_name[s.name]) for s in pick_victims(specs, args.scale_down)]
+    victims = [(p, by_name[p.name]) for p in pick_victims(stack.pods.pods, args.scale_down)]
     return ScaleDown(victims, after=max(1, round(requests * args.scale_down_after)))
 
 

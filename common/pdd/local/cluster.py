@@ -53,6 +53,21 @@ class LinkSpec:
     partition_grace_s: float = 1.0
 
 
+def wan_link_argv(link: LinkSpec, routes: Sequence[tuple[str, str]], admin: str) -> list[str]:
+    """``pdd wan-link`` arguments for one line carrying every (listen, to) route in
+    ``routes``: they share its rate, delay and partition switch."""
+    if not routes:
+        raise ValueError("a WAN line needs at least one route")
+    (listen, to), rest = routes[0], routes[1:]
+    argv = ["wan-link", "--listen", listen, "--to", to, "--admin", admin]
+    argv += ["--gbps", f"{link.gbps:g}", "--rtt-ms", f"{link.rtt_ms:g}"]
+    argv += ["--jitter-ms", f"{link.jitter_ms:g}"]
+    argv += ["--partition-grace-s", f"{link.partition_grace_s:g}", "--seed", "0"]
+    for listen, to in rest:
+        argv += ["--route", f"{listen}={to}"]
+    return argv
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))
@@ -225,12 +240,7 @@ def _start_worker(
     if spec.wan_facing:
         listen, admin = free_port(), free_port()
         link_log = log_dir / f"{spec.name}-wan-link.log"
-        argv = [
-            "wan-link", "--listen", f"{HOST}:{listen}", "--to", f"{HOST}:{data}",
-            "--gbps", str(link.gbps), "--rtt-ms", str(link.rtt_ms),
-            "--jitter-ms", str(link.jitter_ms), "--admin", f"{HOST}:{admin}",
-            "--partition-grace-s", str(link.partition_grace_s), "--seed", "0",
-        ]  # fmt: skip
+        argv = wan_link_argv(link, [(f"{HOST}:{listen}", f"{HOST}:{data}")], f"{HOST}:{admin}")
         wan_link = WanLinkProc(spawn_pdd(argv, link_log, env), f"http://{HOST}:{admin}", link_log)
         wan_addr = f"{HOST}:{listen}"
     log = log_dir / f"{spec.name}.log"

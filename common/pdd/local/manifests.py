@@ -8,20 +8,29 @@ Secrets and the downward API, ConfigMap files, volumes) and each cluster's name
 table (``hosts``), so ``pdd.local.pods`` can run them without changing a byte of
 their command line, environment or config.
 
-Addresses (``Addressing``): pod ``i`` of cluster ``c`` gets ``10.P.c.(i+1)``, the address
-every peer and Service name sees (``status.podIP``), and ``10.(P+1).c.(i+1)`` on the same
-interface, the address its node (the runner: probes, the test's client) and the WAN
-gateway use. A Service name resolves to its pods' IPs (headless Services do exactly
-that; ClusterIP ones get no virtual IP here, which no client of ours can tell apart).
+Addresses (``Addressing``, for ``pdd.local.pods``): pod ``i`` of cluster ``c`` gets
+``10.P.c.(i+1)``, the address every peer and Service name sees (``status.podIP``), and
+``10.(P+1).c.(i+1)`` on the same interface, the address its node (the runner: probes, the
+test's client) and the WAN gateway use. A Service name resolves to its pods' IPs (headless
+Services do exactly that; ClusterIP ones get no virtual IP here, which no client of ours can
+tell apart). ``HostAddressing`` (for ``pdd.local.hostnet``, which needs no privileges):
+every pod shares the host's loopback address, with ports of its own.
 """
 
 from __future__ import annotations
 
 import base64
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdd.local.supervisor import PDD_PROGRAM
+
+#: Image repository -> its entrypoint, for containers without a ``command``.
+DEFAULT_ENTRYPOINTS: dict[str, tuple[str, ...]] = {"redis": ("redis-server",)}
+#: The label that names a pod's component (prefill, relay, main, router, redis).
+COMPONENT_LABEL = "app.kubernetes.io/component"
 #: The resources a CPU-only machine cannot give a pod.
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
 
@@ -61,6 +70,19 @@ class Addressing:
 
 
 @dataclass(frozen=True)
+class HostAddressing:
+    """Every pod on one host address (the pods then differ by port, see ``hostnet``)."""
+
+    address: str = "127.0.0.1"
+
+    def pod(self, cluster: int, host: int) -> str:
+        return self.address
+
+    def node(self, cluster: int, host: int) -> str:
+        return self.address
+
+
+@dataclass(frozen=True)
 class PodPlan:
     name: str
     cluster: str
@@ -75,7 +97,12 @@ class PodPlan:
     probe: Probe | None
     files: dict[str, dict[str, str]] = field(default_factory=dict)  # mount path -> name -> text
     host_mounts: dict[str, str] = field(default_factory=dict)  # mount path -> host path
-    addressing: Addressing = Addressing()
+    addressing: Addressing | HostAddressing = Addressing()
+
+    @property
+    def component(self) -> str:
+        """What the pod is (prefill, relay, main, router, redis): its component label."""
+        return self.labels.get(COMPONENT_LABEL, "")
 
     @property
     def pod_ip(self) -> str:
@@ -107,7 +134,7 @@ def plan_pods(
     clusters: list[ClusterObjects],
     claims: Mapping[str, str] | None = None,
     secrets: Mapping[str, Mapping[str, str]] | None = None,
-    addressing: Addressing = Addressing(),
+    addressing: Addressing | HostAddressing = Addressing(),
 ) -> list[PodPlan]:
     """Every pod of every Deployment, in order. ``claims``: PVC name -> host directory;
     ``secrets``: Secrets the user creates (name -> key -> value), beside rendered ones."""
@@ -137,7 +164,7 @@ def replicas(cluster: ClusterObjects, deployment: dict[str, Any]) -> int:
 
 def _pod(
     cluster: ClusterObjects,
-    where: tuple[int, int, Addressing],  # cluster index, pod index in it, addresses
+    where: tuple[int, int, Addressing | HostAddressing],  # cluster, pod index in it, addresses
     name: str,
     deployment: dict[str, Any],
     claims: Mapping[str, str],
@@ -310,3 +337,19 @@ def hosts_file(table: dict[str, list[str]]) -> str:
     for name, ips in sorted(table.items()):
         lines += [f"{ip} {name}" for ip in ips]
     return "\n".join(lines) + "\n"
+
+
+def container_argv(pod: PodPlan, entrypoints: Mapping[str, tuple[str, ...]]) -> list[str]:
+    """The container's command line with the image's programs found on this machine:
+    ``pdd`` is this interpreter's, an image without ``command`` runs its entrypoint."""
+    command = list(pod.command)
+    if not command:
+        repo = pod.image.rsplit("/", 1)[-1].split(":", 1)[0].split("@", 1)[0]
+        if repo not in entrypoints:
+            raise ManifestError(f"{pod.name}: no local entrypoint for image {pod.image!r}")
+        command = list(entrypoints[repo])
+    if command[0] == "pdd":
+        command = [*PDD_PROGRAM, *command[1:]]
+    elif shutil.which(command[0]) is None:
+        raise ManifestError(f"{pod.name}: {command[0]!r} (image {pod.image}) is not installed")
+    return command + list(pod.args)

@@ -36,12 +36,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from pdd.local.cluster import LinkSpec, http_ok
+from pdd.local.cluster import LinkSpec, http_ok, wan_link_argv
 from pdd.local.manifests import (
+    DEFAULT_ENTRYPOINTS,
     Addressing,
     ClusterObjects,
     ManifestError,
     PodPlan,
+    container_argv,
     host_table,
     hosts_file,
     plan_pods,
@@ -53,8 +55,6 @@ from pdd.local.supervisor import Supervisor
 FORWARDED_PORTS: dict[int, tuple[str, ...]] = {0: ("http", "wan"), 1: ("wan",)}
 #: Where each gateway's admin endpoint listens, on its cluster's node network.
 GATEWAY_ADMIN_PORT = 7999
-#: Image repository -> its entrypoint, for containers without a ``command``.
-DEFAULT_ENTRYPOINTS: dict[str, tuple[str, ...]] = {"redis": ("redis-server",)}
 
 
 class PodNetworkError(RuntimeError):
@@ -166,7 +166,7 @@ def gateway_argv(link: LinkSpec, side: int, pods: list[PodPlan], net: Addressing
     """``pdd wan-link`` for the gateway cluster ``side`` dials into: a route per forwarded
     port of each pod of the other cluster, pod IP to node address."""
     routes = [
-        f"{p.pod_ip}:{p.ports[name]}={p.node_ip}:{p.ports[name]}"
+        (f"{p.pod_ip}:{p.ports[name]}", f"{p.node_ip}:{p.ports[name]}")
         for p in pods
         if p.cluster_index != side
         for name in FORWARDED_PORTS[side]
@@ -174,14 +174,7 @@ def gateway_argv(link: LinkSpec, side: int, pods: list[PodPlan], net: Addressing
     ]
     if not routes:
         raise ManifestError(f"cluster {side}'s pods have no port of the other cluster to reach")
-    first_listen, first_to = routes[0].split("=")
-    argv = ["wan-link", "--listen", first_listen, "--to", first_to]
-    argv += ["--gbps", f"{link.gbps:g}", "--rtt-ms", f"{link.rtt_ms:g}"]
-    argv += ["--jitter-ms", f"{link.jitter_ms:g}"]
-    argv += ["--admin", f"{net.node(side, 253)}:{GATEWAY_ADMIN_PORT}"]
-    for route in routes[1:]:
-        argv += ["--route", route]
-    return argv
+    return wan_link_argv(link, routes, f"{net.node(side, 253)}:{GATEWAY_ADMIN_PORT}")
 
 
 #: Candidate first octets after 10. for pod IPs (the next one holds the node addresses).
@@ -306,7 +299,7 @@ def _start_pod(
     for target in binds:
         _ensure_mount_point(Path(target))
     script = [f"mount --bind {shlex.quote(src)} {shlex.quote(dst)}" for dst, src in binds.items()]
-    script.append(f"exec {shlex.join(_container_argv(pod, entrypoints))}")
+    script.append(f"exec {shlex.join(container_argv(pod, entrypoints))}")
     log = running.log_dir / f"{pod.name}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -316,22 +309,6 @@ def _start_pod(
             env={**image_env, **pod.env},
         )
     running.supervisor.add(pod.name, proc, log)
-
-
-def _container_argv(pod: PodPlan, entrypoints: Mapping[str, tuple[str, ...]]) -> list[str]:
-    """The container's command line with the image's programs found on this machine:
-    ``pdd`` is this interpreter's, an image without ``command`` runs its entrypoint."""
-    command = list(pod.command)
-    if not command:
-        repo = pod.image.rsplit("/", 1)[-1].split(":", 1)[0].split("@", 1)[0]
-        if repo not in entrypoints:
-            raise ManifestError(f"{pod.name}: no local entrypoint for image {pod.image!r}")
-        command = list(entrypoints[repo])
-    if command[0] == "pdd":
-        command = [sys.executable, "-m", "pdd.cli", *command[1:]]
-    elif shutil.which(command[0]) is None:
-        raise ManifestError(f"{pod.name}: {command[0]!r} (image {pod.image}) is not installed")
-    return command + list(pod.args)
 
 
 def _ensure_mount_point(path: Path) -> None:

@@ -17,10 +17,10 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 from pdd.common.vocabulary import Role
 from pdd.local.supervisor import Child
-from pdd.local.topology import WorkerSpec
 
 #: Roles a scale-down may shrink (mono is the reference, never scaled).
 SCALABLE_ROLES = (Role.PREFILL, Role.RELAY, Role.MAIN)
@@ -40,12 +40,25 @@ def parse_roles(text: str | None) -> tuple[Role, ...]:
     return tuple(dict.fromkeys(Role(n) for n in names))
 
 
-def pick_victims(specs: Sequence[WorkerSpec], roles: Sequence[Role]) -> list[WorkerSpec]:
-    """The newest instance of each role present in ``specs`` (an HPA removes the newest
-    pod); a role with one instance cannot shrink without leaving the mode without it."""
+class Worker(Protocol):
+    """What a scale-down needs to know of a worker (a running pod, a worker spec)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def role(self) -> str: ...
+
+
+W = TypeVar("W", bound=Worker)
+
+
+def pick_victims(workers: Sequence[W], roles: Sequence[Role]) -> list[W]:
+    """The newest instance of each role present in ``workers`` (in start order; an HPA
+    removes the newest pod); a role with one instance cannot shrink without leaving the
+    mode without it."""
     victims = []
     for role in roles:
-        of_role = [s for s in specs if s.role == role]
+        of_role = [w for w in workers if w.role == role]
         if not of_role:
             continue  # this mode has no such role (e.g. naive has no relay)
         if len(of_role) < 2:
@@ -79,7 +92,7 @@ class Stopped:
 class ScaleDown:
     """SIGTERM ``victims`` once ``after`` requests have finished; then wait for them."""
 
-    victims: list[tuple[WorkerSpec, Child]]
+    victims: Sequence[tuple[Worker, Child]]
     after: int
     _finished: int = 0
     _signalled_at: float | None = None

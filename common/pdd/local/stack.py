@@ -1,7 +1,9 @@
-"""One local stack: workers and WAN links (through ``LocalCluster``), then the router.
+"""One local stack: what the operator renders for ``pdd up``'s flags, run on this host.
 
-Start order is the dependency order, each step health-gated: every worker's
-``/ready`` and link's ``/stats`` (LocalCluster), then the router's ``/ready`` (it
+``topology.stack_deployment`` makes the PDDDeployment (written to the log folder as
+``pdddeployment.yaml``), ``pdd operator render`` its manifests (``rendered/``), and
+``hostnet`` runs the mode's pods as local processes with the two WAN lines between the
+clusters. Every readiness probe and line must answer, then the router's ``/ready`` (it
 answers once it sees its workers). ``stack.json`` in the log folder says where
 everything is, so ``pdd bench --stack`` can read the counters of a stack it did not
 start.
@@ -12,16 +14,27 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import subprocess
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pdd.local.cluster import ClusterStartError, LocalCluster, wait_http_ok
+import yaml
+
+from pdd.local.cluster import ADDRESS_IN_USE, PORT_ATTEMPTS, wait_http_ok
+from pdd.local.hostnet import ROUTER_COMPONENT, HostPods, HostPodsStartError, start_host_pods
+from pdd.local.manifests import (
+    ClusterObjects,
+    HostAddressing,
+    ManifestError,
+    PodPlan,
+    plan_pods,
+)
 from pdd.local.probes import Probes
-from pdd.local.supervisor import Supervisor, spawn_pdd
-from pdd.local.topology import StackConfig, router_argv, worker_specs
+from pdd.local.supervisor import PDD_PROGRAM
+from pdd.local.topology import StackConfig, extra_args, mode_objects, stack_deployment
 
 Say = Callable[[str], None]
 
@@ -80,77 +93,102 @@ class _Ticker:
 
 
 class LocalStack:
-    def __init__(self, config: StackConfig, supervisor: Supervisor, info: StackInfo) -> None:
+    def __init__(self, config: StackConfig, pods: HostPods, info: StackInfo) -> None:
         self.config = config
-        self.supervisor = supervisor
+        self.pods = pods
+        self.supervisor = pods.supervisor
         self.info = info
 
     @classmethod
     def start(cls, config: StackConfig, say: Say = print) -> LocalStack:
         config.log_dir.mkdir(parents=True, exist_ok=True)
         secret = os.environ.get("PDD_SHARED_SECRET") or secrets.token_hex(16)
-        env = {"PDD_SHARED_SECRET": secret, "OMP_NUM_THREADS": "1"}
-        supervisor = Supervisor()
-        specs = worker_specs(config.mode, config.counts)
-        say(f"starting {len(specs)} workers ({', '.join(s.name for s in specs)}), "
-            f"model {config.model}, logs in {config.log_dir}")  # fmt: skip
+        plans = render(config, secret)
+        say(f"starting {', '.join(p.name for p in plans)} (model {config.model}), "
+            f"logs in {config.log_dir}")  # fmt: skip
+        pods = _start_pods(config, plans, say)
         try:
-            cluster = _start_cluster(config, specs, secret, say)
-            _adopt(supervisor, cluster, config.log_dir)
-            workers = [(w.spec.name, w.spec.role, w.url) for w in cluster.workers.values()]
-            log = config.log_dir / "router.log"
-            router = spawn_pdd(router_argv(config, workers), log, env)
-            supervisor.add("router", router, log)
-            say(f"starting router on {config.router_url}")
-            _wait_router(config, supervisor, time.monotonic() + config.ready_timeout_s)
+            _wait_router(config, pods, time.monotonic() + config.ready_timeout_s)
         except BaseException:
-            supervisor.stop()
+            pods.stop()
             raise
+        workers = [p for p in pods.pods if p.role != ROUTER_COMPONENT]
+        for pod in workers:
+            say(f"  ready: {pod.name} ({pod.role}) {pod.http_url}")
+        for line in pods.lines:
+            say(f"  WAN line {line.name}: admin {line.admin_url}")
         info = StackInfo(
             mode=config.mode,
             model=config.served_name,
             router_url=config.router_url,
-            workers={w.spec.name: w.url for w in cluster.workers.values()},
-            links={n: w.link.admin_url for n, w in cluster.workers.items() if w.link},
-            pids=supervisor.pids(),
+            workers={p.name: p.http_url for p in workers},
+            links={line.name: line.admin_url for line in pods.lines},
+            pids=pods.supervisor.pids(),
             log_dir=str(config.log_dir),
         )
         info.save(config.log_dir / "stack.json")
-        return cls(config, supervisor, info)
+        return cls(config, pods, info)
 
     def stop(self) -> None:
-        self.supervisor.stop()
+        self.pods.stop()
 
 
-def _start_cluster(config: StackConfig, specs: list, secret: str, say: Say) -> LocalCluster:
-    common = ("--model", config.model, *config.worker_args)
+def render(config: StackConfig, token: str) -> list[PodPlan]:
+    """``config``'s PDDDeployment through ``pdd operator render`` (the operator's own
+    validation and plan), then the mode's pods planned on this host; a spec the operator
+    refuses, or pods the host cannot run, are a StackStartError."""
+    source, out = config.log_dir / "pdddeployment.yaml", config.log_dir / "rendered"
+    source.write_text(yaml.safe_dump(stack_deployment(config), sort_keys=False))
+    argv = [*PDD_PROGRAM, "operator", "render", "-f", str(source), "--out-dir", str(out)]
+    done = subprocess.run([*argv, "--shared-token", token], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise StackStartError(f"pdd operator render refused {source}: {done.stderr.strip()}")
+    clusters = [
+        ClusterObjects(name, yaml.safe_load((out / f"{name}.yaml").read_text())["items"])
+        for name in ("local", "remote")
+        if (out / f"{name}.yaml").exists()
+    ]
     try:
-        with _Ticker(say, "waiting for workers to load the model and report ready"):
-            cluster = LocalCluster.start(
-                specs, config.log_dir, config.link, secret, common, config.ready_timeout_s
-            )
-    except ClusterStartError as exc:
-        raise StackStartError(f"a worker did not come up: {exc}") from exc
-    for w in cluster.workers.values():
-        link = f", WAN link admin {w.link.admin_url}" if w.link else ""
-        say(f"  ready: {w.spec.name} ({w.spec.role}) {w.url}{link}")
-    return cluster
+        return plan_pods(mode_objects(config.mode, clusters), addressing=HostAddressing())
+    except ManifestError as exc:
+        raise StackStartError(str(exc)) from exc
 
 
-def _adopt(supervisor: Supervisor, cluster: LocalCluster, log_dir: Path) -> None:
-    for name, w in cluster.workers.items():
-        supervisor.add(name, w.proc, w.log)
-        if w.link is not None:
-            supervisor.add(f"{name}-wan-link", w.link.proc, w.link.log)
+def _start_pods(config: StackConfig, plans: list[PodPlan], say: Say) -> HostPods:
+    """Start and wait for the pods; a start that lost a port to another process (two
+    suites side by side) is tried again on new ports, up to ``PORT_ATTEMPTS`` times."""
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        try:
+            with _Ticker(say, "waiting for workers to load the model and report ready"):
+                return start_host_pods(
+                    plans,
+                    config.log_dir,
+                    link=config.link,
+                    env={"OMP_NUM_THREADS": "1"},
+                    extra_args=extra_args(config),
+                    router_port=config.port,
+                    router_host=config.host,
+                    ready_timeout_s=config.ready_timeout_s,
+                )
+        except HostPodsStartError as exc:
+            if ADDRESS_IN_USE not in str(exc) or attempt == PORT_ATTEMPTS:
+                raise StackStartError(f"a pod did not come up: {exc}") from exc
+            say(f"  a port was taken meanwhile; starting again ({exc.args[0].splitlines()[0]})")
+    raise AssertionError("unreachable")
 
 
-def _wait_router(config: StackConfig, supervisor: Supervisor, deadline: float) -> None:
+def _wait_router(config: StackConfig, pods: HostPods, deadline: float) -> None:
     url = f"{config.router_url}/ready"
 
     def check_alive() -> None:
-        for death in supervisor.deaths():
+        for death in pods.supervisor.deaths():
             raise StackStartError(death.describe())
 
     if not wait_http_ok(url, deadline, check_alive):
-        tail = supervisor.children[-1].log_tail()
+        router = [
+            c
+            for c in pods.supervisor.children
+            if c.name in {p.name for p in pods.of_role(ROUTER_COMPONENT)}
+        ]
+        tail = router[0].log_tail() if router else ""
         raise StackStartError(f"router not ready at {url} in time; its log ends:\n{tail}")

@@ -42,15 +42,21 @@ class Death:
         )
 
 
-def spawn_pdd(argv: Sequence[str], log: Path, env: Mapping[str, str]) -> subprocess.Popen:
-    """``pdd <argv>`` in this interpreter, stdout and stderr into ``log``."""
+#: ``pdd`` as this interpreter runs it (the console script may not be on PATH).
+PDD_PROGRAM = (sys.executable, "-m", "pdd.cli")
+
+
+def spawn_process(argv: Sequence[str], log: Path, env: Mapping[str, str]) -> subprocess.Popen:
+    """``argv`` with this environment plus ``env``, stdout and stderr into ``log``."""
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "pdd.cli", *argv],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **env},
+            list(argv), stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env}
         )
+
+
+def spawn_pdd(argv: Sequence[str], log: Path, env: Mapping[str, str]) -> subprocess.Popen:
+    """``pdd <argv>`` in this interpreter, stdout and stderr into ``log``."""
+    return spawn_process([*PDD_PROGRAM, *argv], log, env)
 
 
 @dataclass

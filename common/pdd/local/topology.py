@@ -1,24 +1,32 @@
-"""Which processes each mode runs, and the router's command line: pure builders.
+"""What ``pdd up`` runs in each mode: a PDDDeployment, rendered by the operator, less what
+the mode leaves out. Pure builders.
 
-| mode   | cluster A            | cluster B           | WAN link emulator         | router  |
-| ------ | -------------------- | ------------------- | ------------------------- | ------- |
-| pdd    | P, RLD               | MD                  | in front of MD and RLD    | policy  |
-| naive  | P                    | MD                  | in front of MD            | naive   |
-| samedc | P, MD                | -                   | none (fast path only)     | naive   |
-| mono   | colocated workers    | -                   | none                      | mono    |
+| mode   | cluster A            | cluster B           | WAN lines (one per direction) | router  |
+| ------ | -------------------- | ------------------- | ----------------------------- | ------- |
+| pdd    | P, RLD               | MD                  | A->B to MD, B->A to RLD and P | policy  |
+| naive  | P                    | MD                  | A->B to MD                    | naive   |
+| samedc | P, MD                | -                   | none (fast path only)         | naive   |
+| mono   | colocated workers    | -                   | none                          | mono    |
 
-"naive" is cross-datacenter PD without PDD: P ships the full KV over the WAN, no
-decode-side cache match. "samedc" is the same pipeline with MD next to P. RLD gets a
-link too in pdd mode because MD's "KV complete" and RLD's token-ID handoff cross the WAN.
+``stack_deployment`` turns ``pdd up``'s flags into the PDDDeployment a cluster user would
+``kubectl apply`` (MD in a remote cluster where the mode crosses the WAN); the operator's
+own ``pdd operator render`` makes the manifests, so a worker's command line, environment
+and config document are made one way, for a cluster and for this machine alike.
+``mode_objects`` then drops what a baseline does not run: "naive" is cross-datacenter PD
+without PDD (P ships the full KV over the WAN, no decode-side cache match), "samedc" the
+same pipeline with MD next to P, "mono" the prefill pods as colocated workers.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pdd.local.cluster import LinkSpec, WorkerSpec
+from pdd.common.vocabulary import Role
+from pdd.local.cluster import LinkSpec
+from pdd.local.manifests import COMPONENT_LABEL, ClusterObjects
 
 Mode = Literal["pdd", "naive", "samedc", "mono"]
 MODES: tuple[Mode, ...] = ("mono", "samedc", "naive", "pdd")
@@ -76,31 +84,108 @@ class StackConfig:
         return f"http://{self.host}:{self.port}"
 
 
-def worker_specs(mode: Mode, counts: Counts) -> list[WorkerSpec]:
-    """The workers of one mode, named by role and index (``p0``, ``rld0``, ``md0``)."""
-    if mode == "mono":
-        return [WorkerSpec(f"mono{i}", "mono") for i in range(counts.mono)]
-    remote = mode != "samedc"
-    specs = [WorkerSpec(f"p{i}", "prefill") for i in range(counts.prefill)]
-    if mode == "pdd":
-        specs += [WorkerSpec(f"rld{i}", "relay", wan_facing=True) for i in range(counts.relay)]
-    specs += [WorkerSpec(f"md{i}", "main", wan_facing=remote) for i in range(counts.main)]
-    return specs
+#: The PDDDeployment ``pdd up`` renders: pods are named after it (``pdd-prefill-0``).
+DEPLOYMENT_NAME = "pdd"
+NAMESPACE = "local"
+#: Images are not pulled here: ``pdd`` in the container's command is this install's.
+LOCAL_IMAGE = "pdd:local"
+#: Modes whose MD runs in the other datacenter (behind the WAN lines).
+CROSS_DATACENTER: tuple[Mode, ...] = ("pdd", "naive")
 
 
-def router_argv(config: StackConfig, workers: list[tuple[str, str, str]]) -> list[str]:
-    """``pdd router`` arguments for ``workers`` given as (name, role, http_url)."""
-    argv = ["router", "--model", config.model, "--host", config.host, "--port", str(config.port)]
-    if config.served_model_name:
-        argv += ["--served-model-name", config.served_model_name]
-    for name, role, url in workers:
-        argv += [f"--{role}", f"{name}={url}"]
-    if config.mode in ("pdd", "naive"):
-        argv += ["--link-gbps", f"{config.link.gbps:g}", "--link-rtt-ms", f"{config.link.rtt_ms:g}"]
-    if config.mode in ("naive", "samedc"):
-        argv += list(NAIVE_ROUTER_FLAGS)
+def stack_deployment(config: StackConfig) -> dict[str, Any]:
+    """The PDDDeployment that ``config`` describes (``pdd up`` writes it to its log folder:
+    the same file, with images and pools of a cluster, deploys it there)."""
+    counts = config.counts
+    model = config.model if config.model == "tiny" else str(Path(config.model).resolve())
+    spec: dict[str, Any] = {
+        "model": {"servedName": config.served_name, "source": {"image": {"path": model}}},
+        "images": {"worker": LOCAL_IMAGE, "router": LOCAL_IMAGE},
+        "prefill": {"replicas": counts.mono if config.mode == "mono" else counts.prefill},
+        "relay": {"minReplicas": counts.relay, "maxReplicas": counts.relay},
+        "mainDecode": {"replicas": counts.main},
+        "wan": {"declaredGbps": config.link.gbps, "rttMs": config.link.rtt_ms},
+    }
+    if config.mode in CROSS_DATACENTER:
+        spec["remoteCluster"] = {"kubeconfigSecret": {"name": "cluster-b-kubeconfig"}}
+    else:  # MD on a node pool of the same cluster: this host
+        spec["poolB"] = {}
     if config.ttft_budget_s is not None:
-        argv += ["--ttft-budget-s", f"{config.ttft_budget_s:g}"]
+        spec["slo"] = {"ttftP99Ms": config.ttft_budget_s * 1000.0}
     if config.redis_url:
-        argv += ["--redis", config.redis_url]
-    return argv + list(config.router_args)
+        spec["router"] = {"redisUrl": config.redis_url}
+    return {
+        "apiVersion": "pdd.dev/v1alpha1",
+        "kind": "PDDDeployment",
+        "metadata": {"name": DEPLOYMENT_NAME, "namespace": NAMESPACE},
+        "spec": spec,
+    }
+
+
+@dataclass(frozen=True)
+class WorkerSlot:
+    """A worker a mode runs, named as its rendered pod is."""
+
+    name: str
+    role: Role
+
+
+def mode_workers(mode: Mode, counts: Counts) -> list[WorkerSlot]:
+    """The workers of a mode in start order, known before anything is rendered (so flags
+    are refused early); a test holds it equal to the rendered pods."""
+    if mode == "mono":
+        by_role = {Role.MONO: counts.mono}
+    else:
+        relay = counts.relay if mode == "pdd" else 0
+        by_role = {Role.PREFILL: counts.prefill, Role.RELAY: relay, Role.MAIN: counts.main}
+    return [
+        WorkerSlot(f"{DEPLOYMENT_NAME}-{role}-{i}", role)
+        for role, count in by_role.items()
+        for i in range(count)
+    ]
+
+
+def mode_objects(mode: Mode, clusters: list[ClusterObjects]) -> list[ClusterObjects]:
+    """The rendered objects a mode runs: the baselines leave out the relay's Deployment;
+    mono turns the prefill Deployment into colocated workers and drops the rest."""
+    if mode == "pdd":
+        return clusters
+    dropped = {Role.RELAY, Role.MAIN} if mode == "mono" else {Role.RELAY}
+    kept = []
+    for cluster in clusters:
+        objects = []
+        for obj in cluster.objects:
+            component = _component(obj)
+            if obj.get("kind") == "Deployment" and component in dropped:
+                continue
+            if obj.get("kind") == "Deployment" and mode == "mono" and component == Role.PREFILL:
+                obj = as_mono(obj)
+            objects.append(obj)
+        kept.append(ClusterObjects(cluster.name, objects))
+    return kept
+
+
+def _component(obj: dict[str, Any]) -> str | None:
+    return obj["metadata"].get("labels", {}).get(COMPONENT_LABEL)
+
+
+def as_mono(deployment: dict[str, Any]) -> dict[str, Any]:
+    """The prefill Deployment as colocated workers: same pod, ``--role mono``, renamed
+    (so the pods' names, and with them their instance ids, say what they are)."""
+    mono = copy.deepcopy(deployment)
+    meta, template = mono["metadata"], mono["spec"]["template"]
+    meta["name"] = meta["name"].removesuffix(str(Role.PREFILL)) + str(Role.MONO)
+    for labels in (meta.setdefault("labels", {}), template["metadata"].setdefault("labels", {})):
+        labels[COMPONENT_LABEL] = str(Role.MONO)
+    container = template["spec"]["containers"][0]
+    args = container["args"]
+    args[args.index("--role") + 1] = str(Role.MONO)
+    return mono
+
+
+def extra_args(config: StackConfig) -> dict[str, tuple[str, ...]]:
+    """Flags appended per component: the user's ``--worker-arg``/``--router-arg``, and
+    the baselines' router flags."""
+    router = NAIVE_ROUTER_FLAGS if config.mode in ("naive", "samedc") else ()
+    workers = {str(role): config.worker_args for role in Role}
+    return {**workers, "router": router + config.router_args}

@@ -2,9 +2,10 @@
 
     pdd up --model tiny --mode pdd --port 8080
 
-Starts the workers of the chosen mode and the WAN link emulators in front of the
-cluster-B side (see ``topology``), then the router, each health-gated with progress
-on the terminal; prints the OpenAI base URL and a curl to paste. A child that exits
+Renders the PDDDeployment that the flags describe with the operator's own renderer and
+runs the chosen mode's pods as local processes, with the emulated WAN lines between
+the two datacenters (see ``topology``, ``stack``), each health-gated with progress on
+the terminal; prints the OpenAI base URL and a curl to paste. A child that exits
 is reported with its log's tail (and, unless ``--keep-going``, stops the stack).
 SIGINT or SIGTERM stops every child and returns.
 """

@@ -1,0 +1,292 @@
+"""Run rendered pods as plain processes on the host's loopback: ``pdd up`` and ``pdd bench``.
+
+The unprivileged sibling of ``pods`` (which gives each pod a network namespace and so
+needs root). Here every pod shares 127.0.0.1, so what a pod network gives a pod is
+given by flags instead, the only thing added to a rendered container's command line
+(explicit flags win over the config document, so nothing else changes):
+
+- each named container port gets a free host port; a worker is told to listen on its
+  ports and to advertise them (``--http``/``--data``/``--wan``, ``--advertise-*``), a
+  router its ``--host``/``--port``, the workers' URLs (the instances its Service names
+  would resolve to) by pod name, which is also each worker's instance id, and the
+  managed Redis's address; that Redis its ``--port``;
+- mounted ConfigMap files are written under the log folder, and arguments that point
+  into a mount point there instead;
+- with two clusters, one ``pdd wan-link`` per direction a connection starts in, each a
+  line carrying a route to every worker WAN port of the other cluster; a worker
+  advertises its route on the line the other cluster dials as its WAN address, so every
+  data-plane byte between the datacenters crosses an emulated line (the router's HTTP
+  calls to the workers do not: they are the control path, as in ``LocalCluster``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pdd.common.vocabulary import Role
+from pdd.local.cluster import (
+    HOST,
+    LinkSpec,
+    free_port,
+    http_ok,
+    refused_settings,
+    wan_link_argv,
+)
+from pdd.local.manifests import DEFAULT_ENTRYPOINTS, ManifestError, PodPlan, container_argv
+from pdd.local.supervisor import PDD_PROGRAM, Supervisor, spawn_process
+
+#: Components whose pods run ``pdd worker``.
+WORKER_COMPONENTS = frozenset({Role.PREFILL, Role.RELAY, Role.MAIN, Role.MONO})
+ROUTER_COMPONENT = "router"
+#: The managed Redis (``router.managedRedis``): the routers are pointed at it.
+REDIS_COMPONENT = "redis"
+#: The lines' names, by the cluster whose pods dial through them (cluster 0 is A).
+LINE_NAMES = ("wan-link-a-to-b", "wan-link-b-to-a")
+
+
+class HostPodsStartError(RuntimeError):
+    """A pod or line exited or never became ready; the message carries its log's tail."""
+
+
+@dataclass(frozen=True)
+class HostPod:
+    """A pod placed on the host: its plan and the host port of each named container port."""
+
+    plan: PodPlan
+    ports: dict[str, int]
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+    @property
+    def role(self) -> str:
+        return self.plan.component
+
+    def address(self, port: str) -> str:
+        return f"{HOST}:{self.ports[port]}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.address('http')}"
+
+    def probe_url(self) -> str | None:
+        """The readiness probe as a URL: ``http://`` for an HTTP GET, ``tcp://`` for a
+        connect; None without a probe."""
+        probe = self.plan.probe
+        if probe is None:
+            return None
+        by_number = {number: name for name, number in self.plan.ports.items()}
+        where = f"{HOST}:{self.ports[by_number[probe.port]]}"
+        return f"tcp://{where}" if probe.path is None else f"http://{where}{probe.path}"
+
+
+@dataclass(frozen=True)
+class Line:
+    """One direction of the emulated WAN: pods of ``dialer`` reach the other cluster's
+    workers' WAN ports through it. ``routes``: worker name -> (listen, to)."""
+
+    dialer: int
+    routes: dict[str, tuple[str, str]]
+    admin: str
+
+    @property
+    def name(self) -> str:
+        return LINE_NAMES[self.dialer]
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{self.admin}"
+
+
+#: Where host ports come from (tests pass a counter: a unit test opens no socket).
+PortSource = Callable[[], int]
+
+
+def place(
+    plans: Sequence[PodPlan], router_port: int | None = None, port: PortSource = free_port
+) -> list[HostPod]:
+    """A free host port for every named container port; ``router_port`` for the router's."""
+    placed = []
+    for plan in plans:
+        ports = {name: port() for name in plan.ports}
+        if plan.component == ROUTER_COMPONENT and router_port is not None:
+            ports["http"], router_port = router_port, None  # the first router's
+        placed.append(HostPod(plan, ports))
+    return placed
+
+
+def plan_lines(pods: Sequence[HostPod], port: PortSource = free_port) -> list[Line]:
+    """The two directions' lines where pods span two clusters; none within one."""
+    if len({p.plan.cluster_index for p in pods}) < 2:
+        return []
+    lines = []
+    for dialer in (0, 1):
+        routes = {
+            p.name: (f"{HOST}:{port()}", p.address("wan"))
+            for p in pods
+            if p.plan.cluster_index != dialer and p.role in WORKER_COMPONENTS and "wan" in p.ports
+        }
+        if routes:
+            lines.append(Line(dialer, routes, f"{HOST}:{port()}"))
+    return lines
+
+
+def worker_network_args(pod: HostPod, lines: Sequence[Line]) -> list[str]:
+    """Where a worker listens and what it advertises: its own ports, and as WAN address
+    its route on the line the other cluster dials (its own WAN port without lines)."""
+    wan = pod.address("wan") if "wan" in pod.ports else pod.address("kv")
+    for line in lines:
+        if line.dialer != pod.plan.cluster_index and pod.name in line.routes:
+            wan = line.routes[pod.name][0]
+    args = ["--http", pod.address("http"), "--data", pod.address("kv")]
+    if "wan" in pod.ports:
+        args += ["--wan", pod.address("wan")]
+    args += ["--advertise-http", pod.address("http"), "--advertise-fast", pod.address("kv")]
+    return [*args, "--advertise-wan", wan]
+
+
+def router_network_args(pod: HostPod, pods: Sequence[HostPod], host: str = HOST) -> list[str]:
+    """The router's listen address, its workers named by pod (their instance ids), and
+    the managed Redis where one runs."""
+    args = ["--host", host, "--port", str(pod.ports["http"])]
+    for worker in (p for p in pods if p.role in WORKER_COMPONENTS):
+        args += [f"--{worker.role}", f"{worker.name}={worker.http_url}"]
+    for redis in (p for p in pods if p.role == REDIS_COMPONENT):
+        args += ["--redis", f"redis://{redis.address('redis')}/0"]
+    return args
+
+
+def host_argv(pod: HostPod, mounts: Mapping[str, str]) -> list[str]:
+    """The container's command line with arguments inside a mount pointed at the host
+    folder that stands for it (``mounts``: mount path -> host path)."""
+    argv = container_argv(pod.plan, DEFAULT_ENTRYPOINTS)
+    return [_on_host(arg, mounts) for arg in argv]
+
+
+def _on_host(arg: str, mounts: Mapping[str, str]) -> str:
+    for target, source in mounts.items():
+        if arg == target or arg.startswith(target.rstrip("/") + "/"):
+            return source + arg[len(target.rstrip("/")) :]
+    return arg
+
+
+@dataclass
+class HostPods:
+    """Started pods and lines; ``stop()`` ends every process."""
+
+    pods: list[HostPod]
+    lines: list[Line]
+    supervisor: Supervisor
+    log_dir: Path
+
+    def of_role(self, role: str) -> list[HostPod]:
+        return [p for p in self.pods if p.role == role]
+
+    def stop(self) -> None:
+        self.supervisor.stop()
+
+
+def start_host_pods(
+    plans: Sequence[PodPlan],
+    log_dir: Path,
+    *,
+    link: LinkSpec,
+    env: Mapping[str, str] | None = None,
+    extra_args: Mapping[str, Sequence[str]] | None = None,
+    router_port: int | None = None,
+    router_host: str = HOST,
+    ready_timeout_s: float = 180.0,
+) -> HostPods:
+    """Place, start and wait for every pod (and line). ``extra_args``: by component, flags
+    appended after everything else (a user's ``--worker-arg``), so they win. The router
+    listens on ``router_host:router_port`` (its probe is still made on loopback)."""
+    pods = place(plans, router_port)
+    lines = plan_lines(pods)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    running = HostPods(pods, lines, Supervisor(), log_dir)
+    try:
+        for line in lines:
+            argv = wan_link_argv(link, list(line.routes.values()), line.admin)
+            _spawn(running, line.name, [*PDD_PROGRAM, *argv], dict(env or {}))
+        for pod in pods:
+            argv = host_argv(pod, _write_volumes(pod, log_dir))
+            argv += _network_args(pod, pods, lines, router_host)
+            argv += list((extra_args or {}).get(pod.role, ()))
+            _spawn(running, pod.name, argv, {**(env or {}), **pod.plan.env})
+        _wait_ready(running, time.monotonic() + ready_timeout_s)
+    except BaseException:
+        running.stop()
+        raise
+    return running
+
+
+def _network_args(
+    pod: HostPod, pods: Sequence[HostPod], lines: Sequence[Line], router_host: str
+) -> list[str]:
+    if pod.role in WORKER_COMPONENTS:
+        return worker_network_args(pod, lines)
+    if pod.role == ROUTER_COMPONENT:
+        return router_network_args(pod, pods, router_host)
+    if pod.role == REDIS_COMPONENT:
+        return ["--port", str(pod.ports["redis"]), "--bind", HOST]
+    raise ManifestError(f"{pod.name}: a {pod.role or 'unlabelled'} pod is not run on the host")
+
+
+def _write_volumes(pod: HostPod, log_dir: Path) -> dict[str, str]:
+    """Each ConfigMap volume as files under the log folder; mount path -> host path."""
+    mounts = dict(pod.plan.host_mounts)
+    for target, files in pod.plan.files.items():
+        folder = log_dir / "volumes" / pod.name / target.strip("/").replace("/", "_")
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (folder / name).write_text(text)
+        mounts[target] = str(folder)
+    return mounts
+
+
+def _spawn(running: HostPods, name: str, argv: list[str], env: dict[str, str]) -> None:
+    log = running.log_dir / f"{name}.log"
+    running.supervisor.add(name, spawn_process(argv, log, env), log)
+
+
+def _pod_ready(probe_url: str) -> bool:
+    """The probe answers; a worker that refused its settings (it stays up, never ready)
+    is an error at once, with its reason."""
+    if probe_url.startswith("tcp://"):
+        host, port = probe_url.removeprefix("tcp://").rsplit(":", 1)
+        with contextlib.suppress(OSError), socket.create_connection((host, int(port)), 1):
+            return True
+        return False
+    if http_ok(probe_url):
+        return True
+    refusal = refused_settings(probe_url) if probe_url.endswith("/ready") else None
+    if refusal is not None:
+        raise HostPodsStartError(f"{refusal.role} refused its settings: {refusal.problem}")
+    return False
+
+
+def _wait_ready(running: HostPods, deadline: float) -> None:
+    """Until every readiness probe (and each line's admin endpoint) answers."""
+    checks: dict[str, Callable[[], bool]] = {
+        line.name: functools.partial(http_ok, f"{line.admin_url}/stats") for line in running.lines
+    }
+    for pod in running.pods:
+        url = pod.probe_url()
+        if url is not None:
+            checks[pod.name] = functools.partial(_pod_ready, url)
+    while checks:
+        for death in running.supervisor.deaths():
+            raise HostPodsStartError(death.describe())
+        checks = {name: check for name, check in checks.items() if not check()}
+        if checks and time.monotonic() > deadline:
+            names = ", ".join(checks)
+            raise HostPodsStartError(f"not ready in time: {names} (logs in {running.log_dir})")
+        if checks:
+            time.sleep(0.2)
