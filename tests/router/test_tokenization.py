@@ -1,11 +1,13 @@
 """Router token IDs equal the workers' and transformers' for the same text."""
 
+import re
+
 import pytest
 from transformers import AutoTokenizer
 
 from pdd.common.tokenizer import ByteTokenizer
 from pdd.common.tokenizer import HFTokenizer as WorkerHFTokenizer
-from pdd.router.tokenization import TokenizerNotFoundError, load_prompt_tokenizer
+from pdd.router.tokenization import TokenIdError, TokenizerNotFoundError, load_prompt_tokenizer
 
 pytestmark = pytest.mark.unit
 
@@ -43,3 +45,12 @@ def test_given_ids_pass_through():
 def test_missing_tokenizer_names_the_fix(tmp_path):
     with pytest.raises(TokenizerNotFoundError, match=r"tokenizer\.json"):
         load_prompt_tokenizer(tmp_path)
+
+
+def test_prompt_token_ids_outside_the_vocabulary_are_refused_with_their_position() -> None:
+    tokenizer = load_prompt_tokenizer("tiny")
+    vocab = tokenizer.tokenizer.vocab_size
+    assert tokenizer.completion_ids([0, vocab - 1]) == [0, vocab - 1]
+    for bad, where in (([5, -1], "prompt[1] is token ID -1"), ([vocab], f"token ID {vocab};")):
+        with pytest.raises(TokenIdError, match=re.escape(where)):
+            tokenizer.completion_ids(bad)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TypeVar
 
@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pdd.common.openai_protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
+from pdd.router.admission import StreamSlots, releasing
 from pdd.router.errors import (
     AuthenticationError,
     InvalidRequestError,
@@ -29,6 +30,7 @@ from pdd.router.errors import (
     RouterError,
 )
 from pdd.router.metrics import CONTENT_TYPE_LATEST
+from pdd.router.openapi import document_bodies
 from pdd.router.runtime import RouterRuntime
 from pdd.router.serving_base import Served
 from pdd.router.serving_chat import OpenAIServingChat
@@ -48,6 +50,7 @@ def create_app(runtime: RouterRuntime) -> FastAPI:
             await runtime.close()
 
     app = FastAPI(title="pdd router", lifespan=lifespan)
+    slots = StreamSlots(runtime.config.max_streams_per_key, runtime.config.retry_after_s)
     chat = OpenAIServingChat(runtime)
     completions = OpenAIServingCompletion(runtime)
     _install_errors(app, runtime)
@@ -75,29 +78,46 @@ def create_app(runtime: RouterRuntime) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        _authenticate(runtime, request)
-        body = await _parse(runtime, request, ChatCompletionRequest)
-        return _respond(await chat.create(body))
+        release = slots.take(_authenticate(runtime, request))
+        try:
+            body = await _parse(runtime, request, ChatCompletionRequest)
+            return _respond(await chat.create(body), release)
+        except BaseException:
+            release()
+            raise
 
     @app.post("/v1/completions")
     async def completions_route(request: Request) -> Response:
-        _authenticate(runtime, request)
-        body = await _parse(runtime, request, CompletionRequest)
-        return _respond(await completions.create(body))
+        release = slots.take(_authenticate(runtime, request))
+        try:
+            body = await _parse(runtime, request, CompletionRequest)
+            return _respond(await completions.create(body), release)
+        except BaseException:
+            release()
+            raise
 
+    document_bodies(
+        app,
+        {
+            ("post", "/v1/chat/completions"): ChatCompletionRequest,
+            ("post", "/v1/completions"): CompletionRequest,
+        },
+    )
     return app
 
 
-def _authenticate(runtime: RouterRuntime, request: Request) -> None:
+def _authenticate(runtime: RouterRuntime, request: Request) -> str:
+    """The caller's API key ("" where the router takes none), or AuthenticationError."""
     keys = runtime.config.api_keys
     if not keys:
-        return
+        return ""
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     ok = scheme.lower() == "bearer" and any(
         hmac.compare_digest(token.encode(), k.encode()) for k in keys
     )
     if not ok:
         raise AuthenticationError("invalid API key: send Authorization: Bearer <key>")
+    return token
 
 
 async def _parse(runtime: RouterRuntime, request: Request, model: type[T]) -> T:
@@ -123,10 +143,13 @@ async def _parse(runtime: RouterRuntime, request: Request, model: type[T]) -> T:
         raise InvalidRequestError(f"{param}: {first['msg']}", param=param) from exc
 
 
-def _respond(served: Served) -> Response:
+def _respond(served: Served, release: Callable[[], None]) -> Response:
+    """The response; the request's stream slot is given back once it is all sent."""
     if isinstance(served.body, BaseModel):
+        release()
         return JSONResponse(served.body.model_dump(mode="json"), headers=served.headers)
-    return StreamingResponse(served.body, media_type="text/event-stream", headers=served.headers)
+    body = releasing(served.body, release)
+    return StreamingResponse(body, media_type="text/event-stream", headers=served.headers)
 
 
 def _install_errors(app: FastAPI, runtime: RouterRuntime) -> None:

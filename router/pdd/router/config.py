@@ -78,6 +78,12 @@ class RouterConfig:
     #: theirs alone. Longer prompts get a 400 before anything is dispatched.
     max_prompt_tokens: int | None = None
     default_max_tokens: int = 256
+    #: The most output tokens one request may ask for (None: only the model's context
+    #: bounds it); more is a 400 with the limit, before anything is dispatched.
+    max_tokens_limit: int | None = None
+    #: Requests one API key (or, without keys, all clients together) may have in flight;
+    #: one more is a 429 with Retry-After. None: no limit.
+    max_streams_per_key: int | None = None
     poll_interval_s: float = 0.5
     request_timeout_s: float = 300.0
     retry_after_s: float = 1.0
@@ -104,7 +110,10 @@ class RouterConfig:
             )
         if self.instance_capacity is not None and self.instance_capacity <= 0:
             raise ConfigError(f"instance_capacity must be positive, got {self.instance_capacity}")
-        for name in ("max_body_bytes", "max_prompt_tokens", "block_size"):
+        for name in (
+            "max_body_bytes", "max_prompt_tokens", "block_size", "max_tokens_limit",
+            "max_streams_per_key",
+        ):  # fmt: skip
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
 

@@ -74,6 +74,12 @@ class SaturatedError(RouterError):
         return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
 
 
+class TooManyStreamsError(SaturatedError):
+    """The API key already has its limit of requests in flight: retry when one ends."""
+
+    cause = "streams_per_key"
+
+
 class UpstreamError(RouterError):
     """A worker refused or lost the request and nobody could carry it on. ``failed``: the
     instances to blame (none when the failure names no one, e.g. a timeout)."""

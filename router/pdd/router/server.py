@@ -68,6 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-prompt-tokens", type=int)
     p.add_argument("--max-body-bytes", type=int)
     p.add_argument("--default-max-tokens", type=int)
+    p.add_argument(
+        "--max-tokens-limit", type=int, help="most output tokens a request may ask for (400 above)"
+    )
+    p.add_argument(
+        "--max-streams-per-key", type=int,
+        help="requests one API key may have in flight (429 above; without keys: all clients)",
+    )  # fmt: skip
     p.add_argument("--poll-interval-s", type=float)
     p.add_argument("--request-timeout-s", type=float)
     p.add_argument("--handoff", choices=("auto", "one-shot", "catch-up"))
@@ -89,6 +96,7 @@ _PLAIN_FLAGS = (
     "model", "served_model_name", "link_gbps", "link_rtt_ms", "ttft_budget_s",
     "prefill_tokens_per_s", "kv_bytes_per_token", "block_size", "instance_capacity",
     "max_prompt_tokens", "max_body_bytes", "default_max_tokens", "poll_interval_s",
+    "max_tokens_limit", "max_streams_per_key",
     "request_timeout_s", "handoff", "catchup_threshold", "replica_id", "host", "port",
     "force_pipeline",
 )  # fmt: skip

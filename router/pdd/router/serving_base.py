@@ -72,9 +72,18 @@ class OpenAIServing:
             raise InvalidRequestError("only n=1 is supported", param="n")
 
     def sampling(self, request: SamplingFields, max_tokens: int | None) -> SamplingSpec:
-        """OpenAI's sampling fields in the workers' terms (top_k -1 means off: 0 there)."""
+        """OpenAI's sampling fields in the workers' terms (top_k -1 means off: 0 there).
+        A request without ``max_tokens`` gets the default, within the router's limit."""
+        config = self.runtime.config
+        limit = config.max_tokens_limit
+        if limit is not None and max_tokens is not None and max_tokens > limit:
+            raise InvalidRequestError(
+                f"max_tokens {max_tokens} is more than this router allows ({limit})",
+                param="max_tokens",
+            )
+        default = min(config.default_max_tokens, limit or config.default_max_tokens)
         return SamplingSpec(
-            max_tokens=max_tokens or self.runtime.config.default_max_tokens,
+            max_tokens=max_tokens or default,
             temperature=request.temperature,
             top_k=max(0, request.top_k),
             top_p=request.top_p,

@@ -11,14 +11,19 @@ from pdd.common.openai_protocol import (
     new_id,
 )
 from pdd.common.vocabulary import FinishReason
+from pdd.router.errors import InvalidRequestError
 from pdd.router.generation import Generation
 from pdd.router.serving_base import OpenAIServing, Served
+from pdd.router.tokenization import TokenIdError
 
 
 class OpenAIServingCompletion(OpenAIServing):
     async def create(self, request: CompletionRequest) -> Served:
         self.check(request)
-        prompt_ids = self.runtime.tokenizer.completion_ids(request.prompt)
+        try:
+            prompt_ids = self.runtime.tokenizer.completion_ids(request.prompt)
+        except TokenIdError as exc:
+            raise InvalidRequestError(str(exc), param="prompt") from exc
         generation = self.start(prompt_ids, request, request.output_token_limit, "prompt")
         echo = self._echo(request)
         if request.stream:

@@ -33,8 +33,17 @@ class TokenizerNotFoundError(FileNotFoundError):
     """The model path has no tokenizer the router can read."""
 
 
+class TokenIdError(ValueError):
+    """A prompt given as token IDs holds one outside the vocabulary."""
+
+
 class Tokenizer(Protocol):
     """What the router needs from a tokenizer."""
+
+    @property
+    def vocab_size(self) -> int:
+        """Token IDs are ``0 .. vocab_size - 1`` (added tokens included)."""
+        ...
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
@@ -49,6 +58,10 @@ class TinyTokenizer:
     def __init__(self) -> None:
         self._bytes = ByteTokenizer()
 
+    @property
+    def vocab_size(self) -> int:
+        return self._bytes.vocab_size
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._bytes.encode(text)
 
@@ -61,6 +74,10 @@ class HFTokenizer:
 
     def __init__(self, path: Path) -> None:
         self._tok = HFRustTokenizer.from_file(str(path))
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._tok.get_vocab_size(with_added_tokens=True))
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
@@ -94,9 +111,16 @@ class PromptTokenizer:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def completion_ids(self, prompt: str | Sequence[int]) -> list[int]:
-        """A text prompt gets the tokenizer's special tokens; given IDs pass through."""
+        """A text prompt gets the tokenizer's special tokens; given IDs pass through, once
+        each is known to be a token of this vocabulary (else ``TokenIdError``)."""
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt, add_special_tokens=True)
+        vocab = self.tokenizer.vocab_size
+        for position, token in enumerate(prompt):
+            if not 0 <= token < vocab:
+                raise TokenIdError(
+                    f"prompt[{position}] is token ID {token}; this model's IDs are 0..{vocab - 1}"
+                )
         return list(prompt)
 
 
