@@ -100,3 +100,11 @@ def test_a_finish_on_an_already_released_token_ends_the_stream_without_a_repeat(
     assert not merger.finished
     assert merger.accept(ev(1, 2, "md", finished=True)) == []
     assert merger.finished and merger.token_ids == [1, 2] and merger.duplicates == 0
+
+
+def test_an_error_that_names_another_instance_blames_that_one() -> None:
+    merger = TokenStreamMerger("r")
+    merger.accept(TokenEvent(request_id="r", seq=0, source="md", error="KV stopped", culprit="p"))
+    merger.accept(TokenEvent(request_id="r", seq=0, source="rld", error="broke"))
+    assert merger.errors == {"md": "KV stopped", "rld": "broke"}
+    assert merger.failed == ("p", "rld")

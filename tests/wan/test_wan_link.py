@@ -140,7 +140,19 @@ async def test_round_trips_take_the_rtt_plus_bounded_jitter_in_order(net) -> Non
     assert len({round(t, 6) for t in trips}) > 10  # the jitter is drawn, not constant
 
 
-async def test_rate_change_takes_effect_from_the_next_chunk(net: MemoryNetwork) -> None:
+async def test_rate_change_applies_to_the_bytes_still_on_the_line(net: MemoryNetwork) -> None:
+    """A chunk that would take minutes at a trickle leaves soon after the rate goes up
+    (a test that holds a line at a trickle and then restores it relies on this)."""
+    async with wan_link(net, gbps=1e-6) as link:  # one 64 KiB chunk: 524 s at this rate
+        sending = asyncio.create_task(upload(net, CHUNK))
+        await asyncio.sleep(1.0)  # virtual time: the chunk is on the line
+        link.set_rate(0.4)
+        count, seconds = await sending
+    assert count == CHUNK
+    assert 1.0 <= seconds <= 1.01
+
+
+async def test_rate_change_takes_effect_for_later_transfers(net: MemoryNetwork) -> None:
     async with wan_link(net, gbps=0.04) as link:
         _, slow = await upload(net, MB)
         link.set_rate(0.4)

@@ -38,6 +38,8 @@ class TokenStreamMerger:
     emitted: list[TokenEvent] = field(default_factory=list)
     duplicates: int = 0
     errors: dict[str, str] = field(default_factory=dict)
+    #: Source -> the other instance its error blames (``TokenEvent.culprit``).
+    culprits: dict[str, str] = field(default_factory=dict)
     _pending: dict[int, TokenEvent] = field(default_factory=dict)
     _finished_at: int | None = None
 
@@ -56,6 +58,12 @@ class TokenStreamMerger:
         return bool(self.emitted) and self.emitted[-1].finished
 
     @property
+    def failed(self) -> tuple[str, ...]:
+        """The instances to blame for the errors seen: each failed source, or the other
+        instance its error names (the P whose KV stopped coming)."""
+        return tuple(dict.fromkeys(self.culprits.get(s, s) for s in self.errors))
+
+    @property
     def gaps(self) -> list[int]:
         if not self._pending:
             return []
@@ -70,6 +78,8 @@ class TokenStreamMerger:
         if not event.is_token:
             if event.error is not None:
                 self.errors[event.source] = event.error
+                if event.culprit is not None:
+                    self.culprits[event.source] = event.culprit
             return []
         if self._is_known(event):
             return []

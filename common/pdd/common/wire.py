@@ -138,6 +138,9 @@ class TokenEvent(_Wire):
     finished: bool = False
     finish_reason: FinishReason | None = None
     error: str | None = None
+    #: With ``error``: the instance whose failure ended this source's work where that was
+    #: another one (the P whose KV stopped coming), so the router leaves that one out.
+    culprit: str | None = None
     cached_tokens: int | None = Field(default=None, ge=0)
     md_hit_tokens: int | None = Field(default=None, ge=0)
 

@@ -15,6 +15,7 @@ reducing throughput, as on a real long fat pipe.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 
 GBIT = 1e9
@@ -58,6 +59,10 @@ class Bottleneck:
         self.meter = ThroughputMeter()
         self._bytes_per_s = 0.0
         self._free_at = 0.0
+        #: When each chunk on or queued for the line leaves it (mutable: a rate change
+        #: moves them), and the event that wakes their waits to look again.
+        self._departures: list[list[float]] = []
+        self._rate_changed = asyncio.Event()
         self.set_rate(gbps)
 
     @property
@@ -69,10 +74,20 @@ class Bottleneck:
         return self._bytes_per_s
 
     def set_rate(self, gbps: float) -> None:
-        """Change the line rate; applies from the next chunk on."""
+        """Change the line rate, at once: the bytes not yet serialized (of the chunk on
+        the line too) go at the new rate, as on a real line whose rate changes."""
         if gbps <= 0:
             raise ValueError(f"link rate must be positive, got {gbps} Gbit/s")
-        self._bytes_per_s = gbps * GBIT / 8
+        new = gbps * GBIT / 8
+        with contextlib.suppress(RuntimeError):  # no loop yet: nothing is on the line
+            now = asyncio.get_running_loop().time()
+            scale = self._bytes_per_s / new
+            self._free_at = _rescaled(self._free_at, now, scale)
+            for departure in self._departures:
+                departure[0] = _rescaled(departure[0], now, scale)
+        self._bytes_per_s = new
+        self._rate_changed.set()
+        self._rate_changed = asyncio.Event()
 
     async def transmit(self, nbytes: int) -> float:
         """Occupy the line for ``nbytes``; returns when (loop time) the last bit left.
@@ -84,10 +99,21 @@ class Bottleneck:
         now = loop.time()
         start = max(self._free_at, now - self.burst_s)
         self._free_at = start + nbytes / self._bytes_per_s
-        if self._free_at > now:
-            await asyncio.sleep(self._free_at - now)
-        return max(self._free_at, now)
+        departure = [self._free_at]
+        self._departures.append(departure)
+        try:
+            while (left := departure[0] - loop.time()) > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._rate_changed.wait(), left)
+        finally:
+            self._departures.remove(departure)
+        return max(departure[0], now)
 
     def delivered(self, nbytes: int) -> None:
         self.bytes_forwarded += nbytes
         self.meter.add(nbytes)
+
+
+def _rescaled(at: float, now: float, scale: float) -> float:
+    """A departure still ahead of ``now``, with the time left multiplied by ``scale``."""
+    return now + (at - now) * scale if at > now else at

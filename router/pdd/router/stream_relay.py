@@ -85,7 +85,7 @@ async def _merged(
             raise UpstreamError(
                 f"request {plan.request_id}: every worker stream ended after "
                 f"{merger.next_seq} tokens without a finish; errors: {merger.errors or 'none'}",
-                tuple(merger.errors),
+                merger.failed,
             )
         try:
             remaining = deadline - asyncio.get_running_loop().time()

@@ -8,7 +8,11 @@ processes and signals are in ``test_process_faults``.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+
+from pdd.router.errors import UpstreamError
 
 pytestmark = [pytest.mark.unit, pytest.mark.virtual_clock]
 
@@ -57,4 +61,23 @@ async def test_relay_dies_before_handoff_and_main_decode_continues(vdp, at_token
     handed = result.sources.index("md")
     assert handed > at_token
     assert result.sources == ["rld_v"] * handed + ["md"] * (MAX_TOKENS - handed)
+    await vdp.assert_quiescent()
+
+
+async def test_prefill_dies_mid_kv_and_main_decode_names_it_as_the_cause(vdp) -> None:
+    """P crashes after MD has taken a first part of its KV: MD gives up on the request and
+    its error names P, so the router re-dispatches without P rather than without MD."""
+    prompt = vdp.prompts(1, seed=56, lo=90, hi=91)[0]  # 180 KiB of KV: three line chunks
+    link = vdp.cluster["md"].link
+    link.set_rate(5e-4)  # one 64 KiB chunk a second
+    before = link.stats()["forward"]["bytes"]
+    plan = vdp.cluster.plan("c-p-0", prompt, "P-MD", vdp.sampling(0, MAX_TOKENS))
+    run = asyncio.create_task(vdp.run_all([plan]))
+    while link.stats()["forward"]["bytes"] < before + 64 * 1024:  # virtual time: free
+        await asyncio.sleep(0.05)
+    vdp.cluster.crash("p")
+    with pytest.raises(UpstreamError) as failed:
+        await run
+    assert failed.value.failed == ("p",)
+    assert "KV transfer from p failed" in failed.value.message
     await vdp.assert_quiescent()

@@ -19,7 +19,12 @@ from pdd.worker.transport import Channel, MsgType, TransportError, decode_json
 
 
 class KVReceiveError(Exception):
-    """The KV never arrived complete; the message says why (for the stream's error event)."""
+    """The KV never arrived complete; the message says why (for the stream's error event),
+    ``culprit`` which instance failed where it was the sender (its link or its data)."""
+
+    def __init__(self, message: str, culprit: str | None = None) -> None:
+        super().__init__(message)
+        self.culprit = culprit
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,10 @@ async def receive_kv(
         await role.abort_engine_request(rid)
         if isinstance(exc, KVTransferError | RequestError):
             await send_error(channel, rid, "import_failed", str(exc))
-        raise KVReceiveError(f"KV transfer from {channel.peer.name} failed: {exc}") from exc
+        culprit = None if isinstance(exc, RequestError) else channel.peer.name
+        raise KVReceiveError(
+            f"KV transfer from {channel.peer.name} failed: {exc}", culprit
+        ) from exc
     return ReceivedKV(first_token, prefill_hit, hit)
 
 

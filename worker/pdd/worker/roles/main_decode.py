@@ -70,7 +70,7 @@ class MainDecodeRole(RoleBase):
         try:
             received = await receive_kv(self, channel, plan, use_cache=use_cache)
         except KVReceiveError as exc:
-            self._end(rid, error=str(exc))
+            self._end(rid, error=str(exc), culprit=exc.culprit)
             return
         entry.prefill_hit = received.prefill_hit
         entry.md_hit = received.hit if use_cache else None
@@ -178,11 +178,11 @@ class MainDecodeRole(RoleBase):
         await self.runner.call(lambda e: e.extend(rid, rest, hold=False))
         session.stream_from(len(posted))  # type: ignore[union-attr]
 
-    def _end(self, rid: str, error: str | None = None) -> None:
+    def _end(self, rid: str, error: str | None = None, culprit: str | None = None) -> None:
         entry = self.requests.pop(rid, None)
         if error is not None:
             seq = entry.session.emitted if entry and entry.session else 0
-            self.hub.fail(rid, seq, error)
+            self.hub.fail(rid, seq, error, culprit)
         else:
             self.hub.get(rid).close()
         self.runner.unsubscribe(rid)

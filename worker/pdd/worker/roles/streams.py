@@ -116,10 +116,14 @@ class StreamHub:
         )
         self.get(request_id).push(event)
 
-    def fail(self, request_id: str, seq: int, error: str) -> None:
-        """Push an error status event and close: this instance gives up on the request."""
+    def fail(self, request_id: str, seq: int, error: str, culprit: str | None = None) -> None:
+        """Push an error status event and close: this instance gives up on the request
+        (``culprit``: the other instance that made it, if one did)."""
         stream = self.get(request_id)
-        stream.push(TokenEvent(request_id=request_id, seq=seq, source=self.source, error=error))
+        event = TokenEvent(
+            request_id=request_id, seq=seq, source=self.source, error=error, culprit=culprit
+        )
+        stream.push(event)
         stream.close()
 
     def _forget_old(self) -> None:
