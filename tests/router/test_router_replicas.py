@@ -106,3 +106,29 @@ def test_killing_redis_mid_run_loses_no_request(replicas, own_redis):
     r = redis.Redis.from_url(own_redis.url)
     assert r.keys("pdd:idx:i:*")  # the index was re-seeded from the replicas' local state
     chat(b, messages, max_tokens=4)
+
+
+def test_a_replica_killed_mid_stream_leaks_nothing_and_the_retry_serves(
+    own_redis, worker_flags, start_router, cluster
+):
+    """The documented behaviour when a router replica dies: its client's stream breaks (no
+    stream migrates between replicas), the workers end what it had started and hold
+    nothing of it, and the client's retry on the other replica gets the whole answer."""
+    a = start_router(*worker_flags(), "--redis", own_redis.url, "--replica-id", "dies")
+    b = start_router(*worker_flags(), "--redis", own_redis.url, "--replica-id", "lives")
+    messages = [{"role": "user", "content": "Count slowly from one to fifty, please."}]
+    body = {"model": MODEL, "messages": messages, "max_tokens": 200, "stream": True,
+            "ignore_eos": True, "temperature": 0}  # fmt: skip
+    with (
+        pytest.raises(httpx.HTTPError),
+        httpx.stream("POST", f"{a.url}/v1/chat/completions", json=body, timeout=60) as broken,
+    ):
+        lines = broken.iter_lines()
+        next(line for line in lines if line.startswith("data: {"))  # tokens are flowing
+        a.proc.kill()
+        for _ in lines:  # the stream must end in an error, not hang and not finish
+            pass
+    states = cluster.wait_quiescent()  # nothing of the dead replica's request is held
+    assert all(s.quiescent for s in states.values()), states
+    retry = chat(b, messages, max_tokens=200)
+    assert retry.json()["usage"]["completion_tokens"] == 200
