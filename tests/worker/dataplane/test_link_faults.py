@@ -101,3 +101,25 @@ async def test_relay_never_gets_its_kv_and_main_decode_streams_it_all(vdp) -> No
     assert set(result.sources) == {"md"} and result.duplicates == 0
     assert delta("p", "pdd_transfer_failures", 'path="fast"') == 1
     await vdp.assert_quiescent()
+
+
+async def test_wan_cut_during_the_handoff_still_gives_monos_tokens(vdp) -> None:
+    """MD's KV lands while the line back to RLD is cut, so MD cannot take the token IDs
+    from the relay: the relay keeps the request to the end, every position once, and MD
+    lets go of what it received."""
+    prompt = vdp.prompts(1, seed=58, lo=90, hi=91)[0]
+    expected = await vdp.reference([prompt], MAX_TOKENS, "f-handoff")
+    to_md, to_rld = vdp.cluster.wan_path("md"), vdp.cluster.wan_path("rld")
+    to_md.pause()  # MD has no KV until the relay has streamed a few tokens
+
+    def cut_then_land(event) -> None:
+        if event.seq == 4:
+            to_rld.cut()
+            to_md.resume()
+
+    plan = vdp.cluster.plan("f-handoff-0", prompt, "P-RLD-MD", vdp.sampling(0, MAX_TOKENS))
+    [result] = await vdp.run_all([plan], on_token=cut_then_land)
+    to_rld.heal()
+    assert result.token_ids == expected[0] and result.duplicates == 0
+    assert set(result.sources) == {"rld"}  # MD never got the IDs: the relay kept it all
+    await vdp.assert_quiescent()
