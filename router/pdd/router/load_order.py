@@ -85,13 +85,18 @@ class LoadOrder:
         return [slots[i] for i in ids if i in slots]
 
     def _set(self, slot: int, key: _Key) -> None:
+        """Set a leaf and fix its ancestors, stopping at the first one that keeps its
+        value (those above it are then unchanged too): most changes stop low."""
         tree = self._tree
         i = self._leaves + slot
         tree[i] = key
         i >>= 1
         while i:
             left, right = tree[2 * i], tree[2 * i + 1]
-            tree[i] = left if left <= right else right
+            smaller = left if left <= right else right
+            if tree[i] == smaller:
+                return
+            tree[i] = smaller
             i >>= 1
 
     def _allocate(self, instance_id: str) -> int:
