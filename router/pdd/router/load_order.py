@@ -76,7 +76,7 @@ class LoadOrder:
         for slot, _ in masked:
             self._set(slot, _ABSENT)
         best = self._tree[1]
-        for slot, key in reversed(masked):  # reversed: a repeated id restores its own key
+        for slot, key in masked:  # keys were read before any masking: repeats are safe
             self._set(slot, key)
         return None if best[0] == math.inf else self._loads[best[1]]
 
