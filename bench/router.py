@@ -2,6 +2,7 @@
 
     python bench/router.py [--requests 64] [--concurrency 4] [--max-tokens 16]
                            [--prompt-tokens 200] [--pipeline P-MD|mono] [--json OUT]
+                           [--instances 10 100 1000] [--decision-only]
 
 Starts real ``pdd worker`` processes (the tiny model) and one ``pdd router`` on
 loopback. Each request runs twice at a fixed concurrency: once through the router
@@ -9,7 +10,9 @@ loopback. Each request runs twice at a fixed concurrency: once through the route
 once driving the workers directly with the router's own stream relay (``relay_tokens``,
 on the same plan the router would build). Reported: p50/p99 latency of both, their
 ratio, the added milliseconds, and the pure decision cost (prefix lookup +
-``policy.decide``) measured in-process.
+``policy.decide`` + the fleet updates of the request's in-flight counts) measured
+in-process on fleets of each ``--instances`` size, side by side (``--decision-only``
+skips the workers and prints just that table).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -35,8 +39,9 @@ from pdd.common.stats import percentile
 from pdd.common.vocabulary import Role
 from pdd.common.wire import SamplingSpec
 from pdd.local.cluster import LocalCluster, WorkerSpec, free_port
+from pdd.router.fleet import Fleet
 from pdd.router.instance_choice import InstanceLoad
-from pdd.router.policy import PolicyConfig, RequestFeatures, decide
+from pdd.router.policy import Decision, PolicyConfig, RequestFeatures, decide
 from pdd.router.prefix_index import PrefixIndex, PrefixIndexConfig
 from pdd.router.recent_traffic import TrafficWindow
 from pdd.router.stream_relay import relay_tokens
@@ -104,25 +109,74 @@ async def bench_direct(cluster: LocalCluster, args: argparse.Namespace) -> list[
         await client.aclose()
 
 
-def bench_decision(prompt_tokens: int, iterations: int = 2000) -> dict[str, float]:
-    """The router's per-request decision alone: block hashes, index lookup, policy."""
+#: The published PDD pools' shares (39 P, 4 RLD, 32 MD) for a fleet of any size.
+ROLE_SHARES = ((Role.PREFILL, 39 / 75), (Role.RELAY, 4 / 75), (Role.MAIN, 32 / 75))
+CAPACITY = 16
+
+
+def decision_fleet(n: int, rng: random.Random) -> Fleet:
+    """``n`` instances in the published shares (at least one per role), randomly half busy."""
+    loads = []
+    for role, share in ROLE_SHARES:
+        for k in range(max(1, round(n * share))):
+            loads.append(InstanceLoad(f"{role}{k}", role, rng.randrange(CAPACITY), CAPACITY))
+    return Fleet.of(loads)
+
+
+def bench_decision(
+    instances: int, prompt_tokens: int, iterations: int = 4000, conversations: int = 400
+) -> dict[str, float]:
+    """The router's per-request decision alone on a fleet of ``instances``: block hashes,
+    index lookup, policy, and the in-flight count it adds (then, outside the timer, the
+    count an earlier request releases, so the load stays put). 90% of requests continue
+    a conversation one P and one MD hold; the rest are new (the affinity ring's path)."""
+    rng = random.Random(instances)
+    fleet = decision_fleet(instances, rng)
     index = PrefixIndex(PrefixIndexConfig(block_size=16))
-    ids = list(range(prompt_tokens))
-    hashes = block_hashes(ids, 16)
-    index.apply("md", BlockStored(block_hashes=hashes[: len(hashes) // 2], parent_hash=None,
-                                  block_size=16))  # fmt: skip
-    loads = [InstanceLoad("p", Role.PREFILL, 1, 64), InstanceLoad("md", Role.MAIN, 3, 64),
-             InstanceLoad("rld", Role.RELAY, 0, 64)]  # fmt: skip
+    prompts = []
+    for c in range(conversations):
+        ids = [c, *range(prompt_tokens - 1)]
+        hashes = block_hashes(ids, 16)
+        for role in (Role.PREFILL, Role.MAIN):
+            holder = rng.choice(list(fleet.role(role).ids()))
+            index.apply(holder, BlockStored(block_hashes=hashes, parent_hash=None, block_size=16))
+        prompts.append(ids)
     policy = PolicyConfig(kv_bytes_per_token=2048)
     link, traffic = LinkState(10.0, 20.0), TrafficWindow(60.0)
-    times = []
-    for _ in range(iterations):
-        start = time.perf_counter()
+    times, leased = [], []
+    for i in range(iterations):
+        ids = rng.choice(prompts) if rng.random() < 0.9 else [10**6 + i, *range(prompt_tokens)]
+        start = time.process_time()  # CPU time: other processes on the machine don't count
         hits = index.match(index.hashes(ids))
         features = RequestFeatures.from_prompt(ids, 64, 16)
-        decide(features, hits, loads, link, traffic, policy)
-        times.append(time.perf_counter() - start)
+        decision = decide(features, hits, fleet, link, traffic, policy)
+        if isinstance(decision, Decision):
+            a = decision.instances
+            chosen = [x for x in (a.prefill, a.relay, a.main_decode) if x is not None]
+            for x in chosen:
+                add_active(fleet, x, +1)
+            leased.append(chosen)
+        times.append(time.process_time() - start)
+        if len(leased) > instances // 2:
+            for x in leased.pop(0):
+                add_active(fleet, x, -1)
     return {"p50_us": percentile(times, 50) * 1e6, "p99_us": percentile(times, 99) * 1e6}
+
+
+def add_active(fleet: Fleet, instance_id: str, delta: int) -> None:
+    for role, _ in ROLE_SHARES:
+        load = fleet.role(role).get(instance_id)
+        if load is not None:
+            fleet.update(InstanceLoad(instance_id, role, load.active + delta, load.capacity))
+
+
+def decision_table(sizes: list[int], prompt_tokens: int) -> dict[str, dict[str, float]]:
+    bench_decision(sizes[0], prompt_tokens, iterations=500)  # warm-up: imports, allocator
+    table = {str(n): bench_decision(n, prompt_tokens) for n in sizes}
+    print(f"{'instances':>10}  {'p50 us':>8}  {'p99 us':>8}")
+    for n, row in table.items():
+        print(f"{n:>10}  {row['p50_us']:>8.1f}  {row['p99_us']:>8.1f}")
+    return table
 
 
 def start_router(
@@ -158,7 +212,15 @@ def main() -> int:
     p.add_argument("--prompt-tokens", type=int, default=200)
     p.add_argument("--pipeline", choices=("P-MD", "mono"), default="P-MD")
     p.add_argument("--json", type=Path, help="write the results here")
+    p.add_argument("--instances", type=int, nargs="+", default=[10, 100, 1000],
+                   help="fleet sizes for the decision cost")  # fmt: skip
+    p.add_argument("--decision-only", action="store_true", help="no workers, no router")
     args = p.parse_args()
+    if args.decision_only:
+        result = {"decision": decision_table(args.instances, args.prompt_tokens)}
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2) + "\n")
+        return 0
     logs = Path(tempfile.mkdtemp(prefix="pdd-bench-router-"))
     specs = ([WorkerSpec("m", "mono")] if args.pipeline == "mono"
              else [WorkerSpec("p", "prefill"), WorkerSpec("md", "main")])  # fmt: skip
@@ -184,7 +246,7 @@ def main() -> int:
         "ratio_p99": r["p99_ms"] / d["p99_ms"],
         "overhead_p50_ms": r["p50_ms"] - d["p50_ms"],
         "overhead_mean_ms": (statistics.mean(via_router) - statistics.mean(direct)) * 1e3,
-        "decision": bench_decision(args.prompt_tokens),
+        "decision": decision_table(args.instances, args.prompt_tokens),
     }
     print(json.dumps(result, indent=2))
     if args.json:

@@ -5,6 +5,7 @@ import pytest
 from pdd.common.block_hash import block_hashes
 from pdd.common.cost_model import LinkState, wan_transfer_seconds, with_active_transfers
 from pdd.common.vocabulary import Pipeline, Role
+from pdd.router.fleet import Fleet
 from pdd.router.instance_choice import InstanceLoad
 from pdd.router.policy import Decision, PolicyConfig, RequestFeatures, Saturated, decide
 from pdd.router.recent_traffic import TrafficWindow
@@ -19,11 +20,13 @@ QUIET = TrafficWindow(window_s=60, requests=1000)  # plenty of room under the P-
 
 
 def fleet(p=("p0", 0, 8), md=("md0", 0, 8), rld=("rld0", 0, 8)):
-    return [
-        InstanceLoad(p[0], Role.PREFILL, p[1], p[2]),
-        InstanceLoad(md[0], Role.MAIN, md[1], md[2]),
-        InstanceLoad(rld[0], Role.RELAY, rld[1], rld[2]),
-    ]
+    return Fleet.of(
+        [
+            InstanceLoad(p[0], Role.PREFILL, p[1], p[2]),
+            InstanceLoad(md[0], Role.MAIN, md[1], md[2]),
+            InstanceLoad(rld[0], Role.RELAY, rld[1], rld[2]),
+        ]
+    )
 
 
 def req(input_tokens, output=2000, key=1):

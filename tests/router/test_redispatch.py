@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from pdd.local.cluster import LinkSpec, LocalCluster, WorkerSpec
-from pdd.router.instance_choice import rendezvous_weight
+from pdd.router.affinity_ring import AffinityRing
 from pdd.router.policy import RequestFeatures
 
 pytestmark = pytest.mark.integration
@@ -83,14 +83,13 @@ def test_a_dead_prefill_is_routed_around_before_the_first_token(
 def prompt_whose_conversation_lands_on(
     instance: str, others: tuple[str, ...], stride: int
 ) -> list[int]:
-    """A prompt that rendezvous hashing gives to ``instance`` while no MD holds any of it:
+    """A prompt that the affinity ring gives to ``instance`` while no MD holds any of it:
     each test passes its own ``stride``, so no earlier test left it in an MD's cache (a
     holder would win on its hit instead)."""
     for seed in range(1000):
         prompt = [(i * stride + seed) % 239 + 5 for i in range(70)]
         key = RequestFeatures.from_prompt(prompt, 12, block_size=16).affinity_key
-        weights = {i: rendezvous_weight(key, i) for i in (instance, *others)}
-        if max(weights, key=weights.__getitem__) == instance:
+        if next(AffinityRing((instance, *others)).preference(key)) == instance:
             return prompt
     raise AssertionError("no prompt lands on the victim")
 

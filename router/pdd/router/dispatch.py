@@ -20,7 +20,8 @@ from pdd.common.vocabulary import Pipeline, Role
 from pdd.common.wire import Endpoint, PipelinePlan, SamplingSpec
 from pdd.router.config import RouterConfig
 from pdd.router.errors import NotReadyError, SaturatedError
-from pdd.router.instance_choice import InstanceLoad, available, choose_main_decode, choose_prefill
+from pdd.router.fleet import Fleet
+from pdd.router.instance_choice import InstanceLoad, choose_main_decode, choose_prefill
 from pdd.router.policy import Decision, PolicyConfig, RequestFeatures, Saturated, decide
 from pdd.router.policy import is_anomalous as _is_anomalous
 from pdd.router.prefix_index import PrefixIndex
@@ -140,6 +141,9 @@ class Dispatcher:
         self._store = store
         self._policy = policy
         self._traffic = traffic
+        #: The loads the last route saw; each route syncs it, so choosing touches only
+        #: the instances whose load changed since.
+        self._fleet = Fleet()
 
     def route(
         self,
@@ -152,27 +156,26 @@ class Dispatcher:
         hashes = tuple(self._index.hashes(prompt_ids))
         hits = self._index.match(hashes)
         inflight = self._store.inflight()
-        loads = self._loads(instances, inflight)
+        self._fleet.sync(self._loads(instances, inflight))
         link = with_active_transfers(self._config.link, inflight.get(WAN_TRANSFERS, 0))
         features = RequestFeatures.from_prompt(prompt_ids, max_tokens, self._config.block_size)
         if self._config.mono:
-            route = self._route_mono(features, hits, loads, instances)
+            route = self._route_mono(features, hits, instances)
         elif self._config.force_pipeline == Pipeline.NAIVE:
-            route = self._route_naive(features, hits, loads, instances)
+            route = self._route_naive(features, hits, instances)
         else:
-            route = self._route_policy(features, hits, loads, instances, link)
+            route = self._route_policy(features, hits, instances, link)
         return replace(route, prompt_hashes=hashes)
 
     def _route_policy(
         self,
         features: RequestFeatures,
         hits: dict[str, int],
-        loads: list[InstanceLoad],
         instances: dict[str, Instance],
         link: LinkState,
     ) -> Route:
         """PDD: the pure policy picks the pipeline and instances."""
-        result = decide(features, hits, loads, link, self._traffic.snapshot(), self._policy)
+        result = decide(features, hits, self._fleet, link, self._traffic.snapshot(), self._policy)
         if isinstance(result, Saturated):
             raise SaturatedError(result.reason, result.retry_after_s)
         self._traffic.record(result.pipeline == Pipeline.P_RLD, features.input_tokens)
@@ -192,13 +195,10 @@ class Dispatcher:
         self,
         features: RequestFeatures,
         hits: dict[str, int],
-        loads: list[InstanceLoad],
         instances: dict[str, Instance],
     ) -> Route:
-        """Colocated baseline: the best hit against load, affinity by rendezvous hashing."""
-        chosen = choose_main_decode(
-            available(loads, Role.MAIN), hits, features.input_tokens, features.affinity_key
-        )
+        """Colocated baseline: the best hit against load, affinity by consistent hashing."""
+        chosen = choose_main_decode(self._fleet, hits, features.input_tokens, features.affinity_key)
         if chosen is None:
             raise SaturatedError("every mono instance is at capacity", self._policy.retry_after_s)
         hit = min(hits.get(chosen.instance_id, 0), features.input_tokens)
@@ -217,17 +217,14 @@ class Dispatcher:
         self,
         features: RequestFeatures,
         hits: dict[str, int],
-        loads: list[InstanceLoad],
         instances: dict[str, Instance],
     ) -> Route:
         """Naive cross-datacenter PD: the same P and MD choice, the full KV over the WAN.
 
         MD keeps no decode-side cache on this pipeline, so its hit is 0 by construction.
         """
-        prefill = choose_prefill(available(loads, Role.PREFILL), hits, features.input_tokens)
-        main = choose_main_decode(
-            available(loads, Role.MAIN), {}, features.input_tokens, features.affinity_key
-        )
+        prefill = choose_prefill(self._fleet, hits, features.input_tokens)
+        main = choose_main_decode(self._fleet, {}, features.input_tokens, features.affinity_key)
         if prefill is None or main is None:
             raise SaturatedError(
                 "every prefill or main-decode instance is at capacity", self._policy.retry_after_s

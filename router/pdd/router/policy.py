@@ -1,8 +1,9 @@
 """The pipeline policy: which of P-MD, P-RLD-MD, P-RLD serves a request, and on whom.
 
 A pure function of what the router knows at admission: the request's size, the
-prefix index's hit estimates, the instances' load, the WAN link's state and the
-recent share of relay-only traffic. Same inputs, same decision; no clock, no I/O.
+prefix index's hit estimates, the instances' load (a :class:`Fleet`, only read), the
+WAN link's state and the recent share of relay-only traffic. Same inputs, same
+decision; no clock, no I/O.
 
 The rules, in order (the technique's "only two pipelines, plus one filter"):
 
@@ -27,11 +28,11 @@ from typing import Any
 
 from pdd.common.block_hash import ROOT_HASH, hash_block
 from pdd.common.cost_model import LinkState, wan_transfer_seconds
-from pdd.common.vocabulary import Pipeline, Role
+from pdd.common.vocabulary import Pipeline
+from pdd.router.fleet import Fleet
 from pdd.router.instance_choice import (
     ChoiceWeights,
     InstanceLoad,
-    available,
     choose_main_decode,
     choose_prefill,
     choose_relay,
@@ -135,7 +136,7 @@ class Saturated:
 def decide(
     request: RequestFeatures,
     hits: Mapping[str, int],
-    instances: Sequence[InstanceLoad],
+    fleet: Fleet,
     link: LinkState,
     traffic: TrafficWindow,
     config: PolicyConfig,
@@ -145,12 +146,11 @@ def decide(
     ``hits`` is ``PrefixIndex.match``: tokens of this prompt each instance holds.
     """
     n = request.input_tokens
-    p = choose_prefill(available(instances, Role.PREFILL), hits, n, config.weights)
+    p = choose_prefill(fleet, hits, n, config.weights)
     if p is None:
         return Saturated("every prefill instance is at capacity", config.retry_after_s)
-    mds = available(instances, Role.MAIN)
-    md = choose_main_decode(mds, hits, n, request.affinity_key, config.weights)
-    relay = choose_relay(available(instances, Role.RELAY))
+    md = choose_main_decode(fleet, hits, n, request.affinity_key, config.weights)
+    relay = choose_relay(fleet)
     estimate = _estimate(request, hits.get(p.instance_id, 0), md, hits, link, config)
     pipeline, reason = choose_pipeline(request, estimate, relay is not None, traffic, config)
     if pipeline != Pipeline.P_RLD and md is None:

@@ -1,9 +1,10 @@
 """One system's instances, links and router, built from a scenario's system spec.
 
 Routing calls the router's own code: ``pdd.router.policy.decide`` (pipeline choice
-on the shared WAN cost model) and, through it, ``pdd.router.instance_choice``. The
-prefix index it is fed is exact (``HolderIndex``): the live router's index is the
-same view minus lost events and TTL expiry.
+on the shared WAN cost model) and, through it, ``pdd.router.instance_choice`` over the
+router's :class:`Fleet`, which every instance updates as its load changes. The prefix
+index it is fed is exact (``HolderIndex``): the live router's index is the same view
+minus lost events and TTL expiry.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import simpy
 
 from pdd.common.cost_model import LinkState, with_active_transfers
 from pdd.common.vocabulary import Pipeline, Role
-from pdd.router.instance_choice import available, choose_relay
+from pdd.router.fleet import Fleet
+from pdd.router.instance_choice import choose_relay
 from pdd.router.policy import Assignment, Decision, PolicyConfig, RequestFeatures, Saturated, decide
 from pdd.router.recent_traffic import RecentTraffic
 from pdd.simulator.decode import DecodeInstance
@@ -43,6 +45,7 @@ class Cluster:
         self.env, self.scenario, self.spec = env, scenario, spec
         self.kv_bytes_per_token = scenario.model.kv_bytes_per_token
         self.index = HolderIndex(block_size)
+        self.fleet = Fleet()
         self._block_size = block_size
         self.prefill = [
             PrefillInstance(
@@ -52,6 +55,7 @@ class Cluster:
                 spec.prefill.chunk_tokens,
                 spec.prefill.max_queue,
                 self._cache(f"p{i}", spec.prefill),
+                self.fleet.update,
             )
             for i in range(spec.prefill.instances)
         ]
@@ -59,6 +63,8 @@ class Cluster:
         main_pool = spec.decode if spec.kind == SystemKind.SAME_DC else spec.main
         self.main = self._decode_pool("md", Role.MAIN, main_pool, cached=spec.keeps_history)
         self.by_id = {i.instance_id: i for i in [*self.prefill, *self.relay, *self.main]}
+        for inst in self.by_id.values():
+            self.fleet.update(inst.load())
         self.in_dc = DirectLink(env, scenario.in_dc.gbps, scenario.in_dc.latency_ms)
         self.wan = (
             SharedLink(
@@ -96,6 +102,7 @@ class Cluster:
                 shape,
                 pool.max_batch,
                 self._cache(f"{prefix}{i}", pool) if cached else None,
+                self.fleet.update,
             )
             for i in range(pool.instances)
         ]
@@ -123,11 +130,10 @@ class Cluster:
     def route(self, request: SimRequest) -> Decision | Saturated:
         """The router's decision for ``request`` on the instances' current load."""
         hits = self.index.hits(request.keys, request.input_tokens)
-        loads = [i.load() for i in self.by_id.values()]
         decision = decide(
             request.features,
             hits,
-            loads,
+            self.fleet,
             self.measured_link(),
             self.traffic.snapshot(),
             self.policy,
@@ -152,7 +158,7 @@ class Cluster:
             return decision
         if decision.estimate.md_hit_tokens >= self.spec.low_hit_below * request.input_tokens:
             return decision
-        relay = choose_relay(available([r.load() for r in self.relay], Role.RELAY))
+        relay = choose_relay(self.fleet)
         if relay is None:
             self.relay_fallbacks += 1
             return decision

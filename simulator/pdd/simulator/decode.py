@@ -21,6 +21,7 @@ import heapq
 import itertools
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import simpy
@@ -67,6 +68,7 @@ class DecodeInstance:
         shape: InstanceShape,
         max_batch: int,
         cache: PrefixCache | None,
+        on_load: Callable[[InstanceLoad], None] = lambda load: None,
     ) -> None:
         if max_batch <= 0:
             raise ValueError(f"{instance_id}: max_batch must be positive, got {max_batch}")
@@ -87,6 +89,7 @@ class DecodeInstance:
         self._paused_until = 0.0
         self._timer_version = 0
         self._load = InstanceLoad(instance_id, role, 0, max_batch)
+        self._on_load = on_load
 
     # --- what the router sees ---------------------------------------------------------------
     @property
@@ -94,12 +97,18 @@ class DecodeInstance:
         return len(self._running) + len(self._waiting) + self._held + self._expected
 
     def load(self) -> InstanceLoad:
-        """What the router sees; rebuilt only when the count changed (routing reads every
-        instance's load for every request)."""
+        """What the router sees; rebuilt only when the count changed."""
         active = self.active
         if self._load.active != active:
             self._load = InstanceLoad(self.instance_id, self.role, active, self.max_batch)
         return self._load
+
+    def _publish(self) -> None:
+        """Hand a changed load to ``on_load`` (the router's fleet), at the end of every
+        step that can change it: routing then never reads every instance."""
+        before = self._load
+        if self.load() is not before:
+            self._on_load(self._load)
 
     @property
     def utilization(self) -> float:
@@ -112,9 +121,11 @@ class DecodeInstance:
     def reserve(self) -> None:
         """Count a dispatched request as load before its KV arrives, as the router does."""
         self._expected += 1
+        self._publish()
 
     def unreserve(self) -> None:
         self._expected -= 1
+        self._publish()
 
     # --- requests ---------------------------------------------------------------------------
     def submit(self, context: int, generate: int, extend: int = 0) -> DecodeSeq:
@@ -124,6 +135,7 @@ class DecodeInstance:
         self._advance()
         self._admit()
         self._reschedule()
+        self._publish()
         return seq
 
     def generated(self, seq: DecodeSeq) -> int:
@@ -146,10 +158,12 @@ class DecodeInstance:
             self._held += 1
         self._admit()
         self._reschedule()
+        self._publish()
         return seq.produced
 
     def release(self) -> None:
         self._held -= 1
+        self._publish()
 
     def extend(self, tokens: int, context: int) -> simpy.Event:
         """Recompute ``tokens`` relayed IDs after ``context`` (a catch-up chunk) in the
@@ -242,3 +256,4 @@ class DecodeInstance:
             seq.done.succeed()
         self._admit()
         self._reschedule()
+        self._publish()

@@ -10,6 +10,7 @@ for little compute: the "tail chunk" dip of the technique's bathtub.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import simpy
@@ -46,6 +47,7 @@ class PrefillInstance:
         chunk_tokens: int,
         max_queue: int,
         cache: PrefixCache | None,
+        on_load: Callable[[InstanceLoad], None] = lambda load: None,
     ) -> None:
         if chunk_tokens <= 0 or max_queue <= 0:
             raise ValueError(f"{instance_id}: chunk_tokens and max_queue must be positive")
@@ -57,6 +59,7 @@ class PrefillInstance:
         self._queue: deque[PrefillJob] = deque()
         self._wakeup: simpy.Event | None = None
         self._load = InstanceLoad(instance_id, Role.PREFILL, 0, max_queue)
+        self._on_load = on_load
         env.process(self._run())
 
     @property
@@ -70,11 +73,18 @@ class PrefillInstance:
             self._load = InstanceLoad(self.instance_id, Role.PREFILL, queued, self.max_queue)
         return self._load
 
+    def _publish(self) -> None:
+        """Hand a changed load to ``on_load`` (the router's fleet) when the queue moved."""
+        before = self._load
+        if self.load() is not before:
+            self._on_load(self._load)
+
     def submit(self, new_tokens: int, cached_tokens: int) -> simpy.Event:
         """Queue a prefill; the event fires when its last chunk is computed. A full hit
         still computes one token: the first output token needs the last position's logits."""
         job = PrefillJob(max(1, new_tokens), cached_tokens, self.env.event(), 0, self.env.now)
         self._queue.append(job)
+        self._publish()
         if self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
         return job.done
@@ -96,6 +106,7 @@ class PrefillInstance:
                 if job.processed >= job.new_tokens:
                     self._queue.remove(job)
                     job.done.succeed()
+            self._publish()
 
     def _take_chunk(self) -> list[tuple[PrefillJob, int]]:
         """Jobs and token counts for the next step, FIFO, up to ``chunk_tokens``."""

@@ -14,7 +14,7 @@ instances holding it); here it is exact, since the simulator sees every eviction
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 
 
@@ -25,8 +25,14 @@ class HolderIndex:
         self.block_size = block_size
         self._holders: dict[int, set[str]] = {}
 
-    def add(self, instance_id: str, key: int) -> None:
-        self._holders.setdefault(key, set()).add(instance_id)
+    def add(self, instance_id: str, keys: Iterable[int]) -> None:
+        holders = self._holders
+        for key in keys:
+            held = holders.get(key)
+            if held is None:
+                holders[key] = {instance_id}
+            else:
+                held.add(instance_id)
 
     def remove(self, instance_id: str, key: int) -> None:
         held = self._holders.get(key)
@@ -36,20 +42,25 @@ class HolderIndex:
                 del self._holders[key]
 
     def hits(self, keys: Sequence[int], input_tokens: int) -> dict[str, int]:
-        """Tokens of this prompt each instance holds (only instances holding >= 1 block)."""
-        if not keys:
-            return {}
-        current = set(self._holders.get(keys[0], ()))
+        """Tokens of this prompt each instance holds (only instances holding >= 1 block).
+
+        Walks the prompt's keys while someone still holds the chain; a level whose holders
+        include every instance still on the chain (the common case: one P and one MD hold
+        the whole conversation) costs a subset test and no new set."""
+        holders = self._holders
+        current: set[str] = holders.get(keys[0], set()) if keys else set()
         depth: dict[str, int] = {}
         i = 1
         while current and i < len(keys):
-            nxt = current.intersection(self._holders.get(keys[i], ()))
-            for gone in current - nxt:
-                depth[gone] = i
-            current = nxt
+            held = holders.get(keys[i])
+            if held is None or not current <= held:
+                nxt = current.intersection(held or ())
+                for gone in current - nxt:
+                    depth[gone] = i
+                current = nxt
             i += 1
-        for held in current:
-            depth[held] = i
+        for inst in current:
+            depth[inst] = i
         return {inst: min(d * self.block_size, input_tokens) for inst, d in depth.items()}
 
 
@@ -85,13 +96,13 @@ class PrefixCache:
         if self.capacity_blocks == 0:
             return
         keep = keys[: self.capacity_blocks]  # a prompt larger than the cache keeps its head
-        lru, index, me = self._lru, self._index, self.instance_id
-        for key in reversed(keep):
-            if key in lru:
-                lru.move_to_end(key)
-            else:
-                lru[key] = None
-                index.add(me, key)
+        lru = self._lru
+        new = [key for key in keep if key not in lru]
+        lru.update(dict.fromkeys(new))
+        # Touch deepest first, so the first block ends most recent; map() in a zero-length
+        # deque runs the moves in C (a prompt has tens of blocks, inserted per request).
+        deque(map(lru.move_to_end, reversed(keep)), maxlen=0)
+        self._index.add(self.instance_id, new)
         self._evict(len(lru) - self.capacity_blocks)
 
     def _evict(self, count: int) -> None:

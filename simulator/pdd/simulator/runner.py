@@ -59,8 +59,8 @@ class BlockKeys:
         self._namespaces: dict[str, int] = {}
 
     def __call__(self, r: TraceRequest) -> tuple[int, ...]:
-        ns = self._namespaces.setdefault(r.namespace, len(self._namespaces))
-        return tuple((ns << 40) | h for h in r.hash_ids)
+        base = self._namespaces.setdefault(r.namespace, len(self._namespaces)) << 40
+        return tuple([base | h for h in r.hash_ids])
 
 
 def _affinity_key(keys: tuple[int, ...], request_key: str) -> int:
