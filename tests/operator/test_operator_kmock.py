@@ -163,6 +163,26 @@ async def test_create_then_reconcile_again_changes_nothing(cluster_a: Any) -> No
     assert sorted(built) == sorted(children(k8s, "serving"))
 
 
+async def test_readiness_follows_child_deployment_events_not_a_timer(cluster_a: Any) -> None:
+    """With an hour between polls, only the child Deployments' watch events can bring
+    Ready=True: a per-PDDDeployment timer would load the API server even when idle."""
+    k8s, client = cluster_a
+    hourly = OperatorOptions(status_interval_s=3600.0, status_interval_max_s=3600.0)
+    async with running_operator(k8s, options=hourly):
+        await create(client, CR_PATH, load_cr("pool-b.yaml", "uid-qwen"))
+        await until(lambda: reconciled(list(k8s)), "the first reconcile to finish")
+        assert condition(live(k8s, CR, "serving", "qwen"), "Ready")["status"] == "False"
+        for role, ready in (("prefill", 2), ("relay", 1), ("main", 3), ("router", 2)):
+            path = f"/apis/apps/v1/namespaces/serving/deployments/qwen-{role}/status"
+            status = {"status": {"readyReplicas": ready, "updatedReplicas": ready}}
+            (await client.patch(path, json=status)).raise_for_status()
+        await until(
+            lambda: condition(live(k8s, CR, "serving", "qwen"), "Ready").get("status") == "True",
+            "Ready=True from the Deployments' events",
+        )
+        assert live(k8s, CR, "serving", "qwen")["status"]["roles"]["main"]["summary"] == "3/3"
+
+
 async def test_spec_change_updates_and_rolls_the_affected_children(cluster_a: Any) -> None:
     k8s, client = cluster_a
     async with running_operator(k8s):

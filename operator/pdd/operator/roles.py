@@ -1,4 +1,5 @@
-"""Reading the children's readiness back into status (kept fresh by a kopf daemon)."""
+"""Reading the children's readiness back into status (kept fresh by a kopf daemon that
+their events wake, see wakeups.py)."""
 
 from __future__ import annotations
 
@@ -45,8 +46,9 @@ async def read_roles(
 
 async def refresh_readiness(
     runtime: OperatorRuntime, body: kopf.Body, owner: Owner, logger: logging.Logger
-) -> None:
-    """Write status.roles and the Ready/Progressing conditions from the live children.
+) -> dict[str, dict[str, Any]] | None:
+    """Write status.roles and the Ready/Progressing conditions from the live children;
+    return the roles read (None when there was nothing to read).
 
     Invalid or not-yet-reachable specs are left to the reconcile handler, which has
     already written why; this only reports on deployments that could be built.
@@ -59,7 +61,7 @@ async def refresh_readiness(
             remote = await runtime.remotes.get(runtime.api, owner.namespace, ref)
     except (InvalidSpecError, RemoteClusterUnavailable) as exc:
         logger.debug("readiness not refreshed: %s", exc)
-        return
+        return None
     roles = await read_roles(spec, owner, runtime.api, remote)
 
     def compute(current: dict[str, Any], _: int) -> tuple[dict[str, Any], list[Condition]]:
@@ -72,3 +74,4 @@ async def refresh_readiness(
 
     async with runtime.lock(owner.uid):
         await write_status(runtime.api, owner.namespace, owner.name, compute)
+    return roles
