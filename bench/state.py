@@ -88,7 +88,9 @@ async def traffic(url: str, requests: int) -> None:
     print("|---:|---|---|---:|---:|---:|")
     for blocks in (64, 512):
         for hit in (False, True):
-            prompts = [prompt(1 if hit else 1000 + i, blocks) for i in range(requests)]
+            prompts = [
+                prompt(blocks * 10**6 + (0 if hit else 1 + i), blocks) for i in range(requests)
+            ]
             hashes = [index.hashes(p) for p in prompts]
             if hit:  # the prompt is already on P and MD
                 for h in hashes[:1]:
