@@ -12,9 +12,16 @@ import kopf
 
 from pdd.operator.cleanup import cleanup, cleanup_remote
 from pdd.operator.kube import ApiError
-from pdd.operator.naming import FINALIZER, GROUP, OWNER_UID_LABEL, PLURAL, VERSION
+from pdd.operator.naming import (
+    COMPONENT_LABEL,
+    FINALIZER,
+    GROUP,
+    OWNER_UID_LABEL,
+    PLURAL,
+    VERSION,
+)
 from pdd.operator.reconcile import owner_of, reconcile
-from pdd.operator.roles import refresh_readiness
+from pdd.operator.roles import REPORTED_ROLES, refresh_readiness
 from pdd.operator.runtime import OperatorOptions, OperatorRuntime
 from pdd.operator.wakeups import next_poll_s, snapshot
 
@@ -118,7 +125,18 @@ def _next_poll_s(
     return next_poll_s(previous, changed, options.status_interval_s, options.status_interval_max_s)
 
 
-@kopf.on.event("apps", "v1", "deployments", labels={OWNER_UID_LABEL: kopf.PRESENT})
+def _reported(value: str | None, **_: Any) -> bool:
+    """Whether a child Deployment's component is one status.roles reports: Redis's events
+    would wake a refresh with nothing to report."""
+    return value in REPORTED_ROLES
+
+
+@kopf.on.event(
+    "apps",
+    "v1",
+    "deployments",
+    labels={OWNER_UID_LABEL: kopf.PRESENT, COMPONENT_LABEL: _reported},
+)
 async def child_deployment_changed(body: kopf.Body, event: Any, memo: kopf.Memo, **_: Any) -> None:
     """Cluster A's child Deployments, one watch for all PDDDeployments: a change in one's
     readiness wakes its owner's refresh."""

@@ -20,6 +20,9 @@ from pdd.operator.spec import PDDSpec
 from pdd.operator.status import write_status
 from pdd.operator.validation import InvalidSpecError, parse_spec
 
+#: The roles whose Deployments status.roles reports (Redis's is not one of them).
+REPORTED_ROLES = (*WORKER_ROLES, Component.ROUTER)
+
 
 def desired_replicas(spec: PDDSpec, role: Component) -> int:
     if role is Component.ROUTER:
@@ -34,7 +37,7 @@ async def read_roles(
     """Desired vs ready replicas of each role, from the Deployments in both clusters."""
     roles: dict[str, dict[str, Any]] = {}
     remote_ns = remote_namespace(spec, owner)
-    for role in (*WORKER_ROLES, Component.ROUTER):
+    for role in REPORTED_ROLES:
         if role is Component.MAIN and remote is not None and remote_ns is not None:
             api, namespace = remote, remote_ns  # main decode lives in cluster B
         else:
