@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from pdd.operator.handlers import _reported
 from pdd.operator.wakeups import ReadinessWakeups, next_poll_s, snapshot
 
 pytestmark = [pytest.mark.unit, pytest.mark.virtual_clock]
@@ -64,3 +65,9 @@ async def test_stopping_ends_every_wait() -> None:
     await asyncio.sleep(0)
     wakeups.wake_all()
     await late
+
+
+def test_only_the_reported_roles_deployments_wake_a_refresh() -> None:
+    assert all(_reported(role) for role in ("prefill", "relay", "main", "router"))
+    assert not _reported("redis")  # status.roles has no Redis entry: nothing to refresh
+    assert not _reported(None)
