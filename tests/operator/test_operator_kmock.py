@@ -9,19 +9,15 @@ controller by patching status where they need readiness.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import copy
-import itertools
 import logging
-import threading
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
 import httpx
-import jsonpatch
 import kmock
 import kopf
 import pytest
@@ -30,87 +26,27 @@ import yaml
 import pdd.operator.handlers  # noqa: F401  (registers the handlers)
 from pdd.operator.main import peering_options
 from pdd.operator.runtime import OperatorOptions
+from pdd.testing import kube_emulator
+from pdd.testing.kube_emulator import (
+    CHILD_RESOURCES,
+    CR,
+    DEPLOYMENTS,
+    HPAS,
+    VERBS,
+    condition,
+    emulator,
+    kubeconfig,
+    live,
+)
 from pdd.testing.waiting import until
 
 DATA = Path(__file__).parent / "data"
-CR = "pdd.dev/v1alpha1/pdddeployments"
-DEPLOYMENTS = "apps/v1/deployments"
-HPAS = "autoscaling/v2/horizontalpodautoscalers"
-CHILD_RESOURCES = {
-    "v1/configmaps": "ConfigMap",
-    "v1/secrets": "Secret",
-    "v1/services": "Service",
-    DEPLOYMENTS: "Deployment",
-    HPAS: "HorizontalPodAutoscaler",
-    "policy/v1/poddisruptionbudgets": "PodDisruptionBudget",
-}
-VERBS = ["get", "list", "watch", "create", "patch", "update", "delete"]
+#: Fast rounds for tests; the readiness test that must not depend on polling sets its own.
+TEST_OPTIONS = OperatorOptions(
+    status_interval_s=0.3, remote_retry_delay_s=0.5, remote_cleanup_retries=1
+)
 
 pytestmark = pytest.mark.integration
-
-
-class VersionedEmulator(kmock.KubernetesEmulator):
-    """kmock's emulator plus what kopf's optimistic concurrency needs from a server:
-    an increasing resourceVersion on every write, and 422 (not 500) when a JSON patch's
-    resourceVersion test fails, so kopf retries on the next event instead of looping.
-    """
-
-    async def _handle(self, request: Any) -> Any:
-        if request.resource is not None and request.action in (
-            kmock.action.CREATE,
-            kmock.action.UPDATE,
-        ):
-            version = str(next(RESOURCE_VERSIONS))
-            if isinstance(request.data, dict):
-                request.data.setdefault("metadata", {})["resourceVersion"] = version
-            elif isinstance(request.data, list):  # a JSON patch
-                op = {"op": "add", "path": "/metadata/resourceVersion", "value": version}
-                request.data.append(op)
-        try:
-            return await super()._handle(request)
-        except jsonpatch.JsonPatchTestFailed as exc:
-            raise kmock.KubernetesError(status=422, reason="Invalid", message=str(exc)) from None
-
-
-RESOURCE_VERSIONS = itertools.count(1)
-
-
-@asynccontextmanager
-async def emulator() -> AsyncIterator[tuple[kmock.KubernetesEmulator, str]]:
-    async with VersionedEmulator() as k8s, kmock.Server(k8s) as server:
-        k8s.resources["v1/namespaces"] = {"kind": "Namespace", "namespaced": False, "verbs": VERBS}
-        k8s.resources["v1/events"] = {"kind": "Event", "namespaced": True, "verbs": VERBS}
-        for resource, kind in CHILD_RESOURCES.items():
-            k8s.resources[resource] = {"kind": kind, "namespaced": True, "verbs": VERBS}
-        k8s.resources[CR] = {
-            "kind": "PDDDeployment",
-            "singular": "pdddeployment",
-            "namespaced": True,
-            "verbs": VERBS,
-            "subresources": ["status"],
-        }
-        yield k8s, str(server.url).rstrip("/")
-
-
-def kubeconfig(url: str) -> str:
-    return yaml.safe_dump(
-        {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "current-context": "emulator",
-            "contexts": [{"name": "emulator", "context": {"cluster": "c", "user": "u"}}],
-            "clusters": [{"name": "c", "cluster": {"server": url}}],
-            "users": [{"name": "u", "user": {"token": "test-token"}}],
-        }
-    )
-
-
-def live(k8s: kmock.KubernetesEmulator, resource: str, ns: str, name: str) -> dict | None:
-    try:
-        obj = k8s.objects[resource, ns, name]
-    except KeyError:
-        return None
-    return None if obj.deleted else obj.raw
 
 
 def versions(k8s: kmock.KubernetesEmulator, resource: str, ns: str, name: str) -> int:
@@ -127,13 +63,6 @@ def children(k8s: kmock.KubernetesEmulator, ns: str) -> list[tuple[str, str]]:
     return found
 
 
-def condition(cr: dict | None, type_: str) -> dict:
-    for c in ((cr or {}).get("status") or {}).get("conditions", []):
-        if c["type"] == type_:
-            return c
-    return {}
-
-
 def events(k8s: kmock.KubernetesEmulator, reason: str) -> list[dict]:
     return [
         r.data
@@ -143,47 +72,14 @@ def events(k8s: kmock.KubernetesEmulator, reason: str) -> list[dict]:
     ]
 
 
-def watching(k8s: kmock.KubernetesEmulator, since: int) -> bool:
-    return any(
-        r.resource is not None and r.resource.plural == "pdddeployments" and r.params.get("watch")
-        for r in list(k8s)[since:]
-    )
-
-
-@asynccontextmanager
-async def running_operator(
-    k8s: kmock.KubernetesEmulator, name: str = "kopf", **peering: Any
-) -> AsyncIterator[None]:
-    """The operator as `pdd operator` runs it, in its own thread and event loop (kopf
-    treats every task created in its loop as its own and would cancel the emulator's),
-    until the block ends.
-
-    Yields once kopf watches PDDDeployments, so objects created next arrive as watch
-    events (the emulator would otherwise list and replay them, and kopf would see stale
-    duplicates that a real API server never sends). ``peering``: kopf's peering options
-    (``peering_options`` of ``pdd operator --peering``); the caller decides when it is up.
-    """
-    options = OperatorOptions(
-        status_interval_s=0.3, remote_retry_delay_s=0.5, remote_cleanup_retries=1
-    )
-    stop = threading.Event()
-    since = len(list(k8s))
-    operator = kopf.operator(
-        clusterwide=True,
-        stop_flag=stop,
-        memo=kopf.Memo(options=options),
-        **(peering or {"standalone": True}),
-    )
-    thread = threading.Thread(target=asyncio.run, args=(operator,), name=name)
-    thread.start()
-    try:
-        if not peering:
-            await until(lambda: watching(k8s, since), "kopf to watch PDDDeployments")
-        yield
-    finally:
-        stop.set()
-        await asyncio.to_thread(thread.join, 30)
-        assert not thread.is_alive(), "the operator did not stop"
+def running_operator(
+    k8s: kmock.KubernetesEmulator,
+    name: str = "kopf",
+    options: OperatorOptions = TEST_OPTIONS,
+    **peering: Any,
+) -> AbstractAsyncContextManager[None]:
+    """The shared in-process operator (pdd.testing.kube_emulator) with test options."""
+    return kube_emulator.running_operator(k8s, kopf.Memo(options=options), name, **peering)
 
 
 @pytest.fixture
@@ -265,6 +161,26 @@ async def test_create_then_reconcile_again_changes_nothing(cluster_a: Any) -> No
     assert writes == []
     assert {key: versions(k8s, key[0], "serving", key[1]) for key in built} == history
     assert sorted(built) == sorted(children(k8s, "serving"))
+
+
+async def test_readiness_follows_child_deployment_events_not_a_timer(cluster_a: Any) -> None:
+    """With an hour between polls, only the child Deployments' watch events can bring
+    Ready=True: a per-PDDDeployment timer would load the API server even when idle."""
+    k8s, client = cluster_a
+    hourly = OperatorOptions(status_interval_s=3600.0, status_interval_max_s=3600.0)
+    async with running_operator(k8s, options=hourly):
+        await create(client, CR_PATH, load_cr("pool-b.yaml", "uid-qwen"))
+        await until(lambda: reconciled(list(k8s)), "the first reconcile to finish")
+        assert condition(live(k8s, CR, "serving", "qwen"), "Ready")["status"] == "False"
+        for role, ready in (("prefill", 2), ("relay", 1), ("main", 3), ("router", 2)):
+            path = f"/apis/apps/v1/namespaces/serving/deployments/qwen-{role}/status"
+            status = {"status": {"readyReplicas": ready, "updatedReplicas": ready}}
+            (await client.patch(path, json=status)).raise_for_status()
+        await until(
+            lambda: condition(live(k8s, CR, "serving", "qwen"), "Ready").get("status") == "True",
+            "Ready=True from the Deployments' events",
+        )
+        assert live(k8s, CR, "serving", "qwen")["status"]["roles"]["main"]["summary"] == "3/3"
 
 
 async def test_spec_change_updates_and_rolls_the_affected_children(cluster_a: Any) -> None:

@@ -156,3 +156,18 @@ def test_store_contract_holders_never_mutates():
     store.remove("b", [1])  # unknown instance: ignored
     store.remove("a", [9])  # unknown hash: ignored
     assert store.expire(now=100) == 2
+
+
+def test_endless_traffic_levels_off_at_rate_times_ttl(clock):
+    """Ever-new blocks stored every second for twenty TTLs, swept as the router's poll
+    loop does: the entries held stop growing at rate x (TTL + sweep period)."""
+    store = InMemoryIndexStore(ttl_s=60)
+    index = PrefixIndex(PrefixIndexConfig(block_size=BS, ttl_s=60), store, clock)
+    rate, sweep_s = 10, 5
+    for second in range(20 * 60):
+        index.apply("md0", stored(range(second * rate, (second + 1) * rate)))
+        if second % sweep_s == 0:
+            index.expire()
+        assert len(store.entries()) <= rate * (60 + sweep_s)
+        clock.now += 1
+    assert len(store.entries()) >= rate * 60  # still indexing the last TTL's blocks

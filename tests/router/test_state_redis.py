@@ -54,6 +54,27 @@ def test_redis_index_store_serves_the_prefix_index(redis_url):
     assert store.holders(HASHES, clock.now) == [set()]
 
 
+def test_redis_index_levels_off_under_endless_traffic(redis_url):
+    """Ever-new blocks for ten TTLs with the router's sweep: Redis holds rate x (TTL +
+    sweep) entries and as many block keys, not everything ever stored."""
+    client = redis.Redis.from_url(redis_url)
+    clock = Clock()
+    prefix = f"t-{uuid.uuid4().hex}:"
+    store = RedisIndexStore(client, ttl_s=20, prefix=prefix)
+    index = PrefixIndex(PrefixIndexConfig(block_size=16, ttl_s=20), store, clock)
+    rate, sweep_s = 5, 4
+    for second in range(10 * 20):
+        stored = range(second * rate, (second + 1) * rate)
+        index.apply("md0", BlockStored(block_hashes=list(stored), parent_hash=None, block_size=16))
+        if second % sweep_s == 0:
+            index.expire()
+        clock.now += 1
+    held = client.zcard(f"{prefix}idx:i:md0")
+    block_keys = sum(1 for _ in client.scan_iter(match=f"{prefix}idx:h:*"))
+    assert rate * 20 <= held <= rate * (20 + sweep_s)
+    assert block_keys == held
+
+
 def test_loads_sum_over_replicas(redis_url):
     client = redis.Redis.from_url(redis_url)
     prefix = f"t-{uuid.uuid4().hex}:"

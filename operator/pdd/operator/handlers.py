@@ -12,10 +12,18 @@ import kopf
 
 from pdd.operator.cleanup import cleanup, cleanup_remote
 from pdd.operator.kube import ApiError
-from pdd.operator.naming import FINALIZER, GROUP, PLURAL, VERSION
+from pdd.operator.naming import (
+    COMPONENT_LABEL,
+    FINALIZER,
+    GROUP,
+    OWNER_UID_LABEL,
+    PLURAL,
+    VERSION,
+)
 from pdd.operator.reconcile import owner_of, reconcile
-from pdd.operator.roles import refresh_readiness
+from pdd.operator.roles import REPORTED_ROLES, refresh_readiness
 from pdd.operator.runtime import OperatorOptions, OperatorRuntime
+from pdd.operator.wakeups import next_poll_s, snapshot
 
 #: kopf's own bookkeeping goes to annotations under this prefix.
 ANNOTATIONS_PREFIX = "kopf.pdd.dev"
@@ -67,6 +75,7 @@ async def reconcile_updated(
     body: kopf.Body, old: Any, memo: kopf.Memo, logger: Any, retry: int, **_: Any
 ) -> None:
     await reconcile(memo.runtime, body, logger)
+    memo.runtime.wakeups.wake(owner_of(body).uid)  # the MD may have moved between clusters
     old_remote = ((old or {}).get("spec") or {}).get("remoteCluster")
     if old_remote and not (body.get("spec") or {}).get("remoteCluster"):
         # MD moved back into cluster A: the old cluster B objects have no owner to GC them.
@@ -84,16 +93,57 @@ async def delete_everything(
 async def keep_readiness_fresh(
     body: kopf.Body, memo: kopf.Memo, logger: Any, stopped: kopf.DaemonStopped, **_: Any
 ) -> None:
-    """Children's readiness into status, every status interval, in both clusters
-    (kopf can only watch one cluster, so cluster B's MD is polled, and so is A's)."""
+    """Children's readiness into status each time it may have changed: on cluster A's
+    child Deployment events (below), and by polling, with backoff, for an MD in
+    cluster B, which kopf cannot watch (wakeups.py says why)."""
     runtime: OperatorRuntime = memo.runtime
     owner = owner_of(body)
-    while not stopped and not runtime.stopping:
-        try:
-            await refresh_readiness(runtime, body, owner, logger)
-        except (ApiError, httpx.HTTPError) as exc:  # transient: the next round retries
-            logger.warning("could not refresh readiness: %s", exc)
-        await stopped.wait(runtime.options.status_interval_s)
+    runtime.wakeups.watch(owner.uid)
+    poll_s: float | None = None
+    last: Any = None
+    try:
+        while not stopped and not runtime.stopping:
+            try:
+                roles = await refresh_readiness(runtime, body, owner, logger)
+            except (ApiError, httpx.HTTPError) as exc:  # transient: retry after an interval
+                logger.warning("could not refresh readiness: %s", exc)
+                poll_s = runtime.options.status_interval_s
+            else:
+                poll_s = _next_poll_s(runtime.options, body, poll_s, roles != last)
+                last = roles
+            await runtime.wakeups.wait(owner.uid, stopped.wait(), poll_s)
+    finally:
+        runtime.wakeups.forget(owner.uid)
+
+
+def _next_poll_s(
+    options: OperatorOptions, body: kopf.Body, previous: float | None, changed: bool
+) -> float | None:
+    """None (wait for events) when every child is in cluster A; else when to poll B."""
+    if not (body.get("spec") or {}).get("remoteCluster"):
+        return None
+    return next_poll_s(previous, changed, options.status_interval_s, options.status_interval_max_s)
+
+
+def _reported(value: str | None, **_: Any) -> bool:
+    """Whether a child Deployment's component is one status.roles reports: Redis's events
+    would wake a refresh with nothing to report."""
+    return value in REPORTED_ROLES
+
+
+@kopf.on.event(
+    "apps",
+    "v1",
+    "deployments",
+    labels={OWNER_UID_LABEL: kopf.PRESENT, COMPONENT_LABEL: _reported},
+)
+async def child_deployment_changed(body: kopf.Body, event: Any, memo: kopf.Memo, **_: Any) -> None:
+    """Cluster A's child Deployments, one watch for all PDDDeployments: a change in one's
+    readiness wakes its owner's refresh."""
+    meta = body["metadata"]
+    seen = None if event.get("type") == "DELETED" else snapshot(dict(body))
+    child = (meta["namespace"], meta["name"])
+    memo.runtime.wakeups.child_changed(meta["labels"][OWNER_UID_LABEL], child, seen)
 
 
 @kopf.on.cleanup()
@@ -101,3 +151,4 @@ async def stop_daemons(memo: kopf.Memo, **_: Any) -> None:
     """Tell readiness daemons the operator is exiting: kopf can start one for an event it
     processes during shutdown, and that one would never see its own stop flag."""
     memo.runtime.stopping = True
+    memo.runtime.wakeups.wake_all()

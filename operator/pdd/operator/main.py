@@ -45,7 +45,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--status-interval",
         type=float,
         default=OperatorOptions.status_interval_s,
-        help="seconds between readiness refreshes of each PDDDeployment's status",
+        help="seconds between readiness reads of an MD in cluster B while it changes, "
+        "backing off to 5 minutes while it does not (cluster A's children are watched)",
     )
     parser.add_argument(
         "--liveness",

@@ -30,6 +30,7 @@ CONFIG_HASH_ANNOTATION = "pdd.dev/config-hash"
 OWNER_UID_LABEL = "pdd.dev/owner-uid"
 OWNER_NAMESPACE_LABEL = "pdd.dev/owner-namespace"
 DEPLOYMENT_LABEL = "pdd.dev/deployment"
+COMPONENT_LABEL = "app.kubernetes.io/component"
 
 #: Worker HTTP API (+ /metrics, /health), the data port for peers in the same datacenter,
 #: the data port for peers across the WAN (its own Service, so that cluster B's traffic can
@@ -94,7 +95,7 @@ class Owner:
         return {
             "app.kubernetes.io/name": "pdd",
             "app.kubernetes.io/instance": self.name,
-            "app.kubernetes.io/component": str(role),
+            COMPONENT_LABEL: str(role),
         }
 
     def labels(self, role: Component | str) -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""Reading the children's readiness back into status (kept fresh by a kopf daemon)."""
+"""Reading the children's readiness back into status (kept fresh by a kopf daemon that
+their events wake, see wakeups.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ from pdd.operator.spec import PDDSpec
 from pdd.operator.status import write_status
 from pdd.operator.validation import InvalidSpecError, parse_spec
 
+#: The roles whose Deployments status.roles reports (Redis's is not one of them).
+REPORTED_ROLES = (*WORKER_ROLES, Component.ROUTER)
+
 
 def desired_replicas(spec: PDDSpec, role: Component) -> int:
     if role is Component.ROUTER:
@@ -33,7 +37,7 @@ async def read_roles(
     """Desired vs ready replicas of each role, from the Deployments in both clusters."""
     roles: dict[str, dict[str, Any]] = {}
     remote_ns = remote_namespace(spec, owner)
-    for role in (*WORKER_ROLES, Component.ROUTER):
+    for role in REPORTED_ROLES:
         if role is Component.MAIN and remote is not None and remote_ns is not None:
             api, namespace = remote, remote_ns  # main decode lives in cluster B
         else:
@@ -45,8 +49,9 @@ async def read_roles(
 
 async def refresh_readiness(
     runtime: OperatorRuntime, body: kopf.Body, owner: Owner, logger: logging.Logger
-) -> None:
-    """Write status.roles and the Ready/Progressing conditions from the live children.
+) -> dict[str, dict[str, Any]] | None:
+    """Write status.roles and the Ready/Progressing conditions from the live children;
+    return the roles read (None when there was nothing to read).
 
     Invalid or not-yet-reachable specs are left to the reconcile handler, which has
     already written why; this only reports on deployments that could be built.
@@ -59,7 +64,7 @@ async def refresh_readiness(
             remote = await runtime.remotes.get(runtime.api, owner.namespace, ref)
     except (InvalidSpecError, RemoteClusterUnavailable) as exc:
         logger.debug("readiness not refreshed: %s", exc)
-        return
+        return None
     roles = await read_roles(spec, owner, runtime.api, remote)
 
     def compute(current: dict[str, Any], _: int) -> tuple[dict[str, Any], list[Condition]]:
@@ -72,3 +77,4 @@ async def refresh_readiness(
 
     async with runtime.lock(owner.uid):
         await write_status(runtime.api, owner.namespace, owner.name, compute)
+    return roles

@@ -9,12 +9,17 @@ import kopf
 
 from pdd.operator.kube import KubeApi
 from pdd.operator.remote import RemoteClients
+from pdd.operator.wakeups import ReadinessWakeups
 
 
 @dataclass(frozen=True)
 class OperatorOptions:
-    #: Seconds between two readings of the children's readiness into status.
+    #: Seconds between two readings of a cluster B MD's readiness into status while it
+    #: changes (cluster A's children are watched, not polled).
     status_interval_s: float = 15.0
+    #: The longest wait between two of those readings: they back off to it while the MD's
+    #: readiness stays the same, so idle deployments cost few API calls.
+    status_interval_max_s: float = 300.0
     #: Seconds before retrying when cluster B is not reachable yet (missing Secret).
     remote_retry_delay_s: float = 30.0
     #: Deletion retries while cluster B is unreachable before giving up on its objects
@@ -29,6 +34,7 @@ class OperatorRuntime:
     options: OperatorOptions
     local: KubeApi | None = None
     remotes: RemoteClients = field(default_factory=RemoteClients)
+    wakeups: ReadinessWakeups = field(default_factory=ReadinessWakeups)
     #: Set by the cleanup activity when the operator exits.
     stopping: bool = False
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)

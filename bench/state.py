@@ -1,0 +1,191 @@
+"""Router state at scale: Redis traffic per request, prefix index memory, and its bound.
+
+    python bench/state.py [--redis redis://127.0.0.1:6412/15] [--requests 50]
+                          [--memory-entries 100000,300000]
+
+Needs a redis-server of its own (``redis-server --port 6412 --save '' --appendonly no
+--daemonize yes``): the bench FLUSHes the given database, and its traffic and memory
+figures are server-wide deltas (``INFO commandstats``, ``INFO stats`` bytes, ``INFO
+memory``), less the bench's own INFO calls (measured by an empty round).
+
+1. Traffic: the calls the router makes per request, through the real store classes
+   (``SharedStore``, ``PrefixIndex``, ``Lease``): the prefix lookup, the in-flight
+   read, a lease on prefill and main decode, the MD handshake's ``confirm``; and,
+   apart, the cache events the request makes P and MD publish (fed by the poll loop).
+2. Memory: bytes per (instance, block) entry of the in-process index (tracemalloc)
+   and of Redis, at growing sizes (distinct hashes per instance, the worst case), so the
+   per-entry cost can be seen to be linear and extrapolated to 1,000 instances x 1M.
+3. Bound: entries held under endless traffic with the router's expiry sweep, on a
+   fake clock over ten TTLs: they level off at rate x (TTL + sweep period).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import time
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+
+from pdd.common.cache_events import BlockStored
+from pdd.router.dispatch import Lease
+from pdd.router.prefix_index import InMemoryIndexStore, PrefixIndex, PrefixIndexConfig
+from pdd.router.state.redis_store import RedisIndexStore
+from pdd.router.state.shared import SharedStore
+
+BLOCK = 16
+#: The router's expiry sweep: every 60 polls of 0.5 s (registry._EXPIRE_EVERY, poll_interval_s).
+SWEEP_S = 30.0
+
+
+@dataclass
+class Traffic:
+    commands: float
+    sent: float
+    received: float
+
+
+def redis_counters(r: redis.Redis) -> tuple[int, int, int]:
+    """(commands, bytes in, bytes out) server-wide so far."""
+    stats = r.info("commandstats")
+    calls = sum(v["calls"] for k, v in stats.items() if k != "cmdstat_info")
+    net = r.info("stats")
+    return calls, net["total_net_input_bytes"], net["total_net_output_bytes"]
+
+
+def measure(r: redis.Redis, n: int, work: Callable[[int], None]) -> Traffic:
+    """Per-call Redis traffic of ``work(i)`` over n calls, less the INFO calls' own."""
+
+    def delta(run: Callable[[], None]) -> tuple[int, int, int]:
+        before = redis_counters(r)
+        run()
+        after = redis_counters(r)
+        return tuple(a - b for a, b in zip(after, before, strict=True))  # type: ignore[return-value]
+
+    empty = delta(lambda: None)
+    busy = delta(lambda: [work(i) for i in range(n)] and None)
+    c, i, o = (b - e for b, e in zip(busy, empty, strict=True))
+    # Bytes in: what clients sent Redis (the router's requests); out: Redis's replies.
+    return Traffic(commands=c / n, sent=i / n, received=o / n)
+
+
+def prompt(seed: int, blocks: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(150_000) for _ in range(blocks * BLOCK)]
+
+
+async def traffic(url: str, requests: int) -> None:
+    store = SharedStore(url, "bench-replica", ttl_s=600.0)
+    await store.start()
+    r = redis.Redis.from_url(url)
+    index = PrefixIndex(PrefixIndexConfig(block_size=BLOCK), store.index, clock=time.time)
+    print("| prompt tokens | cache | what | commands | bytes sent | bytes received |")
+    print("|---:|---|---|---:|---:|---:|")
+    for blocks in (64, 512):
+        for hit in (False, True):
+            prompts = [
+                prompt(blocks * 10**6 + (0 if hit else 1 + i), blocks) for i in range(requests)
+            ]
+            hashes = [index.hashes(p) for p in prompts]
+            if hit:  # the prompt is already on P and MD
+                for h in hashes[:1]:
+                    index.apply(
+                        "p0", BlockStored(block_hashes=h, parent_hash=None, block_size=BLOCK)
+                    )
+                    index.apply(
+                        "md0", BlockStored(block_hashes=h, parent_hash=None, block_size=BLOCK)
+                    )
+
+            def request(i: int, hashes: list[list[int]] = hashes, hit: bool = hit) -> None:
+                index.match(hashes[i])
+                store.inflight()
+                lease = Lease(store)
+                lease.acquire(["p0", "md0"])
+                index.confirm("md0", hashes[i], len(hashes[i]) * BLOCK if hit else 0)
+                lease.release_all()
+
+            def events(i: int, hashes: list[list[int]] = hashes) -> None:
+                for instance in ("p0", "md0"):
+                    index.apply(
+                        instance,
+                        BlockStored(block_hashes=hashes[i], parent_hash=None, block_size=BLOCK),
+                    )
+
+            cache = "hit" if hit else "miss"
+            for what, work in (("request path", request), ("its cache events", events)):
+                if hit and what != "request path":
+                    continue  # a hit stores no new blocks
+                t = measure(r, requests, work)
+                print(
+                    f"| {blocks * BLOCK} | {cache} | {what} | {t.commands:.0f} "
+                    f"| {t.sent:,.0f} | {t.received:,.0f} |"
+                )
+    await store.close()
+
+
+def fill(store: InMemoryIndexStore | RedisIndexStore, instances: int, blocks: int) -> None:
+    for i in range(instances):
+        base = i * blocks
+        store.add(f"md{i}", range(base, base + blocks), now=1000.0)
+
+
+def memory(url: str, sizes: list[int], instances: int) -> None:
+    r = redis.Redis.from_url(url)
+    print(f"\n| entries ({instances} instances) | in-process bytes/entry | Redis bytes/entry |")
+    print("|---:|---:|---:|")
+    for entries in sizes:
+        blocks = entries // instances
+        tracemalloc.start()
+        local = InMemoryIndexStore(ttl_s=600.0)
+        fill(local, instances, blocks)
+        in_process = tracemalloc.get_traced_memory()[0] / entries
+        tracemalloc.stop()
+        del local
+        r.flushdb()
+        before = r.info("memory")["used_memory"]
+        fill(RedisIndexStore(r, ttl_s=600.0), instances, blocks)
+        in_redis = (r.info("memory")["used_memory"] - before) / entries
+        r.flushdb()
+        print(f"| {entries:,} | {in_process:.0f} | {in_redis:.0f} |")
+
+
+def bound(ttl_s: float, rate: int, minutes: int) -> None:
+    """Entries held under endless traffic of new blocks, on a fake clock (the store takes
+    ``now`` as an argument: no waiting)."""
+    index = InMemoryIndexStore(ttl_s)
+    print(f"\n| minute (TTL {ttl_s:.0f} s, {rate} new blocks/s, sweep {SWEEP_S:.0f} s) | entries |")
+    print("|---:|---:|")
+    peak = 0
+    for second in range(minutes * 60):
+        index.add("md0", range(second * rate, (second + 1) * rate), now=float(second))
+        if second % SWEEP_S == 0:  # the fullest moment is just before a sweep
+            peak = max(peak, len(index.entries()))
+            index.expire(float(second))
+        if (second + 1) % (minutes * 6) == 0:
+            print(f"| {(second + 1) / 60:.0f} | {len(index.entries()):,} |")
+    print(f"bound rate x (TTL + sweep) = {rate * (ttl_s + SWEEP_S):,.0f}; peak seen {peak:,}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--redis", default="redis://127.0.0.1:6412/15")
+    parser.add_argument("--requests", type=int, default=50)
+    parser.add_argument("--memory-entries", default="100000,300000")
+    parser.add_argument("--instances", type=int, default=1000)
+    args = parser.parse_args()
+    redis.Redis.from_url(args.redis).flushdb()
+    load = os.getloadavg()
+    print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (1/5/15 min)\n")
+    asyncio.run(traffic(args.redis, args.requests))
+    memory(args.redis, [int(n) for n in args.memory_entries.split(",")], args.instances)
+    bound(ttl_s=600.0, rate=100, minutes=60)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
