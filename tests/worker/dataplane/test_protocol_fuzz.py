@@ -157,6 +157,7 @@ async def assert_unharmed(dp, worker, failures_before: int) -> None:
     assert failures_logged(worker) == failures_before, worker.log_tail(60)
 
 
+@pytest.mark.timeout(1200)  # 2,500 connections: about 90 s idle, several times that busy
 def test_hostile_peers_are_dropped_and_the_worker_serves_on(dp, target) -> None:
     worker, (host, port) = target
     secret = dp.cluster.secret
