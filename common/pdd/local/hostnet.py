@@ -39,7 +39,7 @@ from pdd.local.cluster import (
     wan_link_argv,
 )
 from pdd.local.manifests import DEFAULT_ENTRYPOINTS, ManifestError, PodPlan, container_argv
-from pdd.local.supervisor import PDD_PROGRAM, Supervisor, spawn_process
+from pdd.local.supervisor import PDD_PROGRAM, Supervisor, spawn_process, wait_ready
 
 #: Components whose pods run ``pdd worker``.
 WORKER_COMPONENTS = frozenset({Role.PREFILL, Role.RELAY, Role.MAIN, Role.MONO})
@@ -281,12 +281,4 @@ def _wait_ready(running: HostPods, deadline: float) -> None:
         url = pod.probe_url()
         if url is not None:
             checks[pod.name] = functools.partial(_pod_ready, url)
-    while checks:
-        for death in running.supervisor.deaths():
-            raise HostPodsStartError(death.describe())
-        checks = {name: check for name, check in checks.items() if not check()}
-        if checks and time.monotonic() > deadline:
-            names = ", ".join(checks)
-            raise HostPodsStartError(f"not ready in time: {names} (logs in {running.log_dir})")
-        if checks:
-            time.sleep(0.2)
+    wait_ready(checks, running.supervisor, deadline, running.log_dir, HostPodsStartError)

@@ -48,7 +48,7 @@ from pdd.local.manifests import (
     hosts_file,
     plan_pods,
 )
-from pdd.local.supervisor import Supervisor
+from pdd.local.supervisor import Supervisor, wait_ready
 
 #: Container ports of the other cluster's pods a gateway forwards, by the cluster whose
 #: pods dial through it (cluster 0 is A).
@@ -338,15 +338,7 @@ def _wait_ready(running: RunningPods, deadline: float) -> None:
     }
     for side, admin in enumerate(running.gateway_admins):
         checks[f"wan-gateway-{side}"] = functools.partial(http_ok, f"{admin}/stats")
-    while checks:
-        for death in running.supervisor.deaths():
-            raise PodStartError(death.describe())
-        checks = {name: check for name, check in checks.items() if not check()}
-        if checks and time.monotonic() > deadline:
-            names = ", ".join(checks)
-            raise PodStartError(f"not ready in time: {names} (logs in {running.log_dir})")
-        if checks:
-            time.sleep(0.2)
+    wait_ready(checks, running.supervisor, deadline, running.log_dir, PodStartError)
 
 
 def _probe_ok(pod: PodPlan) -> bool:

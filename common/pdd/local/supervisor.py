@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,3 +94,22 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def wait_ready(
+    checks: dict[str, Callable[[], bool]],
+    supervisor: Supervisor,
+    deadline: float,
+    log_dir: Path,
+    error: type[Exception],
+) -> None:
+    """Poll every named readiness check until all pass; a child that dies meanwhile, or
+    a deadline that passes first, is an ``error`` naming it (and where its log is)."""
+    while checks:
+        for death in supervisor.deaths():
+            raise error(death.describe())
+        checks = {name: check for name, check in checks.items() if not check()}
+        if checks and time.monotonic() > deadline:
+            raise error(f"not ready in time: {', '.join(checks)} (logs in {log_dir})")
+        if checks:
+            time.sleep(0.2)

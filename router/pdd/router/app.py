@@ -11,7 +11,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TypeVar
 
@@ -76,25 +76,24 @@ def create_app(runtime: RouterRuntime) -> FastAPI:
         card = {"id": name, "object": "model", "created": 0, "owned_by": "pdd"}
         return {"object": "list", "data": [card]}
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
+    async def serve(
+        request: Request, model: type[T], create: Callable[[T], Awaitable[Served]]
+    ) -> Response:
+        """Key, stream slot, body, then the response; the slot is held until it is sent."""
         release = slots.take(_authenticate(runtime, request))
         try:
-            body = await _parse(runtime, request, ChatCompletionRequest)
-            return _respond(await chat.create(body), release)
+            return _respond(await create(await _parse(runtime, request, model)), release)
         except BaseException:
             release()
             raise
 
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await serve(request, ChatCompletionRequest, chat.create)
+
     @app.post("/v1/completions")
     async def completions_route(request: Request) -> Response:
-        release = slots.take(_authenticate(runtime, request))
-        try:
-            body = await _parse(runtime, request, CompletionRequest)
-            return _respond(await completions.create(body), release)
-        except BaseException:
-            release()
-            raise
+        return await serve(request, CompletionRequest, completions.create)
 
     document_bodies(
         app,
