@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -72,3 +74,62 @@ def test_cache_stays_prefix_closed_bounded_and_indexed(prompts, capacity) -> Non
         keys = chain(*labels)
         expected = cache.match(keys)
         assert index.hits(keys, len(keys)).get("p0", 0) == expected
+
+
+class _OrderedLru:
+    """The model the cache must equal: an ``OrderedDict`` touched deepest-first on every
+    insert, least recent evicted first (the representation the cache had before)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.lru: OrderedDict[int, None] = OrderedDict()
+        self.evicted: list[int] = []
+
+    def insert(self, keys: tuple[int, ...]) -> None:
+        keep = keys[: self.capacity]
+        for key in reversed(keep):
+            self.lru[key] = None
+            self.lru.move_to_end(key)
+        while len(self.lru) > self.capacity:
+            self.evicted.append(self.lru.popitem(last=False)[0])
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    prompts=st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=8), max_size=80),
+    capacity=st.integers(1, 16),
+)
+def test_eviction_order_equals_an_ordered_dict_lru(prompts, capacity) -> None:
+    """Stamps and touches (and their compaction) evict exactly what the plain LRU does,
+    in the same order, and the index's answers follow."""
+    index = HolderIndex(block_size=1)
+    cache, model = PrefixCache("p0", capacity, 1, index), _OrderedLru(capacity)
+    evicted: list[int] = []
+    remove = index.remove
+    index.remove = lambda bit, key: (evicted.append(key), remove(bit, key))  # type: ignore[method-assign]
+    for n, labels in enumerate(prompts):
+        keys = chain(*labels)
+        cache.insert(keys)
+        model.insert(keys)
+        if n % 3 == 2:  # compaction (which a long run triggers) must keep the order too
+            cache._compact()
+        assert evicted == model.evicted
+        assert set(cache.keys()) == set(model.lru)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    prompts=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=6), max_size=30),
+    capacities=st.lists(st.integers(1, 10), min_size=2, max_size=4),
+)
+def test_hits_equal_each_cache_match_across_instances(prompts, capacities) -> None:
+    """Several caches over one index: every instance's hit depth is its own match (the
+    binary search over holder masks relies on every cache being prefix-closed)."""
+    index = HolderIndex(block_size=1)
+    caches = [PrefixCache(f"i{n}", cap, 1, index) for n, cap in enumerate(capacities)]
+    for n, labels in enumerate(prompts):
+        caches[n % len(caches)].insert(chain(*labels))
+    for labels in prompts:
+        keys = chain(*labels)
+        expected = {c.instance_id: c.match(keys) for c in caches if c.match(keys)}
+        assert index.hits(keys, len(keys)) == expected

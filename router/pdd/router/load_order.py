@@ -6,14 +6,15 @@ the least utilized instance, ties to the lower id (the order the choice function
 break ties in). A saturated instance's leaf holds :data:`_ABSENT`, so the root is
 always the best instance that can take one more request, or ``_ABSENT`` when none can.
 
-``least_loaded(skip)`` masks the skipped leaves (the prefix holders, which the choice
-scores apart), reads the root and restores them: O(|skip| log n), never a scan.
+``least_loaded(skip)`` reads the root; only when the root is one of ``skip`` (the prefix
+holders, which the choice scores apart) does it mask the skipped leaves, read the root
+again and restore them: O(|skip| log n), never a scan.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from pdd.router.instance_load import InstanceLoad
 
@@ -69,9 +70,12 @@ class LoadOrder:
         self._set(slot, _ABSENT)
         self._free.append(slot)
 
-    def least_loaded(self, skip: Iterable[str] = ()) -> InstanceLoad | None:
+    def least_loaded(self, skip: Collection[str] = ()) -> InstanceLoad | None:
         """The least utilized instance that can take a request, ties to the lower id,
         leaving out ``skip`` (ids of other roles or unknown ids are ignored)."""
+        best = self._tree[1]
+        if best[1] not in skip:  # the usual case: the best is not a prefix holder
+            return None if best[0] == math.inf else self._loads[best[1]]
         masked = [(slot, self._tree[self._leaves + slot]) for slot in self._slots_of(skip)]
         for slot, _ in masked:
             self._set(slot, _ABSENT)

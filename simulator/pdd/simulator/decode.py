@@ -28,6 +28,7 @@ import simpy
 
 from pdd.common.vocabulary import Role
 from pdd.router.instance_choice import InstanceLoad
+from pdd.simulator.events import Alarm
 from pdd.simulator.hardware import InstanceShape
 from pdd.simulator.prefix_cache import PrefixCache
 
@@ -87,7 +88,7 @@ class DecodeInstance:
         self._expected = 0  # dispatched by the router, not yet submitted (KV in flight)
         self._last = 0.0
         self._paused_until = 0.0
-        self._timer_version = 0
+        self._alarm = Alarm(env, self._on_timer)
         self._load = InstanceLoad(instance_id, role, 0, max_batch)
         self._on_load = on_load
 
@@ -229,21 +230,16 @@ class DecodeInstance:
         self._last = now
 
     def _reschedule(self) -> None:
-        self._timer_version += 1
         while self._targets and self._targets[0][2].stopped:
             heapq.heappop(self._targets)
         if not self._targets:
+            self._alarm.clear()
             return
-        version = self._timer_version
         start = max(self.env.now, self._paused_until)
         left = max(0.0, self._targets[0][0] - self._counter) * self._step_seconds()
-        self.env.timeout(start - self.env.now + left).callbacks.append(
-            lambda _: self._on_timer(version)
-        )
+        self._alarm.set(start - self.env.now + left)
 
-    def _on_timer(self, version: int) -> None:
-        if version != self._timer_version:
-            return
+    def _on_timer(self) -> None:
         self._advance()
         while self._targets and self._targets[0][0] <= self._counter + 1e-6:
             _, _, seq = heapq.heappop(self._targets)

@@ -18,6 +18,8 @@ memory bandwidth, interconnect) plus a price. One engine step on an instance
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass, field
 
 _TERA = 1e12
@@ -123,13 +125,31 @@ class InstanceShape:
         """Seconds of one engine step that computes ``new_tokens`` tokens, reads
         ``kv_read_tokens`` tokens of cached KV and scores ``attention_pairs``
         (query, key) pairs."""
+        per_token, per_pair, compute_rate, weights, kv_bytes, memory_rate, overhead = (
+            self._step_terms
+        )
+        flops = per_token * new_tokens
+        flops += per_pair * attention_pairs
+        compute = flops / compute_rate
+        read = weights + kv_read_tokens * kv_bytes
+        memory = read / memory_rate
+        return overhead + max(compute, memory) + self._all_reduce_seconds(new_tokens)
+
+    @functools.cached_property
+    def _step_terms(self) -> tuple[float, float, float, float, float, float, float]:
+        """The constants of :meth:`step_seconds`, computed once: it runs at every engine
+        step of a simulation. Each is the same expression (same operation order) the step
+        formula had inline, so the times are unchanged to the last bit."""
         m, g, eff = self.model, self.gpu, self.gpu.efficiency
-        flops = 2.0 * m.active_params_b * _GIGA * new_tokens
-        flops += m.attention_flops_per_pair * attention_pairs
-        compute = flops / (self.gpus * g.peak_tflops * _TERA * eff.mfu)
-        read = m.weight_gb * _GIGA + kv_read_tokens * m.kv_bytes_per_token
-        memory = read / (self.gpus * g.memory_bandwidth_tbps * _TERA * eff.mbu)
-        return eff.overhead_s + max(compute, memory) + self._all_reduce_seconds(new_tokens)
+        return (
+            2.0 * m.active_params_b * _GIGA,
+            m.attention_flops_per_pair,
+            self.gpus * g.peak_tflops * _TERA * eff.mfu,
+            m.weight_gb * _GIGA,
+            m.kv_bytes_per_token,
+            self.gpus * g.memory_bandwidth_tbps * _TERA * eff.mbu,
+            eff.overhead_s,
+        )
 
     def _all_reduce_seconds(self, new_tokens: float) -> float:
         """Two ring all-reduces of the activations per layer (attention and MLP)."""

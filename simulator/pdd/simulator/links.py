@@ -19,6 +19,8 @@ import random
 
 import simpy
 
+from pdd.simulator.events import Alarm, succeed_after
+
 _GIGA = 1e9
 
 
@@ -35,11 +37,12 @@ class SharedLink:
         self.rtt_s = rtt_ms / 1000
         self.jitter_s = jitter_ms / 1000
         self._rng = random.Random(seed)
-        self._flows: list[tuple[float, int, simpy.Event]] = []  # (finish on virtual clock, ...)
+        # (finish on the virtual clock, arrival order, the transfer's event, its latency)
+        self._flows: list[tuple[float, int, simpy.Event, float]] = []
         self._seq = itertools.count()
         self._virtual = 0.0  # bytes each active flow has received since the epoch
         self._last = 0.0
-        self._timer_version = 0
+        self._alarm = Alarm(env, self._on_timer)
         self.bytes_sent = 0
         self.busy_s = 0.0  # time with at least one flow in flight (the line is full then)
 
@@ -50,17 +53,12 @@ class SharedLink:
         latency = self.rtt_s + jitter
         self.bytes_sent += nbytes
         if nbytes <= 0:
-            self.env.timeout(latency).callbacks.append(lambda _: done.succeed())
+            succeed_after(self.env, done, latency)
             return done
         self._advance()
-        landed = self.env.event()
-        landed.callbacks.append(lambda _: self._after(latency, done))
-        heapq.heappush(self._flows, (self._virtual + nbytes, next(self._seq), landed))
+        heapq.heappush(self._flows, (self._virtual + nbytes, next(self._seq), done, latency))
         self._reschedule()
         return done
-
-    def _after(self, delay: float, event: simpy.Event) -> None:
-        self.env.timeout(delay).callbacks.append(lambda _: event.succeed())
 
     def busy_until_now(self) -> float:
         """Seconds with data in flight up to now (counts the current segment)."""
@@ -80,21 +78,18 @@ class SharedLink:
         self._last = now
 
     def _reschedule(self) -> None:
-        self._timer_version += 1
         if not self._flows:
+            self._alarm.clear()
             return
-        version = self._timer_version
         wait = max(0.0, (self._flows[0][0] - self._virtual) * len(self._flows) / self.bytes_per_s)
-        self.env.timeout(wait).callbacks.append(lambda _: self._on_timer(version))
+        self._alarm.set(wait)
 
-    def _on_timer(self, version: int) -> None:
-        if version != self._timer_version:
-            return  # a newer arrival or completion rescheduled the timer
+    def _on_timer(self) -> None:
         self._advance()
         # Tolerate float round-off: a flow within a byte of its finish is done.
         while self._flows and self._flows[0][0] <= self._virtual + 1.0:
-            _, _, landed = heapq.heappop(self._flows)
-            landed.succeed()
+            _, _, done, latency = heapq.heappop(self._flows)
+            succeed_after(self.env, done, latency)
         self._reschedule()
 
 
