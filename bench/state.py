@@ -92,7 +92,8 @@ def prompt(seed: int, blocks: int) -> list[int]:
 
 
 async def traffic(url: str, requests: int) -> None:
-    store = SharedStore(url, "bench-replica", ttl_s=600.0)
+    # Traffic, not latency: a loaded machine must not send the reads to local state.
+    store = SharedStore(url, "bench-replica", ttl_s=600.0, deadline_s=30.0)
     await store.start()
     r = redis.Redis.from_url(url)
     index = PrefixIndex(PrefixIndexConfig(block_size=BLOCK), store.index, clock=time.time)
@@ -136,6 +137,7 @@ async def traffic(url: str, requests: int) -> None:
                 if hit and what != "request path":
                     continue  # a hit stores no new blocks
                 t = await measure(r, requests, work)
+                assert store.shared, "Redis went down during the measurement"
                 print(
                     f"| {blocks * BLOCK} | {cache} | {what} | {t.commands:.0f} "
                     f"| {t.sent:,.0f} | {t.received:,.0f} |"

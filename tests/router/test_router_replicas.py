@@ -18,6 +18,10 @@ pytestmark = pytest.mark.integration
 
 MODEL = "tiny"
 FROZEN = ("--poll-interval-s", "600")
+#: These tests are about what replicas share, not about the Redis deadline: a loaded
+#: machine may answer later than the default 0.25 s, which would (rightly) route on local
+#: state and make a replica miss what the other one wrote.
+PATIENT = ("--redis-deadline-s", "30")
 
 
 def chat(router, messages, max_tokens=16) -> httpx.Response:
@@ -39,8 +43,10 @@ def route(resp: httpx.Response) -> dict[str, tuple[str, int]]:
 
 @pytest.fixture
 def replicas(own_redis, worker_flags, start_router):
-    a = start_router(*worker_flags(), "--redis", own_redis.url, "--replica-id", "a")
-    b = start_router(*worker_flags(), "--redis", own_redis.url, "--replica-id", "b", *FROZEN)
+    a = start_router(*worker_flags(), "--redis", own_redis.url, "--replica-id", "a", *PATIENT)
+    b = start_router(
+        *worker_flags(), "--redis", own_redis.url, "--replica-id", "b", *FROZEN, *PATIENT
+    )
     return a, b
 
 
@@ -62,7 +68,8 @@ def test_conversation_turns_land_on_one_md_across_replicas(replicas, own_redis):
 
 
 def test_replicas_see_each_others_load(own_redis, worker_flags, start_router):
-    one_md = (*worker_flags(mains=("md1",)), "--instance-capacity", "1", "--redis", own_redis.url)
+    one_md = (*worker_flags(mains=("md1",)), "--instance-capacity", "1", "--redis", own_redis.url,
+              *PATIENT)  # fmt: skip
     c = start_router(*one_md, "--replica-id", "c")
     d = start_router(*one_md, "--replica-id", "d", *FROZEN)
     body = {"model": MODEL, "prompt": "busy", "max_tokens": 3000, "stream": True}

@@ -153,12 +153,13 @@ class Dispatcher:
         exclude: frozenset[str] = frozenset(),
     ) -> Route:
         """Route one prompt; ``exclude`` names instances this request already failed on."""
-        instances = {i: inst for i, inst in self._ready_instances().items() if i not in exclude}
         hashes = tuple(self._index.hashes(prompt_ids))
-        # The decision's only awaits: both answer within the store's deadline.
+        # The decision's only await: both reads answer within the store's deadline, and
+        # everything below runs without yielding, on the instances ready after it.
         hits, inflight = await asyncio.gather(
             self._index.match_via(self._store.holders, hashes), self._store.inflight()
         )
+        instances = {i: inst for i, inst in self._ready_instances().items() if i not in exclude}
         self._fleet.sync(self._loads(instances, inflight))
         link = with_active_transfers(self._config.link, inflight.get(WAN_TRANSFERS, 0))
         features = RequestFeatures.from_prompt(prompt_ids, max_tokens, self._config.block_size)
