@@ -178,3 +178,34 @@ async def test_a_hung_redis_costs_one_deadline_then_local_state_until_it_answers
     finally:
         own_redis.resume()
         await store.close()
+
+
+async def test_a_black_holed_redis_never_delays_start_or_reads():
+    """A host that accepts connections and never answers, from the start: the store
+    starts down after one deadline, serves from local state, and keeps probing."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)  # read nothing, answer nothing, keep it open
+
+    hole = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    port = hole.sockets[0].getsockname()[1]
+    changes: list[bool] = []
+    store = SharedStore(
+        f"redis://127.0.0.1:{port}/0", "r1", 600, heartbeat_s=0.05, deadline_s=0.2,
+        on_change=changes.append,
+    )  # fmt: skip
+    try:
+        await store.start()  # returns after the probe's deadline, Redis or not
+        assert not store.shared and changes == []
+        store.index.add("md1", HASHES, time.time())
+        store.add_inflight("md1", 1)
+        assert await store.holders(HASHES, time.time()) == [{"md1"}] * 4
+        assert await store.inflight() == {"md1": 1}
+        await until(lambda: len(accepted) >= 2, "the store probing the black hole again")
+        assert not store.shared
+    finally:
+        await store.close()
+        hole.close()
+        for writer in accepted:
+            writer.close()
