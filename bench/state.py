@@ -12,11 +12,15 @@ memory``), less the bench's own INFO calls (measured by an empty round).
    (``SharedStore``, ``PrefixIndex``, ``Lease``): the prefix lookup, the in-flight
    read, a lease on prefill and main decode, the MD handshake's ``confirm``; and,
    apart, the cache events the request makes P and MD publish (fed by the poll loop).
+   Writes go to Redis behind the request; each request waits for them (``settled``)
+   so they count against it.
 2. Memory: bytes per (instance, block) entry of the in-process index (tracemalloc)
    and of Redis, at growing sizes (distinct hashes per instance, the worst case), so the
    per-entry cost can be seen to be linear and extrapolated to 1,000 instances x 1M.
 3. Bound: entries held under endless traffic with the router's expiry sweep, on a
    fake clock over ten TTLs: they level off at rate x (TTL + sweep period).
+4. Replicas: the ``replicas`` set after router pods came and went (each wrote its load
+   once and stopped): it holds the live replicas once a reader has run.
 """
 
 from __future__ import annotations
@@ -27,15 +31,16 @@ import os
 import random
 import time
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import redis
+import redis.asyncio
 
 from pdd.common.cache_events import BlockStored
 from pdd.router.dispatch import Lease
 from pdd.router.prefix_index import InMemoryIndexStore, PrefixIndex, PrefixIndexConfig
-from pdd.router.state.redis_store import RedisIndexStore
+from pdd.router.state.redis_store import RedisIndexStore, RedisLoads
 from pdd.router.state.shared import SharedStore
 
 BLOCK = 16
@@ -58,17 +63,24 @@ def redis_counters(r: redis.Redis) -> tuple[int, int, int]:
     return calls, net["total_net_input_bytes"], net["total_net_output_bytes"]
 
 
-def measure(r: redis.Redis, n: int, work: Callable[[int], None]) -> Traffic:
+async def measure(r: redis.Redis, n: int, work: Callable[[int], Awaitable[None]]) -> Traffic:
     """Per-call Redis traffic of ``work(i)`` over n calls, less the INFO calls' own."""
 
-    def delta(run: Callable[[], None]) -> tuple[int, int, int]:
+    async def nothing() -> None:
+        return None
+
+    async def all_calls() -> None:
+        for i in range(n):
+            await work(i)
+
+    async def delta(run: Callable[[], Awaitable[None]]) -> tuple[int, int, int]:
         before = redis_counters(r)
-        run()
+        await run()
         after = redis_counters(r)
         return tuple(a - b for a, b in zip(after, before, strict=True))  # type: ignore[return-value]
 
-    empty = delta(lambda: None)
-    busy = delta(lambda: [work(i) for i in range(n)] and None)
+    empty = await delta(nothing)
+    busy = await delta(all_calls)
     c, i, o = (b - e for b, e in zip(busy, empty, strict=True))
     # Bytes in: what clients sent Redis (the router's requests); out: Redis's replies.
     return Traffic(commands=c / n, sent=i / n, received=o / n)
@@ -80,7 +92,8 @@ def prompt(seed: int, blocks: int) -> list[int]:
 
 
 async def traffic(url: str, requests: int) -> None:
-    store = SharedStore(url, "bench-replica", ttl_s=600.0)
+    # Traffic, not latency: a loaded machine must not send the reads to local state.
+    store = SharedStore(url, "bench-replica", ttl_s=600.0, deadline_s=30.0)
     await store.start()
     r = redis.Redis.from_url(url)
     index = PrefixIndex(PrefixIndexConfig(block_size=BLOCK), store.index, clock=time.time)
@@ -100,27 +113,31 @@ async def traffic(url: str, requests: int) -> None:
                     index.apply(
                         "md0", BlockStored(block_hashes=h, parent_hash=None, block_size=BLOCK)
                     )
+                await store.settled()  # the set-up's writes are not the request's
 
-            def request(i: int, hashes: list[list[int]] = hashes, hit: bool = hit) -> None:
-                index.match(hashes[i])
-                store.inflight()
+            async def request(i: int, hashes: list[list[int]] = hashes, hit: bool = hit) -> None:
+                await index.match_via(store.holders, hashes[i])
+                await store.inflight()
                 lease = Lease(store)
                 lease.acquire(["p0", "md0"])
                 index.confirm("md0", hashes[i], len(hashes[i]) * BLOCK if hit else 0)
                 lease.release_all()
+                await store.settled()
 
-            def events(i: int, hashes: list[list[int]] = hashes) -> None:
+            async def events(i: int, hashes: list[list[int]] = hashes) -> None:
                 for instance in ("p0", "md0"):
                     index.apply(
                         instance,
                         BlockStored(block_hashes=hashes[i], parent_hash=None, block_size=BLOCK),
                     )
+                await store.settled()
 
             cache = "hit" if hit else "miss"
             for what, work in (("request path", request), ("its cache events", events)):
                 if hit and what != "request path":
                     continue  # a hit stores no new blocks
-                t = measure(r, requests, work)
+                t = await measure(r, requests, work)
+                assert store.shared, "Redis went down during the measurement"
                 print(
                     f"| {blocks * BLOCK} | {cache} | {what} | {t.commands:.0f} "
                     f"| {t.sent:,.0f} | {t.received:,.0f} |"
@@ -128,10 +145,19 @@ async def traffic(url: str, requests: int) -> None:
     await store.close()
 
 
-def fill(store: InMemoryIndexStore | RedisIndexStore, instances: int, blocks: int) -> None:
+def fill(store: InMemoryIndexStore, instances: int, blocks: int) -> None:
     for i in range(instances):
         base = i * blocks
         store.add(f"md{i}", range(base, base + blocks), now=1000.0)
+
+
+async def fill_redis(url: str, instances: int, blocks: int) -> None:
+    client = redis.asyncio.Redis.from_url(url)
+    store = RedisIndexStore(client, ttl_s=600.0)
+    for i in range(instances):
+        base = i * blocks
+        await store.add(f"md{i}", range(base, base + blocks), now=1000.0)
+    await client.aclose()
 
 
 def memory(url: str, sizes: list[int], instances: int) -> None:
@@ -148,7 +174,7 @@ def memory(url: str, sizes: list[int], instances: int) -> None:
         del local
         r.flushdb()
         before = r.info("memory")["used_memory"]
-        fill(RedisIndexStore(r, ttl_s=600.0), instances, blocks)
+        asyncio.run(fill_redis(url, instances, blocks))
         in_redis = (r.info("memory")["used_memory"] - before) / entries
         r.flushdb()
         print(f"| {entries:,} | {in_process:.0f} | {in_redis:.0f} |")
@@ -171,6 +197,23 @@ def bound(ttl_s: float, rate: int, minutes: int) -> None:
     print(f"bound rate x (TTL + sweep) = {rate * (ttl_s + SWEEP_S):,.0f}; peak seen {peak:,}")
 
 
+async def replica_churn(url: str, pods: int) -> None:
+    """``pods`` replicas each write their load once (1 s TTL) and go; one stays."""
+    client = redis.asyncio.Redis.from_url(url)
+    await RedisLoads(client, "stays", 600).add("md0", 1)
+    for pod in range(pods):
+        await RedisLoads(client, f"pod-{pod}", 1).add("md0", 1)
+    reader = RedisLoads(client, "reader", 600)
+    members_before = await client.scard("pdd:replicas")
+    while await client.keys("pdd:load:pod-*"):  # Redis expires them (1 s TTL)
+        await asyncio.sleep(0.1)
+    left = await reader.others()
+    members_after = await client.scard("pdd:replicas")
+    await client.aclose()
+    print(f"\nreplicas set: {members_before} members after {pods} pods came and went;")
+    print(f"{members_after} after their load keys expired and one read (in flight: {left})")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--redis", default="redis://127.0.0.1:6412/15")
@@ -184,6 +227,7 @@ def main() -> int:
     asyncio.run(traffic(args.redis, args.requests))
     memory(args.redis, [int(n) for n in args.memory_entries.split(",")], args.instances)
     bound(ttl_s=600.0, rate=100, minutes=60)
+    asyncio.run(replica_churn(args.redis, pods=1000))
     return 0
 
 

@@ -4,6 +4,7 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -183,6 +184,13 @@ def own_redis(tmp_path):
         def kill(self) -> None:
             self.proc.kill()
             self.proc.wait(10)
+
+        def pause(self) -> None:
+            """Hang it: connections are still accepted (by the kernel), nothing answers."""
+            self.proc.send_signal(signal.SIGSTOP)
+
+        def resume(self) -> None:
+            self.proc.send_signal(signal.SIGCONT)
 
     server = Server()
     server.start()

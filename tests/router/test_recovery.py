@@ -67,7 +67,7 @@ def start(runtime: RouterRuntime, mains: Sequence[str], stop: list[str] | None =
     calls: list[tuple[frozenset[str], int, list[int]]] = []
     sampling = SamplingSpec(max_tokens=MAX_TOKENS)
 
-    def routed(exclude: frozenset[str], attempt: int, emitted: Sequence[int] = ()) -> Attempt:
+    def attempt_for(exclude: frozenset[str], attempt: int, emitted: Sequence[int]) -> Attempt:
         calls.append((exclude, attempt, list(emitted)))
         main = next(m for m in mains if m not in exclude)
         route = Route(Pipeline.MONO, "r", "c", prefill=None, relay=None, main=endpoint(main))
@@ -75,7 +75,10 @@ def start(runtime: RouterRuntime, mains: Sequence[str], stop: list[str] | None =
         plan = route.plan(f"req-r{attempt}", [*PROMPT, *emitted], left, runtime.config)
         return Attempt(route, plan, Lease(runtime.store))
 
-    gen = Generation(runtime, routed(frozenset(), 0), stop or [], 0.0, routed)
+    async def routed(exclude: frozenset[str], attempt: int, emitted: Sequence[int] = ()) -> Attempt:
+        return attempt_for(exclude, attempt, emitted)
+
+    gen = Generation(runtime, attempt_for(frozenset(), 0, ()), stop or [], 0.0, routed)
     return gen, calls
 
 

@@ -4,6 +4,8 @@ Router B polls the workers once, at start, and never again (``--poll-interval-s
 600``): whatever it knows afterwards about caches and loads came through Redis.
 """
 
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
 import pytest
 import redis
@@ -16,6 +18,10 @@ pytestmark = pytest.mark.integration
 
 MODEL = "tiny"
 FROZEN = ("--poll-interval-s", "600")
+#: These tests are about what replicas share, not about the Redis deadline: a loaded
+#: machine may answer later than the default 0.25 s, which would (rightly) route on local
+#: state and make a replica miss what the other one wrote.
+PATIENT = ("--redis-deadline-s", "30")
 
 
 def chat(router, messages, max_tokens=16) -> httpx.Response:
@@ -37,8 +43,10 @@ def route(resp: httpx.Response) -> dict[str, tuple[str, int]]:
 
 @pytest.fixture
 def replicas(own_redis, worker_flags, start_router):
-    a = start_router(*worker_flags(), "--redis", own_redis.url, "--replica-id", "a")
-    b = start_router(*worker_flags(), "--redis", own_redis.url, "--replica-id", "b", *FROZEN)
+    a = start_router(*worker_flags(), "--redis", own_redis.url, "--replica-id", "a", *PATIENT)
+    b = start_router(
+        *worker_flags(), "--redis", own_redis.url, "--replica-id", "b", *FROZEN, *PATIENT
+    )
     return a, b
 
 
@@ -60,7 +68,8 @@ def test_conversation_turns_land_on_one_md_across_replicas(replicas, own_redis):
 
 
 def test_replicas_see_each_others_load(own_redis, worker_flags, start_router):
-    one_md = (*worker_flags(mains=("md1",)), "--instance-capacity", "1", "--redis", own_redis.url)
+    one_md = (*worker_flags(mains=("md1",)), "--instance-capacity", "1", "--redis", own_redis.url,
+              *PATIENT)  # fmt: skip
     c = start_router(*one_md, "--replica-id", "c")
     d = start_router(*one_md, "--replica-id", "d", *FROZEN)
     body = {"model": MODEL, "prompt": "busy", "max_tokens": 3000, "stream": True}
@@ -106,6 +115,58 @@ def test_killing_redis_mid_run_loses_no_request(replicas, own_redis):
     r = redis.Redis.from_url(own_redis.url)
     assert r.keys("pdd:idx:i:*")  # the index was re-seeded from the replicas' local state
     chat(b, messages, max_tokens=4)
+
+
+def gauge(router, name: str) -> float:
+    """A gauge's value on the router's /metrics (which its event loop must be free to serve)."""
+    text = httpx.get(f"{router.url}/metrics", timeout=60).text
+    return float(next(line.split()[1] for line in text.splitlines() if line.startswith(name + " ")))
+
+
+def test_a_hung_redis_stalls_no_request_and_is_reseeded_when_it_answers(
+    own_redis, worker_flags, start_router
+):
+    """Redis stopped with SIGSTOP: it accepts connections and answers nothing. Replica W
+    waits for it as long as it hangs (``--redis-deadline-s 600``): while one of W's
+    requests is held on its Redis read, W goes on streaming another request's tokens and
+    serving /metrics and /health. Replica L (the default deadline) serves every request
+    from its local state, reports Redis down, and re-seeds it once it answers again."""
+    w = start_router(*worker_flags(), "--redis", own_redis.url, "--replica-id", "w",
+                     "--redis-deadline-s", "600")  # fmt: skip
+    local = start_router(*worker_flags(), "--redis", own_redis.url, "--replica-id", "l")
+    messages = [{"role": "user", "content": "Count slowly from one to twenty."}]
+    chat(local, messages, max_tokens=4)
+    body = {"model": MODEL, "messages": messages, "max_tokens": 200, "stream": True}
+    body["ignore_eos"] = True
+    with (
+        httpx.stream("POST", f"{w.url}/v1/chat/completions", json=body, timeout=60) as streaming,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        lines = streaming.iter_lines()
+        next(lines)
+        own_redis.pause()
+        try:
+            held = pool.submit(chat, w, messages, 8)
+            until_sync(
+                lambda: gauge(w, "pdd_router_redis_reads_waiting") >= 1,
+                "W's request waiting on the hung Redis",
+            )
+            assert httpx.get(f"{w.url}/health", timeout=60).status_code == 200
+            rest = [line for line in lines if line]  # W's stream runs to its end meanwhile
+            assert rest[-1] == "data: [DONE]" and '"error"' not in "".join(rest)
+            for _ in range(4):
+                chat(local, messages, max_tokens=8)  # each one a 200 (chat asserts it)
+                assert gauge(local, "pdd_router_redis_up") == 0
+        finally:
+            own_redis.resume()
+        held.result()  # answered once Redis is back: a 200 too
+    for replica in (w, local):
+        until_sync(
+            lambda replica=replica: gauge(replica, "pdd_router_redis_up") == 1,
+            "a replica did not come back to Redis",
+        )
+    assert redis.Redis.from_url(own_redis.url).keys("pdd:idx:i:*")
+    chat(local, messages, max_tokens=4)
 
 
 def test_a_replica_killed_mid_stream_leaks_nothing_and_the_retry_serves(

@@ -1,14 +1,15 @@
-"""The Redis-backed index store, and the shared store's behaviour when Redis goes away."""
+"""The Redis-backed stores, and the shared store's behaviour when Redis goes away or hangs."""
 
+import asyncio
 import os
 import time
 import uuid
 
 import pytest
 import redis
+import redis.asyncio
 
 from pdd.common.block_hash import block_hashes
-from pdd.common.cache_events import AllCleared, BlockRemoved, BlockStored
 from pdd.router.prefix_index import PrefixIndex, PrefixIndexConfig
 from pdd.router.state.redis_store import RedisIndexStore, RedisLoads
 from pdd.router.state.shared import SharedStore
@@ -28,64 +29,76 @@ def redis_url():
     return url
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_redis_index_store_serves_the_prefix_index(redis_url):
-    client = redis.Redis.from_url(redis_url)
-    clock = Clock()
+async def test_redis_index_store_serves_the_prefix_index(redis_url):
+    client = redis.asyncio.Redis.from_url(redis_url)
     store = RedisIndexStore(client, ttl_s=60, prefix=f"t-{uuid.uuid4().hex}:")
-    index = PrefixIndex(PrefixIndexConfig(block_size=16, ttl_s=60), store, clock)
-    index.apply("a", BlockStored(block_hashes=HASHES, parent_hash=None, block_size=16))
-    index.apply("b", BlockStored(block_hashes=HASHES[:2], parent_hash=None, block_size=16))
-    assert index.match(HASHES) == {"a": 64, "b": 32}
-    index.apply("a", BlockRemoved(block_hashes=[HASHES[2]]))
-    assert index.match(HASHES) == {"a": 32, "b": 32}
-    index.apply("b", AllCleared())
-    assert index.match(HASHES) == {"a": 32}
-    clock.now += 61
-    assert index.match(HASHES) == {}
-    assert index.expire() == 3  # a's blocks 0, 1 and 3 were still stored
-    assert store.holders(HASHES, clock.now) == [set()]
+    index = PrefixIndex(PrefixIndexConfig(block_size=16, ttl_s=60), clock=lambda: now)
+    now = 1000.0
+    await store.add("a", HASHES, now)
+    await store.add("b", HASHES[:2], now)
+    assert await index.match_via(store.holders, HASHES) == {"a": 64, "b": 32}
+    await store.remove("a", [HASHES[2]])
+    assert await index.match_via(store.holders, HASHES) == {"a": 32, "b": 32}
+    await store.clear("b")
+    assert await index.match_via(store.holders, HASHES) == {"a": 32}
+    now += 61
+    assert await index.match_via(store.holders, HASHES) == {}
+    assert await store.expire(now) == 3  # a's blocks 0, 1 and 3 were still stored
+    assert await store.holders(HASHES, now) == [set()]
+    await client.aclose()
 
 
-def test_redis_index_levels_off_under_endless_traffic(redis_url):
+async def test_redis_index_levels_off_under_endless_traffic(redis_url):
     """Ever-new blocks for ten TTLs with the router's sweep: Redis holds rate x (TTL +
     sweep) entries and as many block keys, not everything ever stored."""
-    client = redis.Redis.from_url(redis_url)
-    clock = Clock()
+    client = redis.asyncio.Redis.from_url(redis_url)
     prefix = f"t-{uuid.uuid4().hex}:"
     store = RedisIndexStore(client, ttl_s=20, prefix=prefix)
-    index = PrefixIndex(PrefixIndexConfig(block_size=16, ttl_s=20), store, clock)
     rate, sweep_s = 5, 4
     for second in range(10 * 20):
-        stored = range(second * rate, (second + 1) * rate)
-        index.apply("md0", BlockStored(block_hashes=list(stored), parent_hash=None, block_size=16))
+        await store.add("md0", range(second * rate, (second + 1) * rate), 1000.0 + second)
         if second % sweep_s == 0:
-            index.expire()
-        clock.now += 1
-    held = client.zcard(f"{prefix}idx:i:md0")
-    block_keys = sum(1 for _ in client.scan_iter(match=f"{prefix}idx:h:*"))
+            await store.expire(1000.0 + second)
+    held = await client.zcard(f"{prefix}idx:i:md0")
+    block_keys = len([k async for k in client.scan_iter(match=f"{prefix}idx:h:*")])
     assert rate * 20 <= held <= rate * (20 + sweep_s)
     assert block_keys == held
+    await client.aclose()
 
 
-def test_loads_sum_over_replicas(redis_url):
-    client = redis.Redis.from_url(redis_url)
+async def test_loads_sum_over_the_other_replicas(redis_url):
+    client = redis.asyncio.Redis.from_url(redis_url)
     prefix = f"t-{uuid.uuid4().hex}:"
     one, two = RedisLoads(client, "r1", 10, prefix), RedisLoads(client, "r2", 10, prefix)
-    one.add("md1", 1)
-    two.add("md1", 2)
-    two.add("p", 1)
-    two.add("p", -1)
-    assert one.total() == {"md1": 3}
-    one.publish({"md1": 5})
-    assert two.total() == {"md1": 7}
+    await one.add("md1", 1)
+    await two.add("md1", 2)
+    await two.add("p", 1)
+    await two.add("p", -1)
+    assert await one.others() == {"md1": 2}  # its own count it keeps in memory
+    await one.publish({"md1": 5})
+    assert await two.others() == {"md1": 5}
+    await client.aclose()
+
+
+async def test_replicas_that_stop_refreshing_are_pruned_from_the_set(redis_url):
+    """Router pods come and go; the set of replicas holds the live ones only: a reader
+    drops each member whose load hash expired."""
+    client = redis.asyncio.Redis.from_url(redis_url)
+    inspect = redis.Redis.from_url(redis_url)
+    prefix = f"t-{uuid.uuid4().hex}:"
+    live = RedisLoads(client, "live", 600, prefix)
+    await live.add("md1", 1)
+    for pod in range(20):  # each writes once, with a 1 s TTL, and is never heard of again
+        await RedisLoads(client, f"gone-{pod}", 1, prefix).add("md1", 1)
+    reader = RedisLoads(client, "reader", 600, prefix)
+    assert await reader.others() == {"md1": 21}
+    assert inspect.scard(f"{prefix}replicas") == 21
+    await until(
+        lambda: not inspect.keys(f"{prefix}load:gone-*"), "the gone pods' load hashes expiring"
+    )
+    assert await reader.others() == {"md1": 1}
+    assert inspect.smembers(f"{prefix}replicas") == {b"live"}
+    await client.aclose()
 
 
 async def test_shared_store_keeps_serving_without_redis_and_reseeds_it(own_redis):
@@ -100,13 +113,99 @@ async def test_shared_store_keeps_serving_without_redis_and_reseeds_it(own_redis
         # Writes and reads go on, from local state, and the outage is noticed.
         store.index.add("md1", HASHES[2:], time.time())
         store.add_inflight("md1", 1)
+        assert await store.holders(HASHES, time.time()) == [{"md1"}] * 4
         assert not store.shared and changes == [True, False]
-        assert [h for h in store.index.holders(HASHES, time.time())] == [{"md1"}] * 4
-        assert store.inflight() == {"md1": 2}
+        assert await store.inflight() == {"md1": 2}
         own_redis.start()  # a fresh, empty Redis on the same port
         await until(lambda: store.shared, "the store reconnecting to Redis")
-        fresh = RedisIndexStore(redis.Redis.from_url(own_redis.url), ttl_s=600)
-        assert fresh.holders(HASHES, time.time()) == [{"md1"}] * 4
-        assert RedisLoads(redis.Redis.from_url(own_redis.url), "r2", 10).total() == {"md1": 2}
+        client = redis.asyncio.Redis.from_url(own_redis.url)
+        fresh = RedisIndexStore(client, ttl_s=600)
+        assert await fresh.holders(HASHES, time.time()) == [{"md1"}] * 4
+        assert await RedisLoads(client, "r2", 10).others() == {"md1": 2}
+        await client.aclose()
     finally:
         await store.close()
+
+
+async def test_a_read_held_by_a_hung_redis_blocks_nothing_else(own_redis):
+    """Redis stopped (SIGSTOP: connections accepted, nothing answered) and a deadline
+    longer than the test: the read waits, and meanwhile the event loop goes on (the
+    condition below is polled on it) and writes are taken without waiting. When Redis
+    answers again the read gets Redis's answer."""
+    store = SharedStore(own_redis.url, "r1", ttl_s=600, heartbeat_s=0.1, deadline_s=600)
+    await store.start()
+    try:
+        store.index.add("md1", HASHES, time.time())
+        client = redis.asyncio.Redis.from_url(own_redis.url)
+        await RedisIndexStore(client, ttl_s=600).add("md2", HASHES, time.time())
+        await client.aclose()  # another replica's write: in Redis only
+        own_redis.pause()
+        read = asyncio.create_task(store.holders(HASHES, time.time()))
+        await until(lambda: store.reads_waiting == 1, "the read waiting on the hung Redis")
+        store.add_inflight("md1", 1)  # returns at once: sent behind
+        assert store.index.holders(HASHES, time.time()) == [{"md1"}] * 4
+        assert not read.done()
+        own_redis.resume()
+        assert {"md2"} <= (await read)[0]  # Redis's answer, not the local store's
+    finally:
+        own_redis.resume()
+        await store.close()
+
+
+async def test_a_hung_redis_costs_one_deadline_then_local_state_until_it_answers(own_redis):
+    changes: list[bool] = []
+    store = SharedStore(
+        own_redis.url, "r1", ttl_s=600, heartbeat_s=0.1, deadline_s=0.2, on_change=changes.append
+    )
+    await store.start()
+    try:
+        store.index.add("md1", HASHES[:2], time.time())
+        own_redis.pause()
+        store.index.add("md1", HASHES[2:], time.time())
+        store.add_inflight("md1", 1)
+        # The read gives up at the deadline and answers from local state; so do later
+        # ones, without asking Redis, while it is down.
+        assert await store.holders(HASHES, time.time()) == [{"md1"}] * 4
+        assert not store.shared and changes == [True, False]
+        assert await store.inflight() == {"md1": 1}
+        assert store.reads_waiting == 0
+        own_redis.resume()
+        await until(lambda: store.shared, "the store re-seeding Redis once it answers")
+        client = redis.asyncio.Redis.from_url(own_redis.url)
+        assert await RedisIndexStore(client, 600).holders(HASHES, time.time()) == [{"md1"}] * 4
+        assert await RedisLoads(client, "r2", 10).others() == {"md1": 1}
+        await client.aclose()
+    finally:
+        own_redis.resume()
+        await store.close()
+
+
+async def test_a_black_holed_redis_never_delays_start_or_reads():
+    """A host that accepts connections and never answers, from the start: the store
+    starts down after one deadline, serves from local state, and keeps probing."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)  # read nothing, answer nothing, keep it open
+
+    hole = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    port = hole.sockets[0].getsockname()[1]
+    changes: list[bool] = []
+    store = SharedStore(
+        f"redis://127.0.0.1:{port}/0", "r1", 600, heartbeat_s=0.05, deadline_s=0.2,
+        on_change=changes.append,
+    )  # fmt: skip
+    try:
+        await store.start()  # returns after the probe's deadline, Redis or not
+        assert not store.shared and changes == []
+        store.index.add("md1", HASHES, time.time())
+        store.add_inflight("md1", 1)
+        assert await store.holders(HASHES, time.time()) == [{"md1"}] * 4
+        assert await store.inflight() == {"md1": 1}
+        await until(lambda: len(accepted) >= 2, "the store probing the black hole again")
+        assert not store.shared
+    finally:
+        await store.close()
+        hole.close()
+        for writer in accepted:
+            writer.close()

@@ -60,6 +60,9 @@ class RouterConfig:
     model: str = TINY_MODEL
     served_model_name: str | None = None
     redis_url: str | None = None
+    #: The longest a request waits for Redis (prefix lookup, loads) before it is routed
+    #: on this replica's local state and the store counts Redis as down.
+    redis_deadline_s: float = 0.25
     api_keys: tuple[str, ...] = ()
     link_gbps: float = 10.0
     link_rtt_ms: float = 0.0

@@ -12,6 +12,7 @@ the simulator's model too), so P-MD requests stop piling up on a busy line.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -145,17 +146,20 @@ class Dispatcher:
         #: the instances whose load changed since.
         self._fleet = Fleet()
 
-    def route(
+    async def route(
         self,
         prompt_ids: Sequence[int],
         max_tokens: int | None,
         exclude: frozenset[str] = frozenset(),
     ) -> Route:
         """Route one prompt; ``exclude`` names instances this request already failed on."""
-        instances = {i: inst for i, inst in self._ready_instances().items() if i not in exclude}
         hashes = tuple(self._index.hashes(prompt_ids))
-        hits = self._index.match(hashes)
-        inflight = self._store.inflight()
+        # The decision's only await: both reads answer within the store's deadline, and
+        # everything below runs without yielding, on the instances ready after it.
+        hits, inflight = await asyncio.gather(
+            self._index.match_via(self._store.holders, hashes), self._store.inflight()
+        )
+        instances = {i: inst for i, inst in self._ready_instances().items() if i not in exclude}
         self._fleet.sync(self._loads(instances, inflight))
         link = with_active_transfers(self._config.link, inflight.get(WAN_TRANSFERS, 0))
         features = RequestFeatures.from_prompt(prompt_ids, max_tokens, self._config.block_size)

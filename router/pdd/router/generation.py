@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from pdd.common.openai_protocol import UsageInfo
@@ -72,7 +72,7 @@ class Attempt:
 
 #: ``(instances to leave out, attempt number, token IDs already sent) -> Attempt``: the
 #: request routed again, or resumed after the tokens already sent.
-Reroute = Callable[[frozenset[str], int, Sequence[int]], Attempt]
+Reroute = Callable[[frozenset[str], int, Sequence[int]], Awaitable[Attempt]]
 
 
 class Generation:
@@ -131,7 +131,7 @@ class Generation:
                     if not self._may_recover(exc, attempt):
                         raise
                     failed.update(exc.failed)
-                    self._recover(exc, frozenset(failed), attempt)
+                    await self._recover(exc, frozenset(failed), attempt)
         finally:
             if self.completion_tokens:
                 share = self.relayed_tokens / self.completion_tokens
@@ -145,7 +145,7 @@ class Generation:
             and len(self._detok.ids) < self._max_tokens  # else there is nothing left to do
         )
 
-    def _recover(self, exc: UpstreamError, exclude: frozenset[str], attempt: int) -> None:
+    async def _recover(self, exc: UpstreamError, exclude: frozenset[str], attempt: int) -> None:
         assert self._reroute is not None
         for instance_id in exc.failed:
             self.runtime.registry.suspect(instance_id, f"a request failed on it: {exc.message}")
@@ -160,7 +160,7 @@ class Generation:
             "resuming from the tokens sent" if emitted else "re-dispatching",
             ", ".join(sorted(exclude)),
         )
-        self._use(self._reroute(exclude, attempt, emitted))
+        self._use(await self._reroute(exclude, attempt, emitted))
 
     async def _attempt(self) -> AsyncIterator[TextDelta]:
         rt = self.runtime

@@ -60,6 +60,11 @@ class RouterMetrics:
         self.redis_up = Gauge(
             "pdd_router_redis_up", "1 when the shared Redis store is reachable", registry=r
         )
+        self.redis_reads_waiting = Gauge(
+            "pdd_router_redis_reads_waiting",
+            "Requests waiting now for a Redis read (each at most the Redis deadline)",
+            registry=r,
+        )
         self.instances_ready = Gauge(
             "pdd_router_instances_ready", "Workers answering their polls", ["role"], registry=r
         )

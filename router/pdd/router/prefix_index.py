@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -64,6 +64,10 @@ class IndexStore(Protocol):
     def holders(self, hashes: Sequence[int], now: float) -> list[set[str]]: ...
 
     def expire(self, now: float) -> int: ...
+
+
+#: ``IndexStore.holders`` as a coroutine: a lookup that may ask another process.
+HoldersLookup = Callable[[Sequence[int], float], Awaitable[list[set[str]]]]
 
 
 class InMemoryIndexStore:
@@ -171,10 +175,18 @@ class PrefixIndex:
 
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
         """Tokens of the prompt each instance holds (only instances holding >= 1 block)."""
+        return self._hits(self._store.holders(hashes, self._clock()))
+
+    async def match_via(self, lookup: HoldersLookup, hashes: Sequence[int]) -> dict[str, int]:
+        """``match`` with the holders from ``lookup`` (the router's store, which may ask
+        Redis) instead of this index's own store."""
+        return self._hits(await lookup(hashes, self._clock()))
+
+    def _hits(self, holders: Iterable[set[str]]) -> dict[str, int]:
         size = self.config.block_size
         hits: dict[str, int] = {}
         alive: set[str] | None = None
-        for depth, held in enumerate(self._store.holders(hashes, self._clock()), start=1):
+        for depth, held in enumerate(holders, start=1):
             alive = set(held) if alive is None else alive & held
             if not alive:
                 break

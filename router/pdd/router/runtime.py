@@ -45,6 +45,7 @@ class RouterRuntime:
                 config.replica_id,
                 index_config.ttl_s,
                 on_change=lambda up: self.metrics.redis_up.set(1 if up else 0),
+                deadline_s=config.redis_deadline_s,
             )
             if config.redis_url
             else LocalStore(index_config.ttl_s)
@@ -80,5 +81,6 @@ class RouterRuntime:
         return min((n for n in limits if n is not None), default=None)
 
     def refresh_gauges(self) -> None:
+        self.metrics.redis_reads_waiting.set(self.store.reads_waiting)
         for role in Role:
             self.metrics.instances_ready.labels(role).set(len(self.registry.ready(role)))

@@ -49,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--secret-file", type=Path)
     p.add_argument("--redis", help="redis://HOST:PORT/DB shared by router replicas")
     p.add_argument(
+        "--redis-deadline-s", type=float,
+        help="longest a request waits for Redis before it is routed on local state (0.25)",
+    )  # fmt: skip
+    p.add_argument(
         "--api-key",
         action="append",
         default=[],
@@ -98,7 +102,7 @@ _PLAIN_FLAGS = (
     "max_prompt_tokens", "max_body_bytes", "default_max_tokens", "poll_interval_s",
     "max_tokens_limit", "max_streams_per_key",
     "request_timeout_s", "handoff", "catchup_threshold", "replica_id", "host", "port",
-    "force_pipeline",
+    "force_pipeline", "redis_deadline_s",
 )  # fmt: skip
 
 

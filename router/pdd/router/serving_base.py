@@ -91,7 +91,7 @@ class OpenAIServing:
             ignore_eos=request.ignore_eos,
         )
 
-    def start(
+    async def start(
         self, prompt_ids: list[int], request: SamplingFields, max_tokens: int | None, param: str
     ) -> Generation:
         """Check the prompt's length, route it, and hold the route's in-flight lease."""
@@ -107,20 +107,22 @@ class OpenAIServing:
         request_id = new_id("pdd")
         sampling = self.sampling(request, max_tokens)
 
-        def routed(exclude: frozenset[str], attempt: int, emitted: Sequence[int] = ()) -> Attempt:
+        async def routed(
+            exclude: frozenset[str], attempt: int, emitted: Sequence[int] = ()
+        ) -> Attempt:
             """Route the prompt, or, to resume, the prompt plus the tokens already sent
             with what is left of ``max_tokens``: the new instances prefill the known tokens
             and go on from the next position."""
             prompt = [*prompt_ids, *emitted]
             left = sampling.model_copy(update={"max_tokens": sampling.max_tokens - len(emitted)})
-            route = self.runtime.dispatcher.route(prompt, left.max_tokens, exclude)
+            route = await self.runtime.dispatcher.route(prompt, left.max_tokens, exclude)
             lease = Lease(self.runtime.store)
             lease.acquire(route.lease_keys)
             attempt_id = request_id if attempt == 0 else f"{request_id}-r{attempt}"
             plan = route.plan(attempt_id, prompt, left, self.runtime.config)
             return Attempt(route, plan, lease)
 
-        first = routed(frozenset(), 0)
+        first = await routed(frozenset(), 0)
         self._record(first.route, len(prompt_ids))
         return Generation(self.runtime, first, request.stop_strings, arrived_at, routed)
 

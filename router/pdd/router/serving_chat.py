@@ -26,7 +26,7 @@ class OpenAIServingChat(OpenAIServing):
     async def create(self, request: ChatCompletionRequest) -> Served:
         self.check(request)
         prompt_ids = self._prompt_ids(request)
-        generation = self.start(prompt_ids, request, request.output_token_limit, "messages")
+        generation = await self.start(prompt_ids, request, request.output_token_limit, "messages")
         if request.stream:
             frames = self._chunks(request, generation)
             return Served(generation, self.sse(frames))

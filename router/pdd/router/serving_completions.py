@@ -24,7 +24,7 @@ class OpenAIServingCompletion(OpenAIServing):
             prompt_ids = self.runtime.tokenizer.completion_ids(request.prompt)
         except TokenIdError as exc:
             raise InvalidRequestError(str(exc), param="prompt") from exc
-        generation = self.start(prompt_ids, request, request.output_token_limit, "prompt")
+        generation = await self.start(prompt_ids, request, request.output_token_limit, "prompt")
         echo = self._echo(request)
         if request.stream:
             return Served(generation, self.sse(self._chunks(request, generation, echo)))

@@ -10,14 +10,18 @@ Timestamps are wall-clock (``time.time``): replicas on different hosts compare t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from pdd.router.prefix_index import IndexStore
 
 
 class RouterStore(Protocol):
-    """Contract: ``add_inflight`` never raises (a shared store that is down degrades
-    to local state); ``inflight`` sums every live replica's counts per instance."""
+    """Contract: ``add_inflight`` never raises nor waits (a shared store sends it behind);
+    ``inflight`` sums every live replica's counts per instance and ``holders`` is the
+    index lookup of the decision path (``IndexStore.holders``): both are awaited, never
+    raise, and return within the store's deadline (a shared store that is down or hung
+    answers from local state)."""
 
     @property
     def index(self) -> IndexStore: ...
@@ -29,7 +33,14 @@ class RouterStore(Protocol):
 
     def add_inflight(self, instance: str, delta: int) -> None: ...
 
-    def inflight(self) -> dict[str, int]: ...
+    @property
+    def reads_waiting(self) -> int:
+        """Reads waiting on the shared store now (what a hung Redis holds)."""
+        ...
+
+    async def inflight(self) -> dict[str, int]: ...
+
+    async def holders(self, hashes: Sequence[int], now: float) -> list[set[str]]: ...
 
     async def start(self) -> None: ...
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 
 from pdd.router.prefix_index import InMemoryIndexStore
 
@@ -11,6 +12,7 @@ class LocalStore:
     """Process memory only; also the fallback a Redis-backed store serves from."""
 
     shared = False
+    reads_waiting = 0
 
     def __init__(self, ttl_s: float) -> None:
         self._index = InMemoryIndexStore(ttl_s)
@@ -25,8 +27,16 @@ class LocalStore:
         if self._inflight[instance] <= 0:
             del self._inflight[instance]
 
-    def inflight(self) -> dict[str, int]:
+    def counts(self) -> dict[str, int]:
+        """This replica's in-flight counts, without a coroutine (what a shared store
+        publishes and adds to the other replicas')."""
         return dict(self._inflight)
+
+    async def inflight(self) -> dict[str, int]:
+        return self.counts()
+
+    async def holders(self, hashes: Sequence[int], now: float) -> list[set[str]]:
+        return self._index.holders(hashes, now)
 
     async def start(self) -> None:
         return None

@@ -1,11 +1,33 @@
-"""A Redis-shared store that survives Redis going away.
+"""A Redis-shared store that never blocks the router and survives Redis going away.
 
-Every write lands in a local store *and* (while Redis answers) in Redis; reads come
-from Redis while it answers, else from the local store. So losing Redis costs only
-what other replicas saw since (their load and cache events), never a request. When
-Redis answers again, this replica re-seeds it from its local state (index entries
-with their original times, and its in-flight counts) before reading from it again:
-a restarted, empty Redis would otherwise make every replica forget every prefix.
+Every call to Redis is a ``redis.asyncio`` coroutine: nothing here, nor in
+``redis_store``, makes a synchronous Redis call on the event loop (the router imports
+no synchronous client at all). Two paths, chosen for what each one costs a request:
+
+* **Reads on the decision path** (``holders``: the prefix lookup; ``inflight``: other
+  replicas' loads) are awaited with a per-call deadline (``deadline_s``, 0.25 s by
+  default). A lookup must be fresh to be worth anything: what other replicas confirmed
+  a moment ago is what makes a conversation's next turn land on the MD holding its KV,
+  and a background copy of the whole index would cost O(index) per refresh. Redis
+  answers in well under a millisecond, so the deadline only matters when it is down or
+  hung; then the call is abandoned (other requests and ``/health`` are served meanwhile:
+  nothing blocks the loop), the store goes *down*, and every later request reads the
+  local store at once, without touching Redis, until Redis is back.
+* **Writes** (index entries from the poll loop and from ``confirm``, lease counts,
+  expiry) land in the local store at once and are queued for Redis, sent in order by one
+  background task (write-behind): the request that causes them never waits. A full
+  queue means Redis cannot keep up; the store goes down and re-seeds later, as after an
+  outage. The price is that another replica sees a write one flush later (the task runs
+  as soon as the loop is free). This replica's own in-flight counts always come from
+  local memory, never back from Redis.
+
+States: *up* (reads from Redis, writes sent); *down* (reads local, writes dropped for
+Redis: the re-seed will carry them); *seeding* (Redis answered a probe: this replica
+copies its local state into it, index entries with their original times and its
+in-flight counts, while new writes queue behind the copy; then *up*). A restarted,
+empty Redis would otherwise make every replica forget every prefix. The background task
+also publishes this replica's counts every heartbeat (so its load key does not expire)
+and, while down, probes Redis every heartbeat.
 """
 
 from __future__ import annotations
@@ -13,10 +35,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeVar
 
-import redis
+import redis.asyncio
+from redis.exceptions import RedisError
 
 from pdd.router.prefix_index import IndexStore
 from pdd.router.state.memory import LocalStore
@@ -24,10 +49,16 @@ from pdd.router.state.redis_store import RedisIndexStore, RedisLoads
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+Op = Callable[[], Awaitable[object]]
 
-#: Socket timeouts small enough that a dead Redis costs one request a fraction of a
-#: second before the store switches to local state.
-_SOCKET_TIMEOUT_S = 0.5
+#: A request waits at most this long for Redis before it is served from local state.
+DEADLINE_S = 0.25
+#: Writes, expiry and the re-seed hold no request; a slower Redis is not a dead one.
+_BACKGROUND_DEADLINE_S = 5.0
+#: Writes queued beyond this mean Redis cannot keep up: go down, re-seed later.
+_MAX_QUEUED = 10_000
+#: Index entries per re-seed round trip.
+_SEED_BATCH = 512
 
 
 class SharedStore:
@@ -39,17 +70,31 @@ class SharedStore:
         heartbeat_s: float = 1.0,
         prefix: str = "pdd:",
         on_change: Callable[[bool], None] = lambda up: None,
+        deadline_s: float = DEADLINE_S,
     ) -> None:
         self._local = LocalStore(ttl_s)
-        self._client = redis.Redis.from_url(
-            url, socket_timeout=_SOCKET_TIMEOUT_S, socket_connect_timeout=_SOCKET_TIMEOUT_S
+        self._client = redis.asyncio.Redis.from_url(
+            url,
+            socket_connect_timeout=deadline_s,
+            socket_timeout=max(deadline_s, _BACKGROUND_DEADLINE_S),  # a backstop only
         )
-        self._redis_index = RedisIndexStore(self._client, ttl_s, prefix)
+        self._remote = RedisIndexStore(self._client, ttl_s, prefix)
         self._loads = RedisLoads(self._client, replica_id, 5 * heartbeat_s, prefix)
         self._heartbeat_s = heartbeat_s
+        self._deadline_s = deadline_s
         self._on_change = on_change
         self._up = False
-        self._index = _FailoverIndex(self, self._local.index, self._redis_index)
+        #: Outages so far: a call that fails after a newer outage began was answered by
+        #: that one already (and must not undo a re-seed under way).
+        self._outages = 0
+        self._reads_waiting = 0
+        self._accepting = False  # writes queue for Redis (seeding or up)
+        self._writes: deque[Op] = deque()
+        self._wake = asyncio.Event()
+        self._settled = asyncio.Event()
+        self._settled.set()
+        self._next_beat = 0.0
+        self._index = _FailoverIndex(self, self._local.index, self._remote)
         self._task: asyncio.Task | None = None
 
     @property
@@ -60,60 +105,127 @@ class SharedStore:
     def shared(self) -> bool:
         return self._up
 
+    @property
+    def reads_waiting(self) -> int:
+        return self._reads_waiting
+
     def add_inflight(self, instance: str, delta: int) -> None:
         self._local.add_inflight(instance, delta)
-        self.call(lambda: self._loads.add(instance, delta))
+        self.write(lambda: self._loads.add(instance, delta))
 
-    def inflight(self) -> dict[str, int]:
-        total = self.call(self._loads.total)
-        return total if total is not None else self._local.inflight()
+    async def inflight(self) -> dict[str, int]:
+        others = await self._read(self._loads.others)
+        total = dict(others or {})
+        for instance, n in self._local.counts().items():
+            total[instance] = total.get(instance, 0) + n
+        return total
 
-    def call(self, op: Callable[[], T]) -> T | None:
-        """Run ``op`` against Redis while it is up; None (and mark it down) if it fails."""
-        if not self._up:
-            return None
-        try:
-            return op()
-        except redis.RedisError as exc:
-            self._set_up(False, f"{exc!r}; serving from local state")
-            return None
+    async def holders(self, hashes: Sequence[int], now: float) -> list[set[str]]:
+        remote = await self._read(lambda: self._remote.holders(hashes, now))
+        return remote if remote is not None else self._local.index.holders(hashes, now)
+
+    def write(self, op: Op) -> None:
+        """Queue ``op`` for Redis (dropped while down: the re-seed carries its effect)."""
+        if not self._accepting:
+            return
+        if len(self._writes) >= _MAX_QUEUED:
+            self._set_down(f"{_MAX_QUEUED} writes queued; Redis is not keeping up")
+            return
+        self._writes.append(op)
+        self._settled.clear()
+        self._wake.set()
+
+    async def settled(self) -> None:
+        """Wait until every write queued so far was sent (or dropped by an outage)."""
+        await self._settled.wait()
 
     async def start(self) -> None:
         await self._try_resync()
-        self._task = asyncio.create_task(self._watch(), name="redis-watch")
+        self._task = asyncio.create_task(self._run(), name="redis-writer")
 
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        self._client.close()
+        await self._client.aclose()
 
-    async def _watch(self) -> None:
+    async def _read(self, op: Callable[[], Awaitable[T]]) -> T | None:
+        """``op``'s answer while Redis is up and answers within the deadline, else None."""
+        if not self._up:
+            return None
+        self._reads_waiting += 1
+        try:
+            return await self._call(op, self._deadline_s)
+        finally:
+            self._reads_waiting -= 1
+
+    async def _call(self, op: Callable[[], Awaitable[T]], deadline_s: float) -> T | None:
+        outages = self._outages
+        try:
+            return await asyncio.wait_for(op(), deadline_s)
+        except (RedisError, TimeoutError) as exc:
+            if outages == self._outages:
+                self._set_down(f"{exc!r} after at most {deadline_s} s")
+            return None
+
+    async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self._heartbeat_s)
             if self._up:
-                self.call(lambda: self._loads.publish(self._local.inflight()))
+                await self._flush()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self._heartbeat_s)
             else:
+                await asyncio.sleep(self._heartbeat_s)
                 await self._try_resync()
 
+    async def _flush(self) -> None:
+        """Send the queued writes in order, then the heartbeat when it is due."""
+        self._wake.clear()
+        while self._writes and self._up:
+            await self._call(self._writes.popleft(), _BACKGROUND_DEADLINE_S)
+        if not self._writes:
+            self._settled.set()
+        if self._up and time.monotonic() >= self._next_beat:
+            self._next_beat = time.monotonic() + self._heartbeat_s
+            counts = self._local.counts()
+            await self._call(lambda: self._loads.publish(counts), _BACKGROUND_DEADLINE_S)
+
     async def _try_resync(self) -> None:
-        """Probe off the event loop (a dead host may time out); re-seed on the loop, so no
-        write slips between the snapshot and the switch back to Redis."""
+        """Copy the local state into Redis if it answers. The snapshot is taken before the
+        first await and writes queue from then on, so none slips between the two."""
+        entries = self._local.index.entries()
+        counts = self._local.counts()
+        outages = self._outages
+        self._accepting = True
         try:
-            await asyncio.to_thread(self._client.ping)
-            entries = self._local.index.entries()
-            by_instance: dict[str, list[tuple[int, float]]] = {}
-            for instance, h, seen in entries:
-                by_instance.setdefault(instance, []).append((h, seen))
-            for instance, items in by_instance.items():
-                self._redis_index.add_entries(instance, items)
-            self._loads.publish(self._local.inflight())
-        except redis.RedisError as exc:
+            await asyncio.wait_for(self._client.ping(), self._deadline_s)
+            for start in range(0, len(entries), _SEED_BATCH):
+                by_instance: dict[str, list[tuple[int, float]]] = {}
+                for instance, h, seen in entries[start : start + _SEED_BATCH]:
+                    by_instance.setdefault(instance, []).append((h, seen))
+                for instance, items in by_instance.items():
+                    await asyncio.wait_for(
+                        self._remote.add_entries(instance, items), _BACKGROUND_DEADLINE_S
+                    )
+            await asyncio.wait_for(self._loads.publish(counts), _BACKGROUND_DEADLINE_S)
+        except (RedisError, TimeoutError) as exc:
+            self._set_down(repr(exc))
             if self._task is None:  # first attempt: say why once
                 log.warning("redis unavailable at start (%r): serving from local state", exc)
             return
+        if outages != self._outages:  # lost again while seeding: the next probe retries
+            return
+        self._next_beat = time.monotonic() + self._heartbeat_s
         self._set_up(True, f"re-seeded {len(entries)} index entries")
+        self._wake.set()
+
+    def _set_down(self, detail: str) -> None:
+        self._outages += 1
+        self._accepting = False
+        self._writes.clear()
+        self._settled.set()
+        self._set_up(False, f"{detail}; serving from local state")
 
     def _set_up(self, up: bool, detail: str) -> None:
         if up == self._up:
@@ -127,7 +239,9 @@ class SharedStore:
 
 
 class _FailoverIndex:
-    """Writes go to both stores, reads to Redis while it answers."""
+    """The ``IndexStore`` the prefix index writes through: the local store at once, Redis
+    behind (``SharedStore.write``). Its ``holders`` is the local store's; the router's
+    decision path asks ``SharedStore.holders``, which prefers Redis."""
 
     def __init__(self, store: SharedStore, local: IndexStore, remote: RedisIndexStore) -> None:
         self._store, self._local, self._remote = store, local, remote
@@ -135,21 +249,20 @@ class _FailoverIndex:
     def add(self, instance: str, hashes: Iterable[int], now: float) -> None:
         hashes = list(hashes)
         self._local.add(instance, hashes, now)
-        self._store.call(lambda: self._remote.add(instance, hashes, now))
+        self._store.write(lambda: self._remote.add(instance, hashes, now))
 
     def remove(self, instance: str, hashes: Iterable[int]) -> None:
         hashes = list(hashes)
         self._local.remove(instance, hashes)
-        self._store.call(lambda: self._remote.remove(instance, hashes))
+        self._store.write(lambda: self._remote.remove(instance, hashes))
 
     def clear(self, instance: str) -> None:
         self._local.clear(instance)
-        self._store.call(lambda: self._remote.clear(instance))
+        self._store.write(lambda: self._remote.clear(instance))
 
     def holders(self, hashes: Sequence[int], now: float) -> list[set[str]]:
-        remote = self._store.call(lambda: self._remote.holders(hashes, now))
-        return remote if remote is not None else self._local.holders(hashes, now)
+        return self._local.holders(hashes, now)
 
     def expire(self, now: float) -> int:
-        self._store.call(lambda: self._remote.expire(now))
+        self._store.write(lambda: self._remote.expire(now))
         return self._local.expire(now)
