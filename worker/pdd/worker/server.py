@@ -225,7 +225,9 @@ async def run(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> No
         settings.instance_id,
         args.data,
         worker.data.port,
-        f"on port {worker.wan.port}" if worker.wan else "on the same port",
+        f"on port {worker.wan.port}{tls_words(settings.wan_tls)}"
+        if worker.wan
+        else "on the same port",
         args.http,
         info.device,
         info.dtype,
@@ -241,6 +243,13 @@ async def run(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> No
         await server.serve()
     finally:
         await worker.stop()
+
+
+def tls_words(tls: WanTls | None) -> str:
+    """How the WAN port is secured, for the startup log line."""
+    if tls is None:
+        return " (plaintext)"
+    return " (TLS 1.3, mutual)" if tls.mutual else " (TLS 1.3, server certificate only)"
 
 
 class DrainingServer(uvicorn.Server):
