@@ -31,7 +31,7 @@ from pdd.worker.engine import Engine, EngineConfigError
 from pdd.worker.engine.device import SYSTEM_PROBE, DeviceProbe
 from pdd.worker.engine_runner import ThreadEngineRunner
 from pdd.worker.instance import ROLES, WorkerInstance
-from pdd.worker.refused_config import serve_refused
+from pdd.worker.refused_config import ENGINE_SETTINGS, WAN_TLS_FILES, serve_refused
 from pdd.worker.roles.base import WorkerSettings
 from pdd.worker.roles.protocol import split_addr
 from pdd.worker.transport import TlsConfigError, WanTls, load_wan_tls
@@ -202,7 +202,8 @@ async def run(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> No
     except (EngineConfigError, TlsConfigError) as exc:
         # Stay up, not ready, saying why: exiting would crash-loop the pod (refused_config).
         refusal = WorkerRefusal(role=args.role, instance_id=args.instance_id, problem=str(exc))
-        await serve_refused(refusal, args.http)
+        tls = isinstance(exc, TlsConfigError)
+        await serve_refused(refusal, args.http, WAN_TLS_FILES if tls else ENGINE_SETTINGS)
         return
     worker = WorkerInstance(settings, ThreadEngineRunner(engine, asyncio.get_running_loop()))
     await worker.start(args.data, args.wan)
