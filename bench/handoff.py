@@ -1,7 +1,9 @@
-"""The 100-token handoff microbenchmark: ship those tokens' KV, or their IDs and recompute.
+"""The 100-token handoff microbenchmark: ship those tokens' KV, or their IDs and recompute;
+and what TLS on the WAN channels costs, side by side with plaintext in one run.
 
     python bench/handoff.py [--model tiny|DIR] [--trials 100] [--tokens 100]
-        [--gbps 1] [--rtt-ms 20] [--jitter-ms 10] [--json OUT]
+        [--gbps 1] [--rtt-ms 20] [--jitter-ms 10] [--tls both|off|on] [--bulk-mib 256]
+        [--json OUT]
 
 A relay has generated ``--tokens`` tokens after a prompt whose KV the main
 decode already holds. Two ways to bring MD up to date, each measured over
@@ -15,6 +17,12 @@ cap, RTT, jitter):
 The clock runs from the first byte sent to MD being ready to decode. Setup
 (MD holding the prompt's KV) is outside the clock. Reported: payload bytes,
 mean, p50, max and std of the latency, side by side.
+
+Each runs with the WAN channel in plaintext and over TLS 1.3 (mutual, with a certificate
+the operator's generator makes, as ``spec.wan.tls`` does). The emulated line hides TLS's
+CPU cost behind its rate, so a second table sends ``--bulk-mib`` of KV chunks straight
+over loopback (no line: the transport is the bottleneck) and reports throughput and the
+process's CPU seconds per GiB (both ends are in this process: encryption and decryption).
 """
 
 from __future__ import annotations
@@ -22,13 +30,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import torch
 
+from pdd.operator.builders.wan_tls import new_wan_tls
 from pdd.wan.link import WanLink
 from pdd.worker.engine import Engine
 from pdd.worker.engine.sampling import SamplingParams
@@ -36,9 +48,11 @@ from pdd.worker.model.loader import load_model
 from pdd.worker.transport import (
     Channel,
     MsgType,
+    WanTls,
     connect,
     decode_token_ids,
     encode_token_ids,
+    load_wan_tls,
     serve,
 )
 
@@ -56,6 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gbps", type=float, default=1.0)
     p.add_argument("--rtt-ms", type=float, default=20.0)
     p.add_argument("--jitter-ms", type=float, default=10.0)
+    p.add_argument("--tls", choices=("both", "off", "on"), default="both", help="WAN channel")
+    p.add_argument("--bulk-mib", type=int, default=256, help="KV sent for the TLS cost table")
     p.add_argument("--json", help="write the results here as JSON")
     return p.parse_args(argv)
 
@@ -125,10 +141,11 @@ async def ids_trial(setup: Setup, channel: Channel, received: asyncio.Queue) -> 
 Trial = Callable[[Setup, Channel, asyncio.Queue], Awaitable[tuple[float, int]]]
 
 
-def summarize(name: str, samples: list[float], payload: int) -> dict:
+def summarize(name: str, tls: bool, samples: list[float], payload: int) -> dict:
     ms = sorted(s * 1000 for s in samples)
     return {
         "method": name,
+        "tls": tls,
         "payload_bytes": payload,
         "trials": len(ms),
         "mean_ms": statistics.fmean(ms),
@@ -138,33 +155,56 @@ def summarize(name: str, samples: list[float], payload: int) -> dict:
     }
 
 
-async def run(args: argparse.Namespace) -> list[dict]:
-    setup = Setup(args)
-    received: asyncio.Queue[bytes] = asyncio.Queue()
+def bench_tls() -> WanTls:
+    """The contexts a worker loads from a generated WAN TLS Secret."""
+    material = new_wan_tls("bench")
+    with tempfile.TemporaryDirectory() as folder:
+        for name, pem in material.files().items():
+            (Path(folder) / name).write_text(pem)
+        return load_wan_tls(Path(folder))
 
-    async def sink(channel: Channel) -> None:
+
+class Sink:
+    """MD's end: each payload goes to a queue, or with ``expect`` bytes are only counted
+    and ``arrived`` is set once that many came."""
+
+    def __init__(self, expect: int = 0) -> None:
+        self.received: asyncio.Queue[bytes] = asyncio.Queue()
+        self.bytes = 0
+        self.arrived = asyncio.Event()
+        self.expect = expect
+
+    async def __call__(self, channel: Channel) -> None:
         while True:
             frame = await channel.recv(timeout_s=None)
             if frame.msg_type == MsgType.CLOSE:
                 return
-            received.put_nowait(frame.payload)
+            self.bytes += len(frame.payload)
+            if self.expect:
+                if self.bytes >= self.expect:
+                    self.arrived.set()
+            else:
+                self.received.put_nowait(frame.payload)
 
-    server = await serve("127.0.0.1", 0, SECRET, sink, name="md")
+
+async def run_handoffs(setup: Setup, args: argparse.Namespace, tls: WanTls | None) -> list[dict]:
+    sink = Sink()
+    server = await serve("127.0.0.1", 0, SECRET, sink, name="md", tls=tls.server if tls else None)
     link = WanLink(
         f"127.0.0.1:{0}", f"127.0.0.1:{server.port}", args.gbps, args.rtt_ms, args.jitter_ms,
         seed=0,
     )  # fmt: skip
     await link.start()
-    channel = await connect("127.0.0.1", link.port, SECRET, "rld")
+    channel = await connect("127.0.0.1", link.port, SECRET, "rld", tls=tls.client if tls else None)
     results = []
     try:
         trials: dict[str, Trial] = {"kv": kv_trial, "ids+extend": ids_trial}
         for name, trial in trials.items():
             samples, payload = [], 0
             for _ in range(args.trials):
-                elapsed, payload = await trial(setup, channel, received)
+                elapsed, payload = await trial(setup, channel, sink.received)
                 samples.append(elapsed)
-            results.append(summarize(name, samples, payload))
+            results.append(summarize(name, tls is not None, samples, payload))
     finally:
         await channel.close()
         await link.stop()
@@ -172,25 +212,68 @@ async def run(args: argparse.Namespace) -> list[dict]:
     return results
 
 
+async def run_bulk(args: argparse.Namespace, tls: WanTls | None) -> dict:
+    """``--bulk-mib`` of 1 MiB KV chunks over loopback: throughput and CPU per GiB."""
+    chunk = os.urandom(1 << 20)
+    sink = Sink(expect=args.bulk_mib * len(chunk))
+    server = await serve("127.0.0.1", 0, SECRET, sink, name="md", tls=tls.server if tls else None)
+    channel = await connect("127.0.0.1", server.port, SECRET, "p", tls=tls.client if tls else None)
+    try:
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in range(args.bulk_mib):
+            await channel.send(MsgType.KV_CHUNK, 1, chunk)
+        await sink.arrived.wait()
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    finally:
+        await channel.close()
+        await server.close()
+    gib = sink.expect / 2**30
+    return {
+        "tls": tls is not None,
+        "mib": args.bulk_mib,
+        "seconds": wall,
+        "mib_per_s": args.bulk_mib / wall,
+        "cpu_s_per_gib": cpu / gib,
+    }
+
+
+async def run(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
+    setup = Setup(args)
+    handoffs, bulk = [], []
+    for tls_on in {"both": (False, True), "off": (False,), "on": (True,)}[args.tls]:
+        tls = bench_tls() if tls_on else None
+        handoffs += await run_handoffs(setup, args, tls)
+        bulk.append(await run_bulk(args, tls))
+    return handoffs, bulk
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(2)
-    results = asyncio.run(run(args))
+    handoffs, bulk = asyncio.run(run(args))
     print(
         f"{args.tokens}-token handoff over {args.gbps} Gbit/s, RTT {args.rtt_ms} ms, "
         f"jitter {args.jitter_ms} ms, {args.trials} trials, model {args.model}"
     )
     print(
-        f"{'method':<12}{'payload B':>12}{'mean ms':>10}{'p50 ms':>10}{'max ms':>10}{'std ms':>10}"
+        f"{'method':<12}{'WAN':>6}{'payload B':>12}{'mean ms':>10}{'p50 ms':>10}{'max ms':>10}"
+        f"{'std ms':>10}"
     )
-    for r in results:
+    for r in sorted(handoffs, key=lambda r: (r["method"], r["tls"])):
         print(
-            f"{r['method']:<12}{r['payload_bytes']:>12}{r['mean_ms']:>10.2f}{r['p50_ms']:>10.2f}"
-            f"{r['max_ms']:>10.2f}{r['std_ms']:>10.2f}"
+            f"{r['method']:<12}{'TLS' if r['tls'] else 'plain':>6}{r['payload_bytes']:>12}"
+            f"{r['mean_ms']:>10.2f}{r['p50_ms']:>10.2f}{r['max_ms']:>10.2f}{r['std_ms']:>10.2f}"
+        )
+    print(f"\nKV transfer, {args.bulk_mib} MiB in 1 MiB chunks over loopback (no line)")
+    print(f"{'WAN':<6}{'seconds':>10}{'MiB/s':>10}{'CPU s/GiB':>12}")
+    for b in bulk:
+        print(
+            f"{'TLS' if b['tls'] else 'plain':<6}{b['seconds']:>10.2f}{b['mib_per_s']:>10.0f}"
+            f"{b['cpu_s_per_gib']:>12.2f}"
         )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"config": vars(args), "results": results}, f, indent=2)
+            json.dump({"config": vars(args), "results": handoffs, "bulk": bulk}, f, indent=2)
     return 0
 
 

@@ -13,6 +13,7 @@ import jsonschema
 import pytest
 import yaml
 
+from pdd.operator.builders.wan_tls import new_wan_tls
 from pdd.operator.kube import RESOURCES
 from pdd.operator.naming import Owner
 from pdd.operator.plan import Cluster, build_plan
@@ -152,7 +153,7 @@ def _child_kinds(cr: dict[str, Any], cluster: Cluster) -> set[str]:
     meta = cr["metadata"]
     spec = parse_spec(cr["spec"], meta["name"])
     owner = Owner(name=meta["name"], namespace=meta["namespace"], uid="0000-example")
-    plan = build_plan(spec, owner, token="example-token")
+    plan = build_plan(spec, owner, token="example-token", wan_tls=new_wan_tls(meta["name"]))
     return {obj["kind"] for where, obj in plan.children if where is cluster}
 
 

@@ -82,23 +82,36 @@ def test_env_is_resolved_as_the_kubelet_would() -> None:
 
 def test_volumes_become_files_and_host_mounts() -> None:
     config_map = {"kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {"c.json": "{}"}}
+    tls = {
+        "kind": "Secret",
+        "metadata": {"name": "wan-tls"},
+        "data": {"tls.crt": base64.b64encode(b"CERT PEM").decode()},
+    }
     container = {
         "volumeMounts": [
             {"name": "config", "mountPath": "/etc/pdd"},
             {"name": "model", "mountPath": "/models", "subPath": "qwen"},
+            {"name": "tls", "mountPath": "/etc/pdd-wan-tls"},
+            {"name": "users", "mountPath": "/etc/users"},
         ]
     }
     dep = deployment("main", **container)
     dep["spec"]["template"]["spec"]["volumes"] = [
         {"name": "config", "configMap": {"name": "cfg"}},
         {"name": "model", "persistentVolumeClaim": {"claimName": "weights"}},
+        {"name": "tls", "secret": {"secretName": "wan-tls"}},
+        {"name": "users", "secret": {"secretName": "mine"}},  # a user's, given to the runner
     ]
-    cluster = ClusterObjects("local", [dep, config_map])
-    (pod,) = plan_pods([cluster], claims={"weights": "/data/w"})
-    assert pod.files == {"/etc/pdd": {"c.json": "{}"}}
+    cluster = ClusterObjects("local", [dep, config_map, tls])
+    (pod,) = plan_pods([cluster], claims={"weights": "/data/w"}, secrets={"mine": {"k": "v"}})
+    assert pod.files == {
+        "/etc/pdd": {"c.json": "{}"},
+        "/etc/pdd-wan-tls": {"tls.crt": "CERT PEM"},
+        "/etc/users": {"k": "v"},
+    }
     assert pod.host_mounts == {"/models": "/data/w/qwen"}
     with pytest.raises(ManifestError, match="PersistentVolumeClaim 'weights'"):
-        plan_pods([cluster])
+        plan_pods([cluster], secrets={"mine": {"k": "v"}})
 
 
 def test_gpu_requests_are_refused_with_the_fix() -> None:

@@ -90,7 +90,8 @@ def for_this_machine(doc: dict[str, Any]) -> dict[str, Any]:
     pools = [spec.get("poolA"), spec.get("poolB"), (spec.get("remoteCluster") or {}).get("pool")]
     for pool in filter(None, pools):
         pool.pop("resources", None)
-    spec.update(DIALS)
+    spec["wan"].update(DIALS["wan"])  # keeps the example's wan.tls
+    spec["slo"] = DIALS["slo"]
     return doc
 
 
@@ -109,6 +110,17 @@ class Stack:
     pods_by_role: dict[str, int]
     #: The A-to-B line's stats URL (two clusters), else None.
     a_to_b_stats: str | None
+    #: Where each pod's log is (``<pod name>.log``).
+    log_dir: Path
+
+    def worker_logs(self) -> dict[str, str]:
+        """Each worker pod's log, by pod name."""
+        roles = ("-prefill-", "-relay-", "-main-")
+        return {
+            log.stem: log.read_text()
+            for log in self.log_dir.glob("*.log")
+            if any(role in log.stem for role in roles)
+        }
 
 
 def in_namespaces(clusters: list[ClusterObjects], log_dir: Path) -> Iterator[Stack]:
@@ -121,7 +133,7 @@ def in_namespaces(clusters: list[ClusterObjects], log_dir: Path) -> Iterator[Sta
         (router, *_) = running.with_label(COMPONENT_LABEL, "router")
         roles = Counter(p.component for p in running.pods)
         a_side = f"{running.gateway_admins[0]}/stats" if running.gateway_admins else None
-        yield Stack(f"http://{router.node_ip}:{router.ports['http']}", roles, a_side)
+        yield Stack(f"http://{router.node_ip}:{router.ports['http']}", roles, a_side, log_dir)
     finally:
         running.stop()
 
@@ -133,7 +145,7 @@ def on_host(clusters: list[ClusterObjects], log_dir: Path) -> Iterator[Stack]:
         (router, *_) = running.of_role("router")
         roles = Counter(p.role for p in running.pods)
         a_side = f"{running.lines[0].admin_url}/stats" if running.lines else None
-        yield Stack(router.http_url, roles, a_side)
+        yield Stack(router.http_url, roles, a_side, log_dir)
     finally:
         running.stop()
 
@@ -205,6 +217,11 @@ def test_rendered_pods_serve_monos_tokens_on_both_pipelines(stack: Stack) -> Non
             assert answer.json()["choices"][0]["text"] == expected
     served = pipelines_served(url)
     assert served.get("P-RLD-MD", 0) >= 1 and served.get("P-MD", 0) >= 1, served
+    # The two-cluster example turns WAN TLS on: every worker served its WAN port with
+    # (mutual) TLS, so the KV and handoffs above crossed encrypted; the other runs plaintext.
+    secured = {name: "(TLS 1.3, mutual)" in log for name, log in stack.worker_logs().items()}
+    assert len(secured) == sum(stack.pods_by_role[r] for r in ("prefill", "relay", "main"))
+    assert set(secured.values()) == {stack.a_to_b_stats is not None}, secured
     if stack.a_to_b_stats:  # two clusters: the KV goes to MD over the emulated line
         a_side = stack.a_to_b_stats
         until_sync(  # a relay may finish before the long prompt's KV has landed at MD

@@ -82,3 +82,16 @@ def test_baselines_force_the_naive_pipeline_and_user_flags_come_last() -> None:
     for mode in ("naive", "samedc"):
         flags = extra_args(StackConfig(mode=mode))["router"]  # type: ignore[arg-type]
         assert flags[: len(NAIVE_ROUTER_FLAGS)] == NAIVE_ROUTER_FLAGS
+
+
+def test_wan_tls_gives_every_worker_the_certificates_as_files() -> None:
+    """``pdd up --wan-tls``: the rendered Secret becomes a folder of PEM files per worker,
+    named by the flag that the worker reads (``host_argv`` points it at the host copy)."""
+    pods = rendered(StackConfig(wan_tls=True))
+    workers = [p for p in pods if p.component != "router"]
+    ca = {p.files["/etc/pdd-wan-tls"]["ca.crt"] for p in workers}
+    assert len(ca) == 1 and next(iter(ca)).startswith("-----BEGIN CERTIFICATE-----")  # one CA
+    for pod in workers:
+        assert set(pod.files["/etc/pdd-wan-tls"]) == {"tls.crt", "tls.key", "ca.crt"}
+        assert list(pod.args)[-2:] == ["--wan-tls-dir", "/etc/pdd-wan-tls"]
+    assert all("--wan-tls-dir" not in p.args for p in rendered(StackConfig()))  # off by default

@@ -8,21 +8,25 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from pdd.common.config_document import API_KEYS_ENV, EngineSettings
 from pdd.operator.builders.config import build_worker_config, config_hash
 from pdd.operator.builders.deployments import build_worker_deployment
 from pdd.operator.builders.hpa import build_relay_hpa, target_quantity
 from pdd.operator.builders.meta import Site, with_spec_hash
+from pdd.operator.builders.wan_tls import WanTlsMaterial, new_wan_tls, wan_tls_of
 from pdd.operator.naming import (
     CONFIG_HASH_ANNOTATION,
     OWNER_UID_LABEL,
     SPEC_HASH_ANNOTATION,
+    WAN_TLS_DIR,
     Component,
     Owner,
 )
 from pdd.operator.plan import Cluster, build_plan, possible_children, ref_of
-from pdd.operator.spec import ApiKeysSecret, PDDSpec
+from pdd.operator.spec import ApiKeysSecret, PDDSpec, WanTls
 
 pytestmark = pytest.mark.unit
 
@@ -350,3 +354,69 @@ def test_wan_facing_roles_get_a_service_with_only_their_wan_port(
         children[(Cluster.LOCAL, "ConfigMap", "qwen-config")]["data"]["config.json"]
     )
     assert config["ports"]["wan"] == 9100 and config["ports"]["kv"] == 9000
+
+
+@pytest.fixture(scope="module")
+def wan_tls() -> WanTlsMaterial:
+    return new_wan_tls("qwen")
+
+
+def with_tls(spec: PDDSpec, **tls: Any) -> PDDSpec:
+    wan = spec.wan.model_copy(update={"tls": WanTls(**tls)})
+    return spec.model_copy(update={"wan": wan})
+
+
+def test_wan_tls_secret_goes_to_both_clusters_and_every_worker_mounts_it(
+    remote_spec: PDDSpec, owner: Owner, wan_tls: WanTlsMaterial
+) -> None:
+    spec = with_tls(remote_spec, enabled=True)
+    plan = build_plan(spec, owner, TOKEN, wan_tls)
+    children = by_kind_name(plan.children)
+    secrets = [children[(c, "Secret", "qwen-wan-tls")] for c in (Cluster.LOCAL, Cluster.REMOTE)]
+    assert secrets[0]["data"] == secrets[1]["data"]  # one CA: A and B trust each other
+    assert secrets[0]["type"] == "kubernetes.io/tls"
+    assert wan_tls_of(secrets[1]) == wan_tls  # what the reconciler reads back next time
+    version = kubernetes_validate.latest_version()
+    for cluster, role in ((Cluster.LOCAL, "prefill"), (Cluster.LOCAL, "relay"),
+                          (Cluster.REMOTE, "main")):  # fmt: skip
+        pod = children[(cluster, "Deployment", f"qwen-{role}")]["spec"]["template"]["spec"]
+        assert {"name": "wan-tls", "secret": {"secretName": "qwen-wan-tls"}} in pod["volumes"]
+        (container,) = pod["containers"]
+        mount = {"name": "wan-tls", "mountPath": WAN_TLS_DIR, "readOnly": True}
+        assert mount in container["volumeMounts"]
+        assert container["args"][-2:] == ["--wan-tls-dir", WAN_TLS_DIR]
+    router = children[(Cluster.LOCAL, "Deployment", "qwen-router")]["spec"]["template"]["spec"]
+    assert all("secret" not in v for v in router["volumes"])  # the router has no data plane
+    for cluster, obj in plan.children:
+        kubernetes_validate.validate(obj, version, strict=True)
+        assert ref_of(cluster, obj) in possible_children(
+            owner, cluster, obj["metadata"]["namespace"]
+        )
+    with pytest.raises(ValueError, match="generated material"):
+        build_plan(spec, owner, TOKEN)
+
+
+def test_a_named_wan_tls_secret_is_mounted_and_none_generated(
+    pool_b_spec: PDDSpec, owner: Owner
+) -> None:
+    spec = with_tls(pool_b_spec, enabled=True, secret_name="wan-certs")
+    children = by_kind_name(build_plan(spec, owner, TOKEN).children)
+    assert not [key for key in children if key[1] == "Secret" and key[2] == "qwen-wan-tls"]
+    pod = children[(Cluster.LOCAL, "Deployment", "qwen-main")]["spec"]["template"]["spec"]
+    assert {"name": "wan-tls", "secret": {"secretName": "wan-certs"}} in pod["volumes"]
+    off = by_kind_name(build_plan(pool_b_spec, owner, TOKEN).children)
+    prefill = off[(Cluster.LOCAL, "Deployment", "qwen-prefill")]["spec"]["template"]["spec"]
+    assert "--wan-tls-dir" not in prefill["containers"][0]["args"]  # off by default
+
+
+def test_generated_wan_tls_certificate_is_signed_by_its_ca_for_both_ends(
+    wan_tls: WanTlsMaterial,
+) -> None:
+    ca = x509.load_pem_x509_certificate(wan_tls.ca.encode())
+    cert = x509.load_pem_x509_certificate(wan_tls.cert.encode())
+    cert.verify_directly_issued_by(ca)
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert set(usages) == {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH}
+    other = new_wan_tls("qwen")
+    assert other.ca != wan_tls.ca  # a new CA each time: generated once, then read back

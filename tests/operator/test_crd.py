@@ -184,6 +184,10 @@ MISTAKES = [
         "exactly one of pvc, hostPath or image",
     ),
     ({"router": {"replicas": 3}}, "needs router.redisUrl or router.managedRedis"),
+    (
+        {"wan": {"declaredGbps": 1, "tls": {"secretName": "wan-certs"}}},
+        "wan.tls.secretName is set but wan.tls.enabled is false",
+    ),
     ({"router": {"redisUrl": "redis://r:6379/0", "managedRedis": True}}, "both set"),
     (
         {"engine": {"kvCacheMemoryFraction": 0.5, "kvCacheGiB": 4}},

@@ -56,7 +56,17 @@ def versions(k8s: kmock.KubernetesEmulator, resource: str, ns: str, name: str) -
 def children(k8s: kmock.KubernetesEmulator, ns: str) -> list[tuple[str, str]]:
     found = []
     for resource in CHILD_RESOURCES:
-        for name in ("config", "shared-secret", "prefill", "relay", "main", "router", "redis"):
+        names = (
+            "config",
+            "shared-secret",
+            "wan-tls",
+            "prefill",
+            "relay",
+            "main",
+            "router",
+            "redis",
+        )
+        for name in names:
             for prefix in ("qwen", "remote"):
                 if live(k8s, resource, ns, f"{prefix}-{name}") is not None:
                     found.append((resource, f"{prefix}-{name}"))
@@ -118,9 +128,12 @@ def reconciled(requests: list[Any]) -> bool:
 
 
 async def test_create_then_reconcile_again_changes_nothing(cluster_a: Any) -> None:
+    """Including the generated WAN TLS Secret: read back on a restart, never regenerated."""
     k8s, client = cluster_a
+    cr = load_cr("pool-b.yaml", "uid-qwen")
+    cr["spec"]["wan"]["tls"] = {"enabled": True}
     async with running_operator(k8s):
-        await create(client, CR_PATH, load_cr("pool-b.yaml", "uid-qwen"))
+        await create(client, CR_PATH, cr)
         main = await until(lambda: live(k8s, DEPLOYMENTS, "serving", "qwen-main"), "MD")
         pod = main["spec"]["template"]["spec"]
         assert pod["nodeSelector"] == {"pool": "decode", "nvidia.com/gpu.product": "NVIDIA-H200"}
@@ -147,6 +160,7 @@ async def test_create_then_reconcile_again_changes_nothing(cluster_a: Any) -> No
         cr = live(k8s, CR, "serving", "qwen")
         assert cr["status"]["roles"]["main"]["summary"] == "3/3"
         built = children(k8s, "serving")
+        assert ("v1/secrets", "qwen-wan-tls") in built
         history = {key: versions(k8s, key[0], "serving", key[1]) for key in built}
 
     mark = len(list(k8s))
@@ -259,8 +273,10 @@ async def test_remote_cluster_waits_for_its_secret_then_deploys_and_deletes_both
     cluster_a: Any,
 ) -> None:
     k8s_a, client_a = cluster_a
+    cr = load_cr("remote.yaml", "uid-remote")
+    cr["spec"]["wan"]["tls"] = {"enabled": True}
     async with emulator() as (k8s_b, url_b), running_operator(k8s_a):
-        await create(client_a, CR_PATH, load_cr("remote.yaml", "uid-remote"))
+        await create(client_a, CR_PATH, cr)
         blocked = await until(
             lambda: condition(live(k8s_a, CR, "serving", "remote"), "Degraded"), "Degraded"
         )
@@ -284,6 +300,11 @@ async def test_remote_cluster_waits_for_its_secret_then_deploys_and_deletes_both
         token_a = live(k8s_a, "v1/secrets", "serving", "remote-shared-secret")["data"]
         token_b = live(k8s_b, "v1/secrets", "serving-b", "remote-shared-secret")["data"]
         assert token_a == token_b
+        tls_a = live(k8s_a, "v1/secrets", "serving", "remote-wan-tls")["data"]
+        tls_b = live(k8s_b, "v1/secrets", "serving-b", "remote-wan-tls")["data"]
+        assert tls_a == tls_b and set(tls_a) == {"tls.crt", "tls.key", "ca.crt"}
+        volumes = main["spec"]["template"]["spec"]["volumes"]
+        assert {"name": "wan-tls", "secret": {"secretName": "remote-wan-tls"}} in volumes
         await until(
             lambda: (
                 condition(live(k8s_a, CR, "serving", "remote"), "Degraded").get("status") == "False"
@@ -295,6 +316,34 @@ async def test_remote_cluster_waits_for_its_secret_then_deploys_and_deletes_both
         await until(lambda: live(k8s_a, CR, "serving", "remote") is None, "the CR to go")
         assert children(k8s_b, "serving-b") == []
         assert children(k8s_a, "serving") == []
+
+
+async def test_a_missing_wan_tls_secret_blocks_with_a_condition_until_it_exists(
+    cluster_a: Any,
+) -> None:
+    k8s, client = cluster_a
+    cr = load_cr("pool-b.yaml", "uid-qwen")
+    cr["spec"]["wan"]["tls"] = {"enabled": True, "secretName": "wan-certs"}
+    async with running_operator(k8s):
+        await create(client, CR_PATH, cr)
+        blocked = await until(
+            lambda: condition(live(k8s, CR, "serving", "qwen"), "Degraded"), "Degraded"
+        )
+        assert (blocked["status"], blocked["reason"]) == ("True", "WanTlsSecretInvalid")
+        assert "Secret serving/wan-certs in cluster A does not exist" in blocked["message"]
+        assert children(k8s, "serving") == []  # nothing half-way: pods could not start
+        pem = {k: base64.b64encode(b"pem").decode() for k in ("tls.crt", "tls.key", "ca.crt")}
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "wan-certs", "namespace": "serving", "uid": "uid-certs"},
+            "data": pem,
+        }
+        await create(client, "/api/v1/namespaces/serving/secrets", secret)
+        main = await until(lambda: live(k8s, DEPLOYMENTS, "serving", "qwen-main"), "MD")
+        volumes = main["spec"]["template"]["spec"]["volumes"]
+        assert {"name": "wan-tls", "secret": {"secretName": "wan-certs"}} in volumes
+        assert live(k8s, "v1/secrets", "serving", "qwen-wan-tls") is None  # none generated
 
 
 async def test_moving_md_back_from_cluster_b_cleans_cluster_b(cluster_a: Any) -> None:

@@ -19,8 +19,9 @@ from pdd.local.cluster import free_port
 from pdd.testing.waiting import DEFAULT_TIMEOUT_S, until_sync
 from pdd.worker.engine import EngineConfigError
 from pdd.worker.engine.device import DeviceProbe
-from pdd.worker.refused_config import create_refused_app, log_line
-from pdd.worker.server import build_engine, parse_args
+from pdd.worker.refused_config import WAN_TLS_FILES, create_refused_app, log_line
+from pdd.worker.server import build_engine, parse_args, wan_tls
+from pdd.worker.transport import TlsConfigError
 
 #: A machine with no CUDA device and a CPU without native bfloat16.
 PLAIN_CPU = DeviceProbe(lambda: False, lambda device: 8 << 30, lambda: False)
@@ -63,6 +64,20 @@ def test_the_log_line_says_what_was_asked_what_is_here_and_what_to_change():
     assert "\n" not in line
     assert line.startswith("prefill pod-0: engine settings refused on this machine: dtype")
     assert "use dtype auto or float32" in line and "0.0.0.0:8000" in line
+
+
+@pytest.mark.unit
+def test_wan_tls_files_that_do_not_load_are_a_refusal_naming_the_file(tmp_path):
+    """A broken WAN TLS Secret: refused at start (the data plane never opens), said once."""
+    (tmp_path / "tls.crt").write_text("not a certificate")
+    args = parse_args(worker_args("--wan", "127.0.0.1:0", "--wan-tls-dir", str(tmp_path)))
+    with pytest.raises(TlsConfigError, match=r"lacks tls\.key, ca\.crt"):
+        wan_tls(args)
+    with pytest.raises(TlsConfigError, match="needs --wan"):
+        wan_tls(parse_args(worker_args("--wan-tls-dir", str(tmp_path))))
+    refusal = WorkerRefusal(role="main", instance_id="pod-2", problem="x lacks ca.crt")
+    line = log_line(refusal, "0.0.0.0:8000", WAN_TLS_FILES)
+    assert line.startswith("main pod-2: WAN TLS files refused: x lacks ca.crt (the Secret of")
 
 
 @pytest.mark.unit

@@ -10,8 +10,8 @@ given by flags instead, the only thing added to a rendered container's command l
   router its ``--host``/``--port``, the workers' URLs (the instances its Service names
   would resolve to) by pod name, which is also each worker's instance id, and the
   managed Redis's address; that Redis its ``--port``;
-- mounted ConfigMap files are written under the log folder, and arguments that point
-  into a mount point there instead;
+- mounted ConfigMap and Secret files (the WAN TLS certificates) are written under the log
+  folder, and arguments that point into a mount point there instead;
 - with two clusters, one ``pdd wan-link`` per direction a connection starts in, each a
   line carrying a route to every worker WAN port of the other cluster; a worker
   advertises its route on the line the other cluster dials as its WAN address, so every
@@ -240,13 +240,15 @@ def _network_args(
 
 
 def _write_volumes(pod: HostPod, log_dir: Path) -> dict[str, str]:
-    """Each ConfigMap volume as files under the log folder; mount path -> host path."""
+    """Each ConfigMap or Secret volume as files under the log folder; mount path -> host
+    path. Owner-only permissions: a Secret volume holds a private key."""
     mounts = dict(pod.plan.host_mounts)
     for target, files in pod.plan.files.items():
         folder = log_dir / "volumes" / pod.name / target.strip("/").replace("/", "_")
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         for name, text in files.items():
             (folder / name).write_text(text)
+            (folder / name).chmod(0o600)
         mounts[target] = str(folder)
     return mounts
 

@@ -4,7 +4,7 @@ Input: each cluster's objects as the operator renders them (``pdd operator rende
 Deployments, Services, ConfigMaps, Secrets, HorizontalPodAutoscalers (others are
 ignored: they have no process). Output: ``PodPlan``s with everything resolved that
 Kubernetes resolves before a container starts (replicas, the pod's IP, env from
-Secrets and the downward API, ConfigMap files, volumes) and each cluster's name
+Secrets and the downward API, ConfigMap and Secret files, volumes) and each cluster's name
 table (``hosts``), so ``pdd.local.pods`` can run them without changing a byte of
 their command line, environment or config.
 
@@ -95,7 +95,8 @@ class PodPlan:
     env: dict[str, str]
     ports: dict[str, int]
     probe: Probe | None
-    files: dict[str, dict[str, str]] = field(default_factory=dict)  # mount path -> name -> text
+    #: mount path -> file name -> text (ConfigMap and Secret volumes)
+    files: dict[str, dict[str, str]] = field(default_factory=dict)
     host_mounts: dict[str, str] = field(default_factory=dict)  # mount path -> host path
     addressing: Addressing | HostAddressing = Addressing()
 
@@ -193,7 +194,7 @@ def _pod(
         addressing=addressing,
     )
     env = {e["name"]: _env_value(cluster, draft, e, user_secrets) for e in container.get("env", [])}
-    files, host_mounts = _mounts(cluster, name, pod_spec, container, claims)
+    files, host_mounts = _mounts(cluster, name, pod_spec, container, (claims, user_secrets))
     return PodPlan(**{**vars(draft), "env": env, "files": files, "host_mounts": host_mounts})
 
 
@@ -266,13 +267,28 @@ def _secret_value(
     return base64.b64decode(data[key]).decode()
 
 
+def _secret_files(
+    cluster: ClusterObjects, name: str, user_secrets: Mapping[str, Mapping[str, str]]
+) -> dict[str, str]:
+    """A Secret volume's files: a user's Secret given to the runner, else a rendered one."""
+    if name in user_secrets:
+        return dict(user_secrets[name])
+    secret = cluster.named("Secret", name)
+    files = {
+        key: base64.b64decode(value).decode() for key, value in (secret.get("data") or {}).items()
+    }
+    return {**files, **{key: str(v) for key, v in (secret.get("stringData") or {}).items()}}
+
+
 def _mounts(
     cluster: ClusterObjects,
     pod: str,
     pod_spec: dict[str, Any],
     container: dict[str, Any],
-    claims: Mapping[str, str],
+    sources: tuple[Mapping[str, str], Mapping[str, Mapping[str, str]]],  # claims, user Secrets
 ) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """Files to write per mount path (ConfigMaps, Secrets) and host folders (hostPath, PVCs)."""
+    claims, user_secrets = sources
     volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
     files: dict[str, dict[str, str]] = {}
     host_mounts: dict[str, str] = {}
@@ -282,6 +298,8 @@ def _mounts(
         if "configMap" in volume:
             config_map = cluster.named("ConfigMap", volume["configMap"]["name"])
             files[target] = dict(config_map.get("data") or {})
+        elif "secret" in volume:  # e.g. the WAN TLS certificates
+            files[target] = _secret_files(cluster, volume["secret"]["secretName"], user_secrets)
         elif "hostPath" in volume:
             host_mounts[target] = _sub(volume["hostPath"]["path"], mount)
         elif "persistentVolumeClaim" in volume:

@@ -35,6 +35,11 @@ def add_stack_flags(p: argparse.ArgumentParser, default_log_dir: Path | None) ->
     p.add_argument("--wan-gbps", type=float, default=d.link.gbps, help="WAN line rate, Gbit/s")
     p.add_argument("--wan-rtt-ms", type=float, default=d.link.rtt_ms, help="WAN round trip")
     p.add_argument("--wan-jitter-ms", type=float, default=d.link.jitter_ms, help="WAN jitter")
+    p.add_argument(
+        "--wan-tls", action="store_true",
+        help="TLS 1.3 on the channels between the datacenters (spec.wan.tls; a CA and "
+        "certificate are generated for the run)",
+    )  # fmt: skip
     p.add_argument("--redis", help="redis://HOST:PORT/DB for the router (default: embedded)")
     p.add_argument("--ttft-budget-s", type=float, help="the router's TTFT budget for P-MD")
     p.add_argument("--log-dir", type=Path, default=default_log_dir)
@@ -60,6 +65,7 @@ def stack_config(args: argparse.Namespace, mode: str, port: int, log_dir: Path) 
         router_args=tuple(args.router_arg),
         ready_timeout_s=args.ready_timeout_s,
         ttft_budget_s=args.ttft_budget_s,
+        wan_tls=args.wan_tls,
     )
 
 

@@ -44,6 +44,9 @@ REDIS_PORT = 6379
 #: Where the rendered config is mounted in every pod, and the file inside it.
 CONFIG_DIR = "/etc/pdd"
 CONFIG_FILE = "config.json"
+#: Where the WAN TLS Secret is mounted in worker pods (beside, not inside, CONFIG_DIR: the
+#: config volume owns that folder).
+WAN_TLS_DIR = "/etc/pdd-wan-tls"
 #: The key of the shared secret inside the generated Secret.
 SHARED_SECRET_KEY = "token"
 #: The custom metric each relay pod exports and the HPA scales on.
@@ -89,6 +92,11 @@ class Owner:
     @property
     def secret_name(self) -> str:
         return f"{self.name}-shared-secret"
+
+    @property
+    def wan_tls_secret_name(self) -> str:
+        """The generated WAN TLS Secret (when the spec names no Secret of its own)."""
+        return f"{self.name}-wan-tls"
 
     def selector_labels(self, role: Component | str) -> dict[str, str]:
         """The labels a role's Deployment selects on (never change: selectors are immutable)."""

@@ -31,6 +31,11 @@ from pdd.operator.builders.services import (
     build_router_service,
     build_wan_service,
 )
+from pdd.operator.builders.wan_tls import (
+    WanTlsMaterial,
+    build_wan_tls_secret,
+    generates_wan_tls,
+)
 from pdd.operator.naming import WAN_FACING_ROLES, WORKER_ROLES, Component, Owner
 from pdd.operator.spec import PDDSpec
 
@@ -69,8 +74,15 @@ def remote_namespace(spec: PDDSpec, owner: Owner) -> str | None:
     return spec.remote_cluster.namespace or owner.namespace
 
 
-def build_plan(spec: PDDSpec, owner: Owner, token: str) -> Plan:
-    """Every child of a valid spec; MD's objects go to cluster B when remoteCluster is set."""
+def build_plan(
+    spec: PDDSpec, owner: Owner, token: str, wan_tls: WanTlsMaterial | None = None
+) -> Plan:
+    """Every child of a valid spec; MD's objects go to cluster B when remoteCluster is set.
+
+    ``wan_tls``: the generated WAN TLS material, required when the spec turns TLS on
+    without naming a Secret (the same material goes to both clusters)."""
+    if generates_wan_tls(spec) and wan_tls is None:
+        raise ValueError("wan.tls is on without a secretName: pass the generated material")
     local = Site(owner.namespace)
     remote_ns = remote_namespace(spec, owner)
     main_site = Site(remote_ns, remote=True) if remote_ns is not None else local
@@ -88,6 +100,11 @@ def build_plan(spec: PDDSpec, owner: Owner, token: str) -> Plan:
             (Cluster.REMOTE, build_shared_secret(owner, main_site, token)),
             (Cluster.REMOTE, build_config_map(owner, main_site, main_config)),
         ]
+    if generates_wan_tls(spec):
+        assert wan_tls is not None  # checked above
+        children.append((Cluster.LOCAL, build_wan_tls_secret(owner, local, wan_tls)))
+        if main_cluster is Cluster.REMOTE:
+            children.append((Cluster.REMOTE, build_wan_tls_secret(owner, main_site, wan_tls)))
     if spec.router.managed_redis:
         children += [
             (Cluster.LOCAL, build_redis_service(owner)),
@@ -134,4 +151,5 @@ def possible_children(owner: Owner, cluster: Cluster, namespace: str) -> list[Ch
     refs += [ref("Service", owner.child(role)) for role in roles]
     refs += [ref("Service", owner.wan_service_name(r)) for r in roles if r in WAN_FACING_ROLES]
     refs += [ref("ConfigMap", owner.config_name), ref("Secret", owner.secret_name)]
+    refs.append(ref("Secret", owner.wan_tls_secret_name))
     return refs

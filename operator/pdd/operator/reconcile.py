@@ -13,7 +13,9 @@ from typing import Any
 
 import kopf
 
+from pdd.common.wan_tls import TLS_FILES
 from pdd.operator.builders.config import new_shared_token
+from pdd.operator.builders.wan_tls import WanTlsMaterial, generates_wan_tls, new_wan_tls, wan_tls_of
 from pdd.operator.conditions import Condition
 from pdd.operator.kube import KubeApi, ObjectPath, Outcome
 from pdd.operator.naming import SHARED_SECRET_KEY, Owner
@@ -47,7 +49,8 @@ async def reconcile(runtime: OperatorRuntime, body: kopf.Body, logger: logging.L
         raise kopf.PermanentError(f"invalid spec, nothing created: {exc}") from None
     remote = await _remote_or_retry(runtime, body, owner, spec)
     token = await _shared_token(api, owner)
-    plan = build_plan(spec, owner, token)
+    wan_tls = await _wan_tls(runtime, body, owner, spec, remote)
+    plan = build_plan(spec, owner, token, wan_tls)
     outcomes = await _apply(plan, api, remote)
     await _prune(plan, owner, api)
     report = size_link(spec)
@@ -113,6 +116,36 @@ async def _shared_token(api: KubeApi, owner: Owner) -> str:
     if encoded:
         return base64.b64decode(encoded).decode()
     return new_shared_token()
+
+
+async def _wan_tls(
+    runtime: OperatorRuntime, body: kopf.Body, owner: Owner, spec: PDDSpec, remote: KubeApi | None
+) -> WanTlsMaterial | None:
+    """The generated WAN TLS material (read back, else generated once), or None where the
+    operator generates none. A user's Secret that is missing or lacks a key in either
+    cluster blocks the reconcile with a condition naming it (pods would not start)."""
+    tls = spec.wan.tls
+    if generates_wan_tls(spec):
+        path = ObjectPath("Secret", owner.namespace, owner.wan_tls_secret_name)
+        return wan_tls_of(await runtime.api.get(path)) or new_wan_tls(owner.name)
+    if tls.enabled and tls.secret_name is not None:
+        sites = [("cluster A", runtime.api, owner.namespace)]
+        if remote is not None and spec.remote_cluster is not None:
+            sites.append(("cluster B", remote, spec.remote_cluster.namespace or owner.namespace))
+        for where, api, namespace in sites:
+            secret = await api.get(ObjectPath("Secret", namespace, tls.secret_name))
+            data = (secret or {}).get("data") or {}
+            missing = [key for key in TLS_FILES if not data.get(key)]
+            if secret is None or missing:
+                problem = "does not exist" if secret is None else f"lacks {', '.join(missing)}"
+                message = (
+                    f"wan.tls.secretName: Secret {namespace}/{tls.secret_name} in {where} "
+                    f"{problem}; it needs {', '.join(TLS_FILES)} (cert-manager's layout)"
+                )
+                await _report_blocked(runtime, owner, "WanTlsSecretInvalid", message)
+                kopf.warn(body, reason="WanTlsSecretInvalid", message=message)
+                raise kopf.TemporaryError(message, delay=runtime.options.remote_retry_delay_s)
+    return None
 
 
 async def _apply(plan: Plan, local: KubeApi, remote: KubeApi | None) -> Counter[Outcome]:

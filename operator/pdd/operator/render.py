@@ -11,7 +11,9 @@ renders are the ones that run in our tests.
 
 Without a ``metadata.uid`` in the file (a PDDDeployment not yet in a cluster) the
 children carry no owner reference: one naming a made-up uid would make Kubernetes'
-garbage collector delete them as orphans.
+garbage collector delete them as orphans. A deployment with ``wan.tls`` on and no
+``secretName`` gets a freshly generated CA and certificate in each render (what the
+operator does once, on its first reconcile).
 """
 
 from __future__ import annotations
@@ -26,19 +28,27 @@ from typing import Any
 import yaml
 
 from pdd.operator.builders.config import new_shared_token
+from pdd.operator.builders.wan_tls import WanTlsMaterial, generates_wan_tls, new_wan_tls
 from pdd.operator.naming import KIND, Owner
 from pdd.operator.plan import Cluster, build_plan
 from pdd.operator.validation import InvalidSpecError, parse_spec
 
 
-def render_deployment(doc: dict[str, Any], token: str) -> dict[Cluster, list[dict[str, Any]]]:
-    """One PDDDeployment's children by cluster, in write order; InvalidSpecError if invalid."""
+def render_deployment(
+    doc: dict[str, Any], token: str, wan_tls: WanTlsMaterial | None = None
+) -> dict[Cluster, list[dict[str, Any]]]:
+    """One PDDDeployment's children by cluster, in write order; InvalidSpecError if invalid.
+
+    ``wan_tls``: the WAN TLS material to use where the spec asks the operator to generate
+    it; None generates a fresh one."""
     meta = doc.get("metadata") or {}
     uid = meta.get("uid") or ""
     owner = Owner(name=meta["name"], namespace=meta.get("namespace") or "default", uid=uid)
     spec = parse_spec(dict(doc.get("spec") or {}), owner.name)
+    if generates_wan_tls(spec) and wan_tls is None:
+        wan_tls = new_wan_tls(owner.name)
     by_cluster: dict[Cluster, list[dict[str, Any]]] = defaultdict(list)
-    for cluster, obj in build_plan(spec, owner, token).children:
+    for cluster, obj in build_plan(spec, owner, token, wan_tls).children:
         if not uid:
             obj = copy.deepcopy(obj)
             obj["metadata"].pop("ownerReferences", None)

@@ -124,9 +124,19 @@ class RemoteCluster(_Spec):
     pool: Pool = Field(default_factory=Pool)
 
 
+class WanTls(_Spec):
+    """TLS on the data channels that cross the WAN (P -> MD KV, MD <-> RLD handoff)."""
+
+    enabled: bool = False
+    #: A Secret in each cluster with ``tls.crt``/``tls.key``/``ca.crt`` (cert-manager's
+    #: layout); None: the operator generates a CA and a certificate once.
+    secret_name: str | None = Field(default=None, min_length=1)
+
+
 class Wan(_Spec):
     declared_gbps: float = Field(gt=0)
     rtt_ms: float = Field(default=30.0, ge=0)
+    tls: WanTls = Field(default_factory=WanTls)
 
 
 class Workload(_Spec):

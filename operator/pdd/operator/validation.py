@@ -81,6 +81,12 @@ def spec_problems(spec: PDDSpec) -> list[str]:
             f"router.replicas ({router.replicas}) > 1 needs shared state: set "
             "router.redisUrl or router.managedRedis: true, or use one router replica"
         )
+    tls = spec.wan.tls
+    if tls.secret_name is not None and not tls.enabled:
+        problems.append(
+            "wan.tls.secretName is set but wan.tls.enabled is false; set enabled: true to use "
+            "the Secret, or drop secretName"
+        )
     problems += _anomalous_threshold_problems(spec)
     problems += _engine_fit_problems(spec)
     return problems

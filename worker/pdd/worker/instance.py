@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 
 from pydantic import ValidationError
@@ -53,13 +54,18 @@ class WorkerInstance:
     async def start(self, data_addr: str, wan_addr: str | None = None) -> None:
         """Start the engine's driver and listen for peers on ``data_addr`` (HOST:PORT), and
         for peers across the WAN on ``wan_addr`` where given: the same protocol on a port
-        of its own, so that only that port need be reachable from the other datacenter."""
+        of its own, so that only that port need be reachable from the other datacenter.
+        With WAN TLS on, that port speaks TLS and the data port stays plaintext (it serves
+        this datacenter only), so TLS needs the WAN port of its own."""
+        tls = self.settings.wan_tls
+        if tls is not None and wan_addr is None:
+            raise ValueError("WAN TLS needs a WAN port of its own (--wan HOST:PORT)")
         self.runner.start()
         self.data = await self._listen(data_addr)
         if wan_addr is not None:
-            self.wan = await self._listen(wan_addr)
+            self.wan = await self._listen(wan_addr, tls.server if tls is not None else None)
 
-    async def _listen(self, addr: str) -> Server:
+    async def _listen(self, addr: str, tls: ssl.SSLContext | None = None) -> Server:
         host, port = split_addr(addr)
         return await serve(
             host,
@@ -69,6 +75,7 @@ class WorkerInstance:
             name=self.settings.instance_id,
             config=self.settings.transport,
             network=self.network,
+            tls=tls,
         )
 
     async def drain(self, grace_s: float, notice_s: float = 0.0, poll_s: float = 0.05) -> bool:

@@ -29,12 +29,24 @@ from pdd.worker.roles.protocol import split_addr
 log = logging.getLogger("pdd.worker")
 
 
-def log_line(refusal: WorkerRefusal, http: str) -> str:
+#: What a refusal is about and where that is set: (what, where).
+ENGINE_SETTINGS = (
+    "engine settings refused on this machine",
+    "set in the PDDDeployment's spec.engine or the role's engine, or the worker flag of that name",
+)
+WAN_TLS_FILES = (
+    "WAN TLS files refused",
+    "the Secret of spec.wan.tls: its secretName, else the operator's <name>-wan-tls; or the "
+    "--wan-tls-dir flag",
+)
+
+
+def log_line(refusal: WorkerRefusal, http: str, about: tuple[str, str] = ENGINE_SETTINGS) -> str:
+    what, where = about
     return (
-        f"{refusal.role} {refusal.instance_id}: engine settings refused on this machine: "
-        f"{refusal.problem} (set in the PDDDeployment's spec.engine or the role's engine, or "
-        f"the worker flag of that name). Not exiting, which would crash-loop: serving "
-        f"/ready 503 with this reason on {http} until stopped"
+        f"{refusal.role} {refusal.instance_id}: {what}: {refusal.problem} ({where}). Not "
+        f"exiting, which would crash-loop: serving /ready 503 with this reason on {http} "
+        "until stopped"
     )
 
 
@@ -79,10 +91,12 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
 
-async def serve_refused(refusal: WorkerRefusal, http: str) -> None:
+async def serve_refused(
+    refusal: WorkerRefusal, http: str, about: tuple[str, str] = ENGINE_SETTINGS
+) -> None:
     """Log the refusal once and serve ``create_refused_app`` on ``http`` (HOST:PORT) until
     SIGTERM or SIGINT."""
-    log.error("%s", log_line(refusal, http))
+    log.error("%s", log_line(refusal, http, about))
     host, port = split_addr(http)
     app = create_refused_app(refusal)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")

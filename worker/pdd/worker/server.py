@@ -5,7 +5,9 @@ that serves the HTTP control API (uvicorn) and the data-plane transport (KV
 chunks, token-ID handoffs). Startup order: load the model, start the engine
 thread, listen on the data port, then serve HTTP; ``/ready`` turns true once
 all of it is up. Engine settings this machine refuses (``EngineConfigError``: bfloat16
-on a CPU without it, CUDA where none is visible) do not end the process: it serves
+on a CPU without it, CUDA where none is visible), and WAN TLS files that do not load
+(``TlsConfigError``: a Secret without ca.crt, a key that is not the certificate's), do
+not end the process: it serves
 ``pdd.worker.refused_config`` on the HTTP address instead, not ready, saying why.
 """
 
@@ -29,9 +31,10 @@ from pdd.worker.engine import Engine, EngineConfigError
 from pdd.worker.engine.device import SYSTEM_PROBE, DeviceProbe
 from pdd.worker.engine_runner import ThreadEngineRunner
 from pdd.worker.instance import ROLES, WorkerInstance
-from pdd.worker.refused_config import serve_refused
+from pdd.worker.refused_config import ENGINE_SETTINGS, WAN_TLS_FILES, serve_refused
 from pdd.worker.roles.base import WorkerSettings
 from pdd.worker.roles.protocol import split_addr
+from pdd.worker.transport import TlsConfigError, WanTls, load_wan_tls
 
 log = logging.getLogger("pdd.worker")
 
@@ -59,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--advertise-fast", help="data address peers in this datacenter use")
     p.add_argument("--advertise-wan", help="data address peers across the WAN use")
+    p.add_argument(
+        "--wan-tls-dir",
+        type=Path,
+        help="TLS on the WAN port and WAN dials: a folder with tls.crt, tls.key and ca.crt "
+        "(needs --wan; peers must chain to ca.crt)",
+    )
     p.add_argument("--secret-file", type=Path, help="shared secret (else $PDD_SHARED_SECRET)")
     p.add_argument("--secret-env", default="PDD_SHARED_SECRET", help=argparse.SUPPRESS)
     engine = p.add_argument_group("engine (the config document gives the defaults; flags win)")
@@ -146,6 +155,7 @@ def read_secret(path: Path | None, env_name: str) -> str:
 
 
 def build_settings(args: argparse.Namespace) -> WorkerSettings:
+    """The worker's settings; raises ``ConfigError`` (no secret) or ``TlsConfigError``."""
     return WorkerSettings(
         role=args.role,
         instance_id=args.instance_id,
@@ -156,7 +166,17 @@ def build_settings(args: argparse.Namespace) -> WorkerSettings:
         advertise_fast=args.advertise_fast or args.data,
         advertise_wan=args.advertise_wan or args.wan or args.advertise_fast or args.data,
         http=args.advertise_http or args.http,
+        wan_tls=wan_tls(args),
     )
+
+
+def wan_tls(args: argparse.Namespace) -> WanTls | None:
+    """The WAN TLS contexts from ``--wan-tls-dir``; None without it."""
+    if args.wan_tls_dir is None:
+        return None
+    if args.wan is None:
+        raise TlsConfigError("--wan-tls-dir needs --wan: TLS is served on the WAN port only")
+    return load_wan_tls(args.wan_tls_dir)
 
 
 def build_engine(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> Engine:
@@ -176,13 +196,14 @@ def build_engine(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) ->
 
 
 async def run(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> None:
-    settings = build_settings(args)
     try:
+        settings = build_settings(args)
         engine = build_engine(args, probe)
-    except EngineConfigError as exc:
+    except (EngineConfigError, TlsConfigError) as exc:
         # Stay up, not ready, saying why: exiting would crash-loop the pod (refused_config).
-        refusal = WorkerRefusal(role=args.role, instance_id=settings.instance_id, problem=str(exc))
-        await serve_refused(refusal, args.http)
+        refusal = WorkerRefusal(role=args.role, instance_id=args.instance_id, problem=str(exc))
+        tls = isinstance(exc, TlsConfigError)
+        await serve_refused(refusal, args.http, WAN_TLS_FILES if tls else ENGINE_SETTINGS)
         return
     worker = WorkerInstance(settings, ThreadEngineRunner(engine, asyncio.get_running_loop()))
     await worker.start(args.data, args.wan)
@@ -205,7 +226,9 @@ async def run(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> No
         settings.instance_id,
         args.data,
         worker.data.port,
-        f"on port {worker.wan.port}" if worker.wan else "on the same port",
+        f"on port {worker.wan.port}{tls_words(settings.wan_tls)}"
+        if worker.wan
+        else "on the same port",
         args.http,
         info.device,
         info.dtype,
@@ -221,6 +244,13 @@ async def run(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> No
         await server.serve()
     finally:
         await worker.stop()
+
+
+def tls_words(tls: WanTls | None) -> str:
+    """How the WAN port is secured, for the startup log line."""
+    if tls is None:
+        return " (plaintext)"
+    return " (TLS 1.3, mutual)" if tls.mutual else " (TLS 1.3, server certificate only)"
 
 
 class DrainingServer(uvicorn.Server):

@@ -7,6 +7,7 @@ from typing import Any
 from pdd.common.config_document import API_KEYS_ENV, SHARED_SECRET_ENV
 from pdd.operator.builders.config import model_path
 from pdd.operator.builders.meta import Site, metadata
+from pdd.operator.builders.wan_tls import wan_tls_secret_name
 from pdd.operator.naming import (
     CONFIG_DIR,
     CONFIG_FILE,
@@ -14,6 +15,7 @@ from pdd.operator.naming import (
     REDIS_PORT,
     ROUTER_PORT,
     SHARED_SECRET_KEY,
+    WAN_TLS_DIR,
     WORKER_HTTP_PORT,
     WORKER_KV_PORT,
     WORKER_WAN_PORT,
@@ -64,6 +66,14 @@ def build_worker_deployment(
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
     }
     volumes = [_config_volume(owner)]
+    tls_secret = wan_tls_secret_name(spec, owner)
+    if tls_secret is not None:
+        # Every worker role crosses the WAN: P dials MD, MD dials RLD, RLD and MD serve.
+        volumes.append({"name": "wan-tls", "secret": {"secretName": tls_secret}})
+        container["volumeMounts"].append(
+            {"name": "wan-tls", "mountPath": WAN_TLS_DIR, "readOnly": True}
+        )
+        container["args"] += ["--wan-tls-dir", WAN_TLS_DIR]
     model_volume = _model_volume(spec)
     if model_volume is not None:
         volumes.append(model_volume)

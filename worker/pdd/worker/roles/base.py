@@ -24,7 +24,7 @@ from pdd.worker.engine_runner import EngineRunner
 from pdd.worker.metrics import WorkerMetrics
 from pdd.worker.roles.protocol import send_error, split_addr
 from pdd.worker.roles.streams import StreamHub
-from pdd.worker.transport import ByteCounters, Channel, TransportConfig, connect
+from pdd.worker.transport import ByteCounters, Channel, TransportConfig, WanTls, connect
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,8 @@ class WorkerSettings:
     advertise_fast: str = ""  # data address for peers in this datacenter
     advertise_wan: str = ""  # data address for peers across the WAN
     http: str = ""  # HOST:PORT of the control API
+    #: TLS on the channels across the WAN (the WAN port, and dials to peers' WAN addresses).
+    wan_tls: WanTls | None = None
 
     @property
     def endpoint(self) -> Endpoint:
@@ -199,7 +201,9 @@ class RoleBase:
             log.error("%s failed", task.get_name(), exc_info=task.exception())
 
     async def open_channel(self, addr: str, wan: bool) -> Channel:
+        """A channel to a peer's data address; across the WAN with TLS where it is on."""
         host, port = split_addr(addr)
+        tls = self.settings.wan_tls
         return await connect(
             host,
             port,
@@ -208,6 +212,7 @@ class RoleBase:
             config=self.settings.transport,
             counters=self.wan_counters if wan else self.fast_counters,
             network=self.network,
+            tls=tls.client if wan and tls is not None else None,
         )
 
     async def abort_engine_request(self, request_id: str) -> None:

@@ -1,4 +1,5 @@
-"""The worker data plane's transport: framed, authenticated, flow-controlled TCP.
+"""The worker data plane's transport: framed, authenticated, flow-controlled TCP
+(TLS 1.3 on the channels that cross between the datacenters: ``tls``).
 
 Torch-free on purpose (the WAN link emulator and tests import it without the
 inference core). Entry points: ``serve()``/``connect()`` give a ``Channel``.
@@ -13,6 +14,7 @@ from pdd.worker.transport.errors import (
     AuthError,
     FrameError,
     LinkDown,
+    TlsError,
     TransferTimeout,
     TransportError,
 )
@@ -26,6 +28,7 @@ from pdd.worker.transport.payloads import (
     encode_json,
     encode_token_ids,
 )
+from pdd.worker.transport.tls import TlsConfigError, WanTls, load_wan_tls
 
 __all__ = [
     "AuthError",
@@ -37,10 +40,13 @@ __all__ = [
     "MsgType",
     "Server",
     "ServerStats",
+    "TlsConfigError",
+    "TlsError",
     "TokenIds",
     "TransferTimeout",
     "TransportConfig",
     "TransportError",
+    "WanTls",
     "connect",
     "decode_error",
     "decode_json",
@@ -48,6 +54,7 @@ __all__ = [
     "encode_error",
     "encode_json",
     "encode_token_ids",
+    "load_wan_tls",
     "request_key",
     "serve",
 ]

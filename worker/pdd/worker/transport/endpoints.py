@@ -1,8 +1,14 @@
 """``serve()`` and ``connect()``: the two ways to get a Channel.
 
-The server never lets one connection hurt the others: a failed handshake, a
-malformed frame or a crashing handler ends that connection only (counted in
-``ServerStats``), and the listener keeps accepting.
+The server never lets one connection hurt the others: a failed handshake (TLS or
+HMAC), a malformed frame or a crashing handler ends that connection only (counted in
+``ServerStats``, logged with the reason), and the listener keeps accepting.
+
+With ``tls`` (an ``ssl.SSLContext``, see ``tls.py``) TLS runs first, on the accepted or
+opened TCP connection, and the HMAC handshake and every frame after it run inside. It
+is an upgrade (``start_tls``) rather than asyncio's ``ssl=`` listener so that a failed
+TLS handshake reaches this code (asyncio's own listener drops it without a word) and
+becomes a log line with OpenSSL's reason and a count in ``rejected``.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -17,9 +24,10 @@ from pdd.common.network import TCP, Listener, Network
 from pdd.worker.transport.channel import Channel
 from pdd.worker.transport.config import TransportConfig
 from pdd.worker.transport.counters import ByteCounters
-from pdd.worker.transport.errors import LinkDown, TransferTimeout, TransportError
+from pdd.worker.transport.errors import LinkDown, TlsError, TransferTimeout, TransportError
 from pdd.worker.transport.peer_auth import client_handshake, secret_bytes, server_handshake
 from pdd.worker.transport.stream import FrameStream
+from pdd.worker.transport.tls import tls_failure
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +40,7 @@ class ServerStats:
 
     accepted: int = 0
     authenticated: int = 0
-    rejected: int = 0  # failed handshake: wrong secret, garbage, timeout
+    rejected: int = 0  # failed handshake: TLS, wrong secret, garbage, timeout
     transport_errors: int = 0  # authenticated, then malformed frames or a lost link
     handler_errors: int = 0  # the application handler raised
 
@@ -47,6 +55,7 @@ class Server:
         name: str,
         config: TransportConfig,
         counters: ByteCounters | None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -54,6 +63,7 @@ class Server:
         self._secret = secret
         self._handler = handler
         self._counters = counters
+        self._tls = tls
         self._tasks: set[asyncio.Task] = set()
         self._listener: Listener | None = None
 
@@ -98,6 +108,8 @@ class Server:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         self.stats.accepted += 1
+        if self._tls is not None and not await self._start_tls(writer):
+            return
         stream = FrameStream(
             reader, writer, ByteCounters(parent=self._counters), self.config.write_timeout_s
         )
@@ -127,6 +139,20 @@ class Server:
         finally:
             await channel.close()
 
+    async def _start_tls(self, writer: asyncio.StreamWriter) -> bool:
+        """TLS before anything else; False (logged, counted, dropped) when it fails."""
+        assert self._tls is not None
+        try:
+            await writer.start_tls(self._tls, ssl_handshake_timeout=self.config.connect_timeout_s)
+        except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
+            self.stats.rejected += 1
+            peer = writer.get_extra_info("peername")
+            where = f"{peer[0]}:{peer[1]}" if peer else "?"
+            log.warning("rejected connection from %s: %s", where, tls_failure(exc))
+            writer.close()  # not abort(): the alert that tells the client why must go out
+            return False
+        return True
+
 
 def _why(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
@@ -144,13 +170,16 @@ async def serve(
     config: TransportConfig | None = None,
     counters: ByteCounters | None = None,
     network: Network = TCP,
+    tls: ssl.SSLContext | None = None,
 ) -> Server:
     """Listen on ``host:port`` (0 = any free port); run ``handler`` per authenticated channel.
 
     ``counters``, when given, accumulates the bytes of every channel (per-link totals).
+    ``tls``: a server context; every connection must complete TLS first (TCP only).
     The channel is closed when the handler returns.
     """
-    server = Server(secret_bytes(secret), handler, name, config or TransportConfig(), counters)
+    cfg = config or TransportConfig()
+    server = Server(secret_bytes(secret), handler, name, cfg, counters, tls)
     await server._start(network, host, port)
     return server
 
@@ -164,11 +193,14 @@ async def connect(
     config: TransportConfig | None = None,
     counters: ByteCounters | None = None,
     network: Network = TCP,
+    tls: ssl.SSLContext | None = None,
 ) -> Channel:
     """Open an authenticated channel; ``peer_name`` is how this side introduces itself.
 
+    ``tls``: a client context; TLS runs before the handshake (TCP only).
     Raises ``LinkDown`` (refused, reset), ``TransferTimeout`` (no answer within
-    ``connect_timeout_s``), ``AuthError`` (secret mismatch) or ``FrameError``.
+    ``connect_timeout_s``), ``AuthError`` (secret mismatch; ``TlsError``: a certificate
+    not from the deployment's CA, or the server refused ours) or ``FrameError``.
     """
     cfg = config or TransportConfig()
     key = secret_bytes(secret)
@@ -180,6 +212,8 @@ async def connect(
         raise TransferTimeout(f"connect to {host}:{port} timed out") from None
     except OSError as exc:
         raise LinkDown(f"cannot connect to {host}:{port}: {exc}") from None
+    if tls is not None:
+        await _start_tls(writer, tls, host, port, cfg.connect_timeout_s)
     stream = FrameStream(reader, writer, ByteCounters(parent=counters), cfg.write_timeout_s)
     try:
         peer = await asyncio.wait_for(
@@ -191,7 +225,35 @@ async def connect(
         raise TransferTimeout(
             f"handshake with {host}:{port} did not complete within {cfg.connect_timeout_s}s"
         ) from None
+    except LinkDown as exc:
+        stream.abort()
+        if tls is None:
+            raise
+        # TLS 1.3 finishes the client's handshake before the server has checked the
+        # client's certificate; a server that refuses it closes, and the reset can beat
+        # its alert to us. Right after TLS, that is what a drop means.
+        raise TlsError(
+            f"{host}:{port} closed the connection right after TLS: most likely it refused "
+            f"our certificate (another CA, or none); its log says why ({exc})"
+        ) from None
     except TransportError:
         stream.abort()
         raise
     return Channel(stream, peer, cfg)
+
+
+async def _start_tls(
+    writer: asyncio.StreamWriter, tls: ssl.SSLContext, host: str, port: int, timeout_s: float
+) -> None:
+    """The client's TLS handshake; a failure drops the connection and raises ``TlsError``
+    (or ``TransferTimeout`` when the server never answers)."""
+    try:
+        await writer.start_tls(tls, server_hostname=host, ssl_handshake_timeout=timeout_s)
+    except ssl.SSLError as exc:
+        writer.close()  # not abort(): the alert that tells the server why must go out
+        raise TlsError(f"TLS to {host}:{port}: {tls_failure(exc)}") from None
+    except (OSError, TimeoutError) as exc:
+        writer.transport.abort()
+        if isinstance(exc, TimeoutError | ConnectionAbortedError):
+            raise TransferTimeout(f"TLS handshake with {host}:{port} did not complete") from None
+        raise LinkDown(f"TLS handshake with {host}:{port} lost: {exc}") from None

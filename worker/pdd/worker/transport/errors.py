@@ -25,6 +25,11 @@ class AuthError(TransportError):
     """The peer failed (or refused) the shared-secret handshake."""
 
 
+class TlsError(AuthError):
+    """TLS failed: a certificate not from the deployment's CA, none where one is required,
+    or the peer's TLS aborted the connection."""
+
+
 class LinkDown(TransportError):
     """The connection was closed or reset by the peer or the network."""
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 
 from pdd.worker.transport.counters import ByteCounters
-from pdd.worker.transport.errors import FrameError, LinkDown, TransferTimeout
+from pdd.worker.transport.errors import FrameError, LinkDown, TlsError, TransferTimeout
 from pdd.worker.transport.framing import Frame, MsgType, encode_header, read_frame
 from pdd.worker.transport.payloads import encode_error
+from pdd.worker.transport.tls import tls_failure
 
 _U32_MASK = 0xFFFFFFFF
 
@@ -69,6 +71,8 @@ class FrameStream:
             raise TransferTimeout(
                 f"socket to {self.peer_address} accepted no data for {self._write_timeout_s}s"
             ) from None
+        except ssl.SSLError as exc:  # the peer's TLS aborted (an alert): it refused us
+            raise TlsError(f"TLS with {self.peer_address}: {tls_failure(exc)}") from None
         except OSError as exc:  # after TimeoutError, itself an OSError
             raise LinkDown(f"connection to {self.peer_address} lost: {exc}") from None
 
@@ -80,6 +84,9 @@ class FrameStream:
             raise TransferTimeout(
                 f"no frame from {self.peer_address} within {timeout_s}s"
             ) from None
+        except ssl.SSLError as exc:  # e.g. the server refused our certificate (TLS 1.3
+            # reports that after the client's handshake, on its first read)
+            raise TlsError(f"TLS with {self.peer_address}: {tls_failure(exc)}") from None
         except OSError as exc:  # after TimeoutError, itself an OSError
             raise LinkDown(f"connection to {self.peer_address} lost: {exc}") from None
         if frame is None:
