@@ -19,7 +19,6 @@ memory bandwidth, interconnect) plus a price. One engine step on an instance
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass, field
 
 _TERA = 1e12
