@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import simpy
 
-from pdd.simulator.events import Alarm, succeed_after
+from pdd.simulator.events import Alarm, run_until, succeed_after
 
 pytestmark = pytest.mark.unit
 
@@ -65,3 +65,29 @@ def test_succeed_after_fires_once_after_the_delay() -> None:
         succeed_after(env, done, 1.0)
     env.run()
     assert seen == [0.25]
+
+
+def _trace(run) -> tuple[list[tuple[float, str]], float]:
+    """What a small model does under ``run``: processes and timers, some due exactly at
+    the stop time, some urgent (a process's start) at it."""
+    env = simpy.Environment()
+    seen: list[tuple[float, str]] = []
+
+    def worker(name: str, gaps: list[float]):
+        for gap in gaps:
+            yield env.timeout(gap)
+            seen.append((env.now, name))
+            if env.now == 2.0 and "child" not in name:
+                env.process(worker(f"{name}-child", [0.0, 1.0]))
+
+    env.process(worker("a", [0.5, 1.5, 1.0]))
+    env.process(worker("b", [2.0, 0.0, 0.25]))
+    env.timeout(3.0).callbacks.append(lambda _: seen.append((env.now, "timer at the stop")))
+    run(env, 3.0)
+    return seen, env.now
+
+
+def test_run_until_pops_the_same_events_in_the_same_order_as_simpy_run() -> None:
+    assert _trace(run_until) == _trace(lambda env, until: env.run(until=until))
+    with pytest.raises(ValueError):
+        run_until(simpy.Environment(), 0.0)

@@ -12,6 +12,7 @@ happens, only how many events the loop pops to get there.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable
 
@@ -74,3 +75,25 @@ class Alarm:
             return
         self._due = math.inf
         self._ring()
+
+
+def run_until(env: simpy.Environment, until: float) -> None:
+    """``env.run(until=until)`` in one loop: the same events in the same order (the stop
+    is the same urgent event ``run`` schedules), without a ``step`` call and its exception
+    frames per event; a run pops over a hundred thousand events per simulated minute."""
+    if until <= env.now:
+        raise ValueError(f"until ({until}) must be greater than the current time {env.now}")
+    stop = simpy.Event(env)
+    stop._ok = True
+    stop._value = None
+    env.schedule(stop, simpy.events.URGENT, until - env.now)
+    queue = env._queue
+    while True:
+        env._now, _, _, event = heapq.heappop(queue)
+        if event is stop:
+            return
+        callbacks, event.callbacks = event.callbacks, None
+        for callback in callbacks:
+            callback(event)
+        if not event._ok and not hasattr(event, "_defused"):
+            raise event._value

@@ -35,6 +35,13 @@ def _leading(keys: Sequence[int], held: Callable[[int], bool], lo: int = 0) -> i
     """The first index from ``lo`` on whose key fails ``held`` (``len(keys)`` if none), for
     a property that, once false along the keys, stays false (prefix-closure): O(log n)."""
     hi = len(keys)
+    # The usual answers first: none held (a new conversation) or all held (a repeat).
+    if lo == hi or not held(keys[lo]):
+        return lo
+    if held(keys[hi - 1]):
+        return hi
+    lo += 1
+    hi -= 1
     while lo < hi:
         mid = (lo + hi) // 2
         if held(keys[mid]):

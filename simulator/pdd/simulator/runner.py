@@ -20,6 +20,7 @@ from pdd.local.traces.base import Chain, Trace, TraceRequest
 from pdd.router.policy import RequestFeatures
 from pdd.simulator.cluster import Cluster, SimRequest
 from pdd.simulator.costs import system_cost_per_hour
+from pdd.simulator.events import run_until
 from pdd.simulator.lifecycle import RequestRecord, serve
 from pdd.simulator.scenario import Scenario, SystemSpec
 
@@ -62,6 +63,8 @@ class BlockKeys:
 
     def __call__(self, r: TraceRequest) -> tuple[int, ...]:
         base = self._namespaces.setdefault(r.namespace, len(self._namespaces)) << 40
+        if base == 0:  # the first namespace (the generator's only one) keeps its ids as they are
+            return r.hash_ids
         return tuple(map(base.__or__, r.hash_ids))
 
 
@@ -125,7 +128,7 @@ def simulate(
     env.process(feeder())
     env.process(_sampler(env, cluster, scenario.run.sample_s, samples))
     with _rare_collections():
-        env.run(until=horizon)
+        run_until(env, horizon)
     return SystemRun(
         name=name,
         spec=spec,
