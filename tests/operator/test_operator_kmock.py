@@ -253,15 +253,18 @@ async def test_undersized_link_is_reported_with_an_event(cluster_a: Any) -> None
         assert live(k8s, DEPLOYMENTS, "serving", "qwen-main") is not None  # deploys anyway
 
 
+async def degraded_condition(k8s: Any, name: str) -> dict[str, Any]:
+    """The PDDDeployment's Degraded condition, once the operator has set one."""
+    return await until(lambda: condition(live(k8s, CR, "serving", name), "Degraded"), "Degraded")
+
+
 async def test_invalid_spec_gets_a_clear_condition_and_no_children(cluster_a: Any) -> None:
     k8s, client = cluster_a
     cr = load_cr("pool-b.yaml", "uid-bad")
     cr["spec"]["relay"] = {"minReplicas": 3, "maxReplicas": 2}
     async with running_operator(k8s):
         await create(client, CR_PATH, cr)
-        degraded = await until(
-            lambda: condition(live(k8s, CR, "serving", "qwen"), "Degraded"), "Degraded"
-        )
+        degraded = await degraded_condition(k8s, "qwen")
         assert (degraded["status"], degraded["reason"]) == ("True", "InvalidSpec")
         assert "relay.maxReplicas (2) is below minReplicas (3)" in degraded["message"]
         assert condition(live(k8s, CR, "serving", "qwen"), "Ready")["status"] == "False"
@@ -277,9 +280,7 @@ async def test_remote_cluster_waits_for_its_secret_then_deploys_and_deletes_both
     cr["spec"]["wan"]["tls"] = {"enabled": True}
     async with emulator() as (k8s_b, url_b), running_operator(k8s_a):
         await create(client_a, CR_PATH, cr)
-        blocked = await until(
-            lambda: condition(live(k8s_a, CR, "serving", "remote"), "Degraded"), "Degraded"
-        )
+        blocked = await degraded_condition(k8s_a, "remote")
         assert blocked["reason"] == "RemoteClusterUnavailable"
         assert "kubectl -n serving create secret generic cluster-b" in blocked["message"]
         assert children(k8s_a, "serving") == []  # nothing half-way
@@ -326,9 +327,7 @@ async def test_a_missing_wan_tls_secret_blocks_with_a_condition_until_it_exists(
     cr["spec"]["wan"]["tls"] = {"enabled": True, "secretName": "wan-certs"}
     async with running_operator(k8s):
         await create(client, CR_PATH, cr)
-        blocked = await until(
-            lambda: condition(live(k8s, CR, "serving", "qwen"), "Degraded"), "Degraded"
-        )
+        blocked = await degraded_condition(k8s, "qwen")
         assert (blocked["status"], blocked["reason"]) == ("True", "WanTlsSecretInvalid")
         assert "Secret serving/wan-certs in cluster A does not exist" in blocked["message"]
         assert children(k8s, "serving") == []  # nothing half-way: pods could not start
