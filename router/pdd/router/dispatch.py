@@ -115,8 +115,12 @@ class Lease:
             self.release(i)
 
 
-def reason_code(decision: Decision, features: RequestFeatures, policy: PolicyConfig) -> str:
+def reason_code(
+    decision: Decision, features: RequestFeatures, policy: PolicyConfig, retry: bool = False
+) -> str:
     """A bounded label for the decision (the reason text carries numbers)."""
+    if retry and decision.pipeline != Pipeline.P_MD:
+        return "retry"
     if decision.pipeline == Pipeline.P_MD:
         fits = decision.estimate.md_first_token_s <= policy.ttft_budget_s
         return "fits_ttft_budget" if fits else "relays_saturated"
@@ -151,8 +155,11 @@ class Dispatcher:
         max_tokens: int | None,
         exclude: frozenset[str] = frozenset(),
     ) -> Route:
-        """Route one prompt; ``exclude`` names instances this request already failed on."""
-        instances = {i: inst for i, inst in self._ready_instances().items() if i not in exclude}
+        """Route one prompt; ``exclude`` names instances this request already failed on
+        (a retry: see ``policy.decide``)."""
+        retry = bool(exclude)
+        ready = self._ready_instances(retry)
+        instances = {i: inst for i, inst in ready.items() if i not in exclude}
         hashes = tuple(self._index.hashes(prompt_ids))
         hits = self._index.match(hashes)
         inflight = self._store.inflight()
@@ -164,7 +171,7 @@ class Dispatcher:
         elif self._config.force_pipeline == Pipeline.NAIVE:
             route = self._route_naive(features, hits, instances)
         else:
-            route = self._route_policy(features, hits, instances, link)
+            route = self._route_policy(features, hits, instances, link, retry)
         return replace(route, prompt_hashes=hashes)
 
     def _route_policy(
@@ -173,9 +180,11 @@ class Dispatcher:
         hits: dict[str, int],
         instances: dict[str, Instance],
         link: LinkState,
+        retry: bool = False,
     ) -> Route:
         """PDD: the pure policy picks the pipeline and instances."""
-        result = decide(features, hits, self._fleet, link, self._traffic.snapshot(), self._policy)
+        traffic = self._traffic.snapshot()
+        result = decide(features, hits, self._fleet, link, traffic, self._policy, retry)
         if isinstance(result, Saturated):
             raise SaturatedError(result.reason, result.retry_after_s)
         self._traffic.record(result.pipeline == Pipeline.P_RLD, features.input_tokens)
@@ -183,7 +192,7 @@ class Dispatcher:
         return Route(
             pipeline=result.pipeline,
             reason=result.reason,
-            reason_code=reason_code(result, features, self._policy),
+            reason_code=reason_code(result, features, self._policy, retry),
             prefill=instances[a.prefill].endpoint,
             relay=instances[a.relay].endpoint if a.relay else None,
             main=instances[a.main_decode].endpoint if a.main_decode else None,
@@ -239,9 +248,14 @@ class Dispatcher:
             p_hit_tokens=min(hits.get(prefill.instance_id, 0), features.input_tokens),
         )
 
-    def _ready_instances(self) -> dict[str, Instance]:
+    def _ready_instances(self, retry: bool = False) -> dict[str, Instance]:
+        """Every ready instance; NotReadyError when a role every request needs has none
+        (a policy retry can do without MD where a relay is ready: it ends on the relay)."""
         needed = (Role.MONO,) if self._config.mono else (Role.PREFILL, Role.MAIN)
+        relay_serves = retry and self._policy_routes and bool(self._registry.ready(Role.RELAY))
         for role in needed:
+            if role == Role.MAIN and relay_serves:
+                continue
             if not self._registry.ready(role):
                 raise NotReadyError(f"no {role} worker is ready; check the workers and --{role}")
         return {
@@ -249,6 +263,11 @@ class Dispatcher:
             for i in self._registry.all()
             if i.ready and i.endpoint is not None
         }
+
+    @property
+    def _policy_routes(self) -> bool:
+        """PDD's policy chooses the pipeline (not a baseline's fixed one)."""
+        return not self._config.mono and self._config.force_pipeline != Pipeline.NAIVE
 
     def _loads(
         self, instances: dict[str, Instance], inflight: dict[str, int]
