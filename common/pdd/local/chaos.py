@@ -13,9 +13,10 @@ the router counts every worker of its role ready again), so no wall clock decide
 anything happens; only a restart's own start-up takes what it takes. Running one at a
 time keeps a survivor of every role that has two instances or more.
 
-Where a role has one instance, killing it leaves nothing to serve that part of a
-request, and a cut leaves nothing to carry a request across the WAN in a mode without a
-relay: these spans are ``outages``, and a request that fails while one lasts is counted
+Where P or MD has one instance, killing it leaves nothing to serve that part of a
+request (a lone relay's death does not: P-MD serves without one), and a cut leaves
+nothing to carry a request across the WAN in a mode without a relay: these spans are
+``outages``, and a request that fails while one lasts is counted
 apart (nothing could have served it). Every other request must complete with the
 reference mode's tokens.
 """
@@ -192,21 +193,23 @@ class Chaos:
             await self._progress.wait()
 
     async def _start(self, client: httpx.AsyncClient, event: ChaosEvent) -> Ran:
-        t = self.target
+        t, problem = self.target, None
+        at = (self._finished, self._now())  # before acting: a request it fails ends after
         if event.kind == "kill":
-            alone = sum(r == event.role for r in t.roles.values()) < 2
+            others = sum(r == event.role for r in t.roles.values()) - 1
+            alone = others == 0 and event.role != Role.RELAY
             child = t.children[event.target]
             child.proc.kill()
             await asyncio.to_thread(child.proc.wait)
         else:
             alone = not t.relay
-            await self._partition(client, cut=True)
-        return Ran(event.kind, event.target, event.role, self._finished, self._now(), outage=alone)
+            problem = await self._partition(client, cut=True)
+        return Ran(event.kind, event.target, event.role, *at, outage=alone, problem=problem)
 
     async def _undo(self, client: httpx.AsyncClient, ran: Ran) -> None:
         ran.undone_after, ran.undone_s = self._finished, self._now()
         if ran.kind == "cut":
-            await self._partition(client, cut=False)
+            ran.problem = await self._partition(client, cut=False) or ran.problem
             return
         self.target.children[ran.target].restart()
         try:
@@ -215,9 +218,14 @@ class Chaos:
         except TimeoutError as exc:
             ran.problem = str(exc)
 
-    async def _partition(self, client: httpx.AsyncClient, cut: bool) -> None:
+    async def _partition(self, client: httpx.AsyncClient, cut: bool) -> str | None:
+        """Cut or restore every line; what went wrong, if a line's admin API refused."""
         for url in self.target.link_admin_urls:
-            (await client.post(f"{url}/partition", json={"cut": cut})).raise_for_status()
+            try:
+                (await client.post(f"{url}/partition", json={"cut": cut})).raise_for_status()
+            except httpx.HTTPError as exc:
+                return f"{'cutting' if cut else 'restoring'} {url} failed: {exc!r}"
+        return None
 
     async def _back(self, client: httpx.AsyncClient, ran: Ran) -> None:
         """Until the restarted worker is ready and the router counts every worker of its
