@@ -95,3 +95,33 @@ async def test_chains_start_at_their_offsets() -> None:
     outcomes, _ = await run(Trace("t", 64, chains), Endpoint())
     by_key = {o.key: o for o in outcomes}
     assert by_key["late#0"].sent_at >= 0.1 > by_key["early#0"].sent_at
+
+
+async def test_how_a_request_failed_is_recorded_clean_or_not() -> None:
+    """An OpenAI error body or an SSE error frame is a clean failure; an error status
+    without that body, or a stream that stops without a finish, is not."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        first = json.loads(request.content)["prompt"][0]
+        error = {"error": {"message": "no prefill worker is ready", "type": "service_unavailable"}}
+        if first == 1:
+            return httpx.Response(503, json=error)
+        if first == 2:
+            return httpx.Response(200, content=sse(token_frame("A"), error))
+        if first == 3:
+            return httpx.Response(502, text="Bad Gateway")
+        return httpx.Response(200, content=sse(token_frame("A")))  # no finish_reason
+
+    chain = Chain("s", 0.0, tuple(job(f"s#{i}", i) for i in (1, 2, 3, 4)))
+    target = ReplayTarget("http://router/v1", "tiny")
+    outcomes = await Replayer(target, transport=httpx.MockTransport(answer)).run(
+        Trace("t", 64, (chain,))
+    )
+    seen = {o.key: (o.error_kind, o.error_reason, o.failed_cleanly) for o in outcomes}
+    assert seen == {
+        "s#1": ("body", "HTTP 503 service_unavailable", True),
+        "s#2": ("frame", "frame service_unavailable", True),
+        "s#3": ("malformed", "HTTP 502 without an OpenAI error body", False),
+        "s#4": ("incomplete", "stream ended without a finish_reason", False),
+    }
+    assert all(not o.ok and o.error for o in outcomes)

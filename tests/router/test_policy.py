@@ -7,7 +7,14 @@ from pdd.common.cost_model import LinkState, wan_transfer_seconds, with_active_t
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.router.fleet import Fleet
 from pdd.router.instance_choice import InstanceLoad
-from pdd.router.policy import Decision, PolicyConfig, RequestFeatures, Saturated, decide
+from pdd.router.policy import (
+    Assignment,
+    Decision,
+    PolicyConfig,
+    RequestFeatures,
+    Saturated,
+    decide,
+)
 from pdd.router.recent_traffic import TrafficWindow
 
 pytestmark = pytest.mark.unit
@@ -231,3 +238,25 @@ def test_routes_that_ship_kv_count_on_the_link_until_md_has_it():
     assert p_md.lease_keys == ["p0", "md0", WAN_TRANSFERS]
     mono = Route(Pipeline.MONO, "r", "c", prefill=None, relay=None, main=ep("m0"))
     assert mono.lease_keys == ["m0"]
+
+
+def test_a_retry_keeps_a_relay_on_the_route_even_when_md_would_be_in_time():
+    assert run(req(500), {}).pipeline == Pipeline.P_MD
+    d = decide(req(500), {}, fleet(), SLOW, QUIET, CONFIG, retry=True)
+    assert isinstance(d, Decision) and d.pipeline == Pipeline.P_RLD_MD
+    assert (d.instances.relay, d.instances.main_decode) == ("rld0", "md0")
+    assert "retry" in d.reason
+
+
+def test_a_retry_with_no_main_decode_left_ends_on_the_relay():
+    no_md = Fleet.of(
+        [InstanceLoad("p0", Role.PREFILL, 0, 8), InstanceLoad("rld0", Role.RELAY, 0, 8)]
+    )
+    d = decide(req(500), {}, no_md, SLOW, QUIET, CONFIG, retry=True)
+    assert isinstance(d, Decision) and d.pipeline == Pipeline.P_RLD
+    assert d.instances == Assignment(prefill="p0", main_decode=None, relay="rld0")
+
+
+def test_a_retry_with_every_relay_full_follows_the_usual_rules():
+    full = fleet(rld=("rld0", 8, 8))
+    assert decide(req(500), {}, full, SLOW, QUIET, CONFIG, retry=True).pipeline == Pipeline.P_MD

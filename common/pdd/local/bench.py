@@ -2,6 +2,7 @@
 
     pdd bench --modes mono,samedc,naive,pdd --max-requests 100 --json results.json
     pdd bench --trace path/to/claude-code --max-requests 400   # e.g. all 60 sessions
+    pdd bench --chaos --chaos-seed 7 --prefill 2 --relay 2 --main 2   # mono,pdd
 
 Without ``--trace`` it replays the sample of recorded agentic sessions committed at
 ``bench/traces/claude-code/`` in the checkout; ``--trace`` takes any session folder or
@@ -10,8 +11,11 @@ are published). For each mode it brings a stack up (``pdd up``'s machinery, on a
 port), replays the same synthesized workload through the router's OpenAI API, reads the
 stack's counters around the run, and stops the stack; ``--url`` replays against a stack
 already running instead (``--stack`` names its stack.json for the counters). Then it
-checks the greedy outputs are equal across modes and writes the table, CSV, JSON and
-PNG plots (see ``report`` and ``plots``).
+checks the greedy outputs are equal across modes, that the workers hold nothing once the
+replay is over (``quiescence``), and writes the table, CSV, JSON and PNG plots (see
+``report`` and ``plots``). ``--chaos`` kills and restarts workers and cuts the WAN line
+on a seeded schedule during the replay (see ``chaos``), and reports how every request
+ended.
 """
 
 from __future__ import annotations
@@ -29,13 +33,22 @@ from typing import Any
 
 import httpx
 
-from pdd.local import plots, report
+from pdd.common.vocabulary import Role
+from pdd.local import plots, quiescence, report
+from pdd.local.chaos import Chaos, ChaosError, ChaosEvent, ChaosTarget, plan
 from pdd.local.cluster import free_port
 from pdd.local.probes import Probes, WanSampler, delta, summed
 from pdd.local.replay import Outcome, Replayer, ReplayTarget
 from pdd.local.scale_down import ScaleDown, ScaleDownError, parse_roles, pick_victims
 from pdd.local.stack import LocalStack, StackInfo, StackStartError
-from pdd.local.topology import MODES, Counts, StackConfig, TopologyError, mode_workers
+from pdd.local.topology import (
+    CROSS_DATACENTER,
+    MODES,
+    Counts,
+    StackConfig,
+    TopologyError,
+    mode_workers,
+)
 from pdd.local.traces import TraceFormatError, bundled_traces, detect, load_trace
 from pdd.local.traces.base import Trace, ideal_hit_ratios
 from pdd.local.traces.synth import Job, Scaling, ScalingError, synthesize
@@ -50,6 +63,8 @@ DEFAULT_TOKENS_PER_BLOCK = {"claude-code": 0.25, "mooncake": 16.0}
 DEFAULT_TIME_SCALE = {"claude-code": 0.01, "mooncake": 1.0}
 #: How long a scaled-down worker may take to exit: its drain (30 s by default) and a margin.
 SCALE_DOWN_WAIT_S = 60.0
+#: The modes compared by default; with ``--chaos``, the reference first (untouched).
+DEFAULT_MODES, DEFAULT_CHAOS_MODES = "naive,pdd", "mono,pdd"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,7 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="a trace file or folder (default: the bundled sample, bench/traces/claude-code)",
     )
     p.add_argument("--format", choices=("claude-code", "mooncake"), help="default: detected")
-    p.add_argument("--modes", default="naive,pdd", help=f"comma-separated, of {','.join(MODES)}")
+    p.add_argument(
+        "--modes",
+        help=f"comma-separated, of {','.join(MODES)} "
+        f"(default {DEFAULT_MODES}; with --chaos {DEFAULT_CHAOS_MODES})",
+    )
     p.add_argument("--url", help="replay against this running router instead (one mode)")
     p.add_argument("--stack", type=Path, help="stack.json of the --url stack, for its counters")
     p.add_argument("--max-requests", type=int, help="first N requests (whole chains first)")
@@ -96,6 +115,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SHARE",
         help="share of the requests finished before --scale-down (default 0.5)",
     )
+    p.add_argument(
+        "--chaos",
+        action="store_true",
+        help="during the replay, SIGKILL and restart random P/RLD/MD workers and cut and "
+        "restore the WAN line, on a schedule drawn from --chaos-seed; the first mode (mono "
+        "by default) is the untouched reference",
+    )
+    p.add_argument("--chaos-seed", type=int, default=0, help="same seed, same schedule")
+    p.add_argument(
+        "--chaos-events", type=int, default=4, metavar="K", help="events per mode (default 4)"
+    )
     add_stack_flags(p, None)
     return p
 
@@ -118,6 +148,8 @@ def trace_path(args: argparse.Namespace) -> Path:
 
 
 def parse_modes(args: argparse.Namespace) -> list[str]:
+    if args.modes is None:
+        args.modes = DEFAULT_CHAOS_MODES if args.chaos else DEFAULT_MODES
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
@@ -141,28 +173,75 @@ def main(argv: list[str]) -> int:
         fmt = args.format or detect(args.trace)
         trace = load_trace(args.trace, fmt, args.session_gap_s, args.max_requests)
         scaling = build_scaling(args, fmt)
-    except (TraceFormatError, ScalingError, TopologyError, ScaleDownError) as exc:
+        workload = synthesize(trace, scaling)
+        schedules = chaos_schedules(args, modes, len(workload))
+    except (TraceFormatError, ScalingError, TopologyError, ScaleDownError, ChaosError) as exc:
         say(f"pdd bench: {exc}")
         return 2
     out_dir = args.out_dir or Path("bench-results") / args.trace.name.split(".")[0]
     out_dir.mkdir(parents=True, exist_ok=True)
-    workload = synthesize(trace, scaling)
     for line in (*trace.notes, scaling.describe(trace.block_size)):
         say(line)
     say(f"{len(workload)} requests, modes {', '.join(modes)}; results in {out_dir}")
+    for mode, schedule in schedules.items():
+        say(
+            f"chaos in {mode} (seed {args.chaos_seed}): "
+            + "; ".join(e.describe() for e in schedule)
+        )
     slo = report.Slo(args.slo_ttft_s, args.slo_stall_s)
     try:
-        runs = [_run_mode(args, mode, workload, out_dir) for mode in modes]
+        runs = [_run_mode(args, mode, workload, out_dir, schedules.get(mode)) for mode in modes]
     except StackStartError as exc:
         say(f"pdd bench: {exc}")
         return 1
     document = _document(args, fmt, trace, scaling, runs, slo)
     _write(args, out_dir, document, trace, runs)
     print(report.table(list(document["modes"].values())))
+    if args.chaos:
+        print(report.chaos_table(list(document["modes"].values())))
     return 0
 
 
-def _run_mode(args: argparse.Namespace, mode: str, workload: Trace[Job], out_dir: Path):
+def chaos_schedules(
+    args: argparse.Namespace, modes: list[str], requests: int
+) -> dict[str, list[ChaosEvent]]:
+    """Each mode's chaos schedule (none without ``--chaos``); a ChaosError for a run that
+    could not show anything: no reference mode left untouched, or nothing to disturb."""
+    if not args.chaos:
+        return {}
+    if args.url or args.scale_down:
+        raise ChaosError("--chaos acts on the stacks bench starts: not with --url or --scale-down")
+    if args.chaos_events < 1:
+        raise ChaosError(f"--chaos-events must be at least 1, got {args.chaos_events}")
+    counts = Counts(args.prefill, args.relay, args.main, args.mono)
+    schedules = {
+        mode: plan(
+            args.chaos_seed,
+            args.chaos_events,
+            mode_workers(mode, counts),  # type: ignore[arg-type]
+            mode in CROSS_DATACENTER,
+            requests,
+        )
+        for mode in modes
+    }
+    if schedules[modes[0]]:
+        raise ChaosError(
+            f"--chaos compares with the first mode, left untouched: put mono first "
+            f"(--modes mono,{','.join(modes)})"
+        )
+    if not any(schedules.values()):
+        raise ChaosError(f"--chaos: nothing to kill or cut in {', '.join(modes)} "
+                         f"with {requests} requests")  # fmt: skip
+    return {mode: schedule for mode, schedule in schedules.items() if schedule}
+
+
+def _run_mode(
+    args: argparse.Namespace,
+    mode: str,
+    workload: Trace[Job],
+    out_dir: Path,
+    schedule: list[ChaosEvent] | None = None,
+) -> report.ModeRun:
     if args.url:
         info = StackInfo.load(args.stack) if args.stack else None
         probes = info.probes if info else Probes(router_url=args.url.removesuffix("/v1"))
@@ -178,12 +257,24 @@ def _run_mode(args: argparse.Namespace, mode: str, workload: Trace[Job], out_dir
     try:
         target = ReplayTarget(stack.info.base_url, stack.info.model, args.request_timeout_s)
         scale = _scale_down(args, config, stack, len(workload))
+        chaos = Chaos(schedule, chaos_target(stack)) if schedule else None
+
+        def on_finished() -> None:
+            scale.on_outcome()
+            if chaos is not None:
+                chaos.on_outcome()
+
+        progress = not args.no_progress
         run = asyncio.run(
-            measure(
-                mode, workload, target, stack.info.probes, not args.no_progress, scale.on_outcome
-            )
+            measure(mode, workload, target, stack.info.probes, progress, on_finished, chaos)
         )
         run.scale_down = [asdict(s) for s in scale.wait(SCALE_DOWN_WAIT_S)]
+        states = asyncio.run(quiescence.settle(stack.info.workers, stack.secret))
+        run.leaks = quiescence.leaks(states)
+        if chaos is not None:
+            run.chaos, run.outages = chaos.document(args.chaos_seed), chaos.outages
+            for ran in chaos.ran:
+                say(f"pdd bench: chaos in {mode}: {ran.describe()}")
         for stopped in scale.stopped:
             say(f"pdd bench: scale-down during {mode}: {stopped.describe()}")
         for death in stack.supervisor.deaths():
@@ -203,6 +294,22 @@ def _scale_down(
     return ScaleDown(victims, after=max(1, round(requests * args.scale_down_after)))
 
 
+def chaos_target(stack: LocalStack) -> ChaosTarget:
+    """What a chaos run acts on in ``stack``: its workers' processes, probes and roles,
+    its WAN lines."""
+    workers = [p for p in stack.pods.pods if p.name in stack.info.workers]
+    children = {c.name: c for c in stack.supervisor.children}
+    return ChaosTarget(
+        router_url=stack.info.router_url,
+        children={p.name: children[p.name] for p in workers},
+        ready_urls={p.name: p.probe_url() or f"{p.http_url}/ready" for p in workers},
+        roles={p.name: p.role for p in workers},
+        link_admin_urls=tuple(stack.info.links.values()),
+        relay=any(p.role == Role.RELAY for p in workers),
+        ready_timeout_s=stack.config.ready_timeout_s,
+    )
+
+
 async def measure(
     mode: str,
     workload: Trace[Job],
@@ -210,9 +317,12 @@ async def measure(
     probes: Probes,
     progress: bool,
     on_finished: Callable[[], None] | None = None,
+    chaos: Chaos | None = None,
 ) -> report.ModeRun:
     """Replay ``workload`` once against ``target``; counters are read before and after.
-    ``on_finished`` is called as each request ends (the scale-down counts them)."""
+    ``on_finished`` is called as each request ends (the scale-down and chaos count them);
+    ``chaos`` runs beside the replay and is over (every worker back) before the counters
+    are read."""
     bar = _progress_bar(mode, len(workload), progress)
     errors = 0
 
@@ -231,7 +341,16 @@ async def measure(
         sampler, stop = WanSampler(probes), asyncio.Event()
         sampling = asyncio.create_task(sampler.run(client, stop))
         t0 = time.monotonic()
-        outcomes = await Replayer(target, on_outcome).run(workload)
+        replayer = Replayer(target, on_outcome)
+        disorder = None
+        if chaos is not None:
+            disorder = asyncio.create_task(chaos.run(lambda: time.monotonic() - replayer.t0))
+        try:
+            outcomes = await replayer.run(workload)
+        finally:
+            if chaos is not None and disorder is not None:
+                chaos.replay_over()
+                await disorder
         wall = time.monotonic() - t0
         stop.set()
         await sampling
@@ -289,6 +408,8 @@ def _document(
         "reference_mode": runs[0].mode if runs else None,
         "mismatch_examples": {m: keys[:10] for m, keys in mismatched.items() if keys},
         "scale_down": {run.mode: run.scale_down for run in runs if run.scale_down},
+        "chaos": {run.mode: run.chaos for run in runs if run.chaos},
+        "leaks": {run.mode: run.leaks for run in runs if run.leaks is not None},
         "modes": summaries,
     }
 

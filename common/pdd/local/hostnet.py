@@ -255,7 +255,7 @@ def _write_volumes(pod: HostPod, log_dir: Path) -> dict[str, str]:
 
 def _spawn(running: HostPods, name: str, argv: list[str], env: dict[str, str]) -> None:
     log = running.log_dir / f"{name}.log"
-    running.supervisor.add(name, spawn_process(argv, log, env), log)
+    running.supervisor.add(name, spawn_process(argv, log, env), log, env)
 
 
 def _pod_ready(probe_url: str) -> bool:

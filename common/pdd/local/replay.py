@@ -5,7 +5,8 @@ after another, each ``think_s`` after the previous answer finished streaming. Sp
 chains (subagents) start beside their parent without blocking it. Requests go to
 ``/v1/completions`` with the token IDs as the prompt, streamed, greedy, with
 ``ignore_eos`` so output lengths follow the trace. A request too long for the model is
-not sent: it is recorded as skipped and its chain goes on.
+not sent: it is recorded as skipped and its chain goes on. A failed request is recorded
+with how it failed (``ErrorKind``) and why.
 """
 
 from __future__ import annotations
@@ -16,11 +17,18 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import httpx
 
 from pdd.local.traces.base import Chain, Trace
 from pdd.local.traces.synth import Job
+
+#: How a request failed, as the client saw it: an OpenAI error body with an error status
+#: (``body``) or an SSE error frame mid-stream (``frame``) are the clean ways; an error
+#: status without that body, a broken connection or a stream that just stops are not.
+ErrorKind = Literal["body", "frame", "malformed", "transport", "incomplete"]
+CLEAN_ERRORS: tuple[ErrorKind, ...] = ("body", "frame")
 
 
 @dataclass
@@ -39,11 +47,21 @@ class Outcome:
     cached_tokens: int | None = None
     finish_reason: str | None = None
     error: str | None = None
+    error_kind: ErrorKind | None = None
+    #: A short, countable reason: ``HTTP 503 service_unavailable``, ``frame upstream_error``.
+    error_reason: str | None = None
     skipped: bool = False
 
     @property
     def ok(self) -> bool:
         return not self.skipped and self.error is None
+
+    @property
+    def failed_cleanly(self) -> bool:
+        return self.error_kind in CLEAN_ERRORS
+
+    def fail(self, kind: ErrorKind, reason: str, message: str) -> None:
+        self.error_kind, self.error_reason, self.error = kind, reason, message
 
     @property
     def gaps(self) -> list[float]:
@@ -73,7 +91,8 @@ class Replayer:
         self.on_outcome = on_outcome
         self._transport = transport
         self.outcomes: list[Outcome] = []
-        self._t0 = 0.0
+        #: When the replay began (``time.monotonic()``); ``sent_at`` counts from it.
+        self.t0 = 0.0
         self._tasks: set[asyncio.Task] = set()
 
     async def run(self, workload: Trace[Job]) -> list[Outcome]:
@@ -84,7 +103,7 @@ class Replayer:
             limits=limits, timeout=timeout, headers=headers, transport=self._transport
         ) as client:
             self._client = client
-            self._t0 = time.monotonic()
+            self.t0 = time.monotonic()
             for chain in workload.chains:
                 self._launch(chain, delay_s=chain.start_s)
             while self._tasks:
@@ -114,7 +133,7 @@ class Replayer:
 
     async def _send(self, job: Job) -> Outcome:
         out = Outcome(job.key, len(job.prompt_ids), job.max_tokens)
-        out.sent_at = time.monotonic() - self._t0
+        out.sent_at = time.monotonic() - self.t0
         if not job.fits:
             out.skipped = True
             return out
@@ -130,11 +149,14 @@ class Replayer:
         start = time.monotonic()
         try:
             await self._stream(body, out, start)
-        except (httpx.HTTPError, json.JSONDecodeError) as exc:
-            out.error = f"{type(exc).__name__}: {exc}"
+        except httpx.HTTPError as exc:
+            out.fail("transport", type(exc).__name__, f"{type(exc).__name__}: {exc}")
+        except json.JSONDecodeError as exc:
+            out.fail("malformed", "frame not JSON", f"a frame that is not JSON: {exc}")
         out.e2e_s = time.monotonic() - start
         if out.error is None and out.finish_reason is None:
-            out.error = "stream ended without a finish_reason"
+            reason = "stream ended without a finish_reason"
+            out.fail("incomplete", reason, reason)
         return out
 
     async def _stream(self, body: dict, out: Outcome, start: float) -> None:
@@ -142,7 +164,7 @@ class Replayer:
         async with self._client.stream("POST", url, json=body) as resp:
             if resp.status_code != 200:
                 text = (await resp.aread()).decode(errors="replace")
-                out.error = f"HTTP {resp.status_code}: {text[:300]}"
+                _apply_error_body(resp.status_code, text, out)
                 return
             async for line in resp.aiter_lines():
                 if not line.startswith("data:"):
@@ -153,10 +175,22 @@ class Replayer:
                 _apply_frame(json.loads(data), out, time.monotonic() - start)
 
 
+def _apply_error_body(status: int, text: str, out: Outcome) -> None:
+    """An error status: clean when its body is the OpenAI error shape."""
+    message = f"HTTP {status}: {text[:300]}"
+    try:
+        detail = json.loads(text)["error"]
+        out.fail("body", f"HTTP {status} {detail['type']}", message)
+    except (ValueError, KeyError, TypeError):
+        out.fail("malformed", f"HTTP {status} without an OpenAI error body", message)
+
+
 def _apply_frame(frame: dict, out: Outcome, elapsed: float) -> None:
     """One SSE frame: an error, a usage-only frame, or a token frame."""
     if "error" in frame:
-        out.error = str(frame["error"].get("message", frame["error"]))
+        error = frame["error"]
+        message = str(error.get("message", error))
+        out.fail("frame", f"frame {error.get('type', 'error')}", message)
         return
     usage = frame.get("usage")
     if usage:

@@ -4,12 +4,15 @@ a table for the terminal, CSV and JSON for machines.
 Latencies are client-side (what ``replay`` measured); WAN bytes come from the link
 emulators' counters; pipeline shares, the relay's token share and the P/MD hit
 ratios from the router's and workers' Prometheus counters (differences over the run).
+Failures are counted by how the client saw them (clean: an OpenAI error body or SSE error
+frame), apart where nothing could have served them (a chaos run's ``outages``).
 """
 
 from __future__ import annotations
 
 import csv
 import json
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +51,13 @@ class ModeRun:
     wan_series: list[tuple[float, int]] = field(default_factory=list)
     #: Workers stopped mid-replay (``--scale-down``): name, role, exit code, drain time.
     scale_down: list[dict[str, Any]] = field(default_factory=list)
+    #: What the workers still held after the replay (``quiescence.leaks``); None: not read.
+    leaks: dict[str, Any] | None = None
+    #: ``--chaos``: the schedule and what ran (``Chaos.document``); None without chaos.
+    chaos: dict[str, Any] | None = None
+    #: Spans (s since the replay began) in which no instance could serve what a chaos
+    #: event broke; a request failing during one is counted as ``failed_no_survivor``.
+    outages: list[tuple[float, float]] = field(default_factory=list)
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -57,6 +67,28 @@ def _ratio(num: float, den: float) -> float | None:
 def hit_ratio(workers: Samples, role: str) -> float | None:
     hit = total(workers, "pdd_prefix_hit_tokens_total", role=role)
     return _ratio(hit, total(workers, "pdd_prompt_tokens_total", role=role))
+
+
+def during_outage(o: Outcome, outages: Sequence[tuple[float, float]]) -> bool:
+    """The request was in flight while nothing could serve part of it."""
+    end = o.sent_at + (o.e2e_s or 0.0)
+    return any(o.sent_at <= stop and start <= end for start, stop in outages)
+
+
+def failures(run: ModeRun) -> dict[str, Any]:
+    """Failed requests: clean ones (of which during an outage), unclean ones, by reason."""
+    failed = [o for o in run.outcomes if o.error is not None]
+    clean = [o for o in failed if o.failed_cleanly]
+    leaked = run.leaks or {}
+    return {
+        "failed_clean": len(clean),
+        "failed_no_survivor": sum(during_outage(o, run.outages) for o in clean),
+        "failed_unclean": len(failed) - len(clean),
+        "failure_reasons": dict(Counter(o.error_reason for o in failed).most_common()),
+        "leaked_blocks": leaked.get("leaked_blocks"),
+        "locked_blocks": leaked.get("locked_blocks"),
+        "live_requests": leaked.get("live_requests"),
+    }
 
 
 def summarize(run: ModeRun, slo: Slo) -> dict[str, Any]:
@@ -95,6 +127,9 @@ def summarize(run: ModeRun, slo: Slo) -> dict[str, Any]:
         "rld_token_share": _ratio(tokens.get("relay", 0.0), sum(tokens.values())),
         "p_hit_ratio": hit_ratio(run.workers, p_role),
         "md_hit_ratio": hit_ratio(run.workers, md_role),
+        **failures(run),
+        "recoveries": by_label(run.router, "pdd_router_recoveries_total", "kind"),
+        "chaos_events": len(run.chaos["ran"]) if run.chaos else None,
     }
 
 
@@ -139,6 +174,22 @@ _TABLE_ROWS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+#: The chaos table (``--chaos``): what ended how, and what was left behind.
+_CHAOS_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("requests", "requests", "d"),
+    ("completed", "completed", "d"),
+    ("failed_clean", "failed cleanly", "d"),
+    ("failed_no_survivor", "... of which with no survivor", "d"),
+    ("failed_unclean", "failed otherwise (broken stream)", "d"),
+    ("skipped", "skipped (too long)", "d"),
+    ("mismatches", "token mismatches", "d"),
+    ("leaked_blocks", "leaked KV blocks", "d"),
+    ("locked_blocks", "held prefix locks", "d"),
+    ("live_requests", "requests still in flight", "d"),
+    ("chaos_events", "chaos events run", "d"),
+)
+
+
 def _cell(value: Any, fmt: str) -> str:
     if value is None:
         return "-"
@@ -160,8 +211,26 @@ def table(summaries: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def chaos_table(summaries: Sequence[dict[str, Any]]) -> str:
+    """The outcome of a chaos run per mode, router recoveries and failure reasons included."""
+    modes = [s["mode"] for s in summaries]
+    lines = ["| | " + " | ".join(modes) + " |", "|---" * (len(modes) + 1) + "|"]
+    for key, label, fmt in _CHAOS_ROWS:
+        lines.append(f"| {label} | " + " | ".join(_cell(s[key], fmt) for s in summaries) + " |")
+    for key, label in (
+        ("recoveries", "router recoveries"),
+        ("failure_reasons", "failures by reason"),
+    ):
+        cells = [
+            " ".join(f"{k}:{v:g}" for k, v in sorted(s[key].items())) or "-" for s in summaries
+        ]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def write_csv(summaries: Sequence[dict[str, Any]], path: Path) -> None:
-    rows = [{**s, "pipeline_share": json.dumps(s["pipeline_share"])} for s in summaries]
+    nested = ("pipeline_share", "recoveries", "failure_reasons")
+    rows = [{**s, **{k: json.dumps(s[k]) for k in nested}} for s in summaries]
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -175,7 +244,8 @@ def write_json(document: dict[str, Any], path: Path) -> None:
 def write_requests_csv(runs: Sequence[ModeRun], path: Path) -> None:
     """One row per request and mode, for digging past the summary."""
     fields = ["mode", "key", "sent_at", "prompt_tokens", "max_tokens", "completion_tokens",
-              "cached_tokens", "ttft_s", "e2e_s", "stall_s", "skipped", "error"]  # fmt: skip
+              "cached_tokens", "ttft_s", "e2e_s", "stall_s", "skipped", "error_kind",
+              "error_reason", "error"]  # fmt: skip
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(fields)
@@ -184,4 +254,5 @@ def write_requests_csv(runs: Sequence[ModeRun], path: Path) -> None:
                 stall = max(o.gaps, default=None)
                 writer.writerow([run.mode, o.key, f"{o.sent_at:.4f}", o.prompt_tokens,
                                  o.max_tokens, o.completion_tokens, o.cached_tokens, o.ttft_s,
-                                 o.e2e_s, stall, o.skipped, o.error])  # fmt: skip
+                                 o.e2e_s, stall, o.skipped, o.error_kind, o.error_reason,
+                                 o.error])  # fmt: skip

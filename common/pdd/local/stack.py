@@ -93,11 +93,13 @@ class _Ticker:
 
 
 class LocalStack:
-    def __init__(self, config: StackConfig, pods: HostPods, info: StackInfo) -> None:
+    def __init__(self, config: StackConfig, pods: HostPods, info: StackInfo, secret: str) -> None:
         self.config = config
         self.pods = pods
         self.supervisor = pods.supervisor
         self.info = info
+        #: The shared token the workers were given (their debug and data-plane routes).
+        self.secret = secret
 
     @classmethod
     def start(cls, config: StackConfig, say: Say = print) -> LocalStack:
@@ -127,7 +129,7 @@ class LocalStack:
             log_dir=str(config.log_dir),
         )
         info.save(config.log_dir / "stack.json")
-        return cls(config, pods, info)
+        return cls(config, pods, info, secret)
 
     def stop(self) -> None:
         self.pods.stop()

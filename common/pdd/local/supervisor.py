@@ -21,6 +21,17 @@ class Child:
     name: str
     proc: subprocess.Popen
     log: Path
+    #: What it was started with beside this process's environment; ``restart`` uses it.
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def restart(self) -> None:
+        """Start it again as it was started (same command line, so the same ports and
+        instance id; same environment), its output appended to its log: what a
+        Deployment does for a pod whose container died."""
+        if self.proc.poll() is None:
+            raise RuntimeError(f"{self.name} (pid {self.proc.pid}) is still running")
+        argv = [str(a) for a in self.proc.args]  # type: ignore[union-attr]  # a list here
+        self.proc = spawn_process(argv, self.log, self.env, append=True)
 
     def log_tail(self, lines: int = 20) -> str:
         try:
@@ -46,9 +57,12 @@ class Death:
 PDD_PROGRAM = (sys.executable, "-m", "pdd.cli")
 
 
-def spawn_process(argv: Sequence[str], log: Path, env: Mapping[str, str]) -> subprocess.Popen:
-    """``argv`` with this environment plus ``env``, stdout and stderr into ``log``."""
-    with log.open("wb") as out:
+def spawn_process(
+    argv: Sequence[str], log: Path, env: Mapping[str, str], append: bool = False
+) -> subprocess.Popen:
+    """``argv`` with this environment plus ``env``, stdout and stderr into ``log``
+    (after what it holds, with ``append``)."""
+    with log.open("ab" if append else "wb") as out:
         return subprocess.Popen(
             list(argv), stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env}
         )
@@ -64,8 +78,11 @@ class Supervisor:
     children: list[Child] = field(default_factory=list)
     _reported: set[int] = field(default_factory=set)
 
-    def add(self, name: str, proc: subprocess.Popen, log: Path) -> Child:
-        child = Child(name, proc, log)
+    def add(
+        self, name: str, proc: subprocess.Popen, log: Path, env: Mapping[str, str] | None = None
+    ) -> Child:
+        """Watch ``proc``; ``env`` is what it was spawned with, for a ``restart``."""
+        child = Child(name, proc, log, dict(env or {}))
         self.children.append(child)
         return child
 

@@ -116,8 +116,12 @@ class Lease:
             self.release(i)
 
 
-def reason_code(decision: Decision, features: RequestFeatures, policy: PolicyConfig) -> str:
+def reason_code(
+    decision: Decision, features: RequestFeatures, policy: PolicyConfig, retry: bool = False
+) -> str:
     """A bounded label for the decision (the reason text carries numbers)."""
+    if retry and decision.pipeline != Pipeline.P_MD:
+        return "retry"
     if decision.pipeline == Pipeline.P_MD:
         fits = decision.estimate.md_first_token_s <= policy.ttft_budget_s
         return "fits_ttft_budget" if fits else "relays_saturated"
@@ -152,14 +156,17 @@ class Dispatcher:
         max_tokens: int | None,
         exclude: frozenset[str] = frozenset(),
     ) -> Route:
-        """Route one prompt; ``exclude`` names instances this request already failed on."""
+        """Route one prompt; ``exclude`` names instances this request already failed on
+        (a retry: see ``policy.decide``)."""
+        retry = bool(exclude)
         hashes = tuple(self._index.hashes(prompt_ids))
         # The decision's only await: both reads answer within the store's deadline, and
         # everything below runs without yielding, on the instances ready after it.
         hits, inflight = await asyncio.gather(
             self._index.match_via(self._store.holders, hashes), self._store.inflight()
         )
-        instances = {i: inst for i, inst in self._ready_instances().items() if i not in exclude}
+        ready = self._ready_instances(retry)
+        instances = {i: inst for i, inst in ready.items() if i not in exclude}
         self._fleet.sync(self._loads(instances, inflight))
         link = with_active_transfers(self._config.link, inflight.get(WAN_TRANSFERS, 0))
         features = RequestFeatures.from_prompt(prompt_ids, max_tokens, self._config.block_size)
@@ -168,7 +175,7 @@ class Dispatcher:
         elif self._config.force_pipeline == Pipeline.NAIVE:
             route = self._route_naive(features, hits, instances)
         else:
-            route = self._route_policy(features, hits, instances, link)
+            route = self._route_policy(features, hits, instances, link, retry)
         return replace(route, prompt_hashes=hashes)
 
     def _route_policy(
@@ -177,9 +184,11 @@ class Dispatcher:
         hits: dict[str, int],
         instances: dict[str, Instance],
         link: LinkState,
+        retry: bool = False,
     ) -> Route:
         """PDD: the pure policy picks the pipeline and instances."""
-        result = decide(features, hits, self._fleet, link, self._traffic.snapshot(), self._policy)
+        traffic = self._traffic.snapshot()
+        result = decide(features, hits, self._fleet, link, traffic, self._policy, retry)
         if isinstance(result, Saturated):
             raise SaturatedError(result.reason, result.retry_after_s)
         self._traffic.record(result.pipeline == Pipeline.P_RLD, features.input_tokens)
@@ -187,7 +196,7 @@ class Dispatcher:
         return Route(
             pipeline=result.pipeline,
             reason=result.reason,
-            reason_code=reason_code(result, features, self._policy),
+            reason_code=reason_code(result, features, self._policy, retry),
             prefill=instances[a.prefill].endpoint,
             relay=instances[a.relay].endpoint if a.relay else None,
             main=instances[a.main_decode].endpoint if a.main_decode else None,
@@ -243,9 +252,14 @@ class Dispatcher:
             p_hit_tokens=min(hits.get(prefill.instance_id, 0), features.input_tokens),
         )
 
-    def _ready_instances(self) -> dict[str, Instance]:
+    def _ready_instances(self, retry: bool = False) -> dict[str, Instance]:
+        """Every ready instance; NotReadyError when a role every request needs has none
+        (a policy retry can do without MD where a relay is ready: it ends on the relay)."""
         needed = (Role.MONO,) if self._config.mono else (Role.PREFILL, Role.MAIN)
+        relay_serves = retry and self._policy_routes and bool(self._registry.ready(Role.RELAY))
         for role in needed:
+            if role == Role.MAIN and relay_serves:
+                continue
             if not self._registry.ready(role):
                 raise NotReadyError(f"no {role} worker is ready; check the workers and --{role}")
         return {
@@ -253,6 +267,11 @@ class Dispatcher:
             for i in self._registry.all()
             if i.ready and i.endpoint is not None
         }
+
+    @property
+    def _policy_routes(self) -> bool:
+        """PDD's policy chooses the pipeline (not a baseline's fixed one)."""
+        return not self._config.mono and self._config.force_pipeline != Pipeline.NAIVE
 
     def _loads(
         self, instances: dict[str, Instance], inflight: dict[str, int]

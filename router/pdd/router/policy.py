@@ -16,6 +16,11 @@ The rules, in order (the technique's "only two pipelines, plus one filter"):
 3. **P-RLD-MD** when the transfer does not fit and a relay has room.
 4. **P-MD** anyway when every relay is saturated, saying so in the reason.
 
+A **retry** (the router recovering a request a worker failed) keeps a relay on the
+route whenever one has room: P-RLD-MD, or P-RLD where no MD is left to choose. The
+failure may be the WAN line or MD itself, and a relay in datacenter A carries the
+request through either; the rules above assume both work.
+
 No available P (or no available MD when the request must end at MD) is a typed
 :class:`Saturated` result the server turns into 429 with Retry-After.
 """
@@ -140,10 +145,12 @@ def decide(
     link: LinkState,
     traffic: TrafficWindow,
     config: PolicyConfig,
+    retry: bool = False,
 ) -> Decision | Saturated:
     """Choose P and MD, estimate MD's first token, then pick the pipeline.
 
     ``hits`` is ``PrefixIndex.match``: tokens of this prompt each instance holds.
+    ``retry``: the request failed on a worker before; keep a relay on the route.
     """
     n = request.input_tokens
     p = choose_prefill(fleet, hits, n, config.weights)
@@ -152,7 +159,10 @@ def decide(
     md = choose_main_decode(fleet, hits, n, request.affinity_key, config.weights)
     relay = choose_relay(fleet)
     estimate = _estimate(request, hits.get(p.instance_id, 0), md, hits, link, config)
-    pipeline, reason = choose_pipeline(request, estimate, relay is not None, traffic, config)
+    if retry and relay is not None:
+        pipeline, reason = retry_pipeline(md is not None)
+    else:
+        pipeline, reason = choose_pipeline(request, estimate, relay is not None, traffic, config)
     if pipeline != Pipeline.P_RLD and md is None:
         return Saturated("every main-decode instance is at capacity", config.retry_after_s)
     assignment = Assignment(
@@ -203,6 +213,14 @@ def choose_pipeline(
             return Pipeline.P_RLD, f"{slow}; anomalous (long input, short output): P-RLD"
         return Pipeline.P_RLD_MD, f"{slow}; anomalous but {cap}: relaying"
     return Pipeline.P_RLD_MD, f"{slow}: relaying while the KV crosses the WAN"
+
+
+def retry_pipeline(md_available: bool) -> tuple[Pipeline, str]:
+    """A retry's pipeline when a relay has room: the relay carries the request if the WAN
+    line or MD fails it again."""
+    if md_available:
+        return Pipeline.P_RLD_MD, "a retry after a failure: relaying, in case MD or the WAN fails"
+    return Pipeline.P_RLD, "a retry after a failure, no main decode left: the relay serves it"
 
 
 def is_anomalous(request: RequestFeatures, config: PolicyConfig) -> bool:
