@@ -264,8 +264,8 @@ class Dispatcher:
                 raise NotReadyError(f"no {role} worker is ready; check the workers and --{role}")
         return {
             i.endpoint.instance_id: i
-            for i in self._registry.all()
-            if i.ready and i.endpoint is not None
+            for i in self._registry.routable()
+            if i.endpoint is not None
         }
 
     @property

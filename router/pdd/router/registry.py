@@ -43,6 +43,8 @@ class Instance:
     ready: bool = False
     cursor: int = 0
     problem: str | None = None
+    #: Why a request failed on it since its last good poll (None: no failure).
+    suspected: str | None = None
 
     @property
     def instance_id(self) -> str | None:
@@ -75,17 +77,33 @@ class InstanceRegistry:
         self._prompt_limit: int | None = None
 
     def ready(self, role: Role) -> list[Instance]:
-        return [i for i in self._instances.values() if i.ready and i.role == role]
+        """The instances of ``role`` new requests may go to: those whose last poll
+        answered, less those a request failed on since, unless that leaves none. A failed
+        request does not prove the worker dead (a cut line fails it too, and then the
+        worker is healthy); with an alternative the suspect is avoided, without one
+        it is still tried, and the next poll settles it either way."""
+        ready = [i for i in self._instances.values() if i.ready and i.role == role]
+        return [i for i in ready if i.suspected is None] or ready
+
+    def routable(self) -> list[Instance]:
+        """Every role's :meth:`ready` instances that have said who they are."""
+        return [
+            inst
+            for role in {i.role for i in self._instances.values()}
+            for inst in self.ready(role)
+            if inst.endpoint is not None
+        ]
 
     def all(self) -> list[Instance]:
         return list(self._instances.values())
 
     def suspect(self, instance_id: str, problem: str) -> None:
-        """Leave an instance out now, not at the next poll: a request just failed on it.
-        Its next successful poll brings it back."""
+        """Avoid an instance now, not at the next poll: a request just failed on it.
+        Its next successful poll clears it."""
         for inst in self._instances.values():
-            if inst.instance_id == instance_id:
-                self._set_problem(inst, problem)
+            if inst.instance_id == instance_id and inst.suspected is None:
+                log.warning("%s worker at %s suspected: %s", inst.role, inst.http_url, problem)
+                inst.suspected = problem
 
     def prompt_limit(self) -> int | None:
         """The longest prompt every ready instance that sees prompts first takes (P, or
@@ -170,7 +188,7 @@ class InstanceRegistry:
             return
         if not inst.ready:
             log.info("%s worker %s is ready", inst.role, inst.instance_id)
-        inst.ready, inst.problem = True, None
+        inst.ready, inst.problem, inst.suspected = True, None, None
 
     async def _identify(self, inst: Instance) -> Endpoint:
         health = await self._client.health(inst.http_url)
