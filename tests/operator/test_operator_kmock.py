@@ -127,6 +127,20 @@ def reconciled(requests: list[Any]) -> bool:
     return ("pdddeployments", "qwen") in plurals[last_child:]
 
 
+async def mark_every_role_ready(client: Any) -> None:
+    """Play the Deployment controller: every child Deployment of ``qwen`` reports its
+    replicas ready (pool-b.yaml's counts)."""
+    for role, ready in (("prefill", 2), ("relay", 1), ("main", 3), ("router", 2)):
+        path = f"/apis/apps/v1/namespaces/serving/deployments/qwen-{role}/status"
+        status = {"status": {"readyReplicas": ready, "updatedReplicas": ready}}
+        (await client.patch(path, json=status)).raise_for_status()
+
+
+async def degraded_condition(k8s: Any, name: str) -> dict[str, Any]:
+    """The PDDDeployment's Degraded condition, once the operator has set one."""
+    return await until(lambda: condition(live(k8s, CR, "serving", name), "Degraded"), "Degraded")
+
+
 async def test_create_then_reconcile_again_changes_nothing(cluster_a: Any) -> None:
     """Including the generated WAN TLS Secret: read back on a restart, never regenerated."""
     k8s, client = cluster_a
@@ -148,11 +162,8 @@ async def test_create_then_reconcile_again_changes_nothing(cluster_a: Any) -> No
         assert cr["status"]["wan"]["declaredGbps"] == 25
         assert condition(cr, "Ready")["reason"] == "ReplicasNotReady"
 
-        # Play the Deployment controller: every role ready -> Ready=True via the daemon.
-        for role, ready in (("prefill", 2), ("relay", 1), ("main", 3), ("router", 2)):
-            path = f"/apis/apps/v1/namespaces/serving/deployments/qwen-{role}/status"
-            status = {"status": {"readyReplicas": ready, "updatedReplicas": ready}}
-            (await client.patch(path, json=status)).raise_for_status()
+        # Every role ready -> Ready=True via the daemon.
+        await mark_every_role_ready(client)
         await until(
             lambda: condition(live(k8s, CR, "serving", "qwen"), "Ready").get("status") == "True",
             "Ready=True",
@@ -186,10 +197,7 @@ async def test_readiness_follows_child_deployment_events_not_a_timer(cluster_a: 
         await create(client, CR_PATH, load_cr("pool-b.yaml", "uid-qwen"))
         await until(lambda: reconciled(list(k8s)), "the first reconcile to finish")
         assert condition(live(k8s, CR, "serving", "qwen"), "Ready")["status"] == "False"
-        for role, ready in (("prefill", 2), ("relay", 1), ("main", 3), ("router", 2)):
-            path = f"/apis/apps/v1/namespaces/serving/deployments/qwen-{role}/status"
-            status = {"status": {"readyReplicas": ready, "updatedReplicas": ready}}
-            (await client.patch(path, json=status)).raise_for_status()
+        await mark_every_role_ready(client)
         await until(
             lambda: condition(live(k8s, CR, "serving", "qwen"), "Ready").get("status") == "True",
             "Ready=True from the Deployments' events",
@@ -251,11 +259,6 @@ async def test_undersized_link_is_reported_with_an_event(cluster_a: Any) -> None
         warning = (await until(lambda: events(k8s, "LinkUndersized"), "the event"))[0]
         assert warning["type"] == "Warning" and "raise wan.declaredGbps" in warning["message"]
         assert live(k8s, DEPLOYMENTS, "serving", "qwen-main") is not None  # deploys anyway
-
-
-async def degraded_condition(k8s: Any, name: str) -> dict[str, Any]:
-    """The PDDDeployment's Degraded condition, once the operator has set one."""
-    return await until(lambda: condition(live(k8s, CR, "serving", name), "Degraded"), "Degraded")
 
 
 async def test_invalid_spec_gets_a_clear_condition_and_no_children(cluster_a: Any) -> None:
