@@ -256,17 +256,15 @@ class Dispatcher:
         """Every ready instance; NotReadyError when a role every request needs has none
         (a policy retry can do without MD where a relay is ready: it ends on the relay)."""
         needed = (Role.MONO,) if self._config.mono else (Role.PREFILL, Role.MAIN)
-        relay_serves = retry and self._policy_routes and bool(self._registry.ready(Role.RELAY))
+        routable = self._registry.routable()
+        present = {i.role for i in routable}
+        relay_serves = retry and self._policy_routes and Role.RELAY in present
         for role in needed:
             if role == Role.MAIN and relay_serves:
                 continue
-            if not self._registry.ready(role):
+            if role not in present:
                 raise NotReadyError(f"no {role} worker is ready; check the workers and --{role}")
-        return {
-            i.endpoint.instance_id: i
-            for i in self._registry.routable()
-            if i.endpoint is not None
-        }
+        return {i.endpoint.instance_id: i for i in routable if i.endpoint is not None}
 
     @property
     def _policy_routes(self) -> bool:

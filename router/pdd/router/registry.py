@@ -51,6 +51,11 @@ class Instance:
         return self.endpoint.instance_id if self.endpoint else self.expected_id
 
 
+def _trusted(ready: list[Instance]) -> list[Instance]:
+    """``ready`` less its suspects, or all of it when every one is suspected."""
+    return [i for i in ready if i.suspected is None] or ready
+
+
 class MisconfiguredWorkerError(ValueError):
     """A worker reports another identity than the router was told."""
 
@@ -82,17 +87,15 @@ class InstanceRegistry:
         request does not prove the worker dead (a cut line fails it too, and then the
         worker is healthy); with an alternative the suspect is avoided, without one
         it is still tried, and the next poll settles it either way."""
-        ready = [i for i in self._instances.values() if i.ready and i.role == role]
-        return [i for i in ready if i.suspected is None] or ready
+        return _trusted([i for i in self._instances.values() if i.ready and i.role == role])
 
     def routable(self) -> list[Instance]:
-        """Every role's :meth:`ready` instances that have said who they are."""
-        return [
-            inst
-            for role in {i.role for i in self._instances.values()}
-            for inst in self.ready(role)
-            if inst.endpoint is not None
-        ]
+        """Every role's :meth:`ready` instances, in one pass over the instances."""
+        by_role: dict[Role, list[Instance]] = {}
+        for inst in self._instances.values():
+            if inst.ready:
+                by_role.setdefault(inst.role, []).append(inst)
+        return [inst for group in by_role.values() for inst in _trusted(group)]
 
     def all(self) -> list[Instance]:
         return list(self._instances.values())
