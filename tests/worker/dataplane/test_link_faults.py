@@ -12,6 +12,8 @@ from __future__ import annotations
 import pytest
 
 from pdd.router.errors import UpstreamError
+from pdd.worker.roles.protocol import FLAG_FINAL
+from pdd.worker.transport import Channel, MsgType
 
 pytestmark = [pytest.mark.unit, pytest.mark.virtual_clock]
 
@@ -123,3 +125,58 @@ async def test_wan_cut_during_the_handoff_still_gives_monos_tokens(vdp) -> None:
     assert result.token_ids == expected[0] and result.duplicates == 0
     assert set(result.sources) == {"rld"}  # MD never got the IDs: the relay kept it all
     await vdp.assert_quiescent()
+
+
+def cut_once_sent(monkeypatch, path, msg_type: MsgType, final_only: bool = False) -> list[int]:
+    """Cut ``path`` the moment a frame of ``msg_type`` has been written to it, so the frame
+    is lost on the line (a cut resets the connection and drops what is still queued), as a
+    real cut between a send and its delivery. Returns the flags of the frames cut after."""
+    send, cut_after = Channel.send, []
+
+    async def send_then_cut(self, kind, request_id, payload=b"", flags=0) -> None:
+        await send(self, kind, request_id, payload, flags)
+        if kind == msg_type and not cut_after and (flags & FLAG_FINAL or not final_only):
+            cut_after.append(flags)
+            path.cut()
+
+    monkeypatch.setattr(Channel, "send", send_then_cut)
+    return cut_after
+
+
+async def handoff_under_cut(vdp, monkeypatch, tag: str, msg_type: MsgType, final_only: bool):
+    """A P-RLD-MD request whose handoff exchange is cut after ``msg_type`` left its sender."""
+    prompt = vdp.prompts(1, seed=59, lo=90, hi=91)[0]
+    expected = await vdp.reference([prompt], MAX_TOKENS, tag)
+    to_md, to_rld = vdp.cluster.wan_path("md"), vdp.cluster.wan_path("rld")
+    to_md.pause()  # MD has no KV until the relay has streamed a few tokens
+    cut_after = cut_once_sent(monkeypatch, to_rld, msg_type, final_only)
+
+    def land(event) -> None:
+        if event.seq == 4:
+            to_md.resume()
+
+    plan = vdp.cluster.plan(f"{tag}-0", prompt, "P-RLD-MD", vdp.sampling(0, MAX_TOKENS))
+    [result] = await vdp.run_all([plan], on_token=land)
+    to_rld.heal()
+    assert cut_after, f"the handoff never sent a {msg_type.name} frame"
+    assert result.token_ids == expected[0]  # every position once, mono's token at each
+    assert [e.seq for e in result.events] == list(range(MAX_TOKENS))
+    await vdp.assert_quiescent()
+    return result
+
+
+async def test_wan_cut_after_the_relay_sent_its_final_ids(vdp, monkeypatch) -> None:
+    """The relay's last IDs are lost on the line: the relay never hears MD's ack, so it
+    streams on to the end; MD, left without the IDs, waits for the router's copy, gives
+    up after its transfer timeout and lets go of the request (quiescent afterwards)."""
+    result = await handoff_under_cut(vdp, monkeypatch, "f-lost-ids", MsgType.TOKEN_IDS, True)
+    assert set(result.sources) == {"rld"} and result.duplicates == 0  # MD streamed nothing
+
+
+async def test_wan_cut_after_main_decode_acknowledged(vdp, monkeypatch) -> None:
+    """MD took the IDs and acknowledged, but the ack is lost: both MD (the handoff is
+    done for it) and the relay (no ack: it streams on) produce the positions after the
+    handoff point; the router's merger passes each position once, equal to mono's."""
+    result = await handoff_under_cut(vdp, monkeypatch, "f-lost-ack", MsgType.ACK, False)
+    assert "rld" in result.sources  # the relay streamed before the handoff point
+    assert result.duplicates > 0  # MD streamed after it too: the ack's loss made two sources
