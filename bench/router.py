@@ -9,10 +9,12 @@ loopback. Each request runs twice at a fixed concurrency: once through the route
 (``/v1/completions``, non-streaming: tokenize, decide, proxy, merge, detokenize), and
 once driving the workers directly with the router's own stream relay (``relay_tokens``,
 on the same plan the router would build). Reported: p50/p99 latency of both, their
-ratio, the added milliseconds, and the pure decision cost (prefix lookup +
-``policy.decide`` + the fleet updates of the request's in-flight counts) measured
-in-process on fleets of each ``--instances`` size, side by side (``--decision-only``
-skips the workers and prints just that table).
+ratio, the added milliseconds, and the decision cost measured in-process on fleets of
+each ``--instances`` size, side by side (``--decision-only`` skips the workers and
+prints just that table), twice: the policy alone (prefix lookup + ``policy.decide`` +
+the fleet updates of the request's in-flight counts) and the router's whole
+``Dispatcher.route`` (the registry's ready instances, the store's in-flight counts,
+the prefix lookup, the policy), while polls keep bringing new load reports.
 """
 
 from __future__ import annotations
@@ -37,13 +39,17 @@ from pdd.common.cache_events import BlockStored
 from pdd.common.cost_model import LinkState
 from pdd.common.stats import percentile
 from pdd.common.vocabulary import Role
-from pdd.common.wire import SamplingSpec
+from pdd.common.wire import Endpoint, LoadReport, SamplingSpec
 from pdd.local.cluster import LocalCluster, WorkerSpec, free_port
+from pdd.router.config import RouterConfig, WorkerRef
+from pdd.router.dispatch import Dispatcher
 from pdd.router.fleet import Fleet
 from pdd.router.instance_choice import InstanceLoad
 from pdd.router.policy import Decision, PolicyConfig, RequestFeatures, decide
 from pdd.router.prefix_index import PrefixIndex, PrefixIndexConfig
-from pdd.router.recent_traffic import TrafficWindow
+from pdd.router.recent_traffic import RecentTraffic, TrafficWindow
+from pdd.router.registry import Instance, InstanceRegistry
+from pdd.router.state.memory import LocalStore
 from pdd.router.stream_relay import relay_tokens
 from pdd.router.worker_client import WorkerClient
 
@@ -170,12 +176,95 @@ def add_active(fleet: Fleet, instance_id: str, delta: int) -> None:
             fleet.update(InstanceLoad(instance_id, role, load.active + delta, load.capacity))
 
 
-def decision_table(sizes: list[int], prompt_tokens: int) -> dict[str, dict[str, float]]:
+#: Requests per second the whole-route bench assumes between two polls of every
+#: instance (every 0.5 s): each request sees this share of the fleet's reports change.
+ROUTE_RATE = 200
+POLL_S = 0.5
+
+
+def route_fleet(n: int, rng: random.Random) -> tuple[InstanceRegistry, LocalStore, PrefixIndex]:
+    """A registry whose ``n`` instances (published shares) all answered a poll."""
+    store = LocalStore(ttl_s=600.0)
+    index = PrefixIndex(PrefixIndexConfig(block_size=16), store=store.index)
+    registry = InstanceRegistry((), WorkerClient("bench"), index, POLL_S)
+    for role, share in ROLE_SHARES:
+        for k in range(max(1, round(n * share))):
+            name = f"{role}{k}"
+            inst = Instance(role, f"http://{name}:8000", name)
+            inst.endpoint = Endpoint(
+                instance_id=name, http_url=inst.http_url, fast_addr="x:1", wan_addr="x:2"
+            )
+            inst.load = load_report(name, role, rng.randrange(CAPACITY))
+            registry._instances[inst.http_url] = inst
+            registry._mark_ready(inst)  # what a good poll concludes
+    return registry, store, index
+
+
+def load_report(name: str, role: Role, running: int) -> LoadReport:
+    return LoadReport(
+        instance_id=name, role=role, running=running, waiting=0, kv_blocks_free=1,
+        kv_blocks_total=2, relay_load=0.0, capacity=CAPACITY,
+    )  # fmt: skip
+
+
+async def bench_route(
+    instances: int, prompt_tokens: int, iterations: int = 4000, conversations: int = 400
+) -> dict[str, float]:
+    """The router's whole ``Dispatcher.route`` on a fleet of ``instances``, same traffic
+    as :func:`bench_decision`; the request's leases are counted in the store as the
+    router does. Between requests (outside the timer) polls bring new load reports for
+    ``instances / (ROUTE_RATE x POLL_S)`` instances, as they would at that rate."""
+    rng = random.Random(instances)
+    registry, store, index = route_fleet(instances, rng)
+    every = registry.all()
+    prompts = []
+    for c in range(conversations):
+        ids = [c, *range(prompt_tokens - 1)]
+        hashes = block_hashes(ids, 16)
+        for role in (Role.PREFILL, Role.MAIN):
+            holder = rng.choice([i for i in every if i.role == role]).instance_id
+            index.apply(holder, BlockStored(block_hashes=hashes, parent_hash=None, block_size=16))
+        prompts.append(ids)
+    refs = (WorkerRef(Role.PREFILL, "http://p"), WorkerRef(Role.MAIN, "http://md"))
+    config = RouterConfig(workers=refs, secret="bench", link_gbps=10.0, link_rtt_ms=20.0)
+    policy = PolicyConfig(kv_bytes_per_token=2048)
+    dispatcher = Dispatcher(config, registry, index, store, policy, RecentTraffic())
+    polled = max(1, round(instances / (ROUTE_RATE * POLL_S)))
+    times, leased = [], []
+    for i in range(iterations):
+        for inst in rng.sample(every, min(polled, len(every))):
+            inst.load = load_report(inst.instance_id, inst.role, rng.randrange(CAPACITY))
+            registry._mark_ready(inst)
+        ids = rng.choice(prompts) if rng.random() < 0.9 else [10**6 + i, *range(prompt_tokens)]
+        start = time.process_time()
+        route = await dispatcher.route(ids, 64)
+        for key in route.lease_keys:
+            store.add_inflight(key, +1)
+        times.append(time.process_time() - start)
+        leased.append(route.lease_keys)
+        if len(leased) > instances // 2:
+            for key in leased.pop(0):
+                store.add_inflight(key, -1)
+    return {"p50_us": percentile(times, 50) * 1e6, "p99_us": percentile(times, 99) * 1e6}
+
+
+def decision_table(sizes: list[int], prompt_tokens: int) -> dict[str, dict[str, dict[str, float]]]:
     bench_decision(sizes[0], prompt_tokens, iterations=500)  # warm-up: imports, allocator
-    table = {str(n): bench_decision(n, prompt_tokens) for n in sizes}
-    print(f"{'instances':>10}  {'p50 us':>8}  {'p99 us':>8}")
+    asyncio.run(bench_route(sizes[0], prompt_tokens, iterations=500))
+    table = {
+        str(n): {
+            "policy": bench_decision(n, prompt_tokens),
+            "route": asyncio.run(bench_route(n, prompt_tokens)),
+        }
+        for n in sizes
+    }
+    print(f"{'instances':>10}  {'policy p50/p99 us':>18}  {'route p50/p99 us':>18}")
     for n, row in table.items():
-        print(f"{n:>10}  {row['p50_us']:>8.1f}  {row['p99_us']:>8.1f}")
+        pol, rou = row["policy"], row["route"]
+        print(
+            f"{n:>10}  {pol['p50_us']:>8.1f} {pol['p99_us']:>9.1f}  "
+            f"{rou['p50_us']:>8.1f} {rou['p99_us']:>9.1f}"
+        )
     return table
 
 

@@ -23,7 +23,7 @@ def registry(*workers: tuple[Role, str]) -> InstanceRegistry:
         inst.endpoint = Endpoint(
             instance_id=name, http_url=inst.http_url, fast_addr="x:1", wan_addr="x:2"
         )
-        inst.ready = True
+        reg._mark_ready(inst)  # what a good poll concludes
     return reg
 
 

@@ -21,26 +21,18 @@ from pdd.common.vocabulary import Pipeline, Role
 from pdd.common.wire import Endpoint, PipelinePlan, SamplingSpec
 from pdd.router.config import RouterConfig
 from pdd.router.errors import NotReadyError, SaturatedError
-from pdd.router.fleet import Fleet
-from pdd.router.instance_choice import InstanceLoad, choose_main_decode, choose_prefill
+from pdd.router.instance_choice import choose_main_decode, choose_prefill
 from pdd.router.policy import Decision, PolicyConfig, RequestFeatures, Saturated, decide
 from pdd.router.policy import is_anomalous as _is_anomalous
 from pdd.router.prefix_index import PrefixIndex
 from pdd.router.recent_traffic import RecentTraffic
-from pdd.router.registry import Instance, InstanceRegistry
+from pdd.router.registry import InstanceRegistry
+from pdd.router.routing_view import RoutingView
 from pdd.router.state.base import RouterStore
 
 #: The in-flight counter of KV transfers on the WAN link, beside the instances' counters:
 #: every replica adds its own, so all of them see the line's load (no instance has this id).
 WAN_TRANSFERS = "~wan-transfers"
-
-#: The policy's roles for the workers' roles; a mono instance plays main decode.
-POLICY_ROLE: dict[Role, Role] = {
-    Role.PREFILL: Role.PREFILL,
-    Role.RELAY: Role.RELAY,
-    Role.MAIN: Role.MAIN,
-    Role.MONO: Role.MAIN,
-}
 
 
 @dataclass(frozen=True)
@@ -146,9 +138,8 @@ class Dispatcher:
         self._store = store
         self._policy = policy
         self._traffic = traffic
-        #: The loads the last route saw; each route syncs it, so choosing touches only
-        #: the instances whose load changed since.
-        self._fleet = Fleet()
+        #: The routable instances and their loads, brought up to date by each route.
+        self._view = RoutingView(registry, config.instance_capacity)
 
     async def route(
         self,
@@ -165,30 +156,29 @@ class Dispatcher:
         hits, inflight = await asyncio.gather(
             self._index.match_via(self._store.holders, hashes), self._store.inflight()
         )
-        ready = self._ready_instances(retry)
-        instances = {i: inst for i, inst in ready.items() if i not in exclude}
-        self._fleet.sync(self._loads(instances, inflight))
+        self._check_roles_ready(retry)
+        self._view.refresh(inflight, self._store.take_moved())
         link = with_active_transfers(self._config.link, inflight.get(WAN_TRANSFERS, 0))
         features = RequestFeatures.from_prompt(prompt_ids, max_tokens, self._config.block_size)
-        if self._config.mono:
-            route = self._route_mono(features, hits, instances)
-        elif self._config.force_pipeline == Pipeline.NAIVE:
-            route = self._route_naive(features, hits, instances)
-        else:
-            route = self._route_policy(features, hits, instances, link, retry)
+        with self._view.excluding(exclude):
+            if self._config.mono:
+                route = self._route_mono(features, hits)
+            elif self._config.force_pipeline == Pipeline.NAIVE:
+                route = self._route_naive(features, hits)
+            else:
+                route = self._route_policy(features, hits, link, retry)
         return replace(route, prompt_hashes=hashes)
 
     def _route_policy(
         self,
         features: RequestFeatures,
         hits: dict[str, int],
-        instances: dict[str, Instance],
         link: LinkState,
         retry: bool = False,
     ) -> Route:
         """PDD: the pure policy picks the pipeline and instances."""
         traffic = self._traffic.snapshot()
-        result = decide(features, hits, self._fleet, link, traffic, self._policy, retry)
+        result = decide(features, hits, self._view.fleet, link, traffic, self._policy, retry)
         if isinstance(result, Saturated):
             raise SaturatedError(result.reason, result.retry_after_s)
         self._traffic.record(result.pipeline == Pipeline.P_RLD, features.input_tokens)
@@ -197,21 +187,17 @@ class Dispatcher:
             pipeline=result.pipeline,
             reason=result.reason,
             reason_code=reason_code(result, features, self._policy, retry),
-            prefill=instances[a.prefill].endpoint,
-            relay=instances[a.relay].endpoint if a.relay else None,
-            main=instances[a.main_decode].endpoint if a.main_decode else None,
+            prefill=self._endpoint(a.prefill),
+            relay=self._endpoint(a.relay) if a.relay else None,
+            main=self._endpoint(a.main_decode) if a.main_decode else None,
             p_hit_tokens=result.estimate.p_hit_tokens,
             md_hit_tokens=result.estimate.md_hit_tokens,
         )
 
-    def _route_mono(
-        self,
-        features: RequestFeatures,
-        hits: dict[str, int],
-        instances: dict[str, Instance],
-    ) -> Route:
+    def _route_mono(self, features: RequestFeatures, hits: dict[str, int]) -> Route:
         """Colocated baseline: the best hit against load, affinity by consistent hashing."""
-        chosen = choose_main_decode(self._fleet, hits, features.input_tokens, features.affinity_key)
+        fleet = self._view.fleet
+        chosen = choose_main_decode(fleet, hits, features.input_tokens, features.affinity_key)
         if chosen is None:
             raise SaturatedError("every mono instance is at capacity", self._policy.retry_after_s)
         hit = min(hits.get(chosen.instance_id, 0), features.input_tokens)
@@ -221,23 +207,19 @@ class Dispatcher:
             reason_code="colocated",
             prefill=None,
             relay=None,
-            main=instances[chosen.instance_id].endpoint,
+            main=self._endpoint(chosen.instance_id),
             p_hit_tokens=hit,
             md_hit_tokens=hit,
         )
 
-    def _route_naive(
-        self,
-        features: RequestFeatures,
-        hits: dict[str, int],
-        instances: dict[str, Instance],
-    ) -> Route:
+    def _route_naive(self, features: RequestFeatures, hits: dict[str, int]) -> Route:
         """Naive cross-datacenter PD: the same P and MD choice, the full KV over the WAN.
 
         MD keeps no decode-side cache on this pipeline, so its hit is 0 by construction.
         """
-        prefill = choose_prefill(self._fleet, hits, features.input_tokens)
-        main = choose_main_decode(self._fleet, {}, features.input_tokens, features.affinity_key)
+        fleet = self._view.fleet
+        prefill = choose_prefill(fleet, hits, features.input_tokens)
+        main = choose_main_decode(fleet, {}, features.input_tokens, features.affinity_key)
         if prefill is None or main is None:
             raise SaturatedError(
                 "every prefill or main-decode instance is at capacity", self._policy.retry_after_s
@@ -246,48 +228,30 @@ class Dispatcher:
             pipeline=Pipeline.NAIVE,
             reason="forced baseline: P -> MD shipping the full KV, no decode-side cache",
             reason_code="forced",
-            prefill=instances[prefill.instance_id].endpoint,
+            prefill=self._endpoint(prefill.instance_id),
             relay=None,
-            main=instances[main.instance_id].endpoint,
+            main=self._endpoint(main.instance_id),
             p_hit_tokens=min(hits.get(prefill.instance_id, 0), features.input_tokens),
         )
 
-    def _ready_instances(self, retry: bool = False) -> dict[str, Instance]:
-        """Every ready instance; NotReadyError when a role every request needs has none
-        (a policy retry can do without MD where a relay is ready: it ends on the relay)."""
+    def _endpoint(self, instance_id: str) -> Endpoint:
+        endpoint = self._view.instance(instance_id).endpoint
+        assert endpoint is not None  # the view holds routable instances only
+        return endpoint
+
+    def _check_roles_ready(self, retry: bool = False) -> None:
+        """NotReadyError when a role every request needs has no ready instance (a policy
+        retry can do without MD where a relay is ready: it ends on the relay)."""
         needed = (Role.MONO,) if self._config.mono else (Role.PREFILL, Role.MAIN)
-        routable = self._registry.routable()
-        present = {i.role for i in routable}
-        relay_serves = retry and self._policy_routes and Role.RELAY in present
+        has = self._registry.has_routable
+        relay_serves = retry and self._policy_routes and has(Role.RELAY)
         for role in needed:
             if role == Role.MAIN and relay_serves:
                 continue
-            if role not in present:
+            if not has(role):
                 raise NotReadyError(f"no {role} worker is ready; check the workers and --{role}")
-        return {i.endpoint.instance_id: i for i in routable if i.endpoint is not None}
 
     @property
     def _policy_routes(self) -> bool:
         """PDD's policy chooses the pipeline (not a baseline's fixed one)."""
         return not self._config.mono and self._config.force_pipeline != Pipeline.NAIVE
-
-    def _loads(
-        self, instances: dict[str, Instance], inflight: dict[str, int]
-    ) -> list[InstanceLoad]:
-        """Active = the larger of the routers' in-flight count and the worker's own report;
-        capacity = what the worker reports (its max_running), capped by the config's."""
-        cap = self._config.instance_capacity
-        loads = []
-        for instance_id, inst in instances.items():
-            if inst.load is None:  # not polled yet: a ready instance always has a report
-                continue
-            capacity = inst.load.capacity if cap is None else min(cap, inst.load.capacity)
-            loads.append(
-                InstanceLoad(
-                    instance_id=instance_id,
-                    role=POLICY_ROLE[inst.role],
-                    active=max(inst.load.running + inst.load.waiting, inflight.get(instance_id, 0)),
-                    capacity=capacity,
-                )
-            )
-        return loads

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
@@ -51,9 +51,20 @@ class Instance:
         return self.endpoint.instance_id if self.endpoint else self.expected_id
 
 
-def _trusted(ready: list[Instance]) -> list[Instance]:
-    """``ready`` less its suspects, or all of it when every one is suspected."""
-    return [i for i in ready if i.suspected is None] or ready
+@dataclass
+class _RoleMembers:
+    """One role's ready instances (by URL) and which of them are suspected, kept as they
+    change, so whether a suspect is routable (only when every instance of its role is
+    suspected) is known without a scan."""
+
+    ready: set[str] = field(default_factory=set)
+    suspected: set[str] = field(default_factory=set)
+    #: Whether suspects were left out when the changes were last taken.
+    trusting: bool = False
+
+    @property
+    def has_trusted(self) -> bool:
+        return len(self.ready) > len(self.suspected)
 
 
 class MisconfiguredWorkerError(ValueError):
@@ -80,6 +91,10 @@ class InstanceRegistry:
         self._task: asyncio.Task | None = None
         self._polls = 0
         self._prompt_limit: int | None = None
+        self._members: dict[Role, _RoleMembers] = {}
+        #: URLs whose routing inputs (readiness, suspicion, load, identity) changed since
+        #: the router last took them (``take_changes``).
+        self._changed: set[str] = set()
 
     def ready(self, role: Role) -> list[Instance]:
         """The instances of ``role`` new requests may go to: those whose last poll
@@ -87,18 +102,50 @@ class InstanceRegistry:
         request does not prove the worker dead (a cut line fails it too, and then the
         worker is healthy); with an alternative the suspect is avoided, without one
         it is still tried, and the next poll settles it either way."""
-        return _trusted([i for i in self._instances.values() if i.ready and i.role == role])
+        return [i for i in self._instances.values() if i.role == role and self.routes_to(i)]
 
     def routable(self) -> list[Instance]:
-        """Every role's :meth:`ready` instances, in one pass over the instances."""
-        by_role: dict[Role, list[Instance]] = {}
-        for inst in self._instances.values():
-            if inst.ready:
-                by_role.setdefault(inst.role, []).append(inst)
-        return [inst for group in by_role.values() for inst in _trusted(group)]
+        """Every role's :meth:`ready` instances."""
+        return [i for i in self._instances.values() if self.routes_to(i)]
 
     def all(self) -> list[Instance]:
         return list(self._instances.values())
+
+    def take_changes(self) -> list[tuple[str, Instance | None]]:
+        """Each instance (by URL; None once gone) whose routing inputs changed since the
+        last call, so the router updates only those (the whole role when its last
+        unsuspected instance left or came back: its suspects' standing changed)."""
+        for members in self._members.values():
+            if members.has_trusted != members.trusting:
+                members.trusting = members.has_trusted
+                self._changed |= members.ready
+        changes = [(url, self._instances.get(url)) for url in self._changed]
+        self._changed.clear()
+        return changes
+
+    def routes_to(self, inst: Instance) -> bool:
+        """Whether new requests may go to ``inst`` now (see :meth:`ready`)."""
+        if not inst.ready or inst.endpoint is None:
+            return False
+        return inst.suspected is None or not self._role_members(inst.role).has_trusted
+
+    def has_routable(self, role: Role) -> bool:
+        return bool(self._role_members(role).ready)
+
+    def _role_members(self, role: Role) -> _RoleMembers:
+        members = self._members.get(role)
+        if members is None:
+            members = self._members[role] = _RoleMembers()
+        return members
+
+    def _touch(self, inst: Instance) -> None:
+        """Record that ``inst``'s routing inputs changed (call after every change)."""
+        url, members = inst.http_url, self._role_members(inst.role)
+        ready = inst.ready and url in self._instances
+        (members.ready.add if ready else members.ready.discard)(url)
+        suspected = ready and inst.suspected is not None
+        (members.suspected.add if suspected else members.suspected.discard)(url)
+        self._changed.add(url)
 
     def suspect(self, instance_id: str, problem: str) -> None:
         """Avoid an instance now, not at the next poll: a request just failed on it.
@@ -107,6 +154,7 @@ class InstanceRegistry:
             if inst.instance_id == instance_id and inst.suspected is None:
                 log.warning("%s worker at %s suspected: %s", inst.role, inst.http_url, problem)
                 inst.suspected = problem
+                self._touch(inst)
 
     def prompt_limit(self) -> int | None:
         """The longest prompt every ready instance that sees prompts first takes (P, or
@@ -166,6 +214,7 @@ class InstanceRegistry:
                 self._instances.setdefault(url, Instance(ref.role, url))
         for url in set(self._instances) - seen:
             gone = self._instances.pop(url)
+            self._touch(gone)
             if gone.instance_id is not None:
                 self._index.forget_instance(gone.instance_id)
 
@@ -173,15 +222,16 @@ class InstanceRegistry:
         try:
             if inst.endpoint is None:
                 inst.endpoint = await self._identify(inst)
-            inst.load = await self._client.load(inst.http_url)
+            load = await self._client.load(inst.http_url)
+            moved, inst.load = load != inst.load, load
             page = await self._client.cache_events(inst.http_url, inst.cursor)
             if page.reset:
                 self._index.forget_instance(inst.endpoint.instance_id)
             self._index.apply_all(inst.endpoint.instance_id, page.events)
             inst.cursor = page.next_cursor
         except (WorkerCallError, ValidationError, MisconfiguredWorkerError) as exc:
-            self._set_problem(inst, str(exc))
             inst.endpoint = None  # re-read the identity: a restarted pod may differ
+            self._set_problem(inst, str(exc))
             return
         except BlockSizeMismatchError as exc:
             self._set_problem(inst, str(exc))
@@ -189,9 +239,15 @@ class InstanceRegistry:
         if inst.load.draining:  # its streams run on; new requests go elsewhere
             self._set_problem(inst, "draining: finishing its requests, taking no new ones")
             return
+        if moved or not inst.ready or inst.suspected is not None:
+            self._mark_ready(inst)
+
+    def _mark_ready(self, inst: Instance) -> None:
+        """What a good poll concludes: the instance takes requests, suspicion cleared."""
         if not inst.ready:
             log.info("%s worker %s is ready", inst.role, inst.instance_id)
         inst.ready, inst.problem, inst.suspected = True, None, None
+        self._touch(inst)
 
     async def _identify(self, inst: Instance) -> Endpoint:
         health = await self._client.health(inst.http_url)
@@ -211,3 +267,4 @@ class InstanceRegistry:
         if inst.ready or inst.problem != problem:
             log.warning("%s worker at %s left out: %s", inst.role, inst.http_url, problem)
         inst.ready, inst.problem = False, problem
+        self._touch(inst)

@@ -10,7 +10,7 @@ Timestamps are wall-clock (``time.time``): replicas on different hosts compare t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from pdd.router.prefix_index import IndexStore
@@ -18,7 +18,8 @@ from pdd.router.prefix_index import IndexStore
 
 class RouterStore(Protocol):
     """Contract: ``add_inflight`` never raises nor waits (a shared store sends it behind);
-    ``inflight`` sums every live replica's counts per instance and ``holders`` is the
+    ``inflight`` sums every live replica's counts per instance (valid until the next
+    await: read it at once) and ``holders`` is the
     index lookup of the decision path (``IndexStore.holders``): both are awaited, never
     raise, and return within the store's deadline (a shared store that is down or hung
     answers from local state)."""
@@ -38,7 +39,12 @@ class RouterStore(Protocol):
         """Reads waiting on the shared store now (what a hung Redis holds)."""
         ...
 
-    async def inflight(self) -> dict[str, int]: ...
+    async def inflight(self) -> Mapping[str, int]: ...
+
+    def take_moved(self) -> set[str]:
+        """The instances whose summed count may have changed since the last call (this
+        replica's leases, and what the last ``inflight`` read of the others changed)."""
+        ...
 
     async def holders(self, hashes: Sequence[int], now: float) -> list[set[str]]: ...
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 from pdd.router.prefix_index import InMemoryIndexStore
 
@@ -17,6 +18,7 @@ class LocalStore:
     def __init__(self, ttl_s: float) -> None:
         self._index = InMemoryIndexStore(ttl_s)
         self._inflight: Counter[str] = Counter()
+        self._moved: set[str] = set()
 
     @property
     def index(self) -> InMemoryIndexStore:
@@ -26,14 +28,22 @@ class LocalStore:
         self._inflight[instance] += delta
         if self._inflight[instance] <= 0:
             del self._inflight[instance]
+        self._moved.add(instance)
+
+    def take_moved(self) -> set[str]:
+        """The instances whose count changed since the last call: the router updates
+        only those, not the whole fleet, per request."""
+        moved, self._moved = self._moved, set()
+        return moved
 
     def counts(self) -> dict[str, int]:
         """This replica's in-flight counts, without a coroutine (what a shared store
         publishes and adds to the other replicas')."""
         return dict(self._inflight)
 
-    async def inflight(self) -> dict[str, int]:
-        return self.counts()
+    async def inflight(self) -> Mapping[str, int]:
+        """The live counts, read-only (no copy per request: see ``take_moved``)."""
+        return MappingProxyType(self._inflight)
 
     async def holders(self, hashes: Sequence[int], now: float) -> list[set[str]]:
         return self._index.holders(hashes, now)

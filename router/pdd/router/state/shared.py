@@ -37,7 +37,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 import redis.asyncio
@@ -95,6 +95,10 @@ class SharedStore:
         self._settled.set()
         self._next_beat = 0.0
         self._index = _FailoverIndex(self, self._local.index, self._remote)
+        #: The other replicas' counts as last read, and the instances whose count
+        #: differed from the read before (for ``take_moved``).
+        self._others: dict[str, int] = {}
+        self._others_moved: set[str] = set()
         self._task: asyncio.Task | None = None
 
     @property
@@ -113,12 +117,20 @@ class SharedStore:
         self._local.add_inflight(instance, delta)
         self.write(lambda: self._loads.add(instance, delta))
 
-    async def inflight(self) -> dict[str, int]:
-        others = await self._read(self._loads.others)
-        total = dict(others or {})
+    async def inflight(self) -> Mapping[str, int]:
+        others = await self._read(self._loads.others) or {}
+        if others or self._others:
+            self._others_moved.update(key for key, _ in self._others.items() ^ others.items())
+        self._others = others
+        total = dict(others)
         for instance, n in self._local.counts().items():
             total[instance] = total.get(instance, 0) + n
         return total
+
+    def take_moved(self) -> set[str]:
+        moved = self._local.take_moved() | self._others_moved
+        self._others_moved = set()
+        return moved
 
     async def holders(self, hashes: Sequence[int], now: float) -> list[set[str]]:
         remote = await self._read(lambda: self._remote.holders(hashes, now))

@@ -1,0 +1,91 @@
+"""The fleet the policy chooses from, kept in step by applying only what changed.
+
+A route needs every routable instance's load: the larger of what the worker last
+reported and what the routers have in flight on it. Rebuilding that for every request
+costs a pass over the whole fleet (6.5 ms per request at 1,000 instances, measured);
+instead each route applies the instances the registry changed since the last one (a
+poll's answer, a suspicion, a pod gone) and the in-flight counts that moved, so a
+request costs O(changes x log n), and the fleet's per-role orders answer the choice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+from pdd.common.vocabulary import Role
+from pdd.router.fleet import Fleet
+from pdd.router.instance_load import InstanceLoad
+from pdd.router.registry import Instance, InstanceRegistry
+
+#: The policy's roles for the workers' roles; a mono instance plays main decode.
+POLICY_ROLE: dict[Role, Role] = {
+    Role.PREFILL: Role.PREFILL,
+    Role.RELAY: Role.RELAY,
+    Role.MAIN: Role.MAIN,
+    Role.MONO: Role.MAIN,
+}
+
+
+class RoutingView:
+    """The routable instances by id and their loads in a :class:`Fleet`."""
+
+    def __init__(self, registry: InstanceRegistry, capacity_cap: int | None = None) -> None:
+        """``capacity_cap``: the config's per-instance limit, below the workers' own."""
+        self.fleet = Fleet()
+        self._registry = registry
+        self._cap = capacity_cap
+        self._by_id: dict[str, Instance] = {}
+        self._id_of: dict[str, str] = {}  # URL -> the instance id it was last routable as
+        self._inflight: Mapping[str, int] = {}
+        self._stale: set[str] = set()  # left out for one retry: recompute on the next refresh
+
+    def instance(self, instance_id: str) -> Instance:
+        return self._by_id[instance_id]
+
+    def refresh(self, inflight: Mapping[str, int], moved: set[str]) -> None:
+        """Apply the registry's changes and the in-flight counts (every replica's sum),
+        of which only the ``moved`` instances' may differ from the last refresh."""
+        dirty, self._stale = self._stale, set()
+        for url, inst in self._registry.take_changes():
+            old = self._id_of.pop(url, None)
+            if old is not None:
+                self._by_id.pop(old, None)
+                dirty.add(old)
+            if inst is not None and inst.endpoint is not None and self._registry.routes_to(inst):
+                instance_id = inst.endpoint.instance_id
+                self._id_of[url] = instance_id
+                self._by_id[instance_id] = inst
+                dirty.add(instance_id)
+        dirty |= moved
+        self._inflight = inflight
+        for instance_id in dirty:
+            self._apply(instance_id)
+
+    @contextmanager
+    def excluding(self, instance_ids: frozenset[str]) -> Iterator[None]:
+        """Leave these instances out of the fleet for one decision (a retry's failed ones)."""
+        for instance_id in instance_ids:
+            self.fleet.remove(instance_id)
+        try:
+            yield
+        finally:
+            self._stale |= instance_ids
+
+    def _apply(self, instance_id: str) -> None:
+        load = self._load(instance_id)
+        if load is None:
+            self.fleet.remove(instance_id)
+        else:
+            self.fleet.update(load)
+
+    def _load(self, instance_id: str) -> InstanceLoad | None:
+        """Active = the larger of the routers' in-flight count and the worker's own report;
+        capacity = what the worker reports (its max_running), capped by the config's."""
+        inst = self._by_id.get(instance_id)
+        if inst is None or inst.load is None:  # gone, or not polled yet
+            return None
+        report = inst.load
+        capacity = report.capacity if self._cap is None else min(self._cap, report.capacity)
+        active = max(report.running + report.waiting, self._inflight.get(instance_id, 0))
+        return InstanceLoad(instance_id, POLICY_ROLE[inst.role], active, capacity)
