@@ -103,7 +103,7 @@ def build_worker_deployment(
 
 def build_router_deployment(spec: PDDSpec, owner: Owner, config_hash: str) -> dict[str, Any]:
     """The router: CPU only, so it carries no pool's GPU selector."""
-    container = {
+    container: dict[str, Any] = {
         "name": str(Component.ROUTER),
         "image": spec.images.router,
         "imagePullPolicy": spec.images.pull_policy,
@@ -115,17 +115,18 @@ def build_router_deployment(spec: PDDSpec, owner: Owner, config_hash: str) -> di
         "readinessProbe": _http_probe("/health", "http"),
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
     }
-    pod_spec = {"containers": [container], "volumes": [_config_volume(owner)]}
+    volumes = [_config_volume(owner)]
     tls_secret = wan_tls_secret_name(spec, owner)
     if tls_secret is not None:
         # Only ca.crt: the router verifies MD's https certificate and presents none (the
         # bearer secret authenticates it), so the private key stays with the workers.
         only_ca = {"secretName": tls_secret, "items": [{"key": CA_FILE, "path": CA_FILE}]}
-        pod_spec["volumes"].append({"name": "wan-tls", "secret": only_ca})
+        volumes.append({"name": "wan-tls", "secret": only_ca})
         container["volumeMounts"].append(
             {"name": "wan-tls", "mountPath": WAN_TLS_DIR, "readOnly": True}
         )
         container["args"] += ["--wan-tls-dir", WAN_TLS_DIR]
+    pod_spec = {"containers": [container], "volumes": volumes}
     site = Site(owner.namespace)
     return _deployment(
         owner,
