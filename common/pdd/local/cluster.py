@@ -263,8 +263,10 @@ def refused_settings(ready_url: str) -> WorkerRefusal | None:
     """The refusal of a worker that stays up without its engine (see WorkerRefusal), if
     the worker behind ``ready_url`` is one: such a worker will never become ready."""
     try:
-        health = ready_url.removesuffix("/ready") + "/health"
-        answer = httpx.get(health, timeout=2.0, verify=False)  # a probe: see http_ok
+        # A refused worker serves its reason in plaintext, even where its port is https
+        # when it runs (MD with WAN TLS on): it may have no usable certificate.
+        base = ready_url.removesuffix("/ready").replace("https://", "http://", 1)
+        answer = httpx.get(f"{base}/health", timeout=2.0)
         if answer.status_code == 503:
             return WorkerRefusal.model_validate_json(answer.content)
     except (httpx.HTTPError, ValidationError):
