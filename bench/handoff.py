@@ -23,6 +23,13 @@ the operator's generator makes, as ``spec.wan.tls`` does). The emulated line hid
 CPU cost behind its rate, so a second table sends ``--bulk-mib`` of KV chunks straight
 over loopback (no line: the transport is the bottleneck) and reports throughput and the
 process's CPU seconds per GiB (both ends are in this process: encryption and decryption).
+
+A third table is the router's side of MD's control API (``HTTPS_ROLES``), served by
+uvicorn as the worker serves it (plaintext, or TLS 1.3 with the worker's
+``http_server`` context) and read with the router's ``WorkerClient`` trusting ``ca.crt``:
+a new connection's first ``GET`` (TCP and, with TLS, the handshake; ``--http-trials``
+of them) and a token stream of ``--stream-events`` NDJSON events (throughput and CPU
+per 1,000 events, both ends in this process), over loopback.
 """
 
 from __future__ import annotations
@@ -32,15 +39,23 @@ import asyncio
 import json
 import os
 import random
+import ssl
 import statistics
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import httpx
 import torch
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
 
+from pdd.common.wan_tls import load_wan_ca
+from pdd.common.wire import TokenEvent
 from pdd.operator.builders.wan_tls import new_wan_tls
+from pdd.router.worker_client import WorkerClient
 from pdd.wan.link import WanLink
 from pdd.worker.engine import Engine
 from pdd.worker.engine.sampling import SamplingParams
@@ -72,6 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--jitter-ms", type=float, default=10.0)
     p.add_argument("--tls", choices=("both", "off", "on"), default="both", help="WAN channel")
     p.add_argument("--bulk-mib", type=int, default=256, help="KV sent for the TLS cost table")
+    p.add_argument("--http-trials", type=int, default=200, help="new connections, HTTP table")
+    p.add_argument("--stream-events", type=int, default=20_000, help="token events streamed")
     p.add_argument("--json", help="write the results here as JSON")
     return p.parse_args(argv)
 
@@ -155,13 +172,13 @@ def summarize(name: str, tls: bool, samples: list[float], payload: int) -> dict:
     }
 
 
-def bench_tls() -> WanTls:
-    """The contexts a worker loads from a generated WAN TLS Secret."""
+def bench_tls() -> tuple[WanTls, ssl.SSLContext]:
+    """The contexts a worker and the router load from a generated WAN TLS Secret."""
     material = new_wan_tls("bench")
     with tempfile.TemporaryDirectory() as folder:
         for name, pem in material.files().items():
             (Path(folder) / name).write_text(pem)
-        return load_wan_tls(Path(folder))
+        return load_wan_tls(Path(folder)), load_wan_ca(Path(folder))
 
 
 class Sink:
@@ -237,20 +254,82 @@ async def run_bulk(args: argparse.Namespace, tls: WanTls | None) -> dict:
     }
 
 
-async def run(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
+def control_api(events: int) -> FastAPI:
+    """MD's control API as far as the router's calls need: ``/health`` and a token stream
+    of ``events`` NDJSON lines (the worker's framing: one event per line, chunked)."""
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/v1/pdd/requests/{request_id}/stream")
+    async def stream(request_id: str) -> StreamingResponse:
+        async def lines() -> AsyncIterator[bytes]:
+            for seq in range(events):
+                event = TokenEvent(request_id=request_id, seq=seq, token_id=seq % 50_000,
+                                   source="md", finished=seq == events - 1)  # fmt: skip
+                yield event.model_dump_json().encode() + b"\n"
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    return app
+
+
+async def run_http(args: argparse.Namespace, tls: WanTls | None, ca: ssl.SSLContext | None) -> dict:
+    """New connections' first GET, and one long token stream, plaintext or TLS 1.3."""
+    ssl_factory = (lambda _config, _default: tls.http_server) if tls is not None else None
+    config = uvicorn.Config(
+        control_api(args.stream_events), host="127.0.0.1", port=0, log_level="warning",
+        lifespan="off", ssl_context_factory=ssl_factory,
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+    verify = ca if ca is not None else True
+    try:
+        connects = []
+        for _ in range(args.http_trials):
+            async with httpx.AsyncClient(verify=verify) as fresh:
+                t0 = time.perf_counter()
+                (await fresh.get(f"{url}/health")).raise_for_status()
+                connects.append((time.perf_counter() - t0) * 1000)
+        client = WorkerClient(SECRET, tls=ca)
+        wall, cpu = time.perf_counter(), time.process_time()
+        received = sum([1 async for _ in client.stream(url, "bench")])
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        await client.aclose()
+    finally:
+        server.should_exit = True
+        await serving
+    assert received == args.stream_events
+    return {
+        "tls": tls is not None,
+        "connect_mean_ms": statistics.fmean(connects),
+        "connect_p50_ms": statistics.median(connects),
+        "events_per_s": received / wall,
+        "cpu_ms_per_1000_events": cpu * 1000 / (received / 1000),
+    }
+
+
+async def run(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[dict]]:
     setup = Setup(args)
-    handoffs, bulk = [], []
+    handoffs, bulk, http = [], [], []
     for tls_on in {"both": (False, True), "off": (False,), "on": (True,)}[args.tls]:
-        tls = bench_tls() if tls_on else None
+        tls, ca = bench_tls() if tls_on else (None, None)
         handoffs += await run_handoffs(setup, args, tls)
         bulk.append(await run_bulk(args, tls))
-    return handoffs, bulk
+        http.append(await run_http(args, tls, ca))
+    return handoffs, bulk, http
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(2)
-    handoffs, bulk = asyncio.run(run(args))
+    handoffs, bulk, http = asyncio.run(run(args))
     print(
         f"{args.tokens}-token handoff over {args.gbps} Gbit/s, RTT {args.rtt_ms} ms, "
         f"jitter {args.jitter_ms} ms, {args.trials} trials, model {args.model}"
@@ -271,9 +350,21 @@ def main(argv: list[str] | None = None) -> int:
             f"{'TLS' if b['tls'] else 'plain':<6}{b['seconds']:>10.2f}{b['mib_per_s']:>10.0f}"
             f"{b['cpu_s_per_gib']:>12.2f}"
         )
+    print(
+        f"\nMD's control API over loopback: {args.http_trials} new connections' first GET, "
+        f"one stream of {args.stream_events} token events (router's WorkerClient)"
+    )
+    print(f"{'HTTP':<6}{'conn mean ms':>14}{'conn p50 ms':>13}{'events/s':>10}{'CPU ms/1k ev':>14}")
+    for h in http:
+        print(
+            f"{'TLS' if h['tls'] else 'plain':<6}{h['connect_mean_ms']:>14.2f}"
+            f"{h['connect_p50_ms']:>13.2f}{h['events_per_s']:>10.0f}"
+            f"{h['cpu_ms_per_1000_events']:>14.1f}"
+        )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"config": vars(args), "results": handoffs, "bulk": bulk}, f, indent=2)
+            out = {"config": vars(args), "results": handoffs, "bulk": bulk, "http": http}
+            json.dump(out, f, indent=2)
     return 0
 
 

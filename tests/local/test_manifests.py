@@ -85,13 +85,17 @@ def test_volumes_become_files_and_host_mounts() -> None:
     tls = {
         "kind": "Secret",
         "metadata": {"name": "wan-tls"},
-        "data": {"tls.crt": base64.b64encode(b"CERT PEM").decode()},
+        "data": {
+            "tls.crt": base64.b64encode(b"CERT PEM").decode(),
+            "ca.crt": base64.b64encode(b"CA PEM").decode(),
+        },
     }
     container = {
         "volumeMounts": [
             {"name": "config", "mountPath": "/etc/pdd"},
             {"name": "model", "mountPath": "/models", "subPath": "qwen"},
             {"name": "tls", "mountPath": "/etc/pdd-wan-tls"},
+            {"name": "ca", "mountPath": "/etc/ca"},
             {"name": "users", "mountPath": "/etc/users"},
         ]
     }
@@ -100,18 +104,42 @@ def test_volumes_become_files_and_host_mounts() -> None:
         {"name": "config", "configMap": {"name": "cfg"}},
         {"name": "model", "persistentVolumeClaim": {"claimName": "weights"}},
         {"name": "tls", "secret": {"secretName": "wan-tls"}},
+        # items: only the keys named, under their paths (the router's CA-only mount)
+        {
+            "name": "ca",
+            "secret": {"secretName": "wan-tls", "items": [{"key": "ca.crt", "path": "root.pem"}]},
+        },
         {"name": "users", "secret": {"secretName": "mine"}},  # a user's, given to the runner
     ]
     cluster = ClusterObjects("local", [dep, config_map, tls])
     (pod,) = plan_pods([cluster], claims={"weights": "/data/w"}, secrets={"mine": {"k": "v"}})
     assert pod.files == {
         "/etc/pdd": {"c.json": "{}"},
-        "/etc/pdd-wan-tls": {"tls.crt": "CERT PEM"},
+        "/etc/pdd-wan-tls": {"tls.crt": "CERT PEM", "ca.crt": "CA PEM"},
+        "/etc/ca": {"root.pem": "CA PEM"},
         "/etc/users": {"k": "v"},
     }
     assert pod.host_mounts == {"/models": "/data/w/qwen"}
     with pytest.raises(ManifestError, match="PersistentVolumeClaim 'weights'"):
         plan_pods([cluster], secrets={"mine": {"k": "v"}})
+
+
+def test_a_probe_keeps_its_scheme_and_the_pod_serves_http_as_its_probe_says() -> None:
+    """MD with WAN TLS on: kubelet probes its control API over https, so does the runner."""
+    probe = {"httpGet": {"path": "/ready", "port": "http", "scheme": "HTTPS"}}
+    ports = [{"name": "http", "containerPort": 8000}]
+    main = deployment("main", ports=ports, readinessProbe=probe)
+    plain = deployment("prefill", ports=ports, readinessProbe={"httpGet": {"port": "http"}})
+    tcp = deployment("redis", ports=ports, readinessProbe={"tcpSocket": {"port": "http"}})
+    pods = {p.component: p for p in plan_pods([ClusterObjects("local", [main, plain, tcp])])}
+    assert pods["main"].http_scheme == "https"
+    assert pods["main"].probe is not None
+    assert pods["main"].probe.url("10.0.0.1", 8000) == "https://10.0.0.1:8000/ready"
+    assert pods["prefill"].http_scheme == "http"
+    assert pods["prefill"].probe is not None
+    assert pods["prefill"].probe.url("10.0.0.1", 8000) == "http://10.0.0.1:8000/"
+    assert pods["redis"].probe is not None
+    assert pods["redis"].probe.url("10.0.0.1", 8000) == "tcp://10.0.0.1:8000"
 
 
 def test_gpu_requests_are_refused_with_the_fix() -> None:

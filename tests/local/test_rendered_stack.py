@@ -112,6 +112,9 @@ class Stack:
     a_to_b_stats: str | None
     #: Where each pod's log is (``<pod name>.log``).
     log_dir: Path
+    #: Each MD pod's control API as the runner reaches it (its probe's scheme: https with
+    #: WAN TLS on).
+    main_urls: list[str]
 
     def worker_logs(self) -> dict[str, str]:
         """Each worker pod's log, by pod name."""
@@ -133,7 +136,12 @@ def in_namespaces(clusters: list[ClusterObjects], log_dir: Path) -> Iterator[Sta
         (router, *_) = running.with_label(COMPONENT_LABEL, "router")
         roles = Counter(p.component for p in running.pods)
         a_side = f"{running.gateway_admins[0]}/stats" if running.gateway_admins else None
-        yield Stack(f"http://{router.node_ip}:{router.ports['http']}", roles, a_side, log_dir)
+        mains = [
+            f"{p.http_scheme}://{p.node_ip}:{p.ports['http']}"
+            for p in running.with_label(COMPONENT_LABEL, "main")
+        ]
+        router_url = f"http://{router.node_ip}:{router.ports['http']}"
+        yield Stack(router_url, roles, a_side, log_dir, mains)
     finally:
         running.stop()
 
@@ -145,7 +153,8 @@ def on_host(clusters: list[ClusterObjects], log_dir: Path) -> Iterator[Stack]:
         (router, *_) = running.of_role("router")
         roles = Counter(p.role for p in running.pods)
         a_side = f"{running.lines[0].admin_url}/stats" if running.lines else None
-        yield Stack(router.http_url, roles, a_side, log_dir)
+        mains = [p.http_url for p in running.of_role("main")]
+        yield Stack(router.http_url, roles, a_side, log_dir, mains)
     finally:
         running.stop()
 
@@ -222,6 +231,18 @@ def test_rendered_pods_serve_monos_tokens_on_both_pipelines(stack: Stack) -> Non
     secured = {name: "(TLS 1.3, mutual)" in log for name, log in stack.worker_logs().items()}
     assert len(secured) == sum(stack.pods_by_role[r] for r in ("prefill", "relay", "main"))
     assert set(secured.values()) == {stack.a_to_b_stats is not None}, secured
+    # The router's calls to MD (its token stream above, handoffs, polls) crossed on https
+    # there: MD's control API serves TLS only, so a plaintext client gets nothing from it.
+    tls = stack.a_to_b_stats is not None
+    for main in stack.main_urls:
+        assert main.startswith("https://" if tls else "http://"), main
+        assert httpx.get(f"{main}/health", verify=False, timeout=10).status_code == 200
+        if tls:
+            plain = main.replace("https://", "http://", 1)
+            with pytest.raises(httpx.HTTPError):
+                httpx.get(f"{plain}/health", timeout=10)
+    mains = [log for name, log in stack.worker_logs().items() if "-main-" in name]
+    assert mains and all(f"{'https' if tls else 'http'} on" in log for log in mains)
     if stack.a_to_b_stats:  # two clusters: the KV goes to MD over the emulated line
         a_side = stack.a_to_b_stats
         until_sync(  # a relay may finish before the long prompt's KV has landed at MD

@@ -94,4 +94,11 @@ def test_wan_tls_gives_every_worker_the_certificates_as_files() -> None:
     for pod in workers:
         assert set(pod.files["/etc/pdd-wan-tls"]) == {"tls.crt", "tls.key", "ca.crt"}
         assert list(pod.args)[-2:] == ["--wan-tls-dir", "/etc/pdd-wan-tls"]
-    assert all("--wan-tls-dir" not in p.args for p in rendered(StackConfig()))  # off by default
+        # MD's control API crosses the WAN to the router: it is probed over TLS.
+        assert pod.http_scheme == ("https" if pod.component == "main" else "http")
+    (router,) = [p for p in pods if p.component == "router"]
+    assert router.files["/etc/pdd-wan-tls"] == {"ca.crt": next(iter(ca))}  # the CA alone
+    assert list(router.args)[-2:] == ["--wan-tls-dir", "/etc/pdd-wan-tls"]
+    plain = rendered(StackConfig())
+    assert all("--wan-tls-dir" not in p.args for p in plain)  # off by default
+    assert {p.http_scheme for p in plain} == {"http"}

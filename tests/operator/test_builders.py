@@ -385,8 +385,23 @@ def test_wan_tls_secret_goes_to_both_clusters_and_every_worker_mounts_it(
         mount = {"name": "wan-tls", "mountPath": WAN_TLS_DIR, "readOnly": True}
         assert mount in container["volumeMounts"]
         assert container["args"][-2:] == ["--wan-tls-dir", WAN_TLS_DIR]
+        # MD's control API crosses the WAN to the router: https, probed and scraped so.
+        get = container["readinessProbe"]["httpGet"]
+        template = children[(cluster, "Deployment", f"qwen-{role}")]["spec"]["template"]
+        scheme = template["metadata"]["annotations"].get("prometheus.io/scheme")
+        if role == "main":
+            assert get["scheme"] == "HTTPS" and scheme == "https"
+        else:  # P and RLD share datacenter A with the router: plaintext HTTP
+            assert "scheme" not in get and scheme is None
     router = children[(Cluster.LOCAL, "Deployment", "qwen-router")]["spec"]["template"]["spec"]
-    assert all("secret" not in v for v in router["volumes"])  # the router has no data plane
+    # The router verifies MD's certificate: the CA alone, never the workers' private key.
+    only_ca = {"secretName": "qwen-wan-tls", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    assert {"name": "wan-tls", "secret": only_ca} in router["volumes"]
+    (container,) = router["containers"]
+    assert {"name": "wan-tls", "mountPath": WAN_TLS_DIR, "readOnly": True} in container[
+        "volumeMounts"
+    ]
+    assert container["args"][-2:] == ["--wan-tls-dir", WAN_TLS_DIR]
     for cluster, obj in plan.children:
         kubernetes_validate.validate(obj, version, strict=True)
         assert ref_of(cluster, obj) in possible_children(
@@ -404,9 +419,16 @@ def test_a_named_wan_tls_secret_is_mounted_and_none_generated(
     assert not [key for key in children if key[1] == "Secret" and key[2] == "qwen-wan-tls"]
     pod = children[(Cluster.LOCAL, "Deployment", "qwen-main")]["spec"]["template"]["spec"]
     assert {"name": "wan-tls", "secret": {"secretName": "wan-certs"}} in pod["volumes"]
+    router = children[(Cluster.LOCAL, "Deployment", "qwen-router")]["spec"]["template"]["spec"]
+    assert {"name": "wan-tls", "secret": {"secretName": "wan-certs", "items": [
+        {"key": "ca.crt", "path": "ca.crt"}]}} in router["volumes"]  # fmt: skip
     off = by_kind_name(build_plan(pool_b_spec, owner, TOKEN).children)
-    prefill = off[(Cluster.LOCAL, "Deployment", "qwen-prefill")]["spec"]["template"]["spec"]
-    assert "--wan-tls-dir" not in prefill["containers"][0]["args"]  # off by default
+    for role in ("prefill", "main", "router"):  # off by default: no TLS, plaintext probes
+        container = off[(Cluster.LOCAL, "Deployment", f"qwen-{role}")]["spec"]["template"]["spec"][
+            "containers"
+        ][0]
+        assert "--wan-tls-dir" not in container["args"]
+        assert "scheme" not in container["readinessProbe"]["httpGet"]
 
 
 def test_generated_wan_tls_certificate_is_signed_by_its_ca_for_both_ends(

@@ -11,7 +11,7 @@ from pdd.operator.builders.meta import Site
 from pdd.operator.naming import Owner
 from pdd.operator.spec import PDDSpec
 from pdd.router.config import TINY_KV_BYTES_PER_TOKEN, ConfigError, parse_worker
-from pdd.router.server import build_config, build_parser
+from pdd.router.server import build_config, build_parser, main
 
 pytestmark = pytest.mark.unit
 
@@ -85,6 +85,15 @@ def test_reads_the_config_the_operator_renders(tmp_path, monkeypatch):
     hosts = {w.role: (w.dns_host, w.http_port) for w in config.workers}
     assert hosts["main"] == (doc["peers"]["main"]["host"], doc["peers"]["main"]["httpPort"])
     assert set(hosts) == {"prefill", "relay", "main"}
+    assert {w.scheme for w in config.workers} == {"http"}  # WAN TLS off: plaintext
+    assert config.wan_tls_dir is None
+    # With WAN TLS (the operator adds --wan-tls-dir): https to MD alone, which the router
+    # reaches across the WAN; P and RLD share its datacenter and stay plaintext.
+    tls = parse("--config", str(path), "--wan-tls-dir", str(tmp_path))
+    assert {w.role: w.scheme for w in tls.workers} == {
+        "prefill": "http", "relay": "http", "main": "https",
+    }  # fmt: skip
+    assert tls.wan_tls_dir == tmp_path
 
 
 def test_prompt_limit_is_prefills_own_unless_capped_and_keys_come_from_the_env(
@@ -109,3 +118,13 @@ def test_prompt_limit_is_prefills_own_unless_capped_and_keys_come_from_the_env(
     assert config.max_prompt_tokens is None
     assert config.api_keys == ("sk-flag", "sk-a", "sk-b", "sk-c")
     assert parse("--config", str(path), "--max-prompt-tokens", "50").max_prompt_tokens == 50
+
+
+def test_a_wan_tls_dir_without_its_ca_is_refused_at_start(tmp_path, caplog):
+    """Exit 2 with the file named, not a traceback or a router that trusts nothing."""
+    argv = ["--prefill", "p=http://h:1", "--main", "md=https://h:2", "--secret", "s"]
+    assert main([*argv, "--wan-tls-dir", str(tmp_path)]) == 2
+    assert f"WAN TLS folder {tmp_path} lacks ca.crt" in caplog.text
+    (tmp_path / "ca.crt").write_text("not a certificate")
+    assert main([*argv, "--wan-tls-dir", str(tmp_path)]) == 2
+    assert "does not load as a CA certificate" in caplog.text

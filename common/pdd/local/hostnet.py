@@ -74,17 +74,16 @@ class HostPod:
 
     @property
     def http_url(self) -> str:
-        return f"http://{self.address('http')}"
+        return f"{self.plan.http_scheme}://{self.address('http')}"
 
     def probe_url(self) -> str | None:
-        """The readiness probe as a URL: ``http://`` for an HTTP GET, ``tcp://`` for a
+        """The readiness probe as a URL: ``http(s)://`` for an HTTP GET, ``tcp://`` for a
         connect; None without a probe."""
         probe = self.plan.probe
         if probe is None:
             return None
         by_number = {number: name for name, number in self.plan.ports.items()}
-        where = f"{HOST}:{self.ports[by_number[probe.port]]}"
-        return f"tcp://{where}" if probe.path is None else f"http://{where}{probe.path}"
+        return probe.url(HOST, self.ports[by_number[probe.port]])
 
 
 @dataclass(frozen=True)

@@ -41,10 +41,20 @@ class ManifestError(ValueError):
 
 @dataclass(frozen=True)
 class Probe:
-    """A readiness probe: an HTTP GET of ``path`` (or a TCP connect when None) on ``port``."""
+    """A readiness probe: an HTTP GET of ``path`` (or a TCP connect when None) on ``port``.
+
+    ``scheme``: ``http``, or ``https`` where the port serves TLS (MD's control API with
+    WAN TLS on); like kubelet, the runner then checks no certificate."""
 
     port: int
     path: str | None = None
+    scheme: str = "http"
+
+    def url(self, host: str, port: int) -> str:
+        """The probe as a URL on ``host:port``: ``tcp://`` for a connect."""
+        if self.path is None:
+            return f"tcp://{host}:{port}"
+        return f"{self.scheme}://{host}:{port}{self.path}"
 
 
 @dataclass(frozen=True)
@@ -104,6 +114,11 @@ class PodPlan:
     def component(self) -> str:
         """What the pod is (prefill, relay, main, router, redis): its component label."""
         return self.labels.get(COMPONENT_LABEL, "")
+
+    @property
+    def http_scheme(self) -> str:
+        """How its HTTP port speaks, as its readiness probe says (https: TLS)."""
+        return self.probe.scheme if self.probe is not None else "http"
 
     @property
     def pod_ip(self) -> str:
@@ -214,7 +229,8 @@ def _probe(name: str, probe: dict[str, Any] | None, ports: dict[str, int]) -> Pr
         return None
     if "httpGet" in probe:
         get = probe["httpGet"]
-        return Probe(_port(name, get["port"], ports), get.get("path", "/"))
+        scheme = str(get.get("scheme", "HTTP")).lower()
+        return Probe(_port(name, get["port"], ports), get.get("path", "/"), scheme)
     if "tcpSocket" in probe:
         return Probe(_port(name, probe["tcpSocket"]["port"], ports))
     raise ManifestError(f"{name}: only httpGet and tcpSocket readiness probes are run here")
@@ -299,7 +315,10 @@ def _mounts(
             config_map = cluster.named("ConfigMap", volume["configMap"]["name"])
             files[target] = dict(config_map.get("data") or {})
         elif "secret" in volume:  # e.g. the WAN TLS certificates
-            files[target] = _secret_files(cluster, volume["secret"]["secretName"], user_secrets)
+            files[target] = _projected(
+                _secret_files(cluster, volume["secret"]["secretName"], user_secrets),
+                volume["secret"].get("items"),
+            )
         elif "hostPath" in volume:
             host_mounts[target] = _sub(volume["hostPath"]["path"], mount)
         elif "persistentVolumeClaim" in volume:
@@ -313,6 +332,14 @@ def _mounts(
         else:
             raise ManifestError(f"{pod}: volume {mount['name']!r} is of a kind not run here")
     return files, host_mounts
+
+
+def _projected(files: dict[str, str], items: list[dict[str, str]] | None) -> dict[str, str]:
+    """A volume's ``items`` as kubelet projects them: only those keys, under their paths
+    (the router's WAN TLS mount holds ``ca.crt`` alone); all keys without ``items``."""
+    if items is None:
+        return files
+    return {item["path"]: files[item["key"]] for item in items}
 
 
 def _sub(path: str, mount: dict[str, Any]) -> str:

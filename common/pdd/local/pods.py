@@ -350,4 +350,4 @@ def _probe_ok(pod: PodPlan) -> bool:
         ):
             return True
         return False
-    return http_ok(f"http://{pod.node_ip}:{pod.probe.port}{pod.probe.path}")
+    return http_ok(pod.probe.url(pod.node_ip, pod.probe.port))

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pdd.common.config_document import ConfigDocument
 from pdd.common.cost_model import LinkState, kv_bytes_per_token, kv_bytes_per_token_from_hf_config
 from pdd.common.vocabulary import Role
+from pdd.common.wan_tls import HTTPS_ROLES
 from pdd.router.tokenization import TINY_MODEL
 
 #: KV bytes per token of the ``tiny`` preset (4 layers x 2 KV heads x 32 dims, float32);
@@ -41,6 +42,11 @@ class WorkerRef:
     instance_id: str | None = None
     dns_host: str | None = None
     http_port: int | None = None
+
+    @property
+    def scheme(self) -> str:
+        """How its control API is dialled: ``https`` where the URL says so."""
+        return "https" if self.http_url.startswith("https://") else "http"
 
 
 def parse_worker(role: Role, text: str) -> WorkerRef:
@@ -98,6 +104,9 @@ class RouterConfig:
     #: KV with no decode-side cache (naive cross-datacenter PD); None lets the policy choose.
     force_pipeline: Literal["naive"] | None = None
     replica_id: str = field(default_factory=lambda: f"router-{os.getpid()}")
+    #: The WAN TLS folder (only its ``ca.crt`` is read): https workers' certificates must
+    #: chain to it. None: https workers are checked against the system's CAs.
+    wan_tls_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if not self.secret:
@@ -154,8 +163,11 @@ def read_secret(secret: str | None, secret_file: Path | None, env_name: str) -> 
     return os.environ.get(env_name, "")
 
 
-def file_settings(doc: ConfigDocument) -> dict[str, Any]:
-    """RouterConfig fields from the operator's config document."""
+def file_settings(doc: ConfigDocument, wan_tls: bool = False) -> dict[str, Any]:
+    """RouterConfig fields from the operator's config document.
+
+    ``wan_tls``: WAN TLS is on (the router was given the CA), so the roles it reaches
+    across the WAN (``HTTPS_ROLES``) are dialled with https."""
     settings: dict[str, Any] = {
         "model": doc.model.path,
         "served_model_name": doc.model.served_name,
@@ -172,7 +184,7 @@ def file_settings(doc: ConfigDocument) -> dict[str, Any]:
         "workers": tuple(
             WorkerRef(
                 role=Role(role),
-                http_url=f"http://{peer.host}:{peer.http_port}",
+                http_url=f"{_scheme(Role(role), wan_tls)}://{peer.host}:{peer.http_port}",
                 dns_host=peer.host,
                 http_port=peer.http_port,
             )
@@ -181,3 +193,7 @@ def file_settings(doc: ConfigDocument) -> dict[str, Any]:
         "secret_env": doc.shared_secret_env,
     }
     return settings
+
+
+def _scheme(role: Role, wan_tls: bool) -> str:
+    return "https" if wan_tls and role in HTTPS_ROLES else "http"

@@ -209,7 +209,7 @@ class InstanceRegistry:
             for info in infos:
                 host = str(info[4][0])
                 netloc = f"[{host}]" if ":" in host else host
-                url = f"http://{netloc}:{ref.http_port}"
+                url = f"{ref.scheme}://{netloc}:{ref.http_port}"
                 seen.add(url)
                 self._instances.setdefault(url, Instance(ref.role, url))
         for url in set(self._instances) - seen:

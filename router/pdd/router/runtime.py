@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from pdd.common.vocabulary import Role
+from pdd.common.wan_tls import load_wan_ca
 from pdd.router.config import RouterConfig
 from pdd.router.dispatch import Dispatcher
 from pdd.router.metrics import RouterMetrics
@@ -37,7 +38,8 @@ class RouterRuntime:
         self.config = config
         self.metrics = RouterMetrics()
         self.tokenizer: PromptTokenizer = load_prompt_tokenizer(config.model)
-        self.client = WorkerClient(config.secret)
+        tls = load_wan_ca(config.wan_tls_dir) if config.wan_tls_dir is not None else None
+        self.client = WorkerClient(config.secret, tls=tls)
         index_config = PrefixIndexConfig(block_size=config.block_size)
         self.store: RouterStore = (
             SharedStore(

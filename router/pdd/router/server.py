@@ -88,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("naive",),
         help="baseline for benchmarks: every request P -> MD with the full KV, no DRC",
     )
+    p.add_argument(
+        "--wan-tls-dir", type=Path,
+        help="WAN TLS is on: a folder with the deployment's ca.crt; the workers reached "
+        "across the WAN (main) are dialled with https and must chain to it",
+    )  # fmt: skip
     p.add_argument("--replica-id", help="this replica's name in the shared store")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
@@ -102,7 +107,7 @@ _PLAIN_FLAGS = (
     "max_prompt_tokens", "max_body_bytes", "default_max_tokens", "poll_interval_s",
     "max_tokens_limit", "max_streams_per_key",
     "request_timeout_s", "handoff", "catchup_threshold", "replica_id", "host", "port",
-    "force_pipeline", "redis_deadline_s",
+    "force_pipeline", "redis_deadline_s", "wan_tls_dir",
 )  # fmt: skip
 
 
@@ -111,7 +116,8 @@ def build_config(args: argparse.Namespace) -> RouterConfig:
     secret_env = SHARED_SECRET_ENV
     if args.config is not None:
         try:
-            settings = file_settings(read_config_document(args.config, "router"))
+            doc = read_config_document(args.config, "router")
+            settings = file_settings(doc, wan_tls=args.wan_tls_dir is not None)
         except ConfigDocumentError as exc:
             raise ConfigError(str(exc)) from None
         secret_env = settings.pop("secret_env")

@@ -2,15 +2,20 @@
 
 Every ``/v1/pdd/*`` call carries ``Authorization: Bearer <shared secret>``; probes
 (``/health``, ``/load``) are open on the worker but get the header too, harmlessly.
+With WAN TLS on, the workers across the WAN (MD) answer on https: their certificate must
+chain to the deployment's CA (``pdd.common.wan_tls``); a failed handshake is reported
+in words (whose certificate, OpenSSL's reason), not as a bare exception.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ssl
 from collections.abc import AsyncIterator
 
 import httpx
 
+from pdd.common.wan_tls import tls_failure
 from pdd.common.wire import (
     CacheEventsPage,
     HandoffIds,
@@ -30,6 +35,17 @@ class WorkerCallError(RuntimeError):
         self.detail = detail
 
 
+def failure(exc: httpx.HTTPError) -> str:
+    """What went wrong, in words where it was the TLS handshake (a worker whose certificate
+    is from another CA, a plaintext port dialled with https), else the exception's repr."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, ssl.SSLError):
+            return tls_failure(cause)
+        cause = cause.__cause__ or cause.__context__
+    return repr(exc)
+
+
 #: Idle pooled connections are dropped well before the workers' uvicorn closes them
 #: (its keep-alive timeout is 5 s); reusing one the server is closing at that moment
 #: fails the request with a bare ReadError before a byte is sent.
@@ -44,11 +60,14 @@ class WorkerClient:
         secret: str,
         timeout_s: float = 5.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
-        """``transport`` replaces the network (an in-process one in tests); default: TCP."""
+        """``transport`` replaces the network (an in-process one in tests); default: TCP.
+        ``tls``: how https workers are verified (``load_wan_ca``); default: system CAs."""
         self._headers = {"Authorization": f"Bearer {secret}"}
         self._http = httpx.AsyncClient(
             transport=transport,
+            verify=tls if tls is not None else True,
             headers=self._headers,
             timeout=httpx.Timeout(timeout_s),
             limits=httpx.Limits(
@@ -65,7 +84,7 @@ class WorkerClient:
         try:
             resp = await self._http.get(url, params=params)
         except httpx.HTTPError as exc:
-            raise WorkerCallError(url, repr(exc)) from exc
+            raise WorkerCallError(url, failure(exc)) from exc
         if resp.status_code != 200:
             raise WorkerCallError(url, f"answered {resp.status_code}: {resp.text[:300]}")
         return resp.json()
@@ -101,7 +120,7 @@ class WorkerClient:
         try:
             resp = await self._http.post(url, content=body, headers=headers)
         except httpx.HTTPError as exc:
-            raise WorkerCallError(url, repr(exc)) from exc
+            raise WorkerCallError(url, failure(exc)) from exc
         if resp.status_code != expect:
             raise WorkerCallError(url, f"answered {resp.status_code}: {resp.text[:300]}")
 
@@ -116,4 +135,4 @@ class WorkerClient:
                     if line.strip():
                         yield TokenEvent.model_validate_json(line)
         except httpx.HTTPError as exc:
-            raise WorkerCallError(url, repr(exc)) from exc
+            raise WorkerCallError(url, failure(exc)) from exc

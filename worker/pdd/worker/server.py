@@ -18,6 +18,8 @@ import asyncio
 import logging
 import os
 import signal
+import ssl
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -65,8 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--wan-tls-dir",
         type=Path,
-        help="TLS on the WAN port and WAN dials: a folder with tls.crt, tls.key and ca.crt "
-        "(needs --wan; peers must chain to ca.crt)",
+        help="TLS on the WAN port and WAN dials, and on the HTTP port of the role the router "
+        "reaches across the WAN (main): a folder with tls.crt, tls.key and ca.crt (needs "
+        "--wan; peers must chain to ca.crt)",
     )
     p.add_argument("--secret-file", type=Path, help="shared secret (else $PDD_SHARED_SECRET)")
     p.add_argument("--secret-env", default="PDD_SHARED_SECRET", help=argparse.SUPPRESS)
@@ -210,7 +213,12 @@ async def run(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> No
     http_host, http_port = split_addr(args.http)
     server = DrainingServer(
         uvicorn.Config(
-            worker.app, host=http_host, port=http_port, log_level="warning", lifespan="off"
+            worker.app,
+            host=http_host,
+            port=http_port,
+            log_level="warning",
+            lifespan="off",
+            ssl_context_factory=http_tls(settings),
         ),
         worker,
         args.drain_seconds,
@@ -219,7 +227,7 @@ async def run(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> No
     assert worker.data is not None
     info = worker.role.engine_info
     log.info(
-        "%s %s: data on %s, port %d, WAN data %s, http on %s; engine on %s %s, KV %d blocks "
+        "%s %s: data on %s, port %d, WAN data %s, %s on %s; engine on %s %s, KV %d blocks "
         "x %d = %d tokens (%.2f GiB), max running %d, max prompt %d tokens, chunked prefill "
         "%d tokens",
         args.role,
@@ -229,6 +237,7 @@ async def run(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> No
         f"on port {worker.wan.port}{tls_words(settings.wan_tls)}"
         if worker.wan
         else "on the same port",
+        settings.http_scheme,
         args.http,
         info.device,
         info.dtype,
@@ -244,6 +253,18 @@ async def run(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> No
         await server.serve()
     finally:
         await worker.stop()
+
+
+def http_tls(settings: WorkerSettings) -> Callable[..., ssl.SSLContext] | None:
+    """uvicorn's TLS for the control API where the router reaches it across the WAN.
+
+    A factory returning the context ``load_wan_tls`` built, rather than uvicorn's file
+    options: that context pins TLS 1.3 and its files were checked at start (a bad Secret
+    is a refused config, not a crash in uvicorn)."""
+    tls = settings.wan_tls
+    if tls is None or not settings.serves_https:
+        return None
+    return lambda _config, _default: tls.http_server
 
 
 def tls_words(tls: WanTls | None) -> str:

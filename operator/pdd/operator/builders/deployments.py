@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from pdd.common.config_document import API_KEYS_ENV, SHARED_SECRET_ENV
+from pdd.common.vocabulary import Role
+from pdd.common.wan_tls import CA_FILE, HTTPS_ROLES
 from pdd.operator.builders.config import model_path
 from pdd.operator.builders.meta import Site, metadata
 from pdd.operator.builders.wan_tls import wan_tls_secret_name
@@ -48,6 +50,9 @@ def build_worker_deployment(
 ) -> dict[str, Any]:
     """A worker role's Deployment. The relay's has no ``replicas``: the HPA sets it."""
     pool = worker_pool(spec, role)
+    tls_secret = wan_tls_secret_name(spec, owner)
+    # The router reaches this role's HTTP port across the WAN: with TLS on it serves https.
+    https = tls_secret is not None and Role(role) in HTTPS_ROLES
     container: dict[str, Any] = {
         "name": str(role),
         "image": spec.images.worker,
@@ -62,11 +67,10 @@ def build_worker_deployment(
         "env": _common_env(owner, role),
         "resources": pool.resources,
         # /ready turns false the moment a drain starts: the pod leaves its Service at once.
-        "readinessProbe": _http_probe("/ready", "http"),
+        "readinessProbe": _http_probe("/ready", "http", https),
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
     }
     volumes = [_config_volume(owner)]
-    tls_secret = wan_tls_secret_name(spec, owner)
     if tls_secret is not None:
         # Every worker role crosses the WAN: P dials MD, MD dials RLD, RLD and MD serve.
         volumes.append({"name": "wan-tls", "secret": {"secretName": tls_secret}})
@@ -89,7 +93,7 @@ def build_worker_deployment(
     deployment_spec: dict[str, Any] = {
         "selector": {"matchLabels": owner.selector_labels(role)},
         "strategy": WORKER_STRATEGY,
-        "template": _template(spec, owner, role, pod_spec, config_hash, WORKER_HTTP_PORT),
+        "template": _template(spec, owner, role, pod_spec, config_hash, WORKER_HTTP_PORT, https),
     }
     replicas = worker_replicas(spec, role)
     if replicas is not None:
@@ -99,7 +103,7 @@ def build_worker_deployment(
 
 def build_router_deployment(spec: PDDSpec, owner: Owner, config_hash: str) -> dict[str, Any]:
     """The router: CPU only, so it carries no pool's GPU selector."""
-    container = {
+    container: dict[str, Any] = {
         "name": str(Component.ROUTER),
         "image": spec.images.router,
         "imagePullPolicy": spec.images.pull_policy,
@@ -111,7 +115,18 @@ def build_router_deployment(spec: PDDSpec, owner: Owner, config_hash: str) -> di
         "readinessProbe": _http_probe("/health", "http"),
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
     }
-    pod_spec = {"containers": [container], "volumes": [_config_volume(owner)]}
+    volumes = [_config_volume(owner)]
+    tls_secret = wan_tls_secret_name(spec, owner)
+    if tls_secret is not None:
+        # Only ca.crt: the router verifies MD's https certificate and presents none (the
+        # bearer secret authenticates it), so the private key stays with the workers.
+        only_ca = {"secretName": tls_secret, "items": [{"key": CA_FILE, "path": CA_FILE}]}
+        volumes.append({"name": "wan-tls", "secret": only_ca})
+        container["volumeMounts"].append(
+            {"name": "wan-tls", "mountPath": WAN_TLS_DIR, "readOnly": True}
+        )
+        container["args"] += ["--wan-tls-dir", WAN_TLS_DIR]
+    pod_spec = {"containers": [container], "volumes": volumes}
     site = Site(owner.namespace)
     return _deployment(
         owner,
@@ -170,6 +185,7 @@ def _template(
     pod_spec: dict[str, Any],
     config_hash: str,
     metrics_port: int,
+    https: bool = False,
 ) -> dict[str, Any]:
     if spec.images.pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": name} for name in spec.images.pull_secrets]
@@ -179,6 +195,10 @@ def _template(
         "prometheus.io/port": str(metrics_port),
         "prometheus.io/path": "/metrics",
     }
+    if https:
+        # The annotation-driven scrape job maps this to __scheme__; its tls_config needs
+        # the deployment's ca.crt (or the job skips verification): docs/kubernetes.md.
+        annotations["prometheus.io/scheme"] = "https"
     return {
         "metadata": {"labels": owner.labels(role), "annotations": annotations},
         "spec": pod_spec,
@@ -208,8 +228,13 @@ def _api_keys_env(spec: PDDSpec) -> list[dict[str, Any]]:
     ]
 
 
-def _http_probe(path: str, port: str) -> dict[str, Any]:
-    return {"httpGet": {"path": path, "port": port}, "periodSeconds": 5, "failureThreshold": 3}
+def _http_probe(path: str, port: str, https: bool = False) -> dict[str, Any]:
+    """An HTTP GET probe; on an https port kubelet speaks TLS without checking the
+    certificate and without presenting one (why the control API asks for none)."""
+    get: dict[str, Any] = {"path": path, "port": port}
+    if https:
+        get["scheme"] = "HTTPS"
+    return {"httpGet": get, "periodSeconds": 5, "failureThreshold": 3}
 
 
 def _config_volume(owner: Owner) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The WAN TLS Secret: a CA and one certificate the operator generates once per deployment.
 
 Why one certificate for every worker: peers dial each other by pod IP and trust is
-"chains to this deployment's CA" (see ``pdd.worker.transport.tls``), so per-pod
+"chains to this deployment's CA" (see ``pdd.common.wan_tls``), so per-pod
 certificates would add issuance on every pod start without adding a check. The CA's
 private key is thrown away after signing: nothing else is ever issued from it, so it
 cannot leak, and the CA is private to this deployment. The same Secret is written into

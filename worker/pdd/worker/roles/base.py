@@ -17,6 +17,7 @@ from typing import Any
 
 from pdd.common.network import TCP, Network
 from pdd.common.vocabulary import Role
+from pdd.common.wan_tls import HTTPS_ROLES
 from pdd.common.wire import Endpoint, LoadReport, PipelinePlan, StateReport
 from pdd.worker.engine.request import UnknownRequestError
 from pdd.worker.engine.sampling import SamplingParams
@@ -55,10 +56,20 @@ class WorkerSettings:
     wan_tls: WanTls | None = None
 
     @property
+    def serves_https(self) -> bool:
+        """Whether the control API speaks TLS: WAN TLS is on and the router reaches this
+        role across the WAN (``HTTPS_ROLES``)."""
+        return self.wan_tls is not None and self.role in HTTPS_ROLES
+
+    @property
+    def http_scheme(self) -> str:
+        return "https" if self.serves_https else "http"
+
+    @property
     def endpoint(self) -> Endpoint:
         return Endpoint(
             instance_id=self.instance_id,
-            http_url=f"http://{self.http}",
+            http_url=f"{self.http_scheme}://{self.http}",
             fast_addr=self.advertise_fast,
             wan_addr=self.advertise_wan,
         )

@@ -1,11 +1,12 @@
 """The worker data plane's transport: framed, authenticated, flow-controlled TCP
-(TLS 1.3 on the channels that cross between the datacenters: ``tls``).
+(TLS 1.3 on the channels that cross between the datacenters: ``pdd.common.wan_tls``).
 
 Torch-free on purpose (the WAN link emulator and tests import it without the
 inference core). Entry points: ``serve()``/``connect()`` give a ``Channel``.
 The emulated WAN line it crosses in tests and ``pdd up`` is ``pdd.wan``.
 """
 
+from pdd.common.wan_tls import TlsConfigError, WanTls, load_wan_tls
 from pdd.worker.transport.channel import Channel
 from pdd.worker.transport.config import TransportConfig
 from pdd.worker.transport.counters import ByteCounters
@@ -28,7 +29,6 @@ from pdd.worker.transport.payloads import (
     encode_json,
     encode_token_ids,
 )
-from pdd.worker.transport.tls import TlsConfigError, WanTls, load_wan_tls
 
 __all__ = [
     "AuthError",

@@ -21,13 +21,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from pdd.common.network import TCP, Listener, Network
+from pdd.common.wan_tls import tls_failure
 from pdd.worker.transport.channel import Channel
 from pdd.worker.transport.config import TransportConfig
 from pdd.worker.transport.counters import ByteCounters
 from pdd.worker.transport.errors import LinkDown, TlsError, TransferTimeout, TransportError
 from pdd.worker.transport.peer_auth import client_handshake, secret_bytes, server_handshake
 from pdd.worker.transport.stream import FrameStream
-from pdd.worker.transport.tls import tls_failure
 
 log = logging.getLogger(__name__)
 

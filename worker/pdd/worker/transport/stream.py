@@ -12,11 +12,11 @@ import asyncio
 import contextlib
 import ssl
 
+from pdd.common.wan_tls import tls_failure
 from pdd.worker.transport.counters import ByteCounters
 from pdd.worker.transport.errors import FrameError, LinkDown, TlsError, TransferTimeout
 from pdd.worker.transport.framing import Frame, MsgType, encode_header, read_frame
 from pdd.worker.transport.payloads import encode_error
-from pdd.worker.transport.tls import tls_failure
 
 _U32_MASK = 0xFFFFFFFF
 
