@@ -86,13 +86,12 @@ def test_backlog_moves_from_queued_to_in_flight_to_delivered() -> None:
 def test_idle_links_expire_and_links_in_use_never_do() -> None:
     links = LinkMeters(window_s=10.0, expire_after_s=300.0)
     busy = links.meter(KEY, 0.0)
-    busy.channels = 1  # a channel is open on it (ChannelMeter does this)
+    busy.attach()  # a channel is open on it
     idle = links.meter(KEY.reverse, 0.0)
     idle.record_rtt(0.05, 10.0)
     assert {k for k, _ in links.snapshots(309.0)} == {KEY, KEY.reverse}
     assert {k for k, _ in links.snapshots(310.0)} == {KEY}  # 300 s since its last event
-    busy.channels = 0
-    busy.release(0, 0, 310.0)  # the channel ended (ChannelMeter.close)
+    busy.detach(310.0)  # the channel ended
     assert links.snapshots(609.0) != [] and links.snapshots(610.0) == []
     assert links.meter(KEY, 610.0) is not busy  # a new peer of that name starts afresh
 

@@ -133,13 +133,23 @@ class LinkMeter:
     in_flight: int = 0
     failures: dict[str, int] = field(default_factory=dict)
     timeouts: int = 0
-    channels: int = 0  # channels feeding it now; a link in use is never expired
+    channels: int = 0  # channels feeding it now (attach/detach)
     last_active: float = field(init=False)
 
     def __post_init__(self) -> None:
         self.goodput = Goodput(self.window_s, self.created)
         self.rtt = RttEstimator(self.rtt_min_window_s)
         self.last_active = self.created
+
+    # --- channels ---------------------------------------------------------------------------
+    def attach(self) -> None:
+        """A channel feeds the link from now on (a link in use never expires)."""
+        self.channels += 1
+
+    def detach(self, now: float) -> None:
+        """A channel that fed the link ended."""
+        self.channels -= 1
+        self.last_active = now
 
     # --- the sending end ------------------------------------------------------------------
     def commit(self, nbytes: int, now: float) -> None:

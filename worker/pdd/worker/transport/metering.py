@@ -47,8 +47,8 @@ class ChannelMeter:
         self._in_flight = 0  # sent by this channel, not yet confirmed
         self._failed = False
         self._closed = False
-        out.channels += 1
-        inbound.channels += 1
+        out.attach()
+        inbound.attach()
 
     def commit(self, nbytes: int, now: float) -> None:
         self._committed += nbytes
@@ -88,5 +88,5 @@ class ChannelMeter:
         self._closed = True
         self.out.release(self._committed, self._in_flight, now)
         self._committed = self._in_flight = 0
-        self.out.channels -= 1
-        self.inbound.channels -= 1
+        self.out.detach(now)
+        self.inbound.detach(now)
