@@ -54,3 +54,35 @@ async def test_each_wan_end_exports_its_links_and_the_fast_path_none(vdp) -> Non
     # Nothing failed, and P -> RLD (the fast path) is no WAN link.
     assert not any("failures" in k for end in (p, md, rld) for k in end)
     assert not any('dst="rld",dst_pool="relay",src="p"' in k for k in p)
+
+
+async def test_a_stalled_line_is_one_timeout_at_each_end_and_leaves_no_backlog(vdp) -> None:
+    """The line to MD stops moving bytes mid-KV: P's wait for MD and MD's wait for the KV
+    each time out once, on P -> MD, and P's backlog leaves the link with the channel."""
+    prompt = vdp.prompts(1, seed=72, lo=90, hi=91)[0]
+    miss = len(prompt) * vdp.kv_bytes_per_token  # MD holds nothing of it
+    vdp.cluster["md"].link.set_rate(1e-3)  # 1 Mbit/s: the KV takes 1.5 s to cross
+    path = vdp.cluster.wan_path("md")
+    plan = vdp.cluster.plan("wm-stall", prompt, "P-RLD-MD", vdp.sampling(0, 40))
+    backlog_at_stall: list[float] = []
+
+    def stall_once_the_kv_is_on_the_link(event) -> None:
+        p = wan_series(vdp.cluster["p"].metrics())
+        backlog = p.get(f"pdd_wan_bytes_queued{P_MD}", 0) + p.get(
+            f"pdd_wan_bytes_in_flight{P_MD}", 0
+        )
+        if backlog >= miss and not backlog_at_stall:
+            backlog_at_stall.append(backlog)
+            path.pause()
+
+    [result] = await vdp.run_all([plan], on_token=stall_once_the_kv_is_on_the_link)
+    assert set(result.sources) == {"rld"}  # the relay carried the request
+    # P's sender showed the KV it owed MD (committed and not yet sent, or not yet confirmed),
+    # and the line stalled while it did.
+    assert backlog_at_stall
+    await vdp.assert_quiescent()
+    p, md = (wan_series(vdp.cluster[n].metrics()) for n in ("p", "md"))
+    assert p[f"pdd_wan_transfer_timeouts_total{P_MD}"] == 1
+    assert md[f"pdd_wan_transfer_timeouts_total{P_MD}"] == 1
+    assert p[f"pdd_wan_bytes_queued{P_MD}"] == 0
+    assert p[f"pdd_wan_bytes_in_flight{P_MD}"] == 0
