@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 import yaml
 
+from pdd.common.link_meter import LinkKey
 from pdd.operator.naming import RELAY_LOAD_METRIC
-import pytest
+from pdd.worker.metrics import WorkerMetrics, loop_time
 
 pytestmark = pytest.mark.unit
 
@@ -20,6 +22,16 @@ PDD_METRICS = {
     "pdd_relay_load",
     "pdd_prefix_hit_tokens_total",
     "pdd_prompt_tokens_total",
+}
+#: What a worker exports per WAN link (``pdd.worker.metrics.WanLinkCollector``).
+WAN_LINK_METRICS = {
+    "pdd_wan_goodput_bytes_per_second",
+    "pdd_wan_rtt_seconds",
+    "pdd_wan_rtt_min_seconds",
+    "pdd_wan_bytes_queued",
+    "pdd_wan_bytes_in_flight",
+    "pdd_wan_transfer_failures_total",
+    "pdd_wan_transfer_timeouts_total",
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 METRIC_NAME = re.compile(r"\bpdd_[a-z_]+\b")
@@ -38,9 +50,41 @@ def test_dashboard_charts_every_pdd_metric_and_no_unknown_one(chart, find_object
     dashboard = json.loads(config_map["data"]["pdd-overview.json"])
     exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
     used = {_base_name(name) for expr in exprs for name in METRIC_NAME.findall(expr)}
-    assert used == PDD_METRICS
+    assert used == PDD_METRICS | WAN_LINK_METRICS
     titles = {panel["title"] for panel in dashboard["panels"]}
     assert {"Time to first token", "Pipeline mix", "WAN throughput", "Relay load"} <= titles
+    assert {"WAN link goodput", "WAN link RTT", "WAN link backlog"} <= titles
+
+
+def test_worker_exports_every_wan_link_metric_the_dashboard_reads() -> None:
+    """A link with every event behind it: each per-link series exists, labelled by link."""
+    metrics = WorkerMetrics("prefill")
+    now = loop_time()  # the clock the scrape reads the meters with
+    meter = metrics.links.meter(LinkKey("p-0", "md-0", "prefill", "main"), now)
+    meter.record_rtt(0.05, now)
+    meter.record_failure("link_down", now)
+    exported = {
+        family.name + ("_total" if family.type == "counter" else ""): family
+        for family in metrics.registry.collect()
+        if family.name.startswith("pdd_wan_") and family.samples
+    }
+    assert set(exported) >= WAN_LINK_METRICS
+    for name in WAN_LINK_METRICS:
+        [sample] = exported[name].samples
+        assert {k: sample.labels[k] for k in ("src", "dst", "src_pool", "dst_pool")} == {
+            "src": "p-0",
+            "dst": "md-0",
+            "src_pool": "prefill",
+            "dst_pool": "main",
+        }
+
+
+def test_wan_link_panels_show_one_line_per_link(chart) -> None:
+    dashboard = json.loads((chart.path / "dashboards" / "pdd-overview.json").read_text())
+    for panel in dashboard["panels"]:
+        if panel["title"].startswith("WAN link"):
+            for target in panel["targets"]:
+                assert "by (src, dst" in target["expr"] and "{{src}}" in target["legendFormat"]
 
 
 def test_dashboard_reads_ttft_as_a_histogram_and_mix_by_pipeline(chart) -> None:

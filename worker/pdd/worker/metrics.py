@@ -3,14 +3,23 @@
 Counters are bumped where the event happens (a KV chunk leaves on the WAN, a
 handoff completes); gauges that mirror engine state are refreshed from the
 engine runner's latest stats snapshot right before each scrape, so a scrape
-never has to wait for the engine thread.
+never has to wait for the engine thread. The per-link WAN series (``pdd_wan_*`` with
+``src``/``dst``) are read off the link meters at scrape time, so a link the meters
+forgot is gone from the next scrape with no bookkeeping here.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+import asyncio
+import time
+from collections.abc import Iterator
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from pdd.common.link_meter import LinkMeters
 from pdd.common.wire import EngineInfo
 
 __all__ = ["CONTENT_TYPE_LATEST", "WorkerMetrics"]
@@ -23,6 +32,9 @@ class WorkerMetrics:
         self.role = role
         self.registry = CollectorRegistry()
         r = self.registry
+        #: Every WAN link this instance is an end of (see ``pdd.common.link_meter``).
+        self.links = LinkMeters()
+        r.register(WanLinkCollector(self.links))
         self.wan_bytes = Counter(
             "pdd_wan_bytes",
             "KV bytes sent over the WAN path (tensor bytes, no framing)",
@@ -99,3 +111,64 @@ class WorkerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+LINK_LABELS = ("src", "dst", "src_pool", "dst_pool")
+
+
+def loop_time() -> float:
+    """The clock the channels stamp events with: the running event loop's (virtual in
+    the virtual-clock tests); ``time.monotonic`` (the same clock in production) outside."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return time.monotonic()
+
+
+class WanLinkCollector(Collector):
+    """``pdd_wan_*`` per directed link, from the link meters' snapshots at scrape time.
+
+    Both ends of a link export their own view with the same ``src``/``dst``; the scrape
+    target's labels (pod, instance) tell them apart. Queued and in-flight bytes are the
+    sender's (0 at the receiving end).
+    """
+
+    def __init__(self, links: LinkMeters) -> None:
+        self.links = links
+
+    def collect(self) -> Iterator[Metric]:
+        def gauge(name: str, doc: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=LINK_LABELS)
+
+        goodput = gauge(
+            "pdd_wan_goodput_bytes_per_second",
+            "Bytes the link delivered per second over the sliding window (frames as sent)",
+        )
+        rtt = gauge("pdd_wan_rtt_seconds", "Smoothed round-trip time (RFC 6298)")
+        rtt_min = gauge(
+            "pdd_wan_rtt_min_seconds", "Least round-trip time of the last minute (propagation)"
+        )
+        queued = gauge("pdd_wan_bytes_queued", "Bytes committed to the link, not yet sent")
+        in_flight = gauge("pdd_wan_bytes_in_flight", "Bytes sent, not yet confirmed by the peer")
+        failures = CounterMetricFamily(
+            "pdd_wan_transfer_failures",
+            "Transfers on the link that failed, by reason",
+            labels=(*LINK_LABELS, "reason"),
+        )
+        timeouts = CounterMetricFamily(
+            "pdd_wan_transfer_timeouts",
+            "Waits for the peer on the link that ran out (connect, credit, read)",
+            labels=LINK_LABELS,
+        )
+        for key, snap in self.links.snapshots(loop_time()):
+            labels = [key.src, key.dst, key.src_pool, key.dst_pool]
+            goodput.add_metric(labels, snap.goodput_bps)
+            if snap.rtt_s is not None and snap.rtt_min_s is not None:
+                rtt.add_metric(labels, snap.rtt_s)
+                rtt_min.add_metric(labels, snap.rtt_min_s)
+            queued.add_metric(labels, snap.queued_bytes)
+            in_flight.add_metric(labels, snap.in_flight_bytes)
+            for reason, count in sorted(snap.failures.items()):
+                failures.add_metric([*labels, reason], count)
+            timeouts.add_metric(labels, snap.timeouts)
+        yield from (goodput, rtt, rtt_min, queued, in_flight, failures, timeouts)

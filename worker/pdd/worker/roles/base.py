@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pdd.common.link_meter import LinkKey
 from pdd.common.network import TCP, Network
 from pdd.common.vocabulary import Role
 from pdd.common.wan_tls import HTTPS_ROLES
@@ -22,10 +23,19 @@ from pdd.common.wire import Endpoint, LoadReport, PipelinePlan, StateReport
 from pdd.worker.engine.request import UnknownRequestError
 from pdd.worker.engine.sampling import SamplingParams
 from pdd.worker.engine_runner import EngineRunner
-from pdd.worker.metrics import WorkerMetrics
+from pdd.worker.metrics import WorkerMetrics, loop_time
 from pdd.worker.roles.protocol import send_error, split_addr
 from pdd.worker.roles.streams import StreamHub
-from pdd.worker.transport import ByteCounters, Channel, TransportConfig, WanTls, connect
+from pdd.worker.transport import (
+    ByteCounters,
+    Channel,
+    TransferTimeout,
+    TransportConfig,
+    TransportError,
+    WanTls,
+    connect,
+)
+from pdd.worker.transport.metering import ChannelMeter, failure_reason
 
 log = logging.getLogger(__name__)
 
@@ -211,20 +221,54 @@ class RoleBase:
         if not task.cancelled() and task.exception() is not None:
             log.error("%s failed", task.get_name(), exc_info=task.exception())
 
-    async def open_channel(self, addr: str, wan: bool) -> Channel:
-        """A channel to a peer's data address; across the WAN with TLS where it is on."""
-        host, port = split_addr(addr)
+    async def open_channel(
+        self, peer: Endpoint, peer_role: Role, wan: bool, sends: bool
+    ) -> Channel:
+        """A channel to a peer's data address; across the WAN with TLS where it is on, and
+        metered as a WAN link (``sends``: this end sends the transfer's data), a failed
+        connect included."""
+        host, port = split_addr(peer.wan_addr if wan else peer.fast_addr)
         tls = self.settings.wan_tls
-        return await connect(
-            host,
-            port,
-            self.settings.secret,
-            self.settings.instance_id,
-            config=self.settings.transport,
-            counters=self.wan_counters if wan else self.fast_counters,
-            network=self.network,
-            tls=tls.client if wan and tls is not None else None,
-        )
+        try:
+            channel = await connect(
+                host,
+                port,
+                self.settings.secret,
+                self.settings.instance_id,
+                config=self.settings.transport,
+                counters=self.wan_counters if wan else self.fast_counters,
+                network=self.network,
+                tls=tls.client if wan and tls is not None else None,
+            )
+        except TransportError as exc:
+            if wan:
+                self._count_connect_failure(peer.instance_id, peer_role, sends, exc)
+            raise
+        if wan:
+            self.meter_wan(channel, peer_role, sends)
+        return channel
+
+    def meter_wan(self, channel: Channel, peer_role: Role, sends: bool) -> None:
+        """Meter a WAN channel on the links to and from its (authenticated) peer."""
+        out = self._link(channel.peer.name, peer_role)
+        links, now = self.metrics.links, loop_time()
+        meter = ChannelMeter(links.meter(out, now), links.meter(out.reverse, now), sends)
+        channel.attach_meter(meter)
+
+    def _link(self, peer: str, peer_role: Role) -> LinkKey:
+        """The link from this instance to ``peer``."""
+        return LinkKey(self.settings.instance_id, peer, self.role, peer_role)
+
+    def _count_connect_failure(
+        self, peer: str, peer_role: Role, sends: bool, exc: TransportError
+    ) -> None:
+        key = self._link(peer, peer_role)
+        now = loop_time()
+        meter = self.metrics.links.meter(key if sends else key.reverse, now)
+        if isinstance(exc, TransferTimeout):
+            meter.record_timeout(now)
+        else:
+            meter.record_failure(failure_reason(exc), now)
 
     async def abort_engine_request(self, request_id: str) -> None:
         """Abort if the engine still holds it (it may have finished on its own)."""

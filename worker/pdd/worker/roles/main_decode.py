@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdd.common.vocabulary import Pipeline
+from pdd.common.vocabulary import Pipeline, Role
 from pdd.common.wire import PipelinePlan
 from pdd.worker.engine.request import RequestError
 from pdd.worker.roles.base import NoSuchRequestError, RoleBase
@@ -65,6 +65,7 @@ class MainDecodeRole(RoleBase):
         rid = plan.request_id
         self.live.add(rid)
         self.hub.get(rid).start()
+        self.meter_wan(channel, Role.PREFILL, sends=False)  # P -> MD always crosses the WAN
         entry = self._entry(rid)
         use_cache = plan.pipeline != Pipeline.NAIVE
         try:
@@ -122,7 +123,9 @@ class MainDecodeRole(RoleBase):
         rid = plan.request_id
         handed, started = 1, False  # positions MD holds: the first token, then the relay's
         try:
-            channel = await self.open_channel(plan.relay.wan_addr, wan=True)  # type: ignore[union-attr]
+            relay = plan.relay
+            assert relay is not None  # P-RLD-MD plans name a relay
+            channel = await self.open_channel(relay, Role.RELAY, wan=True, sends=False)
             try:
                 await send_meta(channel, rid, op="kv_complete", have=handed)
                 while True:

@@ -17,7 +17,7 @@ import logging
 import secrets
 from dataclasses import dataclass
 
-from pdd.common.vocabulary import Pipeline
+from pdd.common.vocabulary import Pipeline, Role
 from pdd.common.wire import Endpoint, PipelinePlan
 from pdd.worker.engine.request import RequestOutput
 from pdd.worker.roles.base import RoleBase, sampling_params
@@ -38,6 +38,7 @@ class Prefilled:
 @dataclass(frozen=True)
 class Target:
     endpoint: Endpoint
+    role: Role
     wan: bool
 
     @property
@@ -49,13 +50,13 @@ def targets_of(plan: PipelinePlan) -> list[Target]:
     """Who gets KV: the relay over the fast path, the main decode over the WAN."""
     out = []
     if plan.relay is not None and plan.pipeline in (Pipeline.P_RLD_MD, Pipeline.P_RLD):
-        out.append(Target(plan.relay, wan=False))
+        out.append(Target(plan.relay, Role.RELAY, wan=False))
     if plan.main is not None and plan.pipeline in (
         Pipeline.P_RLD_MD,
         Pipeline.P_MD,
         Pipeline.NAIVE,
     ):
-        out.append(Target(plan.main, wan=True))
+        out.append(Target(plan.main, Role.MAIN, wan=True))
     return out
 
 
@@ -137,8 +138,7 @@ class PrefillRole(RoleBase):
 
     async def _prepare(self, plan: PipelinePlan, target: Target) -> tuple[Channel, int]:
         """Open the channel and learn (and have the receiver lock) the prefix it holds."""
-        addr = target.endpoint.wan_addr if target.wan else target.endpoint.fast_addr
-        channel = await self.open_channel(addr, wan=target.wan)
+        channel = await self.open_channel(target.endpoint, target.role, target.wan, sends=True)
         try:
             await send_meta(
                 channel, plan.request_id, op="prepare", plan=plan.model_dump(mode="json")
@@ -157,6 +157,7 @@ class PrefillRole(RoleBase):
         counter = self.metrics.wan_bytes if target.wan else self.metrics.fastpath_bytes
         try:
             if hit < n:
+                channel.commit((n - hit) * self._bytes_per_token)  # the link's backlog
                 chunk_tokens = max(1, self.settings.chunk_bytes // self._bytes_per_token - 1)
                 chunks = await self.runner.call(lambda e: e.export_kv(rid, hit, n, chunk_tokens))
                 for start in range(hit, n, chunk_tokens):

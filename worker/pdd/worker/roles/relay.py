@@ -17,6 +17,7 @@ import logging
 from typing import Any
 
 from pdd.common.handoff import choose_handoff_mode
+from pdd.common.vocabulary import Role
 from pdd.common.wire import PipelinePlan
 from pdd.worker.roles.base import NoSuchRequestError, RoleBase
 from pdd.worker.roles.kv_receiver import KVReceiveError, receive_kv
@@ -97,6 +98,7 @@ class RelayRole(RoleBase):
     # --- MD -> RLD: the token-ID handoff ------------------------------------------------------
     async def _on_kv_complete(self, channel: Channel, msg: dict[str, Any]) -> None:
         rid = str(msg.get("request_id"))
+        self.meter_wan(channel, Role.MAIN, sends=True)  # MD -> RLD always crosses the WAN
         try:
             plan, session = await self._session(rid)
         except (NoSuchRequestError, TimeoutError):

@@ -11,6 +11,10 @@ is broken or hostile: the channel is failed with a ``FrameError``.
 A background task reads frames: CREDIT frames feed the sender, everything
 else goes to an inbox that ``recv()`` drains. CREDIT, ERROR and CLOSE are not
 flow controlled (they must get through a full window).
+
+A channel that crosses the WAN gets a ``ChannelMeter`` (``attach_meter``): from then
+on it reports what it sends, what the peer's credit confirms, what arrives, its
+handshake's round trips, and how it failed (see ``metering``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pdd.worker.transport.config import TransportConfig
 from pdd.worker.transport.counters import ByteCounters
 from pdd.worker.transport.errors import FrameError, LinkDown, TransferTimeout, TransportError
 from pdd.worker.transport.framing import HEADER_SIZE, Frame, MsgType
+from pdd.worker.transport.metering import ChannelMeter, failure_reason
 from pdd.worker.transport.peer_auth import PeerInfo
 from pdd.worker.transport.stream import FrameStream
 
@@ -55,6 +60,8 @@ class Channel:
         self._consumed_unreported = 0  # consumed by recv(), not yet credited back
         self._failure: TransportError | None = None
         self._closed = False
+        self._peer_closed = False  # the peer said CLOSE: its end of stream is no failure
+        self._meter: ChannelMeter | None = None
         self._reader = asyncio.create_task(self._read_loop(), name=f"channel-read-{peer.name}")
 
     @property
@@ -74,6 +81,20 @@ class Channel:
     @property
     def is_open(self) -> bool:
         return self._failure is None and not self._closed
+
+    def attach_meter(self, meter: ChannelMeter) -> None:
+        """Report to ``meter`` from now on, starting with the handshake's round trips."""
+        now = self._now()
+        for rtt in self.peer.rtt_samples:
+            meter.rtt(rtt, now)
+        self._meter = meter
+        if not self.is_open:
+            meter.close(now)
+
+    def commit(self, nbytes: int) -> None:
+        """Announce ``nbytes`` this channel is about to send (the link's backlog)."""
+        if self._meter is not None:
+            self._meter.commit(nbytes, self._now())
 
     async def send(
         self, msg_type: MsgType, request_id: int, payload: bytes | memoryview = b"", flags: int = 0
@@ -95,8 +116,17 @@ class Channel:
         if cost > self.peer.window_bytes:
             raise ValueError(f"frame of {cost} bytes can never fit the peer's window")
         self._raise_if_failed()
-        await self._take_credit(cost)
-        await self._stream.write(msg_type, request_id, payload, flags)
+        try:
+            await self._take_credit(cost)
+            await self._stream.write(msg_type, request_id, payload, flags)
+        except TransportError as exc:
+            if exc is not self._failure:  # the channel's own failure was counted as it came
+                self._report_failure(exc)
+            raise
+        if self._meter is not None:
+            self._meter.sent(cost, self._now())
+            if msg_type == MsgType.ERROR:
+                self._meter.failed("error_sent", self._now())
 
     async def send_chunked(
         self, msg_type: MsgType, request_id: int, data: bytes | memoryview
@@ -120,9 +150,11 @@ class Channel:
         try:
             item = await asyncio.wait_for(self._inbox.get(), timeout)
         except TimeoutError:
-            raise TransferTimeout(
+            exc = TransferTimeout(
                 f"no frame from {self.peer.name} within {timeout}s: link cut or peer stuck"
-            ) from None
+            )
+            self._report_failure(exc)
+            raise exc from None
         if isinstance(item, TransportError):
             self._inbox.put_nowait(item)  # every later recv() sees the same failure
             raise item
@@ -195,8 +227,11 @@ class Channel:
         except FrameError as exc:
             log.warning("closing channel to %s: %s", self.peer.name, exc)
             self._stream.reject("malformed_frame", str(exc))
+            self._report_failure(exc)
             self._fail(exc)
         except TransportError as exc:
+            if not (self._peer_closed and isinstance(exc, LinkDown)):
+                self._report_failure(exc)
             self._fail(exc)
 
     def _admit(self, frame: Frame) -> None:
@@ -211,6 +246,11 @@ class Channel:
             )
         self._buffered += cost
         self._inbox.put_nowait(frame)
+        self._peer_closed = self._peer_closed or frame.msg_type == MsgType.CLOSE
+        if self._meter is not None:
+            self._meter.received(cost, self._now())
+            if frame.msg_type == MsgType.ERROR:
+                self._meter.failed("peer_error", self._now())
 
     def _on_credit(self, frame: Frame) -> None:
         if len(frame.payload) != _CREDIT.size:
@@ -220,12 +260,29 @@ class Channel:
             raise FrameError(f"{self.peer.name} returned more credit than was ever sent")
         self._send_credit += grant
         self._credit_arrived.set()
+        if self._meter is not None:
+            self._meter.acked(grant, self._now())
 
     def _fail(self, exc: TransportError) -> None:
         if self._failure is None:
             self._failure = exc
             self._inbox.put_nowait(exc)
             self._credit_arrived.set()
+        if self._meter is not None:
+            self._meter.close(self._now())
+
+    def _report_failure(self, exc: TransportError) -> None:
+        """Count a timeout, or the failure that ends the transfer (once per channel)."""
+        if self._meter is None:
+            return
+        if isinstance(exc, TransferTimeout):
+            self._meter.timeout(self._now())
+        else:
+            self._meter.failed(failure_reason(exc), self._now())
+
+    @staticmethod
+    def _now() -> float:
+        return asyncio.get_running_loop().time()
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:

@@ -10,10 +10,16 @@ a recorded handshake cannot be replayed, and the secret itself never crosses
 the wire. The role label in each MAC keeps one side's proof from being
 reflected back as the other's. Each side also learns the peer's receive
 window, the initial flow-control credit.
+
+Each exchange is also a round trip whose far side does only an HMAC in between, so
+it is timed: the client gets two RTT samples (HELLO -> AUTH, AUTH -> ACK), the
+server one (AUTH -> AUTH). Channels live one request each, so every request
+measures its link's RTT without a frame of its own (see ``metering``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import os
@@ -33,6 +39,8 @@ class PeerInfo:
 
     name: str
     window_bytes: int
+    #: Round trips timed during the handshake, in seconds of the event loop's clock.
+    rtt_samples: tuple[float, ...] = ()
 
 
 def secret_bytes(secret: str | bytes) -> bytes:
@@ -87,9 +95,12 @@ async def client_handshake(
 ) -> PeerInfo:
     """Authenticate to a server and verify it; raises ``AuthError`` on any mismatch."""
     nonce_c = os.urandom(_NONCE_BYTES)
+    clock = asyncio.get_running_loop().time
     hello = {"name": name, "nonce": nonce_c.hex(), "window": window_bytes}
+    started = clock()
     await stream.write(MsgType.HELLO, 0, encode_json(hello))
     challenge = decode_json((await _expect(stream, MsgType.AUTH, max_bytes)).payload)
+    first_rtt = clock() - started
     server_name = str(_field(challenge, "name", str))
     nonce_s = _nonce(challenge, "nonce")
     names = f"{name}|{server_name}"
@@ -100,9 +111,10 @@ async def client_handshake(
             "secret: both ends must use the same transport secret"
         )
     proof_c = _proof(secret, b"client", nonce_c, nonce_s, names)
+    started = clock()
     await stream.write(MsgType.AUTH, 0, encode_json({"proof": proof_c}))
     await _expect(stream, MsgType.ACK, max_bytes)
-    return PeerInfo(server_name, _window(challenge))
+    return PeerInfo(server_name, _window(challenge), (first_rtt, clock() - started))
 
 
 async def server_handshake(
@@ -117,12 +129,15 @@ async def server_handshake(
     names = f"{client_name}|{name}"
     proof_s = _proof(secret, b"server", nonce_s, nonce_c, names)
     challenge = {"name": name, "nonce": nonce_s.hex(), "window": window_bytes, "proof": proof_s}
+    clock = asyncio.get_running_loop().time
+    started = clock()
     await stream.write(MsgType.AUTH, 0, encode_json(challenge))
     answer = decode_json((await _expect(stream, MsgType.AUTH, max_bytes)).payload)
+    rtt = clock() - started
     expected = _proof(secret, b"client", nonce_c, nonce_s, names)
     if not hmac.compare_digest(expected, str(_field(answer, "proof", str))):
         raise AuthError(
             f"peer {client_name!r} at {stream.peer_address} failed the shared-secret check"
         )
     await stream.write(MsgType.ACK, 0)
-    return PeerInfo(client_name, window)
+    return PeerInfo(client_name, window, (rtt,))
