@@ -36,7 +36,9 @@ def answer_poll(reg: InstanceRegistry, inst: Instance, running: int) -> None:
     """What a good poll does: identity, a load report, ready."""
     name = inst.expected_id
     assert name is not None
-    inst.endpoint = Endpoint(instance_id=name, http_url=inst.http_url, fast_addr="x:1", wan_addr="x:2")
+    inst.endpoint = Endpoint(
+        instance_id=name, http_url=inst.http_url, fast_addr="x:1", wan_addr="x:2"
+    )
     inst.load = LoadReport(
         instance_id=name, role=inst.role, running=running, waiting=0, kv_blocks_free=1,
         kv_blocks_total=2, relay_load=0.0, capacity=8,
