@@ -70,6 +70,12 @@ class WanTls:
     mutual: bool
     #: The control API's side (``HTTPS_ROLES``): the certificate, no client certificate asked.
     http_server: ssl.SSLContext
+    #: Where the files were read (a mounted Secret: ``TlsRotation`` watches it).
+    folder: Path
+
+    @property
+    def contexts(self) -> tuple[ssl.SSLContext, ...]:
+        return (self.server, self.client, self.http_server)
 
 
 def load_wan_tls(folder: Path) -> WanTls:
@@ -88,7 +94,7 @@ def load_wan_tls(folder: Path) -> WanTls:
     client.verify_mode = ssl.CERT_REQUIRED
     http_server = _context(ssl.PROTOCOL_TLS_SERVER, ca, (cert, key))
     http_server.verify_mode = ssl.CERT_NONE  # probes and scrapes have no certificate
-    return WanTls(server, client, mutual, http_server)
+    return WanTls(server, client, mutual, http_server, folder)
 
 
 def load_wan_ca(folder: Path) -> ssl.SSLContext:

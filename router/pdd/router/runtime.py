@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
+from pdd.common.tls_rotation import TlsRotation
 from pdd.common.vocabulary import Role
 from pdd.common.wan_tls import load_wan_ca
 from pdd.router.config import RouterConfig
@@ -40,6 +42,13 @@ class RouterRuntime:
         self.tokenizer: PromptTokenizer = load_prompt_tokenizer(config.model)
         tls = load_wan_ca(config.wan_tls_dir) if config.wan_tls_dir is not None else None
         self.client = WorkerClient(config.secret, tls=tls)
+        #: A renewed ca.crt applies to the next connection to an https worker.
+        self._rotation = (
+            TlsRotation(config.wan_tls_dir, [tls], with_certificate=False)
+            if config.wan_tls_dir is not None and tls is not None
+            else None
+        )
+        self._rotation_task: asyncio.Task | None = None
         index_config = PrefixIndexConfig(block_size=config.block_size)
         self.store: RouterStore = (
             SharedStore(
@@ -65,8 +74,12 @@ class RouterRuntime:
     async def start(self) -> None:
         await self.store.start()
         await self.registry.start()
+        if self._rotation is not None:
+            self._rotation_task = asyncio.create_task(self._rotation.watch())
 
     async def close(self) -> None:
+        if self._rotation_task is not None:
+            self._rotation_task.cancel()
         await self.registry.close()
         await self.store.close()
         await self.client.aclose()

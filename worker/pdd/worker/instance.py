@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from pydantic import ValidationError
 
 from pdd.common.network import TCP, Network
+from pdd.common.tls_rotation import TlsRotation
 from pdd.worker.control_api import create_app
 from pdd.worker.engine_runner import EngineRunner
 from pdd.worker.metrics import WorkerMetrics
@@ -50,6 +51,7 @@ class WorkerInstance:
         self.app = create_app(self.role, self.feed, ready=lambda: not self.role.draining)
         self.data: Server | None = None
         self.wan: Server | None = None
+        self._rotation: asyncio.Task | None = None
 
     async def start(self, data_addr: str, wan_addr: str | None = None) -> None:
         """Start the engine's driver and listen for peers on ``data_addr`` (HOST:PORT), and
@@ -64,6 +66,9 @@ class WorkerInstance:
         self.data = await self._listen(data_addr)
         if wan_addr is not None:
             self.wan = await self._listen(wan_addr, tls.server if tls is not None else None)
+        if tls is not None:  # a renewed Secret applies to the next handshake, no restart
+            watch = TlsRotation(tls.folder, tls.contexts).watch()
+            self._rotation = asyncio.create_task(watch, name="wan-tls-rotation")
 
     async def _listen(self, addr: str, tls: ssl.SSLContext | None = None) -> Server:
         host, port = split_addr(addr)
@@ -104,6 +109,8 @@ class WorkerInstance:
         return True
 
     async def stop(self) -> None:
+        if self._rotation is not None:
+            self._rotation.cancel()
         await self.role.close()
         for server in (self.data, self.wan):
             if server is not None:
