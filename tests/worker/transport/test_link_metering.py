@@ -104,8 +104,7 @@ async def test_goodput_and_rtt_are_the_lines_at_both_ends(secret: str) -> None:
         assert (after.queued_bytes, after.in_flight_bytes) == (0, 0)
         assert after.failures == {} and after.timeouts == 0
         assert receiver.links.meter(LINK, end).snapshot(end).failures == {}
-        await asyncio.sleep(WINDOW_S + WINDOW_S / 50)  # idle for a window: goodput decays
-        idle = loop.time()
+        idle = end + WINDOW_S + WINDOW_S / 50  # a window later, nothing sent: goodput decays
         assert sender_links.meter(LINK, idle).snapshot(idle).goodput_bps == 0.0
     await server.close()
 
