@@ -4,7 +4,10 @@ The relay (RLD) streams the first tokens and the main decode (MD) continues afte
 the handoff; every token carries its output position, so ``TokenStreamMerger``
 releases each position exactly once, in order. A decode-side source that breaks
 is routed around (RLD gone before the handoff: hand MD the IDs the client already
-has; MD gone: tell RLD to take over). Whenever the
+has; MD gone: tell RLD to take over). Where P ships KV across the WAN, P's stream is
+read too: it reports at once a transfer to MD that failed on the line, so a relay on
+the route takes over, and a request without one fails now (naming MD, for the
+router's retry) rather than after MD's transfer timeout. Whenever the
 stream ends before the request finished (client disconnect, timeout, failure), the
 request is cancelled on every worker it touched, so their KV and locks are freed.
 """
@@ -14,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,11 +39,16 @@ class _StreamEnd:
     broken: str | None
 
 
+#: Told of each transfer P reports failed on the WAN line (``TokenEvent.link_fault``).
+LinkFaultListener = Callable[[TokenEvent], None]
+
+
 async def relay_tokens(
     plan: PipelinePlan,
     client: WorkerClient,
     timeout_s: float,
     merger: TokenStreamMerger | None = None,
+    on_link_fault: LinkFaultListener | None = None,
 ) -> AsyncIterator[TokenEvent]:
     """Start ``plan`` and yield its merged tokens; raises ``UpstreamError`` on failure.
 
@@ -48,9 +56,10 @@ async def relay_tokens(
     can be read afterwards.
     """
     queue: asyncio.Queue[TokenEvent | _StreamEnd] = asyncio.Queue()
-    readers = [
-        asyncio.create_task(_read(client, ep, plan.request_id, queue)) for ep in plan.decode_sources
-    ]
+    watched = list(plan.decode_sources)
+    if plan.ships_kv_over_wan:
+        watched.append(plan.prefill)  # type: ignore[arg-type]  # its reports, no tokens
+    readers = [asyncio.create_task(_read(client, ep, plan.request_id, queue)) for ep in watched]
     merger = merger or TokenStreamMerger(plan.request_id)
     try:
         entry = plan.main if plan.pipeline == "mono" else plan.prefill
@@ -62,7 +71,8 @@ async def relay_tokens(
                 f"{entry.instance_id} refused the request: {exc.detail}", (entry.instance_id,)
             ) from exc
         deadline = asyncio.get_running_loop().time() + timeout_s
-        async for event in _merged(plan, client, queue, merger, len(readers), deadline):
+        streams = len(plan.decode_sources)
+        async for event in _merged(plan, client, queue, merger, streams, deadline, on_link_fault):
             yield event
     finally:
         for task in readers:
@@ -78,8 +88,10 @@ async def _merged(
     merger: TokenStreamMerger,
     open_streams: int,
     deadline: float,
+    on_link_fault: LinkFaultListener | None,
 ) -> AsyncIterator[TokenEvent]:
-    """Yields released tokens; the deadline is checked per wait, never across a yield."""
+    """Yields released tokens; the deadline is checked per wait, never across a yield.
+    ``open_streams`` counts the decode sources only: P's report stream may end any time."""
     while not merger.finished:
         if open_streams == 0:
             raise UpstreamError(
@@ -94,6 +106,14 @@ async def _merged(
             raise UpstreamError(
                 f"request {plan.request_id} did not finish in time ({merger.next_seq} tokens)"
             ) from None
+        if plan.prefill is not None and item.source == plan.prefill.instance_id:
+            # P's reports: only a failed transfer to MD matters; its stream's end (P done
+            # with the request, or gone: MD's stream will say) does not.
+            if isinstance(item, TokenEvent) and item.link_fault is not None:
+                if on_link_fault is not None:
+                    on_link_fault(item)
+                await _kv_cannot_cross(plan, client, item, merger)
+            continue
         if isinstance(item, _StreamEnd):
             open_streams -= 1
             if item.broken is not None:
@@ -104,6 +124,24 @@ async def _merged(
             yield event
         if item.error is not None and not merger.finished:
             await _route_around(plan, client, item.source, merger)
+
+
+async def _kv_cannot_cross(
+    plan: PipelinePlan, client: WorkerClient, report: TokenEvent, merger: TokenStreamMerger
+) -> None:
+    """P says MD will not get the KV: the relay carries the request, or, with none on the
+    route, the request fails now, blaming MD (``report.culprit``) so the retry avoids it.
+    Nothing changes once MD streams: it had the KV (P lost only the acknowledgement)."""
+    assert plan.main is not None  # P reports only transfers to MD
+    md = plan.main.instance_id
+    if any(e.source == md for e in merger.emitted):
+        return
+    merger.errors.setdefault(md, report.error or "")
+    merger.culprits.pop(md, None)  # MD blamed P for KV that stopped: P says it was the line
+    if plan.pipeline == Pipeline.P_RLD_MD:
+        await _route_around(plan, client, md, merger)
+        return
+    raise UpstreamError(f"request {plan.request_id}: {report.error}", merger.failed)
 
 
 async def _route_around(
