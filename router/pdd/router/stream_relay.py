@@ -91,9 +91,17 @@ async def _merged(
     on_link_fault: LinkFaultListener | None,
 ) -> AsyncIterator[TokenEvent]:
     """Yields released tokens; the deadline is checked per wait, never across a yield.
-    ``open_streams`` counts the decode sources only: P's report stream may end any time."""
+    ``open_streams`` counts the decode sources only: P's report stream may end any time.
+
+    An MD whose KV stopped coming blames P, but cannot tell P's death from a cut line.
+    While P's stream is open P is alive, and it reports the line within its own
+    timeout; so a failure that blames P waits for P's stream (its report or its end)
+    before it is raised, rather than have the retry leave out a healthy P. A stream P
+    closed (not broken) clears the blame too: P was alive to the end."""
+    p = plan.prefill.instance_id if plan.prefill is not None and plan.ships_kv_over_wan else None
+    p_open = p is not None
     while not merger.finished:
-        if open_streams == 0:
+        if open_streams == 0 and not (p_open and p in merger.failed):
             raise UpstreamError(
                 f"request {plan.request_id}: every worker stream ended after "
                 f"{merger.next_seq} tokens without a finish; errors: {merger.errors or 'none'}",
@@ -106,10 +114,13 @@ async def _merged(
             raise UpstreamError(
                 f"request {plan.request_id} did not finish in time ({merger.next_seq} tokens)"
             ) from None
-        if plan.prefill is not None and item.source == plan.prefill.instance_id:
-            # P's reports: only a failed transfer to MD matters; its stream's end (P done
-            # with the request, or gone: MD's stream will say) does not.
-            if isinstance(item, TokenEvent) and item.link_fault is not None:
+        if item.source == p:
+            # P's reports: only a failed transfer to MD matters, and its stream's end.
+            if isinstance(item, _StreamEnd):
+                p_open = False
+                if item.broken is None:  # P finished its part alive: the line failed, not P
+                    _clear_blame(merger, p)
+            elif item.link_fault is not None:
                 if on_link_fault is not None:
                     on_link_fault(item)
                 await _kv_cannot_cross(plan, client, item, merger)
@@ -126,6 +137,13 @@ async def _merged(
             await _route_around(plan, client, item.source, merger)
 
 
+def _clear_blame(merger: TokenStreamMerger, instance_id: str | None) -> None:
+    """Blame the sources themselves, not ``instance_id``, for the errors that named it."""
+    for source, culprit in list(merger.culprits.items()):
+        if culprit == instance_id:
+            del merger.culprits[source]
+
+
 async def _kv_cannot_cross(
     plan: PipelinePlan, client: WorkerClient, report: TokenEvent, merger: TokenStreamMerger
 ) -> None:
@@ -137,7 +155,7 @@ async def _kv_cannot_cross(
     if any(e.source == md for e in merger.emitted):
         return
     merger.errors.setdefault(md, report.error or "")
-    merger.culprits.pop(md, None)  # MD blamed P for KV that stopped: P says it was the line
+    _clear_blame(merger, report.source)  # MD blamed P for KV that stopped: it was the line
     if plan.pipeline == Pipeline.P_RLD_MD:
         await _route_around(plan, client, md, merger)
         return

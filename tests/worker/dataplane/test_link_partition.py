@@ -144,3 +144,24 @@ async def test_a_p_md_request_caught_mid_transfer_is_served_through_the_relay(
         assert rt.link_health.condition is LinkCondition.SUSPECTED_CUT
         line.partition(False)
     await vdp.assert_quiescent()
+
+
+async def test_a_p_md_transfer_that_stops_moving_is_served_through_the_relay(
+    vdp_default_timeouts,
+) -> None:
+    """The line's goodput collapses under a P-MD request's KV (no reset): MD's read times
+    out first and blames P, which it cannot tell from a dead P; P, alive, reports the
+    stalled transfer a moment later. The router waits for P's word, so the retry leaves
+    out MD, not the only P, and the relay serves the request; the line is degraded."""
+    vdp = vdp_default_timeouts
+    prompt = vdp.prompts(1, seed=63, lo=90, hi=91)[0]
+    [expected] = await greedy_reference(vdp, [prompt], "lp-stall")
+    line = vdp.cluster["md"].link
+    async with router(vdp) as rt:
+        line.set_rate(TRICKLE_GBPS)  # the router's policy still counts on the declared rate
+        stalled = await complete(rt, prompt)
+        assert stalled.route.pipeline == Pipeline.P_RLD and stalled.token_ids == expected
+        assert redispatches(rt) == 1
+        assert rt.link_health.condition is LinkCondition.DEGRADED
+        line.set_rate(vdp.cluster.link_spec.gbps)
+    await vdp.assert_quiescent()

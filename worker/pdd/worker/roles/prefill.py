@@ -28,7 +28,7 @@ from pdd.common.vocabulary import LinkFault, Pipeline
 from pdd.common.wire import Endpoint, PipelinePlan
 from pdd.worker.engine.request import RequestOutput
 from pdd.worker.roles.base import RoleBase, sampling_params
-from pdd.worker.roles.protocol import expect_meta, int_field, send_meta
+from pdd.worker.roles.protocol import ProtocolError, expect_meta, int_field, send_meta
 from pdd.worker.transport import (
     Channel,
     LinkDown,
@@ -76,10 +76,11 @@ def targets_of(plan: PipelinePlan) -> list[Target]:
 def link_fault_of(exc: BaseException, handshake: bool) -> LinkFault | None:
     """What a failed transfer says about the line, or None where it says nothing about it
     (MD refused the request, a secret or certificate mismatch: MD reports those itself).
-    No answer within the timeout is a cut while connecting, a stall once bytes flowed."""
+    No answer within the timeout is a cut while connecting, a stall once bytes flowed;
+    so is MD hanging up instead of answering (its own timeout fired first)."""
     if isinstance(exc, LinkDown):
         return LinkFault.UNREACHABLE
-    if isinstance(exc, TransferTimeout):
+    if isinstance(exc, TransferTimeout | ProtocolError):
         return LinkFault.UNREACHABLE if handshake else LinkFault.STALLED
     return None
 
