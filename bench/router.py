@@ -45,6 +45,7 @@ from pdd.router.config import RouterConfig, WorkerRef
 from pdd.router.dispatch import Dispatcher
 from pdd.router.fleet import Fleet
 from pdd.router.instance_choice import InstanceLoad
+from pdd.router.link_health import LinkHealth
 from pdd.router.policy import Decision, PolicyConfig, RequestFeatures, decide
 from pdd.router.prefix_index import PrefixIndex, PrefixIndexConfig
 from pdd.router.recent_traffic import RecentTraffic, TrafficWindow
@@ -228,7 +229,8 @@ async def bench_route(
     refs = (WorkerRef(Role.PREFILL, "http://p"), WorkerRef(Role.MAIN, "http://md"))
     config = RouterConfig(workers=refs, secret="bench", link_gbps=10.0, link_rtt_ms=20.0)
     policy = PolicyConfig(kv_bytes_per_token=2048)
-    dispatcher = Dispatcher(config, registry, index, store, policy, RecentTraffic())
+    health = LinkHealth("wan")
+    dispatcher = Dispatcher(config, registry, index, store, policy, RecentTraffic(), health)
     polled = max(1, round(instances / (ROUTE_RATE * POLL_S)))
     times, leased = [], []
     for i in range(iterations):

@@ -5,6 +5,7 @@ import pytest
 from pdd.common.block_hash import block_hashes
 from pdd.common.cost_model import LinkState, wan_transfer_seconds, with_active_transfers
 from pdd.common.vocabulary import Pipeline, Role
+from pdd.router.dispatch import reason_code
 from pdd.router.fleet import Fleet
 from pdd.router.instance_choice import InstanceLoad
 from pdd.router.policy import (
@@ -260,3 +261,30 @@ def test_a_retry_with_no_main_decode_left_ends_on_the_relay():
 def test_a_retry_with_every_relay_full_follows_the_usual_rules():
     full = fleet(rld=("rld0", 8, 8))
     assert decide(req(500), {}, full, SLOW, QUIET, CONFIG, retry=True).pipeline == Pipeline.P_MD
+
+
+DOUBT = "the WAN line is suspected_cut (p0 could not send the KV to md0)"
+
+
+def test_a_doubted_line_puts_a_relay_on_what_would_be_p_md():
+    d = decide(req(500), {}, fleet(), SLOW, QUIET, CONFIG, link_doubt=DOUBT)
+    assert isinstance(d, Decision) and d.pipeline == Pipeline.P_RLD_MD
+    assert (d.instances.relay, d.instances.main_decode) == ("rld0", "md0")
+    assert DOUBT in d.reason
+    assert reason_code(d, req(500), CONFIG, link_doubted=True) == "link_doubted"
+
+
+def test_a_doubted_line_with_every_relay_full_still_serves_p_md():
+    full = fleet(rld=("rld0", 8, 8))
+    d = decide(req(500), {}, full, SLOW, QUIET, CONFIG, link_doubt=DOUBT)
+    assert isinstance(d, Decision) and d.pipeline == Pipeline.P_MD
+    assert "saturated" in d.reason
+
+
+def test_a_doubted_line_leaves_the_other_rules_alone():
+    relayed = decide(req(64_000), {}, fleet(), SLOW, QUIET, CONFIG, link_doubt=DOUBT)
+    assert relayed.pipeline == Pipeline.P_RLD_MD
+    assert reason_code(relayed, req(64_000), CONFIG, link_doubted=True) == "transfer_exceeds_budget"
+    anomalous = req(64_000, output=100)
+    d = decide(anomalous, {}, fleet(), SLOW, QUIET, CONFIG, link_doubt=DOUBT)
+    assert d.pipeline == Pipeline.P_RLD

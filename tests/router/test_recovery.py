@@ -40,7 +40,9 @@ class Script:
         self.breaks = breaks
         self.plans: list[PipelinePlan] = []
 
-    async def relay_tokens(self, plan: PipelinePlan, *_: object) -> AsyncIterator[TokenEvent]:
+    async def relay_tokens(
+        self, plan: PipelinePlan, *_: object, **__: object
+    ) -> AsyncIterator[TokenEvent]:
         self.plans.append(plan)
         assert plan.main is not None
         start = len(plan.prompt_ids) - len(PROMPT)  # a resumed plan carries the output so far

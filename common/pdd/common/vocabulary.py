@@ -34,6 +34,14 @@ class Pipeline(StrEnum):
     NAIVE = "naive"  # the baseline: P ships the full KV to MD, no decode-side cache
 
 
+class LinkFault(StrEnum):
+    """How a KV transfer across the WAN failed, as the sender (P) saw it: what the router's
+    link health (``pdd.router.link_health``) makes of the line."""
+
+    UNREACHABLE = "unreachable"  # refused, reset, or no answer to the handshake: a cut
+    STALLED = "stalled"  # connected, then the bytes stopped moving within the timeout
+
+
 #: Why a generation ended, in OpenAI's words: a stop (EOS, stop token or string), the
 #: token limit, or an abort. The worker's stream events and the API responses share it.
 FinishReason = Literal["stop", "length", "abort"]

@@ -21,7 +21,7 @@ from pdd.common.cache_events import (  # torch-free pydantic models, re-exported
     BlockStored,
     CacheEvent,
 )
-from pdd.common.vocabulary import FinishReason, Pipeline, Role
+from pdd.common.vocabulary import FinishReason, LinkFault, Pipeline, Role
 
 __all__ = [
     "CACHE_EVENT_LIST_ADAPTER",
@@ -113,6 +113,13 @@ class PipelinePlan(_Wire):
         stages = PIPELINE_STAGES[self.pipeline]
         return tuple(getattr(self, s) for s in ("relay", "main") if s in stages)
 
+    @property
+    def ships_kv_over_wan(self) -> bool:
+        """P sends MD its miss across the WAN (P-MD, P-RLD-MD, naive); P's own stream then
+        reports a transfer that failed (``TokenEvent.link_fault``)."""
+        stages = PIPELINE_STAGES[self.pipeline]
+        return "prefill" in stages and "main" in stages
+
 
 class TokenEvent(_Wire):
     """One line of a token stream.
@@ -141,6 +148,10 @@ class TokenEvent(_Wire):
     #: With ``error``: the instance whose failure ended this source's work where that was
     #: another one (the P whose KV stopped coming), so the router leaves that one out.
     culprit: str | None = None
+    #: With ``error``, on P's stream: P's KV could not cross the WAN to ``culprit`` (the
+    #: main decode), and how. P reports it at once, so the router need not wait for MD's
+    #: transfer timeout to learn that MD will never get the request.
+    link_fault: LinkFault | None = None
     cached_tokens: int | None = Field(default=None, ge=0)
     md_hit_tokens: int | None = Field(default=None, ge=0)
 

@@ -22,6 +22,7 @@ from pdd.common.wire import Endpoint, PipelinePlan, SamplingSpec
 from pdd.router.config import RouterConfig
 from pdd.router.errors import NotReadyError, SaturatedError
 from pdd.router.instance_choice import choose_main_decode, choose_prefill
+from pdd.router.link_health import LinkHealth
 from pdd.router.policy import Decision, PolicyConfig, RequestFeatures, Saturated, decide
 from pdd.router.policy import is_anomalous as _is_anomalous
 from pdd.router.prefix_index import PrefixIndex
@@ -50,6 +51,9 @@ class Route:
     #: The prompt's chained block hashes, computed once for the lookup and reused when
     #: MD reports its real hit (``MeasuredHits``).
     prompt_hashes: tuple[int, ...] = ()
+    #: ``LinkHealth.ticket`` when this route was chosen: its KV landing on MD proves the
+    #: line only if no transfer failed since.
+    link_ticket: int = 0
 
     @property
     def endpoints(self) -> list[Endpoint]:
@@ -109,13 +113,19 @@ class Lease:
 
 
 def reason_code(
-    decision: Decision, features: RequestFeatures, policy: PolicyConfig, retry: bool = False
+    decision: Decision,
+    features: RequestFeatures,
+    policy: PolicyConfig,
+    retry: bool = False,
+    link_doubted: bool = False,
 ) -> str:
     """A bounded label for the decision (the reason text carries numbers)."""
     if retry and decision.pipeline != Pipeline.P_MD:
         return "retry"
+    fits = decision.estimate.md_first_token_s <= policy.ttft_budget_s
+    if link_doubted and fits and decision.pipeline == Pipeline.P_RLD_MD:
+        return "link_doubted"
     if decision.pipeline == Pipeline.P_MD:
-        fits = decision.estimate.md_first_token_s <= policy.ttft_budget_s
         return "fits_ttft_budget" if fits else "relays_saturated"
     if decision.pipeline == Pipeline.P_RLD:
         return "anomalous"
@@ -131,8 +141,10 @@ class Dispatcher:
         store: RouterStore,
         policy: PolicyConfig,
         traffic: RecentTraffic,
+        link_health: LinkHealth,
     ) -> None:
         self._config = config
+        self._link_health = link_health
         self._registry = registry
         self._index = index
         self._store = store
@@ -167,7 +179,7 @@ class Dispatcher:
                 route = self._route_naive(features, hits)
             else:
                 route = self._route_policy(features, hits, link, retry)
-        return replace(route, prompt_hashes=hashes)
+        return replace(route, prompt_hashes=hashes, link_ticket=self._link_health.ticket)
 
     def _route_policy(
         self,
@@ -178,7 +190,8 @@ class Dispatcher:
     ) -> Route:
         """PDD: the pure policy picks the pipeline and instances."""
         traffic = self._traffic.snapshot()
-        result = decide(features, hits, self._view.fleet, link, traffic, self._policy, retry)
+        doubt = self._link_health.doubt()
+        result = decide(features, hits, self._view.fleet, link, traffic, self._policy, retry, doubt)
         if isinstance(result, Saturated):
             raise SaturatedError(result.reason, result.retry_after_s)
         self._traffic.record(result.pipeline == Pipeline.P_RLD, features.input_tokens)
@@ -186,7 +199,7 @@ class Dispatcher:
         return Route(
             pipeline=result.pipeline,
             reason=result.reason,
-            reason_code=reason_code(result, features, self._policy, retry),
+            reason_code=reason_code(result, features, self._policy, retry, doubt is not None),
             prefill=self._endpoint(a.prefill),
             relay=self._endpoint(a.relay) if a.relay else None,
             main=self._endpoint(a.main_decode) if a.main_decode else None,

@@ -5,9 +5,11 @@ the client's stop strings (the workers only know stop token IDs), and timed wher
 the client sees it. The request's in-flight lease on P is released at the first
 token (P's part is over by then); the rest when the stream ends, however it ends.
 
-A worker that fails the request (a dead P, an MD or RLD whose stream breaks) is left
-out and the request routed again, or resumed after the tokens already sent, so a
-client never sees a failure another instance could have absorbed.
+A worker that fails the request (a dead P, an MD or RLD whose stream breaks, an MD
+P could not reach over the WAN) is left out and the request routed again, or resumed
+after the tokens already sent, so a client never sees a failure another instance
+could have absorbed. What the request learns of the WAN line (P's KV could not cross;
+MD streams, so it did) goes to the router's ``LinkHealth``.
 
 The workers measure what the router only estimated: the prefix hit P really had
 (reported to the client as ``cached_tokens``) and what MD really held at the
@@ -109,6 +111,11 @@ class Generation:
         (the first attempt's: a resumed one's prompt includes the output)."""
         return self._first_hits.cached_tokens
 
+    @property
+    def token_ids(self) -> list[int]:
+        """The output token IDs the client has been sent so far."""
+        return list(self._detok.ids)
+
     def usage(self) -> UsageInfo:
         return UsageInfo.of(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
 
@@ -149,7 +156,7 @@ class Generation:
         assert self._reroute is not None
         for instance_id in exc.failed:
             self.runtime.registry.suspect(instance_id, f"a request failed on it: {exc.message}")
-        emitted = list(self._detok.ids)
+        emitted = self.token_ids
         kind = "resume" if emitted else "redispatch"
         self.runtime.metrics.recoveries.labels(kind).inc()
         log.warning(
@@ -168,7 +175,10 @@ class Generation:
         relay_id = self.plan.relay.instance_id if self.plan.relay else None
         last: float | None = None
         try:
-            async for event in relay_tokens(self.plan, rt.client, rt.config.request_timeout_s):
+            events = relay_tokens(
+                self.plan, rt.client, rt.config.request_timeout_s, on_link_fault=self._link_fault
+            )
+            async for event in events:
                 now = time.monotonic()
                 if last is None:
                     if self.completion_tokens == 0:
@@ -179,6 +189,8 @@ class Generation:
                     rt.metrics.itl.observe(now - last)
                 if self.plan.main is not None and event.source == self.plan.main.instance_id:
                     self._lease.release(WAN_TRANSFERS)  # MD streams: it has the KV
+                    if self.route.ships_kv:
+                        rt.link_health.delivered(self.route.link_ticket)
                 last = now
                 self.hits.observe(event)
                 self._count(event.source == relay_id)
@@ -196,6 +208,11 @@ class Generation:
                     yield TextDelta(text)
         finally:
             self._lease.release_all()
+
+    def _link_fault(self, report: TokenEvent) -> None:
+        """P could not send this request's KV over the WAN: the line is in doubt."""
+        assert report.link_fault is not None
+        self.runtime.link_health.failed(report.link_fault, report.error or "")
 
     def _count(self, from_relay: bool) -> None:
         self.completion_tokens += 1

@@ -65,6 +65,18 @@ class RouterMetrics:
             "Requests waiting now for a Redis read (each at most the Redis deadline)",
             registry=r,
         )
+        self.link_state = Gauge(
+            "pdd_router_link_state",
+            "1 for the WAN line's current condition (healthy, suspected_cut, degraded), else 0",
+            ["link", "state"],
+            registry=r,
+        )
+        self.link_transitions = Counter(
+            "pdd_router_link_transitions",
+            "Changes of the WAN line's condition, by the condition entered",
+            ["link", "to"],
+            registry=r,
+        )
         self.instances_ready = Gauge(
             "pdd_router_instances_ready", "Workers answering their polls", ["role"], registry=r
         )

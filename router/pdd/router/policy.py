@@ -21,6 +21,10 @@ route whenever one has room: P-RLD-MD, or P-RLD where no MD is left to choose. T
 failure may be the WAN line or MD itself, and a relay in datacenter A carries the
 request through either; the rules above assume both work.
 
+A **doubted line** (``link_doubt``: a transfer over it failed lately, see
+``pdd.router.link_health``) turns rule 1's P-MD into P-RLD-MD where a relay has room:
+the relay serves if the KV cannot cross, and the KV that does cross proves the line.
+
 No available P (or no available MD when the request must end at MD) is a typed
 :class:`Saturated` result the server turns into 429 with Retry-After.
 """
@@ -146,11 +150,13 @@ def decide(
     traffic: TrafficWindow,
     config: PolicyConfig,
     retry: bool = False,
+    link_doubt: str | None = None,
 ) -> Decision | Saturated:
     """Choose P and MD, estimate MD's first token, then pick the pipeline.
 
     ``hits`` is ``PrefixIndex.match``: tokens of this prompt each instance holds.
     ``retry``: the request failed on a worker before; keep a relay on the route.
+    ``link_doubt``: why the WAN line is not trusted now (None: it is).
     """
     n = request.input_tokens
     p = choose_prefill(fleet, hits, n, config.weights)
@@ -163,6 +169,8 @@ def decide(
         pipeline, reason = retry_pipeline(md is not None)
     else:
         pipeline, reason = choose_pipeline(request, estimate, relay is not None, traffic, config)
+        if pipeline == Pipeline.P_MD and link_doubt is not None:
+            pipeline, reason = doubted_line_pipeline(link_doubt, relay is not None)
     if pipeline != Pipeline.P_RLD and md is None:
         return Saturated("every main-decode instance is at capacity", config.retry_after_s)
     assignment = Assignment(
@@ -221,6 +229,13 @@ def retry_pipeline(md_available: bool) -> tuple[Pipeline, str]:
     if md_available:
         return Pipeline.P_RLD_MD, "a retry after a failure: relaying, in case MD or the WAN fails"
     return Pipeline.P_RLD, "a retry after a failure, no main decode left: the relay serves it"
+
+
+def doubted_line_pipeline(doubt: str, relay_available: bool) -> tuple[Pipeline, str]:
+    """Where rule 1 chose P-MD over a line in doubt: a relay goes along if one has room."""
+    if relay_available:
+        return Pipeline.P_RLD_MD, f"{doubt}: relaying, so the relay serves if the KV cannot cross"
+    return Pipeline.P_MD, f"{doubt}, but every relay is saturated: P-MD"
 
 
 def is_anomalous(request: RequestFeatures, config: PolicyConfig) -> bool:

@@ -10,6 +10,7 @@ from pdd.common.vocabulary import Role
 from pdd.common.wan_tls import load_wan_ca
 from pdd.router.config import RouterConfig
 from pdd.router.dispatch import Dispatcher
+from pdd.router.link_health import LinkCondition, LinkHealth, Transition
 from pdd.router.metrics import RouterMetrics
 from pdd.router.policy import PolicyConfig
 from pdd.router.prefix_index import PrefixIndex, PrefixIndexConfig
@@ -20,6 +21,10 @@ from pdd.router.state.memory import LocalStore
 from pdd.router.state.shared import SharedStore
 from pdd.router.tokenization import PromptTokenizer, load_prompt_tokenizer
 from pdd.router.worker_client import WorkerClient
+
+#: The name of the one WAN line this router's config describes (``--link-gbps``), as
+#: its metrics label it.
+WAN_LINK = "wan"
 
 
 def build_policy(config: RouterConfig) -> PolicyConfig:
@@ -36,12 +41,13 @@ def build_policy(config: RouterConfig) -> PolicyConfig:
 class RouterRuntime:
     """Tokenizer, store, index, worker registry and dispatcher of one router replica."""
 
-    def __init__(self, config: RouterConfig) -> None:
+    def __init__(self, config: RouterConfig, client: WorkerClient | None = None) -> None:
+        """``client``: the workers reached another way than TCP (in-process tests)."""
         self.config = config
         self.metrics = RouterMetrics()
         self.tokenizer: PromptTokenizer = load_prompt_tokenizer(config.model)
         tls = load_wan_ca(config.wan_tls_dir) if config.wan_tls_dir is not None else None
-        self.client = WorkerClient(config.secret, tls=tls)
+        self.client = client or WorkerClient(config.secret, tls=tls)
         #: A renewed ca.crt applies to the next connection to an https worker.
         self._rotation = (
             TlsRotation(config.wan_tls_dir, [tls], with_certificate=False)
@@ -67,9 +73,26 @@ class RouterRuntime:
             config.workers, self.client, self.index, config.poll_interval_s
         )
         self.policy = build_policy(config)
+        self.link_health = LinkHealth(WAN_LINK, self._link_changed)
+        self._show_link(LinkCondition.HEALTHY)
         self.dispatcher = Dispatcher(
-            config, self.registry, self.index, self.store, self.policy, RecentTraffic()
+            config,
+            self.registry,
+            self.index,
+            self.store,
+            self.policy,
+            RecentTraffic(),
+            self.link_health,
         )
+
+    def _link_changed(self, change: Transition) -> None:
+        self.metrics.link_transitions.labels(change.link, change.after).inc()
+        self._show_link(change.after)
+
+    def _show_link(self, current: LinkCondition) -> None:
+        for condition in LinkCondition:
+            value = 1 if condition is current else 0
+            self.metrics.link_state.labels(self.link_health.name, condition).set(value)
 
     async def start(self) -> None:
         await self.store.start()

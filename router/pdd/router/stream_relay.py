@@ -4,7 +4,10 @@ The relay (RLD) streams the first tokens and the main decode (MD) continues afte
 the handoff; every token carries its output position, so ``TokenStreamMerger``
 releases each position exactly once, in order. A decode-side source that breaks
 is routed around (RLD gone before the handoff: hand MD the IDs the client already
-has; MD gone: tell RLD to take over). Whenever the
+has; MD gone: tell RLD to take over). Where P ships KV across the WAN, P's stream is
+read too: it reports at once a transfer to MD that failed on the line, so a relay on
+the route takes over, and a request without one fails now (naming MD, for the
+router's retry) rather than after MD's transfer timeout. Whenever the
 stream ends before the request finished (client disconnect, timeout, failure), the
 request is cancelled on every worker it touched, so their KV and locks are freed.
 """
@@ -14,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,11 +39,16 @@ class _StreamEnd:
     broken: str | None
 
 
+#: Told of each transfer P reports failed on the WAN line (``TokenEvent.link_fault``).
+LinkFaultListener = Callable[[TokenEvent], None]
+
+
 async def relay_tokens(
     plan: PipelinePlan,
     client: WorkerClient,
     timeout_s: float,
     merger: TokenStreamMerger | None = None,
+    on_link_fault: LinkFaultListener | None = None,
 ) -> AsyncIterator[TokenEvent]:
     """Start ``plan`` and yield its merged tokens; raises ``UpstreamError`` on failure.
 
@@ -48,9 +56,10 @@ async def relay_tokens(
     can be read afterwards.
     """
     queue: asyncio.Queue[TokenEvent | _StreamEnd] = asyncio.Queue()
-    readers = [
-        asyncio.create_task(_read(client, ep, plan.request_id, queue)) for ep in plan.decode_sources
-    ]
+    watched = list(plan.decode_sources)
+    if plan.ships_kv_over_wan:
+        watched.append(plan.prefill)  # type: ignore[arg-type]  # its reports, no tokens
+    readers = [asyncio.create_task(_read(client, ep, plan.request_id, queue)) for ep in watched]
     merger = merger or TokenStreamMerger(plan.request_id)
     try:
         entry = plan.main if plan.pipeline == "mono" else plan.prefill
@@ -62,7 +71,8 @@ async def relay_tokens(
                 f"{entry.instance_id} refused the request: {exc.detail}", (entry.instance_id,)
             ) from exc
         deadline = asyncio.get_running_loop().time() + timeout_s
-        async for event in _merged(plan, client, queue, merger, len(readers), deadline):
+        streams = len(plan.decode_sources)
+        async for event in _merged(plan, client, queue, merger, streams, deadline, on_link_fault):
             yield event
     finally:
         for task in readers:
@@ -78,10 +88,20 @@ async def _merged(
     merger: TokenStreamMerger,
     open_streams: int,
     deadline: float,
+    on_link_fault: LinkFaultListener | None,
 ) -> AsyncIterator[TokenEvent]:
-    """Yields released tokens; the deadline is checked per wait, never across a yield."""
+    """Yields released tokens; the deadline is checked per wait, never across a yield.
+    ``open_streams`` counts the decode sources only: P's report stream may end any time.
+
+    An MD whose KV stopped coming blames P, but cannot tell P's death from a cut line.
+    While P's stream is open P is alive, and it reports the line within its own
+    timeout; so a failure that blames P waits for P's stream (its report or its end)
+    before it is raised, rather than have the retry leave out a healthy P. A stream P
+    closed (not broken) clears the blame too: P was alive to the end."""
+    p = plan.prefill.instance_id if plan.prefill is not None and plan.ships_kv_over_wan else None
+    p_open = p is not None
     while not merger.finished:
-        if open_streams == 0:
+        if open_streams == 0 and not (p_open and p in merger.failed):
             raise UpstreamError(
                 f"request {plan.request_id}: every worker stream ended after "
                 f"{merger.next_seq} tokens without a finish; errors: {merger.errors or 'none'}",
@@ -94,6 +114,17 @@ async def _merged(
             raise UpstreamError(
                 f"request {plan.request_id} did not finish in time ({merger.next_seq} tokens)"
             ) from None
+        if item.source == p:
+            # P's reports: only a failed transfer to MD matters, and its stream's end.
+            if isinstance(item, _StreamEnd):
+                p_open = False
+                if item.broken is None:  # P finished its part alive: the line failed, not P
+                    _clear_blame(merger, p)
+            elif item.link_fault is not None:
+                if on_link_fault is not None:
+                    on_link_fault(item)
+                await _kv_cannot_cross(plan, client, item, merger)
+            continue
         if isinstance(item, _StreamEnd):
             open_streams -= 1
             if item.broken is not None:
@@ -104,6 +135,31 @@ async def _merged(
             yield event
         if item.error is not None and not merger.finished:
             await _route_around(plan, client, item.source, merger)
+
+
+def _clear_blame(merger: TokenStreamMerger, instance_id: str | None) -> None:
+    """Blame the sources themselves, not ``instance_id``, for the errors that named it."""
+    for source, culprit in list(merger.culprits.items()):
+        if culprit == instance_id:
+            del merger.culprits[source]
+
+
+async def _kv_cannot_cross(
+    plan: PipelinePlan, client: WorkerClient, report: TokenEvent, merger: TokenStreamMerger
+) -> None:
+    """P says MD will not get the KV: the relay carries the request, or, with none on the
+    route, the request fails now, blaming MD (``report.culprit``) so the retry avoids it.
+    Nothing changes once MD streams: it had the KV (P lost only the acknowledgement)."""
+    assert plan.main is not None  # P reports only transfers to MD
+    md = plan.main.instance_id
+    if any(e.source == md for e in merger.emitted):
+        return
+    merger.errors.setdefault(md, report.error or "")
+    _clear_blame(merger, report.source)  # MD blamed P for KV that stopped: it was the line
+    if plan.pipeline == Pipeline.P_RLD_MD:
+        await _route_around(plan, client, md, merger)
+        return
+    raise UpstreamError(f"request {plan.request_id}: {report.error}", merger.failed)
 
 
 async def _route_around(

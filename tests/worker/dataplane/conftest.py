@@ -33,6 +33,7 @@ from pdd.local.cluster import LinkSpec, LocalCluster, WorkerSpec
 from pdd.router.stream_relay import relay_tokens
 from pdd.router.worker_client import WorkerClient
 from pdd.worker.model.loader import LoadedModel
+from pdd.worker.roles.base import WorkerSettings
 
 # Loaded by path: with --import-mode=importlib the tests folder is not on sys.path.
 _spec = importlib.util.spec_from_file_location(
@@ -226,13 +227,26 @@ def dp(cluster: LocalCluster) -> DataPlane:
 @pytest.fixture
 async def vdp(tiny: LoadedModel) -> AsyncIterator[DataPlane]:
     """A fresh in-process cluster; the test must be marked ``virtual_clock``."""
+    async for plane in _in_process(tiny, TRANSFER_TIMEOUT_S):
+        yield plane
+
+
+@pytest.fixture
+async def vdp_default_timeouts(tiny: LoadedModel) -> AsyncIterator[DataPlane]:
+    """``vdp`` with the workers' default timeouts (``--transfer-timeout-s`` 30 s, so a
+    10 s connect timeout), for tests about which of them fires first."""
+    async for plane in _in_process(tiny, WorkerSettings.transfer_timeout_s):
+        yield plane
+
+
+async def _in_process(tiny: LoadedModel, transfer_timeout_s: float) -> AsyncIterator[DataPlane]:
     cluster = inprocess.InProcessCluster(
         tiny,
         SPECS,
         LINK,
         block_size=BLOCK_SIZE,
         num_blocks=256,  # 4096 tokens per instance: more than any in-process test holds
-        transfer_timeout_s=TRANSFER_TIMEOUT_S,
+        transfer_timeout_s=transfer_timeout_s,
     )
     async with cluster:
         yield DataPlane(cluster, cluster.client, cluster.wait_quiescent)

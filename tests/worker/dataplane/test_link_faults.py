@@ -9,6 +9,8 @@ state, a lock or a block afterwards. Process deaths are in ``test_process_faults
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from pdd.router.errors import UpstreamError
@@ -19,6 +21,7 @@ pytestmark = [pytest.mark.unit, pytest.mark.virtual_clock]
 
 TRICKLE_GBPS = 1e-5  # 10 kbit/s: a prompt's KV stays in flight for minutes
 MAX_TOKENS = 40
+TRANSFER_TIMEOUT_S = 5.0  # the vdp fixture's workers' (conftest)
 LONG_TOKENS = 120  # 0.6 s of relay decoding at the harness's step time
 
 
@@ -41,12 +44,43 @@ async def test_wan_cut_ends_transfers_and_relay_finishes(vdp) -> None:
     assert delta("p", "pdd_transfer_failures", 'path="wan"') == 1
 
 
-async def test_wan_cut_without_relay_fails_the_request_clearly(vdp) -> None:
+async def test_wan_cut_without_relay_fails_the_request_at_once_naming_md(vdp) -> None:
+    """P cannot reach MD and says so on its stream: the request fails now, blaming MD (for
+    the router's retry), not when MD's transfer timeout says the request never came."""
     prompt = vdp.prompts(1, seed=54, lo=90, hi=91)[0]
     vdp.cluster["md"].link.partition(True)
     plan = vdp.cluster.plan("f-cut-pmd", prompt, "P-MD", vdp.sampling(0, MAX_TOKENS))
-    with pytest.raises(UpstreamError, match="without a finish"):
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(UpstreamError, match="p could not send the KV to md") as caught:
         await vdp.run_all([plan])
+    assert "(unreachable)" in caught.value.message and caught.value.failed == ("md",)
+    assert loop.time() - start < TRANSFER_TIMEOUT_S  # MD's arrival timeout did not fire
+    await vdp.assert_quiescent()
+
+
+async def test_a_silent_line_is_reported_by_p_within_its_connect_timeout(
+    vdp_default_timeouts,
+) -> None:
+    """A line that drops everything (no refusal, no reset): P's handshake with MD gets no
+    answer and P reports it after its connect timeout (10 s), long before MD's transfer
+    timeout (30 s) would tell the router that the request never reached MD."""
+    vdp = vdp_default_timeouts
+    settings = vdp.cluster["p"].instance.settings
+    connect_s, transfer_s = settings.transport.connect_timeout_s, settings.transfer_timeout_s
+    assert connect_s < transfer_s
+    prompt = vdp.prompts(1, seed=59, lo=90, hi=91)[0]
+    path = vdp.cluster.wan_path("md")
+    path.pause()
+    plan = vdp.cluster.plan("f-silent-pmd", prompt, "P-MD", vdp.sampling(0, MAX_TOKENS))
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(UpstreamError, match="p could not send the KV to md") as caught:
+        await vdp.run_all([plan])
+    took = loop.time() - start
+    assert "timed out" in caught.value.message and caught.value.failed == ("md",)
+    assert connect_s <= took < connect_s + 1.0  # P's connect timeout fired, not MD's
+    path.resume()
     await vdp.assert_quiescent()
 
 

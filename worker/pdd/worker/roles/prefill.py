@@ -7,6 +7,13 @@ path, only the main decode's miss over the WAN, each followed by the first
 token. P never streams a token to the client: the first token the client sees
 comes from a decode-side instance. P holds the request's KV until both
 transfers have ended, however they ended.
+
+P's own stream carries one thing: a status event when the KV could not cross the
+WAN to MD (refused, reset, no answer to the handshake within the connect timeout,
+or stalled mid-transfer). MD cannot say so quickly: across a cut it never hears of
+the request and gives up only after its transfer timeout. P knows within its own
+connect timeout, so the router hears it from P and recovers (or lets the relay
+finish) seconds earlier.
 """
 
 from __future__ import annotations
@@ -17,12 +24,19 @@ import logging
 import secrets
 from dataclasses import dataclass
 
-from pdd.common.vocabulary import Pipeline, Role
+from pdd.common.vocabulary import LinkFault, Pipeline, Role
 from pdd.common.wire import Endpoint, PipelinePlan
 from pdd.worker.engine.request import RequestOutput
 from pdd.worker.roles.base import RoleBase, sampling_params
-from pdd.worker.roles.protocol import expect_meta, int_field, send_meta
-from pdd.worker.transport import Channel, MsgType, encode_json, request_key
+from pdd.worker.roles.protocol import ProtocolError, expect_meta, int_field, send_meta
+from pdd.worker.transport import (
+    Channel,
+    LinkDown,
+    MsgType,
+    TransferTimeout,
+    encode_json,
+    request_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +74,18 @@ def targets_of(plan: PipelinePlan) -> list[Target]:
     return out
 
 
+def link_fault_of(exc: BaseException, handshake: bool) -> LinkFault | None:
+    """What a failed transfer says about the line, or None where it says nothing about it
+    (MD refused the request, a secret or certificate mismatch: MD reports those itself).
+    No answer within the timeout is a cut while connecting, a stall once bytes flowed;
+    so is MD hanging up instead of answering (its own timeout fired first)."""
+    if isinstance(exc, LinkDown):
+        return LinkFault.UNREACHABLE
+    if isinstance(exc, TransferTimeout | ProtocolError):
+        return LinkFault.UNREACHABLE if handshake else LinkFault.STALLED
+    return None
+
+
 def with_seed(plan: PipelinePlan) -> PipelinePlan:
     """Fix the seed here, so every instance that samples this request draws the same."""
     if plan.sampling.seed is not None:
@@ -77,6 +103,8 @@ class PrefillRole(RoleBase):
         if plan.request_id in self.live:
             raise ValueError(f"request {plan.request_id!r} is already running here")
         self.live.add(plan.request_id)
+        if plan.ships_kv_over_wan:
+            self.hub.get(plan.request_id).start()  # its reader waits for a report or the end
         self.spawn(self._run(with_seed(plan)), f"prefill-{plan.request_id}")
 
     async def cancel(self, request_id: str) -> None:
@@ -96,6 +124,8 @@ class PrefillRole(RoleBase):
             await self.abort_engine_request(rid)  # releases the held KV (finished or not)
             self.runner.unsubscribe(rid)
             self.live.discard(rid)
+            if plan.ships_kv_over_wan:
+                self.hub.get(rid).close()  # the router's reader of P's reports stops
 
     async def _path(self, plan: PipelinePlan, target: Target, prefill: asyncio.Future) -> None:
         """One receiver: handshake (learn its hit), wait for the first token, ship its miss."""
@@ -109,6 +139,7 @@ class PrefillRole(RoleBase):
                 plan.request_id,
                 exc,
             )
+            self._report(plan, target, exc, handshake=True)
             return
         try:
             prefilled = await asyncio.shield(prefill)
@@ -143,7 +174,12 @@ class PrefillRole(RoleBase):
             await send_meta(
                 channel, plan.request_id, op="prepare", plan=plan.model_dump(mode="json")
             )
-            hit = int_field(await expect_meta(channel, "prepared"), "hit")
+            # Answering "prepare" only locks a prefix: a reply slower than a connect is a
+            # line that is not there, reported as such (not after the transfer timeout).
+            reply = await expect_meta(
+                channel, "prepared", timeout_s=self.settings.transport.connect_timeout_s
+            )
+            hit = int_field(reply, "hit")
         except BaseException:
             await channel.close()
             raise
@@ -176,6 +212,25 @@ class PrefillRole(RoleBase):
                 rid,
                 exc,
             )
+            self._report(plan, target, exc, handshake=False)
+
+    def _report(
+        self, plan: PipelinePlan, target: Target, exc: BaseException, handshake: bool
+    ) -> None:
+        """Tell the router on P's stream, at once, that MD will not get this request's KV
+        over the line (MD itself would say so only after its transfer timeout)."""
+        fault = link_fault_of(exc, handshake)
+        if not target.wan or fault is None:
+            return
+        md = target.endpoint.instance_id
+        self.hub.fail(
+            plan.request_id,
+            0,
+            f"{self.settings.instance_id} could not send the KV to {md} over the WAN "
+            f"({fault}): {exc}",
+            culprit=md,
+            link_fault=fault,
+        )
 
     @property
     def _bytes_per_token(self) -> int:

@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from pdd.common.vocabulary import LinkFault
 from pdd.common.wire import TokenEvent
 
 #: A closed stream is forgotten this long after it ends (time for a late reader).
@@ -116,12 +117,25 @@ class StreamHub:
         )
         self.get(request_id).push(event)
 
-    def fail(self, request_id: str, seq: int, error: str, culprit: str | None = None) -> None:
+    def fail(
+        self,
+        request_id: str,
+        seq: int,
+        error: str,
+        culprit: str | None = None,
+        link_fault: LinkFault | None = None,
+    ) -> None:
         """Push an error status event and close: this instance gives up on the request
-        (``culprit``: the other instance that made it, if one did)."""
+        (``culprit``: the other instance that made it, if one did; ``link_fault``: P's KV
+        could not cross the WAN to it)."""
         stream = self.get(request_id)
         event = TokenEvent(
-            request_id=request_id, seq=seq, source=self.source, error=error, culprit=culprit
+            request_id=request_id,
+            seq=seq,
+            source=self.source,
+            error=error,
+            culprit=culprit,
+            link_fault=link_fault,
         )
         stream.push(event)
         stream.close()
