@@ -6,7 +6,9 @@ then stream the KV each receiver lacks, all of it to the relay over the fast
 path, only the main decode's miss over the WAN, each followed by the first
 token. P never streams a token to the client: the first token the client sees
 comes from a decode-side instance. P holds the request's KV until both
-transfers have ended, however they ended.
+transfers have ended, however they ended. The WAN copy is coded with the
+deployment's KV codec (``--kv-codec``), named in the handshake; the relay's copy
+stays exact.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ import logging
 import secrets
 from dataclasses import dataclass
 
+from pdd.common.kv_codec import NO_CODEC, KVCodec
 from pdd.common.vocabulary import Pipeline
 from pdd.common.wire import Endpoint, PipelinePlan
 from pdd.worker.engine.request import RequestOutput
 from pdd.worker.roles.base import RoleBase, sampling_params
-from pdd.worker.roles.protocol import expect_meta, int_field, send_meta
+from pdd.worker.roles.protocol import ProtocolError, expect_meta, int_field, send_meta
 from pdd.worker.transport import Channel, MsgType, encode_json, request_key
 
 log = logging.getLogger(__name__)
@@ -98,8 +101,9 @@ class PrefillRole(RoleBase):
 
     async def _path(self, plan: PipelinePlan, target: Target, prefill: asyncio.Future) -> None:
         """One receiver: handshake (learn its hit), wait for the first token, ship its miss."""
+        codec = self.settings.kv_codec if target.wan else NO_CODEC
         try:
-            channel, hit = await self._prepare(plan, target)
+            channel, hit = await self._prepare(plan, target, codec)
         except Exception as exc:
             self.metrics.transfer_failures.labels(target.path).inc()
             log.warning(
@@ -111,7 +115,7 @@ class PrefillRole(RoleBase):
             return
         try:
             prefilled = await asyncio.shield(prefill)
-            await self._ship(plan, target, channel, hit, prefilled)
+            await self._ship(plan, target, channel, hit, prefilled, codec)
         finally:
             with contextlib.suppress(Exception):
                 await channel.close()
@@ -135,34 +139,49 @@ class PrefillRole(RoleBase):
         self.metrics.count_prompt(len(plan.prompt_ids), prefilled.cached_tokens)
         return prefilled
 
-    async def _prepare(self, plan: PipelinePlan, target: Target) -> tuple[Channel, int]:
-        """Open the channel and learn (and have the receiver lock) the prefix it holds."""
+    async def _prepare(
+        self, plan: PipelinePlan, target: Target, codec: KVCodec
+    ) -> tuple[Channel, int]:
+        """Open the channel and learn (and have the receiver lock) the prefix it holds;
+        the receiver answers with the codec it takes, which must be the one offered."""
         addr = target.endpoint.wan_addr if target.wan else target.endpoint.fast_addr
         channel = await self.open_channel(addr, wan=target.wan)
         try:
             await send_meta(
-                channel, plan.request_id, op="prepare", plan=plan.model_dump(mode="json")
-            )
-            hit = int_field(await expect_meta(channel, "prepared"), "hit")
+                channel, plan.request_id, op="prepare", plan=plan.model_dump(mode="json"),
+                codec=codec,
+            )  # fmt: skip
+            prepared = await expect_meta(channel, "prepared")
+            if prepared.get("codec", NO_CODEC) != codec:
+                raise ProtocolError(
+                    f"{channel.peer.name} takes KV coded {prepared.get('codec')!r}, this prefill "
+                    f"sends {codec!r}; give P and MD the same spec.wan.kvCodec (--kv-codec)"
+                )
+            hit = int_field(prepared, "hit")
         except BaseException:
             await channel.close()
             raise
         return channel, hit
 
     async def _ship(
-        self, plan: PipelinePlan, target: Target, channel: Channel, hit: int, first: Prefilled
-    ) -> None:
+        self, plan: PipelinePlan, target: Target, channel: Channel, hit: int, first: Prefilled,
+        codec: KVCodec,
+    ) -> None:  # fmt: skip
         rid, n = plan.request_id, len(plan.prompt_ids)
         key = request_key(rid)
         counter = self.metrics.wan_bytes if target.wan else self.metrics.fastpath_bytes
         try:
             if hit < n:
                 chunk_tokens = max(1, self.settings.chunk_bytes // self._bytes_per_token - 1)
-                chunks = await self.runner.call(lambda e: e.export_kv(rid, hit, n, chunk_tokens))
+                chunks = await self.runner.call(
+                    lambda e: e.export_kv(rid, hit, n, chunk_tokens, codec)
+                )
                 for start in range(hit, n, chunk_tokens):
                     blob = await self.runner.call(lambda e: next(chunks))
                     await channel.send(MsgType.KV_CHUNK, key, blob)
                     counter.inc(min(chunk_tokens, n - start) * self._bytes_per_token)
+                    if target.wan:
+                        self.metrics.wan_kv_wire_bytes.inc(len(blob))
             done = {"first_token": first.first_token, "cached_tokens": first.cached_tokens}
             await channel.send(MsgType.KV_DONE, key, encode_json(done))
             await expect_meta(channel, "imported")
