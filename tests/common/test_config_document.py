@@ -83,3 +83,11 @@ def test_a_roles_engine_settings_override_the_shared_ones_field_by_field():
     assert EngineSettings().over(shared) == shared
     with pytest.raises(ValueError, match="both set"):
         EngineSettings(kv_cache_gib=1, kv_cache_memory_fraction=0.5)
+
+
+def test_kv_codec_defaults_to_none_and_an_unknown_one_is_named():
+    wire = rendered().to_wire()
+    assert wire["wan"]["kvCodec"] == "none"
+    wire["wan"]["kvCodec"] = "int3"
+    with pytest.raises(ConfigDocumentError, match=r"wan\.kvCodec: Input should be 'none'"):
+        parse_config_document(wire, "worker")

@@ -80,6 +80,19 @@ def test_outputs_are_compared_against_the_first_mode() -> None:
     assert report.compare_outputs([ref, same, odd]) == {"mono": [], "naive": [], "pdd": ["a"]}
 
 
+def test_a_lossy_codecs_differences_are_reported_as_agreement_not_hidden() -> None:
+    ref = report.ModeRun("mono", [outcome("a", 0.1, "abcd"), outcome("b", 0.1, "wxyz")], 1.0)
+    coded = report.ModeRun(
+        "pdd", [outcome("a", 0.1, "abXd"), outcome("b", 0.1, "wxyz")], 1.0, kv_codec="int8"
+    )
+    assert report.agreement([ref, coded]) == {"mono": 1.0, "pdd": 7 / 8}
+    summaries = [report.summarize(r, report.Slo()) for r in (ref, coded)]
+    summaries[1]["mismatches"], summaries[1]["agreement"] = 1, 7 / 8
+    (note,) = report.lossy_notes(summaries)  # none for mono, which is exact
+    assert "lossy KV codec int8: 1 of its 2 outputs differ from mono's, 87.50%" in note
+    assert "| KV codec on the WAN | none | int8 |" in report.table(summaries)
+
+
 def test_table_csv_json_and_plots_are_written(tmp_path: Path) -> None:
     runs = [
         report.ModeRun("naive", [outcome("a", 0.4)], 1.0, 10, wan_series=[(0, 0), (1, 10)]),

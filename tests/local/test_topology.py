@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from pdd.common.config_document import parse_config_document
 from pdd.common.vocabulary import Role
 from pdd.local.manifests import ClusterObjects, HostAddressing, PodPlan, plan_pods
 from pdd.local.topology import (
@@ -19,6 +21,7 @@ from pdd.local.topology import (
     stack_deployment,
 )
 from pdd.operator.render import render_deployment
+from pdd.worker.deploy_config import flag_defaults
 
 pytestmark = pytest.mark.unit
 
@@ -102,3 +105,18 @@ def test_wan_tls_gives_every_worker_the_certificates_as_files() -> None:
     plain = rendered(StackConfig())
     assert all("--wan-tls-dir" not in p.args for p in plain)  # off by default
     assert {p.http_scheme for p in plain} == {"http"}
+
+
+@pytest.mark.parametrize(
+    ("mode", "codec"), [("pdd", "int8"), ("naive", "int4"), ("samedc", "none")]
+)
+def test_kv_codec_reaches_every_pod_through_the_config_document(mode: str, codec: str) -> None:
+    """``pdd bench --kv-codec``: spec.wan.kvCodec, rendered by the operator into the config
+    document, which each worker turns into its --kv-codec and the router reads too; a
+    baseline with no WAN keeps exact KV."""
+    pods = rendered(StackConfig(mode=mode, kv_codec="int8" if codec == "none" else codec))  # type: ignore[arg-type]
+    for pod in pods:
+        doc = parse_config_document(json.loads(pod.files["/etc/pdd"]["config.json"]), "worker")
+        assert doc.wan.kv_codec == codec
+        if pod.component != "router":
+            assert flag_defaults(doc, {}, pod.component)["kv_codec"] == codec

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pdd.common.config_document import EngineSettings
-from pdd.common.cost_model import LinkState, WorkloadProfile, size_wan_link
+from pdd.common.cost_model import LinkState, WorkloadProfile, kv_bytes_per_token, size_wan_link
 from pdd.operator.kv_size import resolve_kv_bytes_per_token
 from pdd.operator.sizing import kv_capacity, size_link
 from pdd.operator.spec import PDDSpec, Wan, Workload
@@ -95,3 +95,33 @@ def test_status_reports_each_roles_kv_capacity_with_the_shared_kv_size(
     assert report["main"]["kvCapacityTokens"] == 48 * 2**30 // KV_BPT
     assert report["prefill"] == report["relay"] == {"kvCacheMemoryFraction": 0.85}
     assert kv_capacity(pool_b_spec) == {"prefill": {}, "relay": {}, "main": {}}
+
+
+@pytest.mark.parametrize(("codec", "most"), [("int8", 0.52), ("fp8", 0.52), ("int4", 0.28)])
+def test_a_compressed_deployment_needs_a_smaller_link(
+    pool_b_spec: PDDSpec, codec: str, most: float
+) -> None:
+    """spec.wan.kvCodec: the link is sized for the coded bytes, through the one formula."""
+    exact = size_link(pool_b_spec)
+    wan = pool_b_spec.wan.model_copy(update={"kv_codec": codec})
+    coded = size_link(pool_b_spec.model_copy(update={"wan": wan}))
+    shape = pool_b_spec.model.config
+    assert shape is not None
+    wire = kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, 2, codec)  # type: ignore[arg-type]
+    assert coded.wan["kvBytesPerToken"] == wire <= most * KV_BPT
+    assert coded.wan["requiredGbps"] == round(10 * 8000 * 0.1 * wire * 8 * 2 / 1e9, 3)
+    assert coded.wan["requiredGbps"] <= most * exact.wan["requiredGbps"]
+    assert coded.condition.reason == "LinkSufficient"
+    # The KV cache itself is not coded: each pod's capacity in tokens is unchanged.
+    assert kv_capacity(pool_b_spec.model_copy(update={"wan": wan})) == kv_capacity(pool_b_spec)
+
+
+def test_a_compressed_link_without_the_models_shape_says_what_to_set(
+    pool_b_spec: PDDSpec,
+) -> None:
+    model = pool_b_spec.model.model_copy(update={"kv_bytes_per_token": 1000, "config": None})
+    wan = pool_b_spec.wan.model_copy(update={"kv_codec": "int4"})
+    report = size_link(pool_b_spec.model_copy(update={"model": model, "wan": wan}))
+    assert (report.condition.status, report.condition.reason) == ("Unknown", "KVSizeUnknown")
+    assert "wan.kvCodec int4" in report.condition.message
+    assert "model.config" in report.condition.message

@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from pdd.common.config_document import API_KEYS_ENV, EngineSettings
+from pdd.common.cost_model import kv_bytes_per_token
 from pdd.operator.builders.config import build_worker_config
 from pdd.operator.builders.meta import Site
 from pdd.operator.naming import Owner
@@ -128,3 +129,24 @@ def test_a_wan_tls_dir_without_its_ca_is_refused_at_start(tmp_path, caplog):
     (tmp_path / "ca.crt").write_text("not a certificate")
     assert main([*argv, "--wan-tls-dir", str(tmp_path)]) == 2
     assert "does not load as a CA certificate" in caplog.text
+
+
+def test_the_transfer_estimate_counts_the_coded_bytes(tmp_path, monkeypatch):
+    """The router's KV bytes per token on the WAN: the operator's (coded) figure from the
+    config document, else the checkpoint's shape through the same cost-model function."""
+    spec = PDDSpec.model_validate(yaml.safe_load(OPERATOR_CR.read_text())["spec"])
+    spec = spec.model_copy(update={"wan": spec.wan.model_copy(update={"kv_codec": "int4"})})
+    document = build_worker_config(spec, Owner(name="q", namespace="s", uid="u"), Site("s"))
+    path = tmp_path / "config.json"
+    path.write_text(document.to_json())
+    monkeypatch.setenv(document.shared_secret_env, "s3cret")
+    config = parse("--config", str(path))
+    shape = spec.model.config
+    assert shape is not None
+    assert config.kv_codec == "int4"
+    assert config.resolved_kv_bytes_per_token == kv_bytes_per_token(
+        shape.num_layers, shape.num_kv_heads, shape.head_dim, 2, "int4"
+    )
+    tiny = parse("--mono", "m=http://h:1", "--secret", "s", "--kv-codec", "int8")
+    assert tiny.resolved_kv_bytes_per_token == kv_bytes_per_token(4, 2, 32, 4, "int8")
+    assert tiny.resolved_kv_bytes_per_token < TINY_KV_BYTES_PER_TOKEN / 2

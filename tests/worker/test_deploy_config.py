@@ -24,7 +24,7 @@ from pdd.operator.naming import Owner
 from pdd.operator.spec import PDDSpec
 from pdd.testing.waiting import until_sync
 from pdd.worker.deploy_config import flag_defaults
-from pdd.worker.server import parse_args
+from pdd.worker.server import build_settings, parse_args
 from pdd.worker.transport import AuthError, connect
 
 #: Tiers per test: some tests here start processes (integration), the rest are unit.
@@ -186,3 +186,17 @@ def _wait_health(url: str, proc: subprocess.Popen) -> dict:
             return None
 
     return until_sync(health, f"{url} answering")
+
+
+@pytest.mark.unit
+def test_the_wan_kv_codec_becomes_the_workers_flag_and_settings(tmp_path, monkeypatch):
+    doc = operator_config()
+    doc["wan"]["kvCodec"] = "int4"
+    path = write(tmp_path, doc)
+    for name, value in POD_ENV.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("PDD_SHARED_SECRET", "s")
+    args = parse_args(["--config", str(path), "--role", "prefill"])
+    assert args.kv_codec == "int4"
+    assert build_settings(args).kv_codec == "int4"
+    assert parse_args(["--config", str(path), "--kv-codec", "none"]).kv_codec == "none"

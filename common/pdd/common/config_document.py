@@ -17,6 +17,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+from pdd.common.kv_codec import NO_CODEC, KVCodec
+
 #: Bumped when the document changes shape, so readers refuse what they do not understand.
 CONFIG_VERSION: Literal[2] = 2
 #: The environment variable that carries the shared secret into every pod.
@@ -49,7 +51,8 @@ class ModelSection(_Section):
     served_name: str = Field(min_length=1)
     #: Where the checkpoint is inside the container.
     path: str = Field(min_length=1)
-    #: None: the router reads it from the checkpoint's config.json.
+    #: KV bytes per token on the WAN (as ``wan.kvCodec`` codes it), for the router's
+    #: transfer estimate; None: the router reads the shape from the checkpoint's config.json.
     kv_bytes_per_token: int | None = Field(default=None, gt=0)
 
 
@@ -88,6 +91,8 @@ class Peers(_Section):
 class WanSection(_Section):
     declared_gbps: float = Field(gt=0)
     rtt_ms: float = Field(ge=0)
+    #: How P codes the KV it sends MD across the WAN (the workers' ``--kv-codec``).
+    kv_codec: KVCodec = NO_CODEC
 
 
 class SloSection(_Section):

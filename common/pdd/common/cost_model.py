@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pdd.common.kv_codec import GROUP_TOKENS, NO_CODEC, KVCodec, chunk_wire_bytes
+
 #: Bytes per element for the dtype names found in Hugging Face ``config.json`` files.
 DTYPE_BYTES: dict[str, int] = {
     "float32": 4,
@@ -41,8 +43,17 @@ _GIGA = 1e9
 _BITS_PER_BYTE = 8
 
 
-def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
-    """KV cache bytes one token occupies: a K and a V vector per layer per KV head."""
+def kv_bytes_per_token(
+    num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int,
+    codec: KVCodec = NO_CODEC,
+) -> int:  # fmt: skip
+    """KV bytes one token occupies: a K and a V vector per layer per KV head.
+
+    With a ``codec`` (``spec.wan.kvCodec``), the bytes it takes on the WAN instead: the
+    compressed rate of a full scale group, rounded up (a chunk's short last group costs
+    a little more; the worker's metrics count the exact bytes). The router's transfer
+    estimate and the operator's link sizing both come through here.
+    """
     for name, value in (
         ("num_layers", num_layers),
         ("num_kv_heads", num_kv_heads),
@@ -51,14 +62,20 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_
     ):
         if value <= 0:
             raise ValueError(f"{name} must be positive, got {value}")
-    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
+    if codec == NO_CODEC:
+        return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
+    group = chunk_wire_bytes(codec, num_layers, GROUP_TOKENS, num_kv_heads, head_dim, dtype_bytes)
+    return math.ceil(group / GROUP_TOKENS)
 
 
-def kv_bytes_per_token_from_hf_config(config: dict, dtype_bytes: int | None = None) -> int:
+def kv_bytes_per_token_from_hf_config(
+    config: dict, dtype_bytes: int | None = None, codec: KVCodec = NO_CODEC
+) -> int:
     """KV bytes per token from a Hugging Face ``config.json`` dict.
 
     Multimodal configs nest the language model under ``text_config``; that is used when
-    present. ``dtype_bytes`` overrides the checkpoint's dtype (e.g. an fp8 KV cache).
+    present. ``dtype_bytes`` overrides the checkpoint's dtype (e.g. an fp8 KV cache);
+    ``codec`` gives the bytes on the WAN (see ``kv_bytes_per_token``).
     """
     cfg = config.get("text_config", config)
     layers = _require(cfg, "num_hidden_layers")
@@ -69,7 +86,7 @@ def kv_bytes_per_token_from_hf_config(config: dict, dtype_bytes: int | None = No
         dtype_bytes = _dtype_bytes(
             cfg.get("torch_dtype") or cfg.get("dtype") or config.get("torch_dtype")
         )
-    return kv_bytes_per_token(layers, kv_heads, head_dim, dtype_bytes)
+    return kv_bytes_per_token(layers, kv_heads, head_dim, dtype_bytes, codec)
 
 
 def _require(cfg: dict, key: str) -> int:

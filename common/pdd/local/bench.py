@@ -197,6 +197,8 @@ def main(argv: list[str]) -> int:
     document = _document(args, fmt, trace, scaling, runs, slo)
     _write(args, out_dir, document, trace, runs)
     print(report.table(list(document["modes"].values())))
+    for line in report.lossy_notes(list(document["modes"].values())):
+        say(line)
     if args.chaos:
         print(report.chaos_table(list(document["modes"].values())))
     return 0
@@ -269,6 +271,8 @@ def _run_mode(
             measure(mode, workload, target, stack.info.probes, progress, on_finished, chaos)
         )
         run.scale_down = [asdict(s) for s in scale.wait(SCALE_DOWN_WAIT_S)]
+        if mode in CROSS_DATACENTER:
+            run.kv_codec = config.kv_codec
         states = asyncio.run(quiescence.settle(stack.info.workers, stack.secret))
         run.leaks = quiescence.leaks(states)
         if chaos is not None:
@@ -388,10 +392,12 @@ def _document(
     slo: report.Slo,
 ) -> dict[str, Any]:
     mismatched = report.compare_outputs(runs)
+    agreement = report.agreement(runs)
     summaries = {}
     for run in runs:
         summary = report.summarize(run, slo)
         summary["mismatches"] = len(mismatched.get(run.mode, []))
+        summary["agreement"] = agreement.get(run.mode)
         summaries[run.mode] = summary
     return {
         "trace": str(args.trace),

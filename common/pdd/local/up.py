@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from pdd.common.kv_codec import KV_CODECS, NO_CODEC
 from pdd.local.cluster import LinkSpec
 from pdd.local.stack import LocalStack, StackStartError
 from pdd.local.topology import MODES, Counts, StackConfig, TopologyError
@@ -39,6 +40,11 @@ def add_stack_flags(p: argparse.ArgumentParser, default_log_dir: Path | None) ->
         "--wan-tls", action="store_true",
         help="TLS 1.3 on the channels between the datacenters (spec.wan.tls; a CA and "
         "certificate are generated for the run)",
+    )  # fmt: skip
+    p.add_argument(
+        "--kv-codec", choices=KV_CODECS, default=NO_CODEC,
+        help="how P codes the KV it sends MD across the WAN (spec.wan.kvCodec); lossy but "
+        "for none, so outputs may differ slightly from mono's",
     )  # fmt: skip
     p.add_argument("--redis", help="redis://HOST:PORT/DB for the router (default: embedded)")
     p.add_argument("--ttft-budget-s", type=float, help="the router's TTFT budget for P-MD")
@@ -66,6 +72,7 @@ def stack_config(args: argparse.Namespace, mode: str, port: int, log_dir: Path) 
         ready_timeout_s=args.ready_timeout_s,
         ttft_budget_s=args.ttft_budget_s,
         wan_tls=args.wan_tls,
+        kv_codec=args.kv_codec,
     )
 
 

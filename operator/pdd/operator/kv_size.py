@@ -3,12 +3,14 @@
 The checkpoint lives on a volume or in an image the operator never mounts, so the
 size comes from the spec: an explicit ``model.kvBytesPerToken`` (which wins, e.g. for
 an fp8 KV cache on a bf16 checkpoint), or the four ``model.config`` fields, sized by
-the shared cost model so the router and the operator count bytes the same way.
+the shared cost model so the router and the operator count bytes the same way. What
+crosses the WAN is that KV as ``spec.wan.kvCodec`` codes it.
 """
 
 from __future__ import annotations
 
 from pdd.common.cost_model import DTYPE_BYTES, kv_bytes_per_token
+from pdd.common.kv_codec import NO_CODEC, KVCodec
 from pdd.operator.spec import ModelSpec
 
 
@@ -21,4 +23,20 @@ def resolve_kv_bytes_per_token(model: ModelSpec) -> int | None:
         return None
     return kv_bytes_per_token(
         shape.num_layers, shape.num_kv_heads, shape.head_dim, DTYPE_BYTES[shape.dtype]
+    )
+
+
+def resolve_wan_kv_bytes_per_token(model: ModelSpec, codec: KVCodec) -> int | None:
+    """The bytes per token MD's miss takes on the WAN under ``codec`` (spec.wan.kvCodec).
+
+    A codec's size depends on the shape (its scales are per head and channel), so a
+    compressed link is sized from ``model.config``; None when the spec does not give it.
+    """
+    if codec == NO_CODEC:
+        return resolve_kv_bytes_per_token(model)
+    shape = model.config
+    if shape is None:
+        return None
+    return kv_bytes_per_token(
+        shape.num_layers, shape.num_kv_heads, shape.head_dim, DTYPE_BYTES[shape.dtype], codec
     )

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdd.common.cost_model import LinkState, WorkloadProfile, size_wan_link
+from pdd.common.kv_codec import NO_CODEC
 from pdd.operator.builders.config import engine_settings
 from pdd.operator.conditions import Condition
-from pdd.operator.kv_size import resolve_kv_bytes_per_token
+from pdd.operator.kv_size import resolve_kv_bytes_per_token, resolve_wan_kv_bytes_per_token
 from pdd.operator.spec import PDDSpec
 
 
@@ -23,13 +24,9 @@ class LinkReport:
 def size_link(spec: PDDSpec) -> LinkReport:
     """Size the declared link for the expected workload, or say what is missing."""
     wan: dict[str, Any] = {"declaredGbps": spec.wan.declared_gbps, "rttMs": spec.wan.rtt_ms}
-    kv_bpt = resolve_kv_bytes_per_token(spec.model)
+    kv_bpt = resolve_wan_kv_bytes_per_token(spec.model, spec.wan.kv_codec)
     if kv_bpt is None:
-        message = (
-            "cannot size the WAN link: set model.kvBytesPerToken, or model.config "
-            "(numLayers, numKVHeads, headDim, dtype) from the checkpoint's config.json"
-        )
-        return LinkReport(wan, Condition("LinkSized", "Unknown", "KVSizeUnknown", message), False)
+        return LinkReport(wan, _kv_size_unknown(spec), False)
     wan["kvBytesPerToken"] = kv_bpt
     if spec.workload is None:
         message = (
@@ -68,6 +65,21 @@ def size_link(spec: PDDSpec) -> LinkReport:
         f"{sizing.required_gbps:.3g} Gbps" + relay_note
     )
     return LinkReport(wan, Condition("LinkSized", "True", "LinkSufficient", message), False)
+
+
+def _kv_size_unknown(spec: PDDSpec) -> Condition:
+    if spec.wan.kv_codec == NO_CODEC:
+        message = (
+            "cannot size the WAN link: set model.kvBytesPerToken, or model.config "
+            "(numLayers, numKVHeads, headDim, dtype) from the checkpoint's config.json"
+        )
+    else:
+        message = (
+            f"cannot size the WAN link: wan.kvCodec {spec.wan.kv_codec} sizes the compressed "
+            "KV from the model's shape; set model.config (numLayers, numKVHeads, headDim, "
+            "dtype) from the checkpoint's config.json"
+        )
+    return Condition("LinkSized", "Unknown", "KVSizeUnknown", message)
 
 
 def _relay_note(spec: PDDSpec, recommended_max: int) -> str:

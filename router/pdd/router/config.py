@@ -16,13 +16,16 @@ from typing import Any, Literal
 
 from pdd.common.config_document import ConfigDocument
 from pdd.common.cost_model import LinkState, kv_bytes_per_token, kv_bytes_per_token_from_hf_config
+from pdd.common.kv_codec import NO_CODEC, KVCodec
 from pdd.common.vocabulary import Role
 from pdd.common.wan_tls import HTTPS_ROLES
 from pdd.router.tokenization import TINY_MODEL
 
-#: KV bytes per token of the ``tiny`` preset (4 layers x 2 KV heads x 32 dims, float32);
-#: a test checks it against the worker's own ``tiny_config``.
-TINY_KV_BYTES_PER_TOKEN = kv_bytes_per_token(4, 2, 32, 4)
+#: The ``tiny`` preset's KV shape (4 layers x 2 KV heads x 32 dims, float32 bytes).
+TINY_KV_SHAPE = (4, 2, 32, 4)
+#: KV bytes per token of the ``tiny`` preset; a test checks it against the worker's own
+#: ``tiny_config``.
+TINY_KV_BYTES_PER_TOKEN = kv_bytes_per_token(*TINY_KV_SHAPE)
 
 
 class ConfigError(ValueError):
@@ -74,7 +77,10 @@ class RouterConfig:
     link_rtt_ms: float = 0.0
     ttft_budget_s: float = 2.0
     prefill_tokens_per_s: float = 10_000.0
+    #: KV bytes per token on the WAN; None: from the checkpoint's shape and ``kv_codec``.
     kv_bytes_per_token: int | None = None
+    #: How P codes the KV it sends MD across the WAN (spec.wan.kvCodec).
+    kv_codec: KVCodec = NO_CODEC
     block_size: int = 16
     host: str = "0.0.0.0"
     port: int = 8080
@@ -144,15 +150,17 @@ class RouterConfig:
 
     @property
     def resolved_kv_bytes_per_token(self) -> int:
-        """Flag, else the checkpoint's config.json, else the tiny preset."""
+        """KV bytes per token on the WAN: the flag, else the checkpoint's config.json (or
+        the tiny preset) coded with ``kv_codec``."""
         if self.kv_bytes_per_token is not None:
             return self.kv_bytes_per_token
         if self.model == TINY_MODEL:
-            return TINY_KV_BYTES_PER_TOKEN
+            return kv_bytes_per_token(*TINY_KV_SHAPE, codec=self.kv_codec)
         config_file = Path(self.model) / "config.json"
         if not config_file.is_file():
             raise ConfigError(f"{config_file} not found: pass --kv-bytes-per-token")
-        return kv_bytes_per_token_from_hf_config(json.loads(config_file.read_text()))
+        config = json.loads(config_file.read_text())
+        return kv_bytes_per_token_from_hf_config(config, codec=self.kv_codec)
 
 
 def read_secret(secret: str | None, secret_file: Path | None, env_name: str) -> str:
@@ -172,6 +180,7 @@ def file_settings(doc: ConfigDocument, wan_tls: bool = False) -> dict[str, Any]:
         "model": doc.model.path,
         "served_model_name": doc.model.served_name,
         "kv_bytes_per_token": doc.model.kv_bytes_per_token,
+        "kv_codec": doc.wan.kv_codec,
         "link_gbps": doc.wan.declared_gbps,
         "link_rtt_ms": doc.wan.rtt_ms,
         "redis_url": doc.store.redis_url,

@@ -21,6 +21,7 @@ from pdd.common.config_document import (
     ConfigDocumentError,
     read_config_document,
 )
+from pdd.common.kv_codec import KV_CODECS
 from pdd.common.vocabulary import Role
 from pdd.router.app import create_app
 from pdd.router.config import (
@@ -62,7 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--link-rtt-ms", type=float, help="declared WAN round-trip time")
     p.add_argument("--ttft-budget-s", type=float, help="TTFT budget the P-MD path must meet")
     p.add_argument("--prefill-tokens-per-s", type=float)
-    p.add_argument("--kv-bytes-per-token", type=int)
+    p.add_argument(
+        "--kv-bytes-per-token", type=int,
+        help="KV bytes per token on the WAN (default: the checkpoint's shape and --kv-codec)",
+    )  # fmt: skip
+    p.add_argument(
+        "--kv-codec", choices=KV_CODECS, help="how P codes the KV it sends MD (default none)"
+    )
     p.add_argument("--block-size", type=int)
     p.add_argument(
         "--instance-capacity",
@@ -107,7 +114,7 @@ _PLAIN_FLAGS = (
     "max_prompt_tokens", "max_body_bytes", "default_max_tokens", "poll_interval_s",
     "max_tokens_limit", "max_streams_per_key",
     "request_timeout_s", "handoff", "catchup_threshold", "replica_id", "host", "port",
-    "force_pipeline", "redis_deadline_s", "wan_tls_dir",
+    "force_pipeline", "redis_deadline_s", "wan_tls_dir", "kv_codec",
 )  # fmt: skip
 
 

@@ -250,3 +250,27 @@ async def _in_process(tiny: LoadedModel, transfer_timeout_s: float) -> AsyncIter
     )
     async with cluster:
         yield DataPlane(cluster, cluster.client, cluster.wait_quiescent)
+
+
+@pytest.fixture
+async def cvdp(tiny: LoadedModel) -> AsyncIterator[DataPlane]:
+    """An in-process cluster whose P and ``md`` code the WAN's KV int8 (``--kv-codec``),
+    with ``md_plain``, a main decode left at none; the test must be ``virtual_clock``."""
+    specs = [
+        WorkerSpec("p", "prefill"),
+        WorkerSpec("rld", "relay", wan_facing=True),
+        WorkerSpec("md", "main", wan_facing=True),
+        WorkerSpec("md_plain", "main", wan_facing=True),
+        WorkerSpec("mono", "mono"),
+    ]
+    cluster = inprocess.InProcessCluster(
+        tiny,
+        specs,
+        LINK,
+        block_size=BLOCK_SIZE,
+        num_blocks=256,
+        transfer_timeout_s=TRANSFER_TIMEOUT_S,
+        kv_codecs={"p": "int8", "md": "int8"},
+    )
+    async with cluster:
+        yield DataPlane(cluster, cluster.client, cluster.wait_quiescent)

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from pdd.common.kv_codec import NO_CODEC, KVCodec
 from pdd.common.wire import Endpoint, StateReport
 from pdd.local.cluster import LinkSpec, PlanBuilder, WorkerSpec
 from pdd.local.probes import flatten
@@ -84,6 +85,7 @@ class InProcessCluster(PlanBuilder):
         block_size: int = 16,
         num_blocks: int = 1024,
         transfer_timeout_s: float = 30.0,
+        kv_codecs: Mapping[str, KVCodec] | None = None,
     ) -> None:
         self.model = model
         self.specs = specs
@@ -92,6 +94,7 @@ class InProcessCluster(PlanBuilder):
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.transfer_timeout_s = transfer_timeout_s
+        self.kv_codecs = dict(kv_codecs or {})  # a worker's --kv-codec, by name (else none)
         self.network = MemoryNetwork()
         self.http = StreamingASGITransport()
         self.workers: dict[str, InProcessWorker] = {}
@@ -163,6 +166,7 @@ class InProcessCluster(PlanBuilder):
             advertise_fast=f"{name}:{DATA_PORT}",
             advertise_wan=wan_addr,
             http=f"{name}:{HTTP_PORT}",
+            kv_codec=self.kv_codecs.get(name, NO_CODEC),
         )
         if spec.args:
             raise ValueError(f"in-process workers take no worker flags, not {spec.args}")

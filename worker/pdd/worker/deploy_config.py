@@ -39,6 +39,7 @@ def flag_defaults(
         "advertise_wan": f"{pod_ip}:{wan_port}" if pod_ip else None,
         "advertise_http": f"{pod_ip}:{http_port}" if pod_ip else None,
         "handoff": doc.handoff.flag,
+        "kv_codec": doc.wan.kv_codec,
         "secret_env": doc.shared_secret_env,
         "drain_seconds": doc.drain_seconds,
         **engine_flags(doc.engine.for_role(role or "")),

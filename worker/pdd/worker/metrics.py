@@ -40,6 +40,11 @@ class WorkerMetrics:
             "KV bytes sent over the WAN path (tensor bytes, no framing)",
             registry=r,
         )
+        self.wan_kv_wire_bytes = Counter(
+            "pdd_wan_kv_wire_bytes",
+            "KV chunk bytes sent over the WAN path as coded (spec.wan.kvCodec; header included)",
+            registry=r,
+        )
         self.fastpath_bytes = Counter(
             "pdd_fastpath_bytes", "KV bytes sent over the in-datacenter path", registry=r
         )

@@ -27,10 +27,12 @@ import torch
 import uvicorn
 
 from pdd.common.config_document import ConfigDocumentError, read_config_document
+from pdd.common.kv_codec import KV_CODECS, NO_CODEC, KVCodec, parse_kv_codec
 from pdd.common.wire import WorkerRefusal
 from pdd.worker.deploy_config import flag_defaults
 from pdd.worker.engine import Engine, EngineConfigError
 from pdd.worker.engine.device import SYSTEM_PROBE, DeviceProbe
+from pdd.worker.engine.kv_codec import fp8_supported
 from pdd.worker.engine_runner import ThreadEngineRunner
 from pdd.worker.instance import ROLES, WorkerInstance
 from pdd.worker.refused_config import ENGINE_SETTINGS, WAN_TLS_FILES, serve_refused
@@ -107,6 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto handoff: relay load above this -> one-shot",
     )
     p.add_argument("--transfer-timeout-s", type=float, default=30.0)
+    p.add_argument(
+        "--kv-codec",
+        default=NO_CODEC,
+        choices=KV_CODECS,
+        help="how P codes the KV it sends MD across the WAN, and what MD accepts: the same on "
+        "both (spec.wan.kvCodec); the relay's copy is always exact",
+    )
     engine.add_argument("--torch-threads", type=int, default=0, help="0 = torch default")
     p.add_argument(
         "--drain-seconds",
@@ -170,7 +179,19 @@ def build_settings(args: argparse.Namespace) -> WorkerSettings:
         advertise_wan=args.advertise_wan or args.wan or args.advertise_fast or args.data,
         http=args.advertise_http or args.http,
         wan_tls=wan_tls(args),
+        kv_codec=kv_codec(args),
     )
+
+
+def kv_codec(args: argparse.Namespace) -> KVCodec:
+    """``--kv-codec``, refused when this torch cannot code it (fp8 needs float8 e4m3)."""
+    codec = parse_kv_codec(args.kv_codec)
+    if codec == "fp8" and not fp8_supported():
+        raise ConfigError(
+            f"--kv-codec fp8 needs torch with float8_e4m3fn (this is torch {torch.__version__}); "
+            "use int8"
+        )
+    return codec
 
 
 def wan_tls(args: argparse.Namespace) -> WanTls | None:

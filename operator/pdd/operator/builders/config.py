@@ -29,7 +29,7 @@ from pdd.common.config_document import (
     WorkerPeer,
 )
 from pdd.operator.builders.meta import Site, content_hash, metadata
-from pdd.operator.kv_size import resolve_kv_bytes_per_token
+from pdd.operator.kv_size import resolve_wan_kv_bytes_per_token
 from pdd.operator.naming import (
     CONFIG_FILE,
     REDIS_PORT,
@@ -100,13 +100,17 @@ def build_worker_config(spec: PDDSpec, owner: Owner, site: Site) -> ConfigDocume
         model=ModelSection(
             served_name=spec.model.served_name,
             path=model_path(spec),
-            kv_bytes_per_token=resolve_kv_bytes_per_token(spec.model),
+            kv_bytes_per_token=resolve_wan_kv_bytes_per_token(spec.model, spec.wan.kv_codec),
         ),
         ports=Ports(
             http=WORKER_HTTP_PORT, kv=WORKER_KV_PORT, wan=WORKER_WAN_PORT, router=ROUTER_PORT
         ),
         peers=Peers(**workers, router=RouterPeer(host=hosts[Component.ROUTER], port=ROUTER_PORT)),
-        wan=WanSection(declared_gbps=spec.wan.declared_gbps, rtt_ms=spec.wan.rtt_ms),
+        wan=WanSection(
+            declared_gbps=spec.wan.declared_gbps,
+            rtt_ms=spec.wan.rtt_ms,
+            kv_codec=spec.wan.kv_codec,
+        ),
         slo=SloSection(ttft_p99_ms=spec.slo.ttft_p99_ms, tpot_ms=spec.slo.tpot_ms),
         handoff=HandoffSection(
             policy=spec.handoff.policy, catch_up_threshold=spec.handoff.catch_up_threshold

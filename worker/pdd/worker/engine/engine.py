@@ -26,6 +26,7 @@ from dataclasses import replace
 import torch
 
 from pdd.common.cache_events import CacheEvent
+from pdd.common.kv_codec import NO_CODEC, KVCodec
 from pdd.common.tokenizer import Tokenizer
 from pdd.common.wire import EngineInfo
 from pdd.worker.engine.block_pool import BlockPool
@@ -365,9 +366,11 @@ class Engine:
         req.hold_sampling = hold
 
     def export_kv(
-        self, request_id: str, start: int, end: int, chunk_tokens: int = 256
-    ) -> Iterator[bytes]:
-        """Chunks of the KV of tokens ``[start, end)`` of a live request, read lazily.
+        self, request_id: str, start: int, end: int, chunk_tokens: int = 256,
+        codec: KVCodec = NO_CODEC,
+    ) -> Iterator[bytes]:  # fmt: skip
+        """Chunks of the KV of tokens ``[start, end)`` of a live request, read lazily,
+        compressed by ``codec`` (the WAN's; the fast path ships it exact).
 
         Works on running, attached and finished ``hold_kv`` requests. The
         request must keep its KV while the iterator runs (a released or
@@ -381,7 +384,7 @@ class Engine:
             )
         if chunk_tokens < 1:
             raise KVRangeError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-        return self._export_chunks(req, start, end, chunk_tokens)
+        return self._export_chunks(req, start, end, chunk_tokens, codec)
 
     def release(self, request_id: str) -> None:
         """Free a finished ``hold_kv`` request's blocks (its computed blocks stay cached)."""
@@ -413,17 +416,19 @@ class Engine:
         self._requests[req.request_id] = req
         return hit
 
-    def import_kv(self, request_id: str, chunk: bytes) -> int:
+    def import_kv(self, request_id: str, chunk: bytes, codec: KVCodec = NO_CODEC) -> int:
         """Import one KV chunk into an attached request; returns the tokens now held.
 
-        Raises a ``KVTransferError`` subclass (checksum, fingerprint, dtype,
-        layout, range, token mismatch) and changes nothing when the chunk does not fit.
+        ``codec`` is the one the transfer's handshake agreed on. Raises a
+        ``KVTransferError`` subclass (checksum, fingerprint, dtype, layout, codec,
+        range, token mismatch) and changes nothing when the chunk does not fit.
         """
         req = self._get(request_id)
         if req.status is not RequestStatus.AWAITING_KV:
             self._state_error(req, "import KV into", "attached requests")
+        held = req.num_computed
         req.num_computed = import_chunk(
-            self.kv, req.block_table, req.prompt_ids, req.num_computed, chunk, self.fingerprint
+            self.kv, req.block_table, req.prompt_ids, held, chunk, self.fingerprint, codec
         )
         return req.num_computed
 
@@ -452,7 +457,7 @@ class Engine:
         return self.model_config.fingerprint()
 
     def _export_chunks(
-        self, req: Request, start: int, end: int, chunk_tokens: int
+        self, req: Request, start: int, end: int, chunk_tokens: int, codec: KVCodec
     ) -> Iterator[bytes]:
         for a in range(start, end, chunk_tokens):
             b = min(a + chunk_tokens, end)
@@ -462,7 +467,7 @@ class Engine:
                     "preempted); export again"
                 )
             data = self.kv.read_tokens(req.block_table, a, b)
-            yield encode_chunk(data, a, self.fingerprint, req.token_range(0, b))
+            yield encode_chunk(data, a, self.fingerprint, req.token_range(0, b), codec)
 
     # --- helpers ------------------------------------------------------------------------------
     def _blocks_for_budget(self, probe: DeviceProbe) -> int:

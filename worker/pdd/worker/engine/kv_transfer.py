@@ -2,7 +2,9 @@
 
 A chunk carries the KV of tokens ``[start, end)`` for every layer, as one
 contiguous tensor ``[num_layers, 2 (k, v), n, num_kv_heads, head_dim]`` in the
-sender's dtype. The layout is per token, not per block, so sender and
+sender's dtype, or compressed by the KV codec the header names
+(``pdd.worker.engine.kv_codec``: P -> MD across the WAN, when the deployment opts
+in; the receiver restores its own dtype). The layout is per token, not per block, so sender and
 receiver may use different block sizes. Each chunk stands alone (header +
 payload), so a receiver can import chunks as they stream in and a corrupt or
 foreign chunk is rejected before it touches the pool.
@@ -10,7 +12,7 @@ foreign chunk is rejected before it touches the pool.
 Bytes: ``MAGIC | u32 header_len | header JSON | payload``. The header names
 the model fingerprint, dtype, layout, the token range, a digest of the token
 IDs ``[0, end)`` (KV depends on the whole prefix, so the receiver checks it
-holds the same one) and a CRC32 of the payload.
+holds the same one), the codec and a CRC32 of the payload.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from pdd.common.kv_codec import NO_CODEC, KVCodec, chunk_wire_bytes
+from pdd.worker.engine import kv_codec
 from pdd.worker.model.kv_cache import PagedKVCache
 
 MAGIC = b"PDDKV\x01"
@@ -55,6 +59,10 @@ class LayoutMismatchError(KVTransferError):
     """The chunk's KV shape (layers, kv heads, head dim) differs from the receiver's."""
 
 
+class CodecMismatchError(KVTransferError):
+    """The chunk is coded with another KV codec than the one the handshake agreed."""
+
+
 class KVRangeError(KVTransferError):
     """The chunk's token range does not continue what the receiver holds."""
 
@@ -75,6 +83,7 @@ class KVChunkHeader:
     prefix_digest: str  # sha256 of the token IDs [0, end)
     checksum: int  # crc32 of the payload
     layout: str = LAYOUT
+    codec: KVCodec = NO_CODEC
 
     @property
     def num_tokens(self) -> int:
@@ -94,14 +103,15 @@ def prefix_digest(token_ids: Sequence[int]) -> str:
 
 
 def encode_chunk(
-    data: torch.Tensor, start: int, fingerprint: str, prefix_token_ids: Sequence[int]
-) -> bytes:
+    data: torch.Tensor, start: int, fingerprint: str, prefix_token_ids: Sequence[int],
+    codec: KVCodec = NO_CODEC,
+) -> bytes:  # fmt: skip
     """Serialize ``data`` ``[L, 2, n, Hkv, D]`` holding the KV of tokens ``[start, start+n)``.
 
     ``prefix_token_ids`` are the request's token IDs ``[0, start+n)``.
     """
     num_layers, _, n, num_kv_heads, head_dim = data.shape
-    payload = data.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
+    payload = kv_codec.encode(data, codec)
     header = KVChunkHeader(
         fingerprint=fingerprint,
         dtype=dtype_name(data.dtype),
@@ -112,6 +122,7 @@ def encode_chunk(
         end=start + n,
         prefix_digest=prefix_digest(prefix_token_ids),
         checksum=zlib.crc32(payload),
+        codec=codec,
     )
     head = json.dumps(asdict(header), separators=(",", ":")).encode()
     return MAGIC + _LEN.pack(len(head)) + head + payload
@@ -137,9 +148,15 @@ def decode_chunk(blob: bytes) -> tuple[KVChunkHeader, bytes]:
 
 
 def check_compatible(
-    header: KVChunkHeader, fingerprint: str, dtype: torch.dtype, shape: tuple[int, int, int]
-) -> None:
+    header: KVChunkHeader, fingerprint: str, dtype: torch.dtype, shape: tuple[int, int, int],
+    codec: KVCodec = NO_CODEC,
+) -> None:  # fmt: skip
     """Raise the typed error for the first way the chunk does not fit this receiver."""
+    if header.codec != codec:
+        raise CodecMismatchError(
+            f"KV chunk is coded {header.codec}, the transfer agreed on {codec}; "
+            "the sender must code what its handshake named"
+        )
     if header.fingerprint != fingerprint:
         raise FingerprintMismatchError(
             f"KV chunk is from model {header.fingerprint}, this engine serves {fingerprint}; "
@@ -161,15 +178,19 @@ def check_compatible(
 def payload_tensor(
     header: KVChunkHeader, payload: bytes, device: torch.device | str
 ) -> torch.Tensor:
-    """The chunk's KV as a tensor ``[L, 2, n, Hkv, D]`` on ``device``."""
+    """The chunk's KV as a tensor ``[L, 2, n, Hkv, D]`` in its dtype on ``device``."""
     dtype = getattr(torch, header.dtype)
-    expected = header.num_layers * 2 * header.num_tokens * header.num_kv_heads * header.head_dim
-    raw = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    if raw.numel() != expected * torch.empty((), dtype=dtype).element_size():
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    expected = chunk_wire_bytes(
+        header.codec, header.num_layers, header.num_tokens, header.num_kv_heads,
+        header.head_dim, itemsize,
+    )  # fmt: skip
+    if len(payload) != expected:
         raise MalformedChunkError(
-            f"KV chunk payload is {raw.numel()} bytes, its header promises shape {header.shape}"
+            f"KV chunk payload is {len(payload)} bytes, its header promises shape "
+            f"{header.shape} coded {header.codec} ({expected} bytes)"
         )
-    return raw.view(dtype).reshape(header.shape).to(device)
+    return kv_codec.decode(payload, header.codec, header.shape, dtype, device)
 
 
 def import_chunk(
@@ -179,19 +200,20 @@ def import_chunk(
     num_held: int,
     blob: bytes,
     fingerprint: str,
+    codec: KVCodec = NO_CODEC,
 ) -> int:
     """Write what chunk ``blob`` adds past the ``num_held`` tokens held; returns the new count.
 
     The receiver's table must cover ``token_ids`` (the tokens whose KV it expects).
     A chunk may overlap what is held (the held part, maybe shared with the prefix
-    cache, is never overwritten) but may not leave a gap. Raises a
-    ``KVTransferError`` subclass before writing anything.
+    cache, is never overwritten) but may not leave a gap. ``codec`` is the one the
+    transfer's handshake agreed on. Raises a ``KVTransferError`` subclass before
+    writing anything.
     """
     header, payload = decode_chunk(blob)
     layout = kv.layout
-    check_compatible(
-        header, fingerprint, layout.dtype, (layout.num_layers, layout.num_kv_heads, layout.head_dim)
-    )
+    shape = (layout.num_layers, layout.num_kv_heads, layout.head_dim)
+    check_compatible(header, fingerprint, layout.dtype, shape, codec)
     if header.start > num_held or header.end > len(token_ids) or header.start >= header.end:
         raise KVRangeError(
             f"KV chunk covers [{header.start}, {header.end}) but the receiver holds "

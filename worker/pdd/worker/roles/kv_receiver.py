@@ -3,13 +3,16 @@
 Shared by the relay (fast path, all of the prompt's KV it lacks) and the main
 decode (WAN path, only its miss). The attach locks the prefix this instance
 already holds, so it cannot be evicted while the rest is in flight; any failure
-aborts the attached request, which releases the lock and the blocks.
+aborts the attached request, which releases the lock and the blocks. The
+``prepare`` names the KV codec P will send (across the WAN it may compress); one
+this instance was not configured for is refused before anything is attached.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pdd.common.kv_codec import NO_CODEC, KVCodec
 from pdd.common.wire import PipelinePlan
 from pdd.worker.engine.kv_transfer import KVTransferError
 from pdd.worker.engine.request import RequestError
@@ -35,9 +38,13 @@ class ReceivedKV:
 
 
 async def receive_kv(
-    role: RoleBase, channel: Channel, plan: PipelinePlan, use_cache: bool
-) -> ReceivedKV:
+    role: RoleBase, channel: Channel, plan: PipelinePlan, use_cache: bool,
+    offered: object = NO_CODEC, expected: KVCodec = NO_CODEC,
+) -> ReceivedKV:  # fmt: skip
     """Attach and import every chunk; the request is attached (awaiting resume) on success.
+
+    ``offered`` is the codec the ``prepare`` named, ``expected`` the one this path
+    takes (the deployment's WAN codec on MD, none on the fast path).
 
     ``use_cache=False`` (the naive baseline) attaches without the prefix cache
     (no match, nothing cached at the end), so the whole KV crosses the link and
@@ -45,6 +52,13 @@ async def receive_kv(
     """
     rid, n = plan.request_id, len(plan.prompt_ids)
     params = sampling_params(plan)
+    if offered != expected:
+        message = (
+            f"{channel.peer.name} sends KV coded {offered!r}, this {role.role} instance takes "
+            f"{expected!r} on this path; give P and MD the same spec.wan.kvCodec (--kv-codec)"
+        )
+        await send_error(channel, rid, "codec_mismatch", message)
+        raise KVReceiveError(f"cannot take the request: {message}")
 
     try:
         hit = await role.runner.call(
@@ -55,8 +69,8 @@ async def receive_kv(
         raise KVReceiveError(f"cannot take the request: {exc}") from exc
     role.metrics.count_prompt(n, hit)
     try:
-        await send_meta(channel, rid, op="prepared", hit=hit)
-        first_token, prefill_hit = await _import_all(role, channel, rid)
+        await send_meta(channel, rid, op="prepared", hit=hit, codec=expected)
+        first_token, prefill_hit = await _import_all(role, channel, rid, expected)
         await send_meta(channel, rid, op="imported", n=n)
     except (TransportError, KVTransferError, RequestError) as exc:
         await role.abort_engine_request(rid)
@@ -69,7 +83,9 @@ async def receive_kv(
     return ReceivedKV(first_token, prefill_hit, hit)
 
 
-async def _import_all(role: RoleBase, channel: Channel, rid: str) -> tuple[int, int]:
+async def _import_all(
+    role: RoleBase, channel: Channel, rid: str, codec: KVCodec
+) -> tuple[int, int]:
     """Import chunks until KV_DONE; returns its first token and P's prefix hit."""
     while True:
         frame = await expect(channel, MsgType.KV_CHUNK, MsgType.KV_DONE)
@@ -77,4 +93,4 @@ async def _import_all(role: RoleBase, channel: Channel, rid: str) -> tuple[int, 
             done = decode_json(frame.payload)
             return int_field(done, "first_token"), int_field(done, "cached_tokens")
         payload = frame.payload
-        await role.runner.call(lambda e, p=payload: e.import_kv(rid, p))
+        await role.runner.call(lambda e, p=payload: e.import_kv(rid, p, codec))

@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdd.common.kv_codec import NO_CODEC
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.common.wire import PipelinePlan
 from pdd.worker.engine.request import RequestError
@@ -69,7 +70,9 @@ class MainDecodeRole(RoleBase):
         entry = self._entry(rid)
         use_cache = plan.pipeline != Pipeline.NAIVE
         try:
-            received = await receive_kv(self, channel, plan, use_cache=use_cache)
+            received = await receive_kv(
+                self, channel, plan, use_cache, msg.get("codec", NO_CODEC), self.settings.kv_codec
+            )
         except KVReceiveError as exc:
             self._end(rid, error=str(exc), culprit=exc.culprit)
             return

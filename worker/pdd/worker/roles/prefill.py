@@ -6,7 +6,9 @@ then stream the KV each receiver lacks, all of it to the relay over the fast
 path, only the main decode's miss over the WAN, each followed by the first
 token. P never streams a token to the client: the first token the client sees
 comes from a decode-side instance. P holds the request's KV until both
-transfers have ended, however they ended.
+transfers have ended, however they ended. The WAN copy is coded with the
+deployment's KV codec (``--kv-codec``), named in the handshake; the relay's copy
+stays exact.
 
 P's own stream carries one thing: a status event when the KV could not cross the
 WAN to MD (refused, reset, no answer to the handshake within the connect timeout,
@@ -24,6 +26,7 @@ import logging
 import secrets
 from dataclasses import dataclass
 
+from pdd.common.kv_codec import NO_CODEC, KVCodec, chunk_wire_bytes
 from pdd.common.vocabulary import LinkFault, Pipeline, Role
 from pdd.common.wire import Endpoint, PipelinePlan
 from pdd.worker.engine.request import RequestOutput
@@ -129,8 +132,9 @@ class PrefillRole(RoleBase):
 
     async def _path(self, plan: PipelinePlan, target: Target, prefill: asyncio.Future) -> None:
         """One receiver: handshake (learn its hit), wait for the first token, ship its miss."""
+        codec = self.settings.kv_codec if target.wan else NO_CODEC
         try:
-            channel, hit = await self._prepare(plan, target)
+            channel, hit = await self._prepare(plan, target, codec)
         except Exception as exc:
             self.metrics.transfer_failures.labels(target.path).inc()
             log.warning(
@@ -143,7 +147,7 @@ class PrefillRole(RoleBase):
             return
         try:
             prefilled = await asyncio.shield(prefill)
-            await self._ship(plan, target, channel, hit, prefilled)
+            await self._ship(plan, target, channel, hit, prefilled, codec)
         finally:
             with contextlib.suppress(Exception):
                 await channel.close()
@@ -167,39 +171,53 @@ class PrefillRole(RoleBase):
         self.metrics.count_prompt(len(plan.prompt_ids), prefilled.cached_tokens)
         return prefilled
 
-    async def _prepare(self, plan: PipelinePlan, target: Target) -> tuple[Channel, int]:
-        """Open the channel and learn (and have the receiver lock) the prefix it holds."""
+    async def _prepare(
+        self, plan: PipelinePlan, target: Target, codec: KVCodec
+    ) -> tuple[Channel, int]:
+        """Open the channel and learn (and have the receiver lock) the prefix it holds;
+        the receiver answers with the codec it takes, which must be the one offered."""
         channel = await self.open_channel(target.endpoint, target.role, target.wan, sends=True)
         try:
             await send_meta(
-                channel, plan.request_id, op="prepare", plan=plan.model_dump(mode="json")
-            )
+                channel, plan.request_id, op="prepare", plan=plan.model_dump(mode="json"),
+                codec=codec,
+            )  # fmt: skip
             # Answering "prepare" only locks a prefix: a reply slower than a connect is a
             # line that is not there, reported as such (not after the transfer timeout).
-            reply = await expect_meta(
+            prepared = await expect_meta(
                 channel, "prepared", timeout_s=self.settings.transport.connect_timeout_s
             )
-            hit = int_field(reply, "hit")
+            if prepared.get("codec", NO_CODEC) != codec:
+                raise ProtocolError(
+                    f"{channel.peer.name} takes KV coded {prepared.get('codec')!r}, this prefill "
+                    f"sends {codec!r}; give P and MD the same spec.wan.kvCodec (--kv-codec)"
+                )
+            hit = int_field(prepared, "hit")
         except BaseException:
             await channel.close()
             raise
         return channel, hit
 
     async def _ship(
-        self, plan: PipelinePlan, target: Target, channel: Channel, hit: int, first: Prefilled
-    ) -> None:
+        self, plan: PipelinePlan, target: Target, channel: Channel, hit: int, first: Prefilled,
+        codec: KVCodec,
+    ) -> None:  # fmt: skip
         rid, n = plan.request_id, len(plan.prompt_ids)
         key = request_key(rid)
         counter = self.metrics.wan_bytes if target.wan else self.metrics.fastpath_bytes
         try:
             if hit < n:
-                channel.commit((n - hit) * self._bytes_per_token)  # the link's backlog
                 chunk_tokens = max(1, self.settings.chunk_bytes // self._bytes_per_token - 1)
-                chunks = await self.runner.call(lambda e: e.export_kv(rid, hit, n, chunk_tokens))
+                channel.commit(self._coded_bytes(hit, n, chunk_tokens, codec))  # the backlog
+                chunks = await self.runner.call(
+                    lambda e: e.export_kv(rid, hit, n, chunk_tokens, codec)
+                )
                 for start in range(hit, n, chunk_tokens):
                     blob = await self.runner.call(lambda e: next(chunks))
                     await channel.send(MsgType.KV_CHUNK, key, blob)
                     counter.inc(min(chunk_tokens, n - start) * self._bytes_per_token)
+                    if target.wan:
+                        self.metrics.wan_kv_wire_bytes.inc(len(blob))
             done = {"first_token": first.first_token, "cached_tokens": first.cached_tokens}
             await channel.send(MsgType.KV_DONE, key, encode_json(done))
             await expect_meta(channel, "imported")
@@ -230,6 +248,18 @@ class PrefillRole(RoleBase):
             f"({fault}): {exc}",
             culprit=md,
             link_fault=fault,
+        )
+
+    def _coded_bytes(self, start: int, end: int, chunk_tokens: int, codec: KVCodec) -> int:
+        """Payload bytes of positions ``start..end`` sent in chunks of ``chunk_tokens``
+        (a codec's scales are per chunk)."""
+        layout = self.runner.engine.layout
+        heads, dim = layout.num_kv_heads, layout.head_dim
+        itemsize = layout.bytes_per_token // (2 * layout.num_layers * heads * dim)
+        chunks = (min(chunk_tokens, end - first) for first in range(start, end, chunk_tokens))
+        return sum(
+            chunk_wire_bytes(codec, layout.num_layers, tokens, heads, dim, itemsize)
+            for tokens in chunks
         )
 
     @property

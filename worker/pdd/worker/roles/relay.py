@@ -17,6 +17,7 @@ import logging
 from typing import Any
 
 from pdd.common.handoff import choose_handoff_mode
+from pdd.common.kv_codec import NO_CODEC
 from pdd.common.vocabulary import Role
 from pdd.common.wire import PipelinePlan
 from pdd.worker.roles.base import NoSuchRequestError, RoleBase
@@ -57,7 +58,9 @@ class RelayRole(RoleBase):
         self.live.add(rid)
         self.hub.get(rid).start()
         try:
-            received = await receive_kv(self, channel, plan, use_cache=True)
+            received = await receive_kv(
+                self, channel, plan, use_cache=True, offered=msg.get("codec", NO_CODEC)
+            )
         except KVReceiveError as exc:
             self.hub.fail(rid, 0, str(exc))
             self.live.discard(rid)

@@ -1,0 +1,144 @@
+"""The WAN KV codecs: bytes, speed on this CPU, and quality on transformers-written checkpoints.
+
+    python bench/kv_codec.py [--prompts 4] [--max-tokens 64] [--threads 2] [--json OUT]
+
+Two tables:
+
+* **size and speed** for real model shapes in bfloat16 (Llama-3-8B, Qwen2-7B,
+  Qwen3-8B), one chunk of 256 tokens: the coded bytes as a fraction of the exact
+  KV, and encode / decode time per MB of exact KV (what P and MD spend per MB on the
+  engine's device, here the CPU);
+* **quality** on the random-weight Llama / Qwen2 / Qwen3 checkpoints the tests write
+  (tests/worker/checkpoints.py, float32), greedy, ``--max-tokens`` per prompt:
+  next-token logit error (max / mean abs), KL(exact || coded) averaged over the
+  generated positions, teacher-forced and free-running token agreement (see
+  ``pdd.worker.engine.kv_codec_quality``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pdd.common.kv_codec import KV_CODECS, chunk_wire_bytes
+from pdd.worker.engine.kv_codec import decode, encode, fp8_supported
+from pdd.worker.engine.kv_codec_quality import measure
+from pdd.worker.model.loader import load_model
+
+#: (layers, KV heads, head dim) of real checkpoints, from their config.json.
+SHAPES = {"llama-3-8b": (32, 8, 128), "qwen2-7b": (28, 4, 128), "qwen3-8b": (36, 8, 128)}
+CHUNK_TOKENS = 256
+ARCHS = ("llama", "qwen2", "qwen3")
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per codec and shape")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--json", type=Path)
+    return p.parse_args()
+
+
+def codecs() -> list[str]:
+    return [c for c in KV_CODECS if c != "fp8" or fp8_supported()]
+
+
+def size_and_speed(repeats: int) -> list[dict[str, Any]]:
+    rows = []
+    for name, (layers, heads, dim) in SHAPES.items():
+        x = torch.randn(layers, 2, CHUNK_TOKENS, heads, dim).to(torch.bfloat16)
+        raw = chunk_wire_bytes("none", layers, CHUNK_TOKENS, heads, dim, 2)
+        for codec in codecs():
+            payload = encode(x, codec)  # type: ignore[arg-type]
+            enc = _median_s(lambda c=codec, x=x: encode(x, c), repeats)
+            dec = _median_s(
+                lambda c=codec, b=payload, s=tuple(x.shape): decode(b, c, s, torch.bfloat16, "cpu"),
+                repeats,
+            )
+            mb = raw / 2**20
+            rows.append({
+                "shape": name, "codec": codec, "ratio": len(payload) / raw,
+                "encode_ms_per_mb": 1000 * enc / mb, "decode_ms_per_mb": 1000 * dec / mb,
+            })  # fmt: skip
+    return rows
+
+
+def quality(num_prompts: int, max_tokens: int) -> list[dict[str, Any]]:
+    checkpoints = _test_checkpoints()
+    rng = random.Random(0)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for arch in ARCHS:
+            loaded = load_model(str(checkpoints.write_hf_checkpoint(Path(tmp), arch)), "float32")
+            prompts = [
+                [rng.randrange(2, 320) for _ in range(rng.randrange(60, 120))]
+                for _ in range(num_prompts)
+            ]
+            for codec in codecs():
+                if codec == "none":
+                    continue
+                q = measure(loaded, prompts, codec, max_tokens)  # type: ignore[arg-type]
+                rows.append({
+                    "arch": arch, "codec": codec, "next_max_abs": q.next_max_abs,
+                    "next_mean_abs": q.next_mean_abs, "kl": q.kl,
+                    "forced_agreement": q.forced_agreement, "free_agreement": q.free_agreement,
+                    "tokens": q.total,
+                })  # fmt: skip
+    return rows
+
+
+def _test_checkpoints() -> Any:
+    """tests/worker/checkpoints.py (one source for the tests' checkpoints and these)."""
+    path = Path(__file__).parents[1] / "tests" / "worker" / "checkpoints.py"
+    spec = importlib.util.spec_from_file_location("pdd_test_checkpoints", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _median_s(fn: Any, repeats: int) -> float:
+    fn()  # warm up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    sizes = size_and_speed(args.repeats)
+    print(f"size and speed: one chunk of {CHUNK_TOKENS} tokens, bfloat16, "
+          f"{args.threads} CPU threads")  # fmt: skip
+    print(f"{'shape':<12} {'codec':<6} {'bytes':>7} {'encode ms/MB':>13} {'decode ms/MB':>13}")
+    for r in sizes:
+        print(f"{r['shape']:<12} {r['codec']:<6} {r['ratio']:>6.3f}x "
+              f"{r['encode_ms_per_mb']:>13.2f} {r['decode_ms_per_mb']:>13.2f}")  # fmt: skip
+    qual = quality(args.prompts, args.max_tokens)
+    print(f"\nquality: {args.prompts} prompts x {args.max_tokens} greedy tokens per checkpoint")
+    print(f"{'arch':<6} {'codec':<6} {'max|dlogit|':>11} {'mean|dlogit|':>12} {'KL nats':>9} "
+          f"{'forced':>7} {'free':>7}")  # fmt: skip
+    for r in qual:
+        print(f"{r['arch']:<6} {r['codec']:<6} {r['next_max_abs']:>11.4f} "
+              f"{r['next_mean_abs']:>12.5f} {r['kl']:>9.2e} {100 * r['forced_agreement']:>6.1f}% "
+              f"{100 * r['free_agreement']:>6.1f}%")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps({"size_and_speed": sizes, "quality": qual}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
