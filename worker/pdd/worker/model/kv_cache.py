@@ -30,10 +30,14 @@ class KVLayout:
     dtype: torch.dtype
 
     @property
+    def itemsize(self) -> int:
+        """Bytes of one element in the cache's dtype."""
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    @property
     def bytes_per_token(self) -> int:
         """K and V of one token over all layers."""
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.itemsize
 
     @property
     def bytes_per_block(self) -> int:

@@ -254,11 +254,16 @@ class PrefillRole(RoleBase):
         """Payload bytes of positions ``start..end`` sent in chunks of ``chunk_tokens``
         (a codec's scales are per chunk)."""
         layout = self.runner.engine.layout
-        heads, dim = layout.num_kv_heads, layout.head_dim
-        itemsize = layout.bytes_per_token // (2 * layout.num_layers * heads * dim)
         chunks = (min(chunk_tokens, end - first) for first in range(start, end, chunk_tokens))
         return sum(
-            chunk_wire_bytes(codec, layout.num_layers, tokens, heads, dim, itemsize)
+            chunk_wire_bytes(
+                codec,
+                layout.num_layers,
+                tokens,
+                layout.num_kv_heads,
+                layout.head_dim,
+                layout.itemsize,
+            )
             for tokens in chunks
         )
 
