@@ -56,6 +56,54 @@ class SamplingFields(_Request):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
+class FunctionDefinition(_Request):
+    """A function the model may call; ``parameters`` is its arguments' JSON Schema."""
+
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(_Request):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    """``tool_choice`` naming the one function the model must call."""
+
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class JsonSchemaFormat(_Request):
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    """``response_format``: free text, any JSON object, or JSON valid against a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_when_needed(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type json_schema needs a json_schema")
+        return self
+
+
 class ChatMessage(_Request):
     """One message; extra keys (``tool_calls``, ``tool_call_id`` ...) pass to the template."""
 
@@ -77,6 +125,27 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None
+
+    @model_validator(mode="after")
+    def _tool_choice_names_a_tool(self) -> ChatCompletionRequest:
+        choice = self.tool_choice
+        names = {t.function.name for t in self.tools or []}
+        if choice == "required" and not names:
+            raise ValueError('tool_choice "required" needs at least one tool in tools')
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"tool_choice names {choice.function.name!r}, which is not in tools")
+        return self
+
+    @property
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        """The tools as the chat template takes them (plain JSON), or None without tools."""
+        if not self.tools:
+            return None
+        return [t.model_dump(by_alias=True, exclude_none=True) for t in self.tools]
 
     @property
     def output_token_limit(self) -> int | None:

@@ -44,4 +44,13 @@ class LinkFault(StrEnum):
 
 #: Why a generation ended, in OpenAI's words: a stop (EOS, stop token or string), the
 #: token limit, or an abort. The worker's stream events and the API responses share it.
-FinishReason = Literal["stop", "length", "abort"]
+FinishReason = Literal["stop", "length", "abort", "tool_calls"]
+
+
+class ToolCallFormat(StrEnum):
+    """How a model writes a tool call in its output text (its chat template's convention):
+    what the router's tool-call parser reads and what a forced tool call's grammar allows."""
+
+    # Hermes / Qwen2 / Qwen3: <tool_call>{"name": .., "arguments": {..}}</tool_call>
+    HERMES = "hermes"
+    LLAMA3_JSON = "llama3_json"  # Llama 3.x: a bare {"name": .., "parameters": {..}} object

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 from pdd.common.openai_protocol import (
     ChatCompletionChoice,
@@ -45,12 +44,11 @@ class OpenAIServingChat(OpenAIServing):
 
     def _prompt_ids(self, request: ChatCompletionRequest) -> list[int]:
         messages = [m.model_dump(exclude_none=True) for m in request.messages]
-        extra: dict[str, Any] = request.model_extra or {}
         try:
             return self.runtime.tokenizer.chat_ids(
                 messages,
                 request.add_generation_prompt,
-                extra.get("tools"),
+                request.tool_dicts,
                 **(request.chat_template_kwargs or {}),
             )
         except ChatTemplateError as exc:
