@@ -3,8 +3,9 @@
 With ``tools`` (and ``tool_choice`` other than ``none``) each choice's output is read
 for tool calls in the model's format (``runtime.tool_call_format``): the calls become
 ``message.tool_calls`` (streaming: ``delta.tool_calls``) and the finish reason
-``tool_calls``. ``tool_choice: none`` still renders the tools, as OpenAI does, but
-the output is plain text.
+``tool_calls``; ``parallel_tool_calls: false`` keeps the first call only.
+``tool_choice: none`` still renders the tools, as OpenAI does, but the output is plain
+text.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class OpenAIServingChat(OpenAIServing):
             frames = self._chunks(request, samples, tool_format)
             return Served(samples.first, self.sse(frames))
         choices = [
-            self._choice(i, c, tool_format)
+            self._choice(i, c, tool_format, request.parallel_tool_calls)
             for i, c in enumerate(await self.collect_samples(samples))
         ]
         response = ChatCompletionResponse(
@@ -77,7 +78,9 @@ class OpenAIServingChat(OpenAIServing):
         return fmt
 
     @staticmethod
-    def _choice(index: int, choice: Choice, fmt: ToolCallFormat | None) -> ChatCompletionChoice:
+    def _choice(
+        index: int, choice: Choice, fmt: ToolCallFormat | None, parallel: bool
+    ) -> ChatCompletionChoice:
         if fmt is None:
             message = ChatResponseMessage(content=choice.text)
             return ChatCompletionChoice(
@@ -86,7 +89,7 @@ class OpenAIServingChat(OpenAIServing):
         parsed = parse_tool_calls(fmt, choice.text)
         calls = [
             ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
-            for c in parsed.calls
+            for c in parsed.calls[: None if parallel else 1]
         ]
         message = ChatResponseMessage(content=parsed.content, tool_calls=calls or None)
         finish = _finish_reason(choice.finish_reason, bool(calls))
@@ -131,7 +134,8 @@ class OpenAIServingChat(OpenAIServing):
             if delta.finish_reason:
                 events += stream.finish()
             for event in events:
-                yield chunk(index, _delta_of(event))
+                if request.parallel_tool_calls or not _later_call(event):
+                    yield chunk(index, _delta_of(event))
             if delta.finish_reason:
                 finish = _finish_reason(delta.finish_reason, stream.calls > 0)
                 yield chunk(index, DeltaMessage(), finish)
@@ -145,6 +149,11 @@ def _finish_reason(reason: FinishReason | None, called: bool) -> FinishReason | 
     """``tool_calls`` when the model called a tool and stopped by itself (a call cut by
     ``max_tokens`` stays ``length``: the client must know it is incomplete)."""
     return "tool_calls" if called and reason == "stop" else reason
+
+
+def _later_call(event: StreamEvent) -> bool:
+    """A part of a call after the first (left out under ``parallel_tool_calls: false``)."""
+    return isinstance(event, CallStart | ArgumentsDelta) and event.index > 0
 
 
 def _delta_of(event: StreamEvent) -> DeltaMessage:
