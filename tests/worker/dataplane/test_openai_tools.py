@@ -290,3 +290,19 @@ async def test_parallel_tool_calls_false_keeps_the_first_call(stack, monkeypatch
             message = one.choices[0].message
         [call] = message.tool_calls
         assert json.loads(call.function.arguments) == {"city": "Paris"}
+
+
+async def test_n_completions_stream_each_choice_with_its_index(stack) -> None:
+    runtime, client = stack
+    common = {
+        "model": runtime.config.served_name, "prompt": "The quick brown fox", "n": 2,
+        "seed": 3, "max_tokens": 5, "extra_body": {"ignore_eos": True},
+    }  # fmt: skip
+    whole = await client.completions.create(**common, echo=True)
+    assert [c.index for c in whole.choices] == [0, 1]
+    assert all(c.text.startswith("The quick brown fox") for c in whole.choices)
+    texts = ["", ""]
+    async for chunk in await client.completions.create(**common, echo=True, stream=True):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert texts == [c.text for c in whole.choices]
