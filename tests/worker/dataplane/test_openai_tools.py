@@ -263,6 +263,14 @@ async def test_later_samples_hit_the_prompt_the_first_prefilled(stack) -> None:
     assert hits == [0, full, full]  # dispatched after the first's prefill: its blocks hit
     assert samples.usage().prompt_tokens_details.cached_tokens == 0
     assert samples.usage().completion_tokens == 12
+    assert not any((await runtime.store.inflight()).values())  # every sample's lease back
+
+    # A client that goes away after the first delta: every sample started is given back.
+    gone = await serving.start_samples(prompt, request, 4, "prompt")
+    deltas = gone.deltas()
+    await anext(deltas)
+    await deltas.aclose()
+    assert not any((await runtime.store.inflight()).values())
 
 
 async def test_parallel_tool_calls_false_keeps_the_first_call(stack, monkeypatch) -> None:
