@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("pdd.operator.main", "run the Kubernetes operator"),
     "up": ("pdd.local.up", "bring the whole pipeline up on this machine"),
     "bench": ("pdd.local.bench", "replay a trace against a stack and report"),
+    "tiny-tokenizer": ("pdd.local.tiny_tokenizer", "write the tiny model's tokenizer files"),
     "simulate": ("pdd.simulator.cli", "simulate a datacenter-scale scenario (YAML)"),
     "calibrate": ("pdd.simulator.calibrate_cli", "fit the simulator's step model to a profile"),
 }

@@ -5,6 +5,7 @@ with tools, and a strict one that relies on trim_blocks/lstrip_blocks, loop cont
 the generation tag and raise_exception.
 """
 
+import json
 from pathlib import Path
 
 import jinja2
@@ -156,3 +157,12 @@ def test_named_template_list(write_checkpoint):
     named = [{"name": "default", "template": "D"}, {"name": "tool_use", "template": "T"}]
     model_dir = write_checkpoint(named, None, "<|im_end|>")
     assert load_prompt_tokenizer(model_dir).template.render([]) == "D"
+
+
+def test_the_plain_fallback_shows_the_tools_and_the_hermes_call_convention():
+    messages = [{"role": "user", "content": "weather?"}]
+    text = render_plain(messages, True, tools=TOOLS)
+    first, second, rest = text.split("\n", 2)
+    assert first.startswith("tools: [") and json.loads(first[len("tools: ") :]) == TOOLS
+    assert "<tool_call>" in second and rest == "user: weather?\nassistant:"
+    assert render_plain(messages, True, tools=None) == "user: weather?\nassistant:"

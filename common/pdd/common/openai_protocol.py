@@ -1,10 +1,14 @@
 """Pydantic schemas of the OpenAI wire format the router speaks to clients.
 
-Requests accept (and ignore) fields we do not implement, because real clients send
-them (``user``, ``logit_bias`` ...) and refusing would break them; fields we do
-implement are validated so a bad value becomes a 400 with a message, not a 500.
-Every error, including one in the middle of a stream, has the one ``ErrorResponse``
-shape.
+A request field we do not implement is refused (a 400 naming it, in the OpenAI API's
+own words: "Unrecognized request argument supplied: X"), never taken and ignored: a
+client that asked for something must not silently get something else. The few fields
+real clients send that change nothing about the output (``user``, ``metadata``,
+``store``, ``service_tier``) are declared and accepted; docs/router.md lists every
+field with its status. Fields we implement are validated, so a bad value becomes a
+400 with a message, not a 500. Messages and tool definitions keep extra keys: they are
+the chat template's input (``tool_calls``, ``tool_call_id`` ...). Every error,
+including one in the middle of a stream, has the one ``ErrorResponse`` shape.
 """
 
 from __future__ import annotations
@@ -13,25 +17,63 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from pdd.common.vocabulary import FinishReason
 
 
 class _Request(BaseModel):
+    """A nested request object whose extra keys are passed on (to the chat template)."""
+
     model_config = ConfigDict(extra="allow")
+
+
+class _StrictRequest(BaseModel):
+    """A request body: a key that is not a declared field is refused (see the docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+#: The pydantic error type of an undeclared key in a ``_StrictRequest``.
+UNRECOGNIZED_FIELD_ERROR = "extra_forbidden"
+
+
+def unrecognized_argument(field: str) -> str:
+    """The message for a field we do not implement, worded as the OpenAI API words it."""
+    return f"Unrecognized request argument supplied: {field}"
 
 
 class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class _SparseWire(_Wire):
+    """A streamed delta: unset (None) fields are left out, as OpenAI leaves them out. The
+    SDK's accumulator copies every key it gets, so a ``"type": null`` in a later chunk
+    of a tool call would overwrite the ``"function"`` of its first."""
+
+    @model_serializer(mode="wrap")
+    def _without_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
 class StreamOptions(_Wire):
     include_usage: bool = False
 
 
-class SamplingFields(_Request):
-    """Sampling fields shared by both endpoints (``top_k``, ``ignore_eos`` are extensions)."""
+class SamplingFields(_StrictRequest):
+    """Sampling fields shared by both endpoints (``top_k``, ``ignore_eos`` are extensions).
+
+    ``user``, ``metadata``, ``store`` and ``service_tier`` are accepted and change
+    nothing: an end-user tag, a stored-completion tag, a request to store the
+    completion (nothing is stored here) and OpenAI's processing tier."""
 
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
@@ -40,10 +82,21 @@ class SamplingFields(_Request):
     top_k: int = Field(default=-1, ge=-1)
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int = Field(default=1, ge=1)
+    n: int = Field(default=1, ge=1, le=128)
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    # Sampling controls the engine work of issue 17 (item 3) implements.
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0)
+    logit_bias: dict[str, float] | None = None
+    min_tokens: int = Field(default=0, ge=0)
+    stop_token_ids: list[int] | None = None
 
     @property
     def stop_strings(self) -> list[str]:
@@ -129,6 +182,8 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
     @model_validator(mode="after")
     def _tool_choice_names_a_tool(self) -> ChatCompletionRequest:
@@ -158,6 +213,7 @@ class CompletionRequest(SamplingFields):
 
     prompt: str | list[int]
     echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=5)
 
     @model_validator(mode="after")
     def _non_empty_prompt(self) -> CompletionRequest:
@@ -199,9 +255,23 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+class FunctionCall(_Wire):
+    name: str
+    arguments: str  # a JSON text, as OpenAI sends it
+
+
+class ToolCall(_Wire):
+    """A call the model made (``message.tool_calls``)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatResponseMessage(_Wire):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatCompletionChoice(_Wire):
@@ -220,9 +290,25 @@ class ChatCompletionResponse(_Wire):
     usage: UsageInfo
 
 
-class DeltaMessage(_Wire):
+class DeltaFunctionCall(_SparseWire):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(_SparseWire):
+    """A piece of a streamed call: the first of a call has ``id``, ``type`` and the name;
+    the later ones carry ``index`` and a piece of the arguments."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+
+class DeltaMessage(_SparseWire):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatCompletionChunkChoice(_Wire):

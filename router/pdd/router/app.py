@@ -21,7 +21,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pdd.common.openai_protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
+from pdd.common.openai_protocol import (
+    UNRECOGNIZED_FIELD_ERROR,
+    ChatCompletionRequest,
+    CompletionRequest,
+    ErrorResponse,
+    unrecognized_argument,
+)
 from pdd.router.admission import StreamSlots, releasing
 from pdd.router.errors import (
     AuthenticationError,
@@ -139,6 +145,8 @@ async def _parse(runtime: RouterRuntime, request: Request, model: type[T]) -> T:
     except ValidationError as exc:
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first["loc"]) or None
+        if first["type"] == UNRECOGNIZED_FIELD_ERROR:
+            raise InvalidRequestError(unrecognized_argument(str(param)), param=param) from None
         raise InvalidRequestError(f"{param}: {first['msg']}", param=param) from exc
 
 

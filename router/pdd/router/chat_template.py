@@ -119,9 +119,23 @@ class ChatTemplate:
             raise ChatTemplateError(f"chat template rejected the conversation: {exc}") from exc
 
 
-def render_plain(messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
-    """The fallback when a checkpoint has no template: ``role: content`` lines."""
+#: How the plain fallback teaches a model to call a tool: the Hermes convention, so the
+#: router reads its calls with the Hermes parser (``tool_calls.detect_format``).
+PLAIN_TOOL_INSTRUCTION = (
+    'To call a tool, write <tool_call>{"name": <tool name>, "arguments": <JSON object>}</tool_call>'
+)
+
+
+def render_plain(
+    messages: Sequence[Mapping[str, Any]],
+    add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
+) -> str:
+    """The fallback when a checkpoint has no template: ``role: content`` lines, after a
+    ``tools:`` line (the tools as JSON, and ``PLAIN_TOOL_INSTRUCTION``) when tools are given."""
     lines = [f"{m['role']}: {_plain_text(m.get('content'))}\n" for m in messages]
+    if tools:
+        lines.insert(0, f"tools: {_tojson(tools)}\n{PLAIN_TOOL_INSTRUCTION}\n")
     if add_generation_prompt:
         lines.append("assistant:")
     return "".join(lines)

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pdd.common.config_document import ConfigDocument
 from pdd.common.cost_model import LinkState, kv_bytes_per_token, kv_bytes_per_token_from_hf_config
 from pdd.common.kv_codec import NO_CODEC, KVCodec
-from pdd.common.vocabulary import Role
+from pdd.common.vocabulary import Role, ToolCallFormat
 from pdd.common.wan_tls import HTTPS_ROLES
 from pdd.router.tokenization import TINY_MODEL
 
@@ -113,6 +113,9 @@ class RouterConfig:
     #: The WAN TLS folder (only its ``ca.crt`` is read): https workers' certificates must
     #: chain to it. None: https workers are checked against the system's CAs.
     wan_tls_dir: Path | None = None
+    #: How the model writes tool calls (what the tool-call parser reads); None: detected
+    #: from the chat template (``pdd.router.tool_calls.detect_format``).
+    tool_call_format: ToolCallFormat | None = None
 
     def __post_init__(self) -> None:
         if not self.secret:

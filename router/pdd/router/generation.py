@@ -18,6 +18,7 @@ handshake (fed back into the prefix index, correcting it).
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import time
@@ -96,6 +97,9 @@ class Generation:
         self._detok = IncrementalDetokenizer(runtime.tokenizer.tokenizer)
         self._arrived_at = arrived_at
         self._reroute = reroute
+        #: Set once the first output token arrived (the prompt's KV is in the prefix
+        #: cache by then) or the request ended without one.
+        self.past_prefill = asyncio.Event()
         self._use(attempt)
         self._first_hits = self.hits
 
@@ -115,6 +119,11 @@ class Generation:
     def token_ids(self) -> list[int]:
         """The output token IDs the client has been sent so far."""
         return list(self._detok.ids)
+
+    def release(self) -> None:
+        """Give back the in-flight lease (idempotent): for a generation that may never be
+        read (a sample cancelled before its stream began)."""
+        self._lease.release_all()
 
     def usage(self) -> UsageInfo:
         return UsageInfo.of(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
@@ -140,6 +149,7 @@ class Generation:
                     failed.update(exc.failed)
                     await self._recover(exc, frozenset(failed), attempt)
         finally:
+            self.past_prefill.set()
             if self.completion_tokens:
                 share = self.relayed_tokens / self.completion_tokens
                 self.runtime.metrics.relayed_share.observe(share)
@@ -180,6 +190,7 @@ class Generation:
             )
             async for event in events:
                 now = time.monotonic()
+                self.past_prefill.set()
                 if last is None:
                     if self.completion_tokens == 0:
                         rt.metrics.ttft.observe(now - self._arrived_at)

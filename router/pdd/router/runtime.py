@@ -6,7 +6,7 @@ import asyncio
 import time
 
 from pdd.common.tls_rotation import TlsRotation
-from pdd.common.vocabulary import Role
+from pdd.common.vocabulary import Role, ToolCallFormat
 from pdd.common.wan_tls import load_wan_ca
 from pdd.router.config import RouterConfig
 from pdd.router.dispatch import Dispatcher
@@ -20,6 +20,7 @@ from pdd.router.state.base import RouterStore
 from pdd.router.state.memory import LocalStore
 from pdd.router.state.shared import SharedStore
 from pdd.router.tokenization import PromptTokenizer, load_prompt_tokenizer
+from pdd.router.tool_calls import detect_format
 from pdd.router.worker_client import WorkerClient
 
 #: The name of the one WAN line this router's config describes (``--link-gbps``), as
@@ -46,6 +47,10 @@ class RouterRuntime:
         self.config = config
         self.metrics = RouterMetrics()
         self.tokenizer: PromptTokenizer = load_prompt_tokenizer(config.model)
+        #: How the model writes tool calls: the configured format, else the template's.
+        self.tool_call_format: ToolCallFormat | None = config.tool_call_format or detect_format(
+            self.tokenizer.template_source
+        )
         tls = load_wan_ca(config.wan_tls_dir) if config.wan_tls_dir is not None else None
         self.client = client or WorkerClient(config.secret, tls=tls)
         #: A renewed ca.crt applies to the next connection to an https worker.

@@ -22,7 +22,7 @@ from pdd.common.config_document import (
     read_config_document,
 )
 from pdd.common.kv_codec import KV_CODECS
-from pdd.common.vocabulary import Role
+from pdd.common.vocabulary import Role, ToolCallFormat
 from pdd.router.app import create_app
 from pdd.router.config import (
     ConfigError,
@@ -100,6 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="WAN TLS is on: a folder with the deployment's ca.crt; the workers reached "
         "across the WAN (main) are dialled with https and must chain to it",
     )  # fmt: skip
+    p.add_argument(
+        "--tool-call-format",
+        type=ToolCallFormat,
+        choices=list(ToolCallFormat),
+        help="how the model writes tool calls (default: detected from its chat template)",
+    )
     p.add_argument("--replica-id", help="this replica's name in the shared store")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
@@ -114,7 +120,7 @@ _PLAIN_FLAGS = (
     "max_prompt_tokens", "max_body_bytes", "default_max_tokens", "poll_interval_s",
     "max_tokens_limit", "max_streams_per_key",
     "request_timeout_s", "handoff", "catchup_threshold", "replica_id", "host", "port",
-    "force_pipeline", "redis_deadline_s", "wan_tls_dir", "kv_codec",
+    "force_pipeline", "redis_deadline_s", "wan_tls_dir", "kv_codec", "tool_call_format",
 )  # fmt: skip
 
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote
 
 from pydantic import BaseModel
 
 from pdd.common.openai_protocol import SSE_DONE, ErrorResponse, SamplingFields, new_id, sse_frame
+from pdd.common.vocabulary import FinishReason
 from pdd.common.wire import SamplingSpec
 from pdd.router.dispatch import Lease, Route
 from pdd.router.errors import (
@@ -28,8 +29,17 @@ from pdd.router.errors import (
 )
 from pdd.router.generation import Attempt, Generation
 from pdd.router.runtime import RouterRuntime
+from pdd.router.samples import Samples
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One sample's whole output."""
+
+    text: str
+    finish_reason: FinishReason | None
 
 
 @dataclass(frozen=True)
@@ -68,12 +78,13 @@ class OpenAIServing:
                 f"model {request.model!r} is not served here; this router serves {served!r}",
                 param="model",
             )
-        if request.n != 1:
-            raise InvalidRequestError("only n=1 is supported", param="n")
 
-    def sampling(self, request: SamplingFields, max_tokens: int | None) -> SamplingSpec:
+    def sampling(
+        self, request: SamplingFields, max_tokens: int | None, sample: int = 0
+    ) -> SamplingSpec:
         """OpenAI's sampling fields in the workers' terms (top_k -1 means off: 0 there).
-        A request without ``max_tokens`` gets the default, within the router's limit."""
+        A request without ``max_tokens`` gets the default, within the router's limit.
+        Sample ``i`` of ``n`` draws with ``seed + i``, so the samples differ."""
         config = self.runtime.config
         limit = config.max_tokens_limit
         if limit is not None and max_tokens is not None and max_tokens > limit:
@@ -87,12 +98,29 @@ class OpenAIServing:
             temperature=request.temperature,
             top_k=max(0, request.top_k),
             top_p=request.top_p,
-            seed=request.seed,
+            seed=None if request.seed is None else request.seed + sample,
             ignore_eos=request.ignore_eos,
         )
 
-    async def start(
+    async def start_samples(
         self, prompt_ids: list[int], request: SamplingFields, max_tokens: int | None, param: str
+    ) -> Samples:
+        """The request's ``n`` samples; the first is routed now (its refusal is the
+        request's 4xx/5xx), the others after it passed prefill (``Samples``)."""
+        first = await self.start(prompt_ids, request, max_tokens, param)
+
+        def start(sample: int) -> Awaitable[Generation]:
+            return self.start(prompt_ids, request, max_tokens, param, sample)
+
+        return Samples(first, request.n, start)
+
+    async def start(
+        self,
+        prompt_ids: list[int],
+        request: SamplingFields,
+        max_tokens: int | None,
+        param: str,
+        sample: int = 0,
     ) -> Generation:
         """Check the prompt's length, route it, and hold the route's in-flight lease."""
         arrived_at = time.monotonic()
@@ -105,7 +133,7 @@ class OpenAIServing:
                 param=param,
             )
         request_id = new_id("pdd")
-        sampling = self.sampling(request, max_tokens)
+        sampling = self.sampling(request, max_tokens, sample)
 
         async def routed(
             exclude: frozenset[str], attempt: int, emitted: Sequence[int] = ()
@@ -123,7 +151,8 @@ class OpenAIServing:
             return Attempt(route, plan, lease)
 
         first = await routed(frozenset(), 0)
-        self._record(first.route, len(prompt_ids))
+        if sample == 0:  # the request's route; later samples follow the first
+            self._record(first.route, len(prompt_ids))
         return Generation(self.runtime, first, request.stop_strings, arrived_at, routed)
 
     def _record(self, route: Route, prompt_tokens: int) -> None:
@@ -137,6 +166,15 @@ class OpenAIServing:
     async def collect(self, generation: Generation) -> str:
         """The whole output text (non-streaming)."""
         return "".join([d.text async for d in generation.deltas()])
+
+    async def collect_samples(self, samples: Samples) -> list[Choice]:
+        """Every sample's whole text and finish reason (non-streaming), by index."""
+        texts = [""] * samples.n
+        finishes: list[FinishReason | None] = [None] * samples.n
+        async for index, delta in samples.deltas():
+            texts[index] += delta.text
+            finishes[index] = delta.finish_reason or finishes[index]
+        return [Choice(text, finish) for text, finish in zip(texts, finishes, strict=True)]
 
     async def sse(self, frames: AsyncIterator[BaseModel]) -> AsyncIterator[bytes]:
         """SSE bytes of ``frames``, then ``[DONE]``; an error mid-stream becomes one

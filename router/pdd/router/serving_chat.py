@@ -1,8 +1,18 @@
-"""``POST /v1/chat/completions``: template, tokenize, route, relay, answer."""
+"""``POST /v1/chat/completions``: template, tokenize, route, relay, answer.
+
+With ``tools`` (and ``tool_choice`` other than ``none``) each choice's output is read
+for tool calls in the model's format (``runtime.tool_call_format``): the calls become
+``message.tool_calls`` (streaming: ``delta.tool_calls``) and the finish reason
+``tool_calls``; ``parallel_tool_calls: false`` keeps the first call only.
+``tool_choice: none`` still renders the tools, as OpenAI does, but the output is plain
+text.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 from pdd.common.openai_protocol import (
     ChatCompletionChoice,
@@ -11,39 +21,82 @@ from pdd.common.openai_protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatResponseMessage,
+    DeltaFunctionCall,
     DeltaMessage,
+    DeltaToolCall,
+    FunctionCall,
+    ToolCall,
     new_id,
 )
-from pdd.common.vocabulary import FinishReason
+from pdd.common.vocabulary import FinishReason, ToolCallFormat
 from pdd.router.chat_template import ChatTemplateError
 from pdd.router.errors import InvalidRequestError
-from pdd.router.generation import Generation
-from pdd.router.serving_base import OpenAIServing, Served
+from pdd.router.samples import Samples
+from pdd.router.serving_base import Choice, OpenAIServing, Served
+from pdd.router.tool_call_stream import (
+    ArgumentsDelta,
+    CallStart,
+    ContentDelta,
+    StreamEvent,
+    ToolCallStream,
+    tool_call_stream,
+)
+from pdd.router.tool_calls import parse_tool_calls
 
 
 class OpenAIServingChat(OpenAIServing):
     async def create(self, request: ChatCompletionRequest) -> Served:
         self.check(request)
+        tool_format = self._tool_format(request)
         prompt_ids = self._prompt_ids(request)
-        generation = await self.start(prompt_ids, request, request.output_token_limit, "messages")
-        if request.stream:
-            frames = self._chunks(request, generation)
-            return Served(generation, self.sse(frames))
-        text = await self.collect(generation)
-        response = ChatCompletionResponse(
-            model=request.model,
-            choices=[
-                ChatCompletionChoice(
-                    message=ChatResponseMessage(content=text),
-                    finish_reason=generation.finish_reason,
-                )
-            ],
-            usage=generation.usage(),
+        samples = await self.start_samples(
+            prompt_ids, request, request.output_token_limit, "messages"
         )
-        return Served(generation, response)
+        if request.stream:
+            frames = self._chunks(request, samples, tool_format)
+            return Served(samples.first, self.sse(frames))
+        choices = [
+            self._choice(i, c, tool_format, request.parallel_tool_calls)
+            for i, c in enumerate(await self.collect_samples(samples))
+        ]
+        response = ChatCompletionResponse(
+            model=request.model, choices=choices, usage=samples.usage()
+        )
+        return Served(samples.first, response)
+
+    def _tool_format(self, request: ChatCompletionRequest) -> ToolCallFormat | None:
+        """The format to read tool calls in; None: the output is not read for calls."""
+        if not request.tools or request.tool_choice == "none":
+            return None
+        fmt = self.runtime.tool_call_format
+        if fmt is None:
+            raise InvalidRequestError(
+                "this model's chat template shows no tool-call format, so its calls cannot "
+                "be read: start the router with --tool-call-format",
+                param="tools",
+            )
+        return fmt
+
+    @staticmethod
+    def _choice(
+        index: int, choice: Choice, fmt: ToolCallFormat | None, parallel: bool
+    ) -> ChatCompletionChoice:
+        if fmt is None:
+            message = ChatResponseMessage(content=choice.text)
+            return ChatCompletionChoice(
+                index=index, message=message, finish_reason=choice.finish_reason
+            )
+        parsed = parse_tool_calls(fmt, choice.text)
+        calls = [
+            ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
+            for c in parsed.calls[: None if parallel else 1]
+        ]
+        message = ChatResponseMessage(content=parsed.content, tool_calls=calls or None)
+        finish = _finish_reason(choice.finish_reason, bool(calls))
+        return ChatCompletionChoice(index=index, message=message, finish_reason=finish)
 
     def _prompt_ids(self, request: ChatCompletionRequest) -> list[int]:
-        messages = [m.model_dump(exclude_none=True) for m in request.messages]
+        messages = [_template_message(m.model_dump(exclude_none=True)) for m in request.messages]
         try:
             return self.runtime.tokenizer.chat_ids(
                 messages,
@@ -55,19 +108,81 @@ class OpenAIServingChat(OpenAIServing):
             raise InvalidRequestError(str(exc), param="messages") from exc
 
     async def _chunks(
-        self, request: ChatCompletionRequest, generation: Generation
+        self, request: ChatCompletionRequest, samples: Samples, fmt: ToolCallFormat | None
     ) -> AsyncIterator[ChatCompletionChunk]:
         rid = new_id("chatcmpl")
 
-        def chunk(delta: DeltaMessage, finish: FinishReason | None = None) -> ChatCompletionChunk:
-            choice = ChatCompletionChunkChoice(delta=delta, finish_reason=finish)
+        def chunk(
+            index: int, delta: DeltaMessage, finish: FinishReason | None = None
+        ) -> ChatCompletionChunk:
+            choice = ChatCompletionChunkChoice(index=index, delta=delta, finish_reason=finish)
             return ChatCompletionChunk(id=rid, model=request.model, choices=[choice])
 
-        yield chunk(DeltaMessage(role="assistant", content=""))
-        async for delta in generation.deltas():
-            if delta.text or delta.finish_reason:
-                yield chunk(DeltaMessage(content=delta.text or None), delta.finish_reason)
+        streams: list[ToolCallStream | None] = [
+            tool_call_stream(fmt) if fmt else None for _ in range(samples.n)
+        ]
+        for index in range(samples.n):
+            yield chunk(index, DeltaMessage(role="assistant", content=""))
+        async for index, delta in samples.deltas():
+            stream = streams[index]
+            if stream is None:
+                if delta.text or delta.finish_reason:
+                    content = DeltaMessage(content=delta.text or None)
+                    yield chunk(index, content, delta.finish_reason)
+                continue
+            events = stream.feed(delta.text)
+            if delta.finish_reason:
+                events += stream.finish()
+            for event in events:
+                if request.parallel_tool_calls or not _later_call(event):
+                    yield chunk(index, _delta_of(event))
+            if delta.finish_reason:
+                finish = _finish_reason(delta.finish_reason, stream.calls > 0)
+                yield chunk(index, DeltaMessage(), finish)
         if request.include_usage_in_stream:
             yield ChatCompletionChunk(
-                id=rid, model=request.model, choices=[], usage=generation.usage()
+                id=rid, model=request.model, choices=[], usage=samples.usage()
             )
+
+
+def _finish_reason(reason: FinishReason | None, called: bool) -> FinishReason | None:
+    """``tool_calls`` when the model called a tool and stopped by itself (a call cut by
+    ``max_tokens`` stays ``length``: the client must know it is incomplete)."""
+    return "tool_calls" if called and reason == "stop" else reason
+
+
+def _later_call(event: StreamEvent) -> bool:
+    """A part of a call after the first (left out under ``parallel_tool_calls: false``)."""
+    return isinstance(event, CallStart | ArgumentsDelta) and event.index > 0
+
+
+def _delta_of(event: StreamEvent) -> DeltaMessage:
+    if isinstance(event, ContentDelta):
+        return DeltaMessage(content=event.text)
+    if isinstance(event, CallStart):
+        function = DeltaFunctionCall(name=event.name, arguments="")
+        call = DeltaToolCall(index=event.index, id=event.id, type="function", function=function)
+        return DeltaMessage(tool_calls=[call])
+    assert isinstance(event, ArgumentsDelta)
+    function = DeltaFunctionCall(arguments=event.text)
+    return DeltaMessage(tool_calls=[DeltaToolCall(index=event.index, function=function)])
+
+
+def _template_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as chat templates take it: the arguments of an assistant's earlier tool
+    calls are a JSON *text* on the wire but an object in templates (they ``tojson`` it),
+    so they are decoded first, as vLLM does; a text that is not JSON stays as it is."""
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list):
+        return message
+    decoded = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+            try:
+                arguments = json.loads(function["arguments"])
+            except json.JSONDecodeError:
+                arguments = function["arguments"]
+            call = {**call, "function": {**function, "arguments": arguments}}
+        decoded.append(call)
+    return {**message, "tool_calls": decoded}

@@ -12,7 +12,7 @@ from pdd.common.openai_protocol import (
 )
 from pdd.common.vocabulary import FinishReason
 from pdd.router.errors import InvalidRequestError
-from pdd.router.generation import Generation
+from pdd.router.samples import Samples
 from pdd.router.serving_base import OpenAIServing, Served
 from pdd.router.tokenization import TokenIdError
 
@@ -24,17 +24,18 @@ class OpenAIServingCompletion(OpenAIServing):
             prompt_ids = self.runtime.tokenizer.completion_ids(request.prompt)
         except TokenIdError as exc:
             raise InvalidRequestError(str(exc), param="prompt") from exc
-        generation = await self.start(prompt_ids, request, request.output_token_limit, "prompt")
+        samples = await self.start_samples(
+            prompt_ids, request, request.output_token_limit, "prompt"
+        )
         echo = self._echo(request)
         if request.stream:
-            return Served(generation, self.sse(self._chunks(request, generation, echo)))
-        text = echo + await self.collect(generation)
-        response = CompletionResponse(
-            model=request.model,
-            choices=[CompletionChoice(text=text, finish_reason=generation.finish_reason)],
-            usage=generation.usage(),
-        )
-        return Served(generation, response)
+            return Served(samples.first, self.sse(self._chunks(request, samples, echo)))
+        choices = [
+            CompletionChoice(index=i, text=echo + c.text, finish_reason=c.finish_reason)
+            for i, c in enumerate(await self.collect_samples(samples))
+        ]
+        response = CompletionResponse(model=request.model, choices=choices, usage=samples.usage())
+        return Served(samples.first, response)
 
     def _echo(self, request: CompletionRequest) -> str:
         if not request.echo:
@@ -44,20 +45,19 @@ class OpenAIServingCompletion(OpenAIServing):
         return self.runtime.tokenizer.tokenizer.decode(request.prompt)
 
     async def _chunks(
-        self, request: CompletionRequest, generation: Generation, echo: str
+        self, request: CompletionRequest, samples: Samples, echo: str
     ) -> AsyncIterator[CompletionResponse]:
         rid = new_id("cmpl")
 
-        def frame(text: str, finish: FinishReason | None = None) -> CompletionResponse:
-            choice = CompletionChoice(text=text, finish_reason=finish)
+        def frame(index: int, text: str, finish: FinishReason | None = None) -> CompletionResponse:
+            choice = CompletionChoice(index=index, text=text, finish_reason=finish)
             return CompletionResponse(id=rid, model=request.model, choices=[choice])
 
         if echo:
-            yield frame(echo)
-        async for delta in generation.deltas():
+            for index in range(samples.n):
+                yield frame(index, echo)
+        async for index, delta in samples.deltas():
             if delta.text or delta.finish_reason:
-                yield frame(delta.text, delta.finish_reason)
+                yield frame(index, delta.text, delta.finish_reason)
         if request.include_usage_in_stream:
-            yield CompletionResponse(
-                id=rid, model=request.model, choices=[], usage=generation.usage()
-            )
+            yield CompletionResponse(id=rid, model=request.model, choices=[], usage=samples.usage())

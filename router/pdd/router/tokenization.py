@@ -19,6 +19,7 @@ from tokenizers import Tokenizer as HFRustTokenizer
 
 from pdd.common.tokenizer import ByteTokenizer
 from pdd.router.chat_template import (
+    PLAIN_TOOL_INSTRUCTION,
     ChatTemplate,
     find_chat_template,
     render_plain,
@@ -105,10 +106,16 @@ class PromptTokenizer:
         plain fallback has no BOS of its own, so the tokenizer adds its special
         tokens, exactly as for a completion prompt."""
         if self.template is None:
-            text = render_plain(messages, add_generation_prompt)
+            text = render_plain(messages, add_generation_prompt, tools)
             return self.tokenizer.encode(text, add_special_tokens=True)
         text = self.template.render(messages, add_generation_prompt, tools, **template_kwargs)
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    @property
+    def template_source(self) -> str:
+        """The template that renders chat prompts (the plain fallback's tool instruction
+        where the checkpoint has none): what ``tool_calls.detect_format`` reads."""
+        return self.template.source if self.template is not None else PLAIN_TOOL_INSTRUCTION
 
     def completion_ids(self, prompt: str | Sequence[int]) -> list[int]:
         """A text prompt gets the tokenizer's special tokens; given IDs pass through, once
