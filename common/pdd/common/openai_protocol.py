@@ -1,7 +1,7 @@
 """Pydantic schemas of the OpenAI wire format the router speaks to clients.
 
 Requests accept (and ignore) fields we do not implement, because real clients send
-them (``user``, ``logit_bias`` ...) and refusing would break them; fields we do
+them (``user`` ...) and refusing would break them; fields we do
 implement are validated so a bad value becomes a 400 with a message, not a 500.
 Every error, including one in the middle of a stream, has the one ``ErrorResponse``
 shape.
@@ -44,6 +44,32 @@ class SamplingFields(_Request):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0)
+    min_tokens: int = Field(default=0, ge=0)
+    stop_token_ids: list[int] | None = None
+    #: Token id (as a string, JSON keys are strings) -> bias in [-100, 100].
+    logit_bias: dict[str, float] | None = None
+
+    @model_validator(mode="after")
+    def _valid_logit_bias(self) -> SamplingFields:
+        for key, bias in (self.logit_bias or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for {key}")
+        return self
+
+    @property
+    def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """``logit_bias`` as the workers take it: (token id, bias) pairs."""
+        return tuple((int(k), v) for k, v in (self.logit_bias or {}).items())
+
+    @property
+    def logprobs_count(self) -> int | None:
+        """Alternatives per position to report (0: only the token's), None: no logprobs."""
+        return None
 
     @property
     def stop_strings(self) -> list[str]:
@@ -129,6 +155,18 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    @model_validator(mode="after")
+    def _top_logprobs_needs_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs set to true")
+        return self
+
+    @property
+    def logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @model_validator(mode="after")
     def _tool_choice_names_a_tool(self) -> ChatCompletionRequest:
@@ -158,12 +196,19 @@ class CompletionRequest(SamplingFields):
 
     prompt: str | list[int]
     echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=5)
 
     @model_validator(mode="after")
     def _non_empty_prompt(self) -> CompletionRequest:
         if len(self.prompt) == 0:
             raise ValueError("prompt must not be empty")
+        if self.echo and self.logprobs is not None:
+            raise ValueError("logprobs with echo (the prompt's logprobs) is not supported")
         return self
+
+    @property
+    def logprobs_count(self) -> int | None:
+        return self.logprobs
 
     @property
     def output_token_limit(self) -> int | None:
@@ -199,6 +244,31 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+class ChatTopLogprob(_Wire):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(ChatTopLogprob):
+    top_logprobs: list[ChatTopLogprob] = []
+
+
+class ChatChoiceLogprobs(_Wire):
+    """A chat choice's (or chunk's) ``logprobs``: one entry per output token."""
+
+    content: list[ChatTokenLogprob] | None = None
+
+
+class CompletionLogprobs(_Wire):
+    """A completion choice's ``logprobs``, the legacy parallel-lists shape."""
+
+    tokens: list[str] = []
+    token_logprobs: list[float | None] = []
+    top_logprobs: list[dict[str, float] | None] = []
+    text_offset: list[int] = []
+
+
 class ChatResponseMessage(_Wire):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
@@ -208,7 +278,7 @@ class ChatCompletionChoice(_Wire):
     index: int = 0
     message: ChatResponseMessage
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: ChatChoiceLogprobs | None = None
 
 
 class ChatCompletionResponse(_Wire):
@@ -229,7 +299,7 @@ class ChatCompletionChunkChoice(_Wire):
     index: int = 0
     delta: DeltaMessage
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: ChatChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(_Wire):
@@ -247,7 +317,7 @@ class CompletionChoice(_Wire):
     index: int = 0
     text: str
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class CompletionResponse(_Wire):

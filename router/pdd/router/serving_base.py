@@ -82,14 +82,41 @@ class OpenAIServing:
                 param="max_tokens",
             )
         default = min(config.default_max_tokens, limit or config.default_max_tokens)
+        if max_tokens is not None and request.min_tokens > max_tokens:
+            raise InvalidRequestError(
+                f"min_tokens {request.min_tokens} is more than max_tokens {max_tokens}",
+                param="min_tokens",
+            )
+        self._check_token_ids(request)
         return SamplingSpec(
-            max_tokens=max_tokens or default,
+            max_tokens=max_tokens or max(default, request.min_tokens),
             temperature=request.temperature,
             top_k=max(0, request.top_k),
             top_p=request.top_p,
             seed=request.seed,
             ignore_eos=request.ignore_eos,
+            stop_token_ids=tuple(request.stop_token_ids or ()),
+            presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
+            repetition_penalty=request.repetition_penalty,
+            min_tokens=request.min_tokens,
+            logit_bias=request.logit_bias_pairs,
+            logprobs=request.logprobs_count,
         )
+
+    def _check_token_ids(self, request: SamplingFields) -> None:
+        """``stop_token_ids`` and ``logit_bias`` keys must name tokens of the vocabulary."""
+        vocab = self.runtime.tokenizer.tokenizer.vocab_size
+        for param, ids in (
+            ("stop_token_ids", request.stop_token_ids or []),
+            ("logit_bias", [t for t, _ in request.logit_bias_pairs]),
+        ):
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise InvalidRequestError(
+                    f"{param} names token ids outside the vocabulary [0, {vocab}): {bad[:5]}",
+                    param=param,
+                )
 
     async def start(
         self, prompt_ids: list[int], request: SamplingFields, max_tokens: int | None, param: str
@@ -114,7 +141,12 @@ class OpenAIServing:
             with what is left of ``max_tokens``: the new instances prefill the known tokens
             and go on from the next position."""
             prompt = [*prompt_ids, *emitted]
-            left = sampling.model_copy(update={"max_tokens": sampling.max_tokens - len(emitted)})
+            left = sampling.model_copy(
+                update={
+                    "max_tokens": sampling.max_tokens - len(emitted),
+                    "min_tokens": max(0, sampling.min_tokens - len(emitted)),
+                }
+            )
             route = await self.runtime.dispatcher.route(prompt, left.max_tokens, exclude)
             lease = Lease(self.runtime.store)
             lease.acquire(route.lease_keys)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from pdd.common.openai_protocol import (
+    ChatChoiceLogprobs,
     ChatCompletionChoice,
     ChatCompletionChunk,
     ChatCompletionChunkChoice,
@@ -14,10 +15,10 @@ from pdd.common.openai_protocol import (
     DeltaMessage,
     new_id,
 )
-from pdd.common.vocabulary import FinishReason
 from pdd.router.chat_template import ChatTemplateError
 from pdd.router.errors import InvalidRequestError
-from pdd.router.generation import Generation
+from pdd.router.generation import Generation, TextDelta, TokenLogprobEntry
+from pdd.router.logprobs import chat_logprobs
 from pdd.router.serving_base import OpenAIServing, Served
 
 
@@ -36,11 +37,19 @@ class OpenAIServingChat(OpenAIServing):
                 ChatCompletionChoice(
                     message=ChatResponseMessage(content=text),
                     finish_reason=generation.finish_reason,
+                    logprobs=self._logprobs(request, generation.logprobs),
                 )
             ],
             usage=generation.usage(),
         )
         return Served(generation, response)
+
+    def _logprobs(
+        self, request: ChatCompletionRequest, entries: Sequence[TokenLogprobEntry]
+    ) -> ChatChoiceLogprobs | None:
+        if request.logprobs_count is None:
+            return None
+        return chat_logprobs(self.runtime.tokenizer.tokenizer, entries)
 
     def _prompt_ids(self, request: ChatCompletionRequest) -> list[int]:
         messages = [m.model_dump(exclude_none=True) for m in request.messages]
@@ -59,14 +68,18 @@ class OpenAIServingChat(OpenAIServing):
     ) -> AsyncIterator[ChatCompletionChunk]:
         rid = new_id("chatcmpl")
 
-        def chunk(delta: DeltaMessage, finish: FinishReason | None = None) -> ChatCompletionChunk:
-            choice = ChatCompletionChunkChoice(delta=delta, finish_reason=finish)
+        def chunk(delta: DeltaMessage, text: TextDelta | None = None) -> ChatCompletionChunk:
+            choice = ChatCompletionChunkChoice(
+                delta=delta,
+                finish_reason=text.finish_reason if text else None,
+                logprobs=self._logprobs(request, text.logprobs) if text else None,
+            )
             return ChatCompletionChunk(id=rid, model=request.model, choices=[choice])
 
         yield chunk(DeltaMessage(role="assistant", content=""))
         async for delta in generation.deltas():
             if delta.text or delta.finish_reason:
-                yield chunk(DeltaMessage(content=delta.text or None), delta.finish_reason)
+                yield chunk(DeltaMessage(content=delta.text or None), delta)
         if request.include_usage_in_stream:
             yield ChatCompletionChunk(
                 id=rid, model=request.model, choices=[], usage=generation.usage()

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from pdd.common.openai_protocol import (
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
     new_id,
 )
 from pdd.common.vocabulary import FinishReason
 from pdd.router.errors import InvalidRequestError
-from pdd.router.generation import Generation
+from pdd.router.generation import Generation, TokenLogprobEntry
+from pdd.router.logprobs import completion_logprobs
 from pdd.router.serving_base import OpenAIServing, Served
 from pdd.router.tokenization import TokenIdError
 
@@ -31,10 +33,23 @@ class OpenAIServingCompletion(OpenAIServing):
         text = echo + await self.collect(generation)
         response = CompletionResponse(
             model=request.model,
-            choices=[CompletionChoice(text=text, finish_reason=generation.finish_reason)],
+            choices=[
+                CompletionChoice(
+                    text=text,
+                    finish_reason=generation.finish_reason,
+                    logprobs=self._logprobs(request, generation.logprobs, 0),
+                )
+            ],
             usage=generation.usage(),
         )
         return Served(generation, response)
+
+    def _logprobs(
+        self, request: CompletionRequest, entries: Sequence[TokenLogprobEntry], offset: int
+    ) -> CompletionLogprobs | None:
+        if request.logprobs_count is None:
+            return None
+        return completion_logprobs(self.runtime.tokenizer.tokenizer, entries, offset)
 
     def _echo(self, request: CompletionRequest) -> str:
         if not request.echo:
@@ -48,15 +63,23 @@ class OpenAIServingCompletion(OpenAIServing):
     ) -> AsyncIterator[CompletionResponse]:
         rid = new_id("cmpl")
 
-        def frame(text: str, finish: FinishReason | None = None) -> CompletionResponse:
-            choice = CompletionChoice(text=text, finish_reason=finish)
+        def frame(
+            text: str,
+            finish: FinishReason | None = None,
+            logprobs: CompletionLogprobs | None = None,
+        ) -> CompletionResponse:
+            choice = CompletionChoice(text=text, finish_reason=finish, logprobs=logprobs)
             return CompletionResponse(id=rid, model=request.model, choices=[choice])
 
         if echo:
             yield frame(echo)
+        offset = 0  # where the next token's text starts in the output
         async for delta in generation.deltas():
             if delta.text or delta.finish_reason:
-                yield frame(delta.text, delta.finish_reason)
+                logprobs = self._logprobs(request, delta.logprobs, offset)
+                if logprobs is not None:
+                    offset += sum(len(t) for t in logprobs.tokens)
+                yield frame(delta.text, delta.finish_reason, logprobs)
         if request.include_usage_in_stream:
             yield CompletionResponse(
                 id=rid, model=request.model, choices=[], usage=generation.usage()
