@@ -157,3 +157,19 @@ def test_engine_applies_penalties_and_reports_logprobs(tiny) -> None:
     assert len(logprobs) == 12
     assert all(lp.logprob <= 0 and len(lp.top) == 2 for lp in logprobs)
     assert all(lp.top[0].logprob >= lp.logprob for lp in logprobs)  # greedy: the top is picked
+
+
+def test_requests_without_options_take_the_plain_path(tiny, monkeypatch) -> None:
+    """No bias, penalty, min_tokens or logprobs in the batch: the logits go straight to
+    the sampler (the steering and logprob code never runs)."""
+    import pdd.worker.engine.engine as engine_module
+
+    def forbidden(*args: object) -> None:
+        raise AssertionError("the plain path must not process logits")
+
+    monkeypatch.setattr(engine_module, "process_logits", forbidden)
+    monkeypatch.setattr(engine_module, "token_logprobs", forbidden)
+    engine = Engine(tiny, block_size=4, num_blocks=64)
+    plain = SamplingParams(max_tokens=4, ignore_eos=True)
+    params = [plain, SamplingParams(max_tokens=4, ignore_eos=True, temperature=1.0, seed=1)]
+    assert all(len(out) == 4 for out in engine.generate([[1, 2, 3], [4, 5]], params))
