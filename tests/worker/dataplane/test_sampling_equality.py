@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdd.common.wire import SamplingSpec, TokenEvent
+from pdd.common.wire import TokenEvent
 
 pytestmark = [pytest.mark.unit, pytest.mark.virtual_clock]
 
@@ -20,19 +20,6 @@ MAX_TOKENS = 32
 #: The WAN to MD opens once every relay has streamed this many tokens: MD's history then
 #: holds many handed-over IDs, the case where a missing history would show.
 RELAYED = 10
-
-
-def steered(i: int) -> SamplingSpec:
-    """Greedy and seeded requests, each with a different mix of the options."""
-    mixes = [
-        {"frequency_penalty": 1.5, "presence_penalty": 0.5, "logprobs": 3},
-        {"repetition_penalty": 1.8, "logit_bias": ((65, 8.0), (66, -100.0)), "logprobs": 0},
-        {"presence_penalty": -1.0, "min_tokens": 24, "stop_token_ids": (7,), "logprobs": 5},
-    ]
-    common = {"max_tokens": MAX_TOKENS, "ignore_eos": True, **mixes[i % 3]}
-    if i % 2 == 0:
-        return SamplingSpec(**common)
-    return SamplingSpec(temperature=0.8, top_p=0.9, seed=500 + i, **common)
 
 
 def assert_same_logprobs(got: list[TokenEvent], want: list[TokenEvent]) -> None:
@@ -48,16 +35,18 @@ def assert_same_logprobs(got: list[TokenEvent], want: list[TokenEvent]) -> None:
 async def test_steered_output_and_logprobs_equal_mono(vdp) -> None:
     prompts = vdp.prompts(N, seed=31, lo=30, hi=80)
     mono_plans = [
-        vdp.cluster.plan(f"st-mono-{i}", p, "mono", steered(i), main="mono")
+        vdp.cluster.plan(f"st-mono-{i}", p, "mono", vdp.steered(i, MAX_TOKENS), main="mono")
         for i, p in enumerate(prompts)
     ]
     reference = await vdp.run_all(mono_plans)
     plain = await vdp.reference(prompts, MAX_TOKENS, "st-plain")
     assert [r.token_ids for r in reference] != plain  # the options change the output
     for i, r in enumerate(reference):
-        if steered(i).min_tokens:
-            assert 7 not in r.token_ids[:24]  # the stop token waits for min_tokens
-        if steered(i).logit_bias:
+        if vdp.steered(i, MAX_TOKENS).min_tokens:
+            assert (
+                7 not in r.token_ids[: MAX_TOKENS * 3 // 4]
+            )  # the stop token waits for min_tokens
+        if vdp.steered(i, MAX_TOKENS).logit_bias:
             assert 66 not in r.token_ids
     for pipeline, handoff in [("P-MD", "auto"), ("P-RLD-MD", "one-shot"), ("P-RLD-MD", "catch-up")]:
         results = await run(vdp, prompts, pipeline, handoff)
@@ -76,8 +65,8 @@ async def run(vdp, prompts: list[list[int]], pipeline: str, handoff: str) -> lis
     relay is ``RELAYED`` tokens deep, so the handoff comes late."""
     plans = [
         vdp.cluster.plan(
-            f"st-{pipeline}-{handoff}-{i}", p, pipeline, steered(i), handoff=handoff,
-            catchup_threshold=2 if handoff == "catch-up" else 64,
+            f"st-{pipeline}-{handoff}-{i}", p, pipeline, vdp.steered(i, MAX_TOKENS),
+            handoff=handoff, catchup_threshold=2 if handoff == "catch-up" else 64,
         )
         for i, p in enumerate(prompts)
     ]  # fmt: skip
