@@ -4,8 +4,8 @@ Chat: ``choices[].logprobs.content[]``, one ``{token, logprob, bytes, top_logpro
 per output token. Completions: the legacy parallel lists ``tokens``,
 ``token_logprobs``, ``top_logprobs`` (token text -> logprob) and ``text_offset``
 (where each token's text starts in the choice's text). A token's text is the
-tokenizer's decoding of that one token (as vLLM reports it), its ``bytes`` that
-text's UTF-8 bytes.
+tokenizer's decoding of that one token (as vLLM reports it), its ``bytes`` the raw
+bytes it stands for (so a character split over tokens can be put back together).
 """
 
 from __future__ import annotations
@@ -27,20 +27,16 @@ def _text(tokenizer: Tokenizer, token_id: int) -> str:
 
 
 def _top(tokenizer: Tokenizer, token_id: int, logprob: float) -> ChatTopLogprob:
-    text = _text(tokenizer, token_id)
-    return ChatTopLogprob(token=text, logprob=logprob, bytes=list(text.encode()))
+    raw = list(tokenizer.token_bytes(token_id))
+    return ChatTopLogprob(token=_text(tokenizer, token_id), logprob=logprob, bytes=raw)
 
 
 def chat_logprobs(tokenizer: Tokenizer, entries: Sequence[TokenLogprobEntry]) -> ChatChoiceLogprobs:
     content = []
     for token_id, lp in entries:
-        text = _text(tokenizer, token_id)
+        entry = _top(tokenizer, token_id, lp.logprob)
         top = [_top(tokenizer, t.token_id, t.logprob) for t in lp.top]
-        content.append(
-            ChatTokenLogprob(
-                token=text, logprob=lp.logprob, bytes=list(text.encode()), top_logprobs=top
-            )
-        )
+        content.append(ChatTokenLogprob(**entry.model_dump(), top_logprobs=top))
     return ChatChoiceLogprobs(content=content)
 
 
