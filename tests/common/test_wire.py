@@ -13,6 +13,8 @@ from pdd.common.wire import (
     SamplingSpec,
     StateReport,
     TokenEvent,
+    TokenLogprobs,
+    TopLogprob,
 )
 
 pytestmark = pytest.mark.unit
@@ -129,3 +131,24 @@ def test_cache_events_page_parses_events_by_type() -> None:
     }
     page = CacheEventsPage.model_validate(raw)
     assert [type(e).__name__ for e in page.events] == ["BlockStored", "BlockRemoved"]
+
+
+def test_steering_and_logprobs_round_trip_and_are_checked() -> None:
+    spec = SamplingSpec(
+        presence_penalty=-2.0, frequency_penalty=2.0, repetition_penalty=1.3, min_tokens=4,
+        logit_bias=((7, -100.0), (9, 3.5)), logprobs=20,
+    )  # fmt: skip
+    assert SamplingSpec.model_validate_json(spec.model_dump_json()) == spec
+    for bad in (
+        {"presence_penalty": 2.1},
+        {"repetition_penalty": 0.0},
+        {"min_tokens": -1},
+        {"logprobs": 21},
+        {"logit_bias": ((7, 100.5),)},
+        {"logit_bias": ((-1, 1.0),)},
+    ):
+        with pytest.raises(ValidationError):
+            SamplingSpec(**bad)
+    lp = TokenLogprobs(logprob=-0.5, top=(TopLogprob(token_id=3, logprob=-0.5),))
+    event = TokenEvent(request_id="r", seq=0, token_id=3, source="md", logprobs=lp)
+    assert TokenEvent.model_validate_json(event.model_dump_json()).logprobs == lp

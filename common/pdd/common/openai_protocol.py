@@ -90,13 +90,32 @@ class SamplingFields(_StrictRequest):
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
-    # Sampling controls the engine work of issue 17 (item 3) implements.
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0)
-    logit_bias: dict[str, float] | None = None
     min_tokens: int = Field(default=0, ge=0)
     stop_token_ids: list[int] | None = None
+    #: Token id (as a string, JSON keys are strings) -> bias in [-100, 100].
+    logit_bias: dict[str, float] | None = None
+
+    @model_validator(mode="after")
+    def _valid_logit_bias(self) -> SamplingFields:
+        for key, bias in (self.logit_bias or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for {key}")
+        return self
+
+    @property
+    def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """``logit_bias`` as the workers take it: (token id, bias) pairs."""
+        return tuple((int(k), v) for k, v in (self.logit_bias or {}).items())
+
+    @property
+    def logprobs_count(self) -> int | None:
+        """Alternatives per position to report (0: only the token's), None: no logprobs."""
+        return None
 
     @property
     def stop_strings(self) -> list[str]:
@@ -186,6 +205,16 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
     @model_validator(mode="after")
+    def _top_logprobs_needs_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs set to true")
+        return self
+
+    @property
+    def logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    @model_validator(mode="after")
     def _tool_choice_names_a_tool(self) -> ChatCompletionRequest:
         choice = self.tool_choice
         names = {t.function.name for t in self.tools or []}
@@ -219,7 +248,13 @@ class CompletionRequest(SamplingFields):
     def _non_empty_prompt(self) -> CompletionRequest:
         if len(self.prompt) == 0:
             raise ValueError("prompt must not be empty")
+        if self.echo and self.logprobs is not None:
+            raise ValueError("logprobs with echo (the prompt's logprobs) is not supported")
         return self
+
+    @property
+    def logprobs_count(self) -> int | None:
+        return self.logprobs
 
     @property
     def output_token_limit(self) -> int | None:
@@ -268,6 +303,31 @@ class ToolCall(_Wire):
     function: FunctionCall
 
 
+class ChatTopLogprob(_Wire):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(ChatTopLogprob):
+    top_logprobs: list[ChatTopLogprob] = []
+
+
+class ChatChoiceLogprobs(_Wire):
+    """A chat choice's (or chunk's) ``logprobs``: one entry per output token."""
+
+    content: list[ChatTokenLogprob] | None = None
+
+
+class CompletionLogprobs(_Wire):
+    """A completion choice's ``logprobs``, the legacy parallel-lists shape."""
+
+    tokens: list[str] = []
+    token_logprobs: list[float | None] = []
+    top_logprobs: list[dict[str, float] | None] = []
+    text_offset: list[int] = []
+
+
 class ChatResponseMessage(_Wire):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
@@ -278,7 +338,7 @@ class ChatCompletionChoice(_Wire):
     index: int = 0
     message: ChatResponseMessage
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: ChatChoiceLogprobs | None = None
 
 
 class ChatCompletionResponse(_Wire):
@@ -315,7 +375,7 @@ class ChatCompletionChunkChoice(_Wire):
     index: int = 0
     delta: DeltaMessage
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: ChatChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(_Wire):
@@ -333,7 +393,7 @@ class CompletionChoice(_Wire):
     index: int = 0
     text: str
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class CompletionResponse(_Wire):

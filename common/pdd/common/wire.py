@@ -38,6 +38,8 @@ __all__ = [
     "SamplingSpec",
     "StateReport",
     "TokenEvent",
+    "TokenLogprobs",
+    "TopLogprob",
 ]
 
 HandoffMode = Literal["auto", "one-shot", "catch-up"]
@@ -70,7 +72,12 @@ class Endpoint(_Wire):
 
 
 class SamplingSpec(_Wire):
-    """How to sample; ``seed`` must be set for seeded sampling across instances."""
+    """How to sample; ``seed`` must be set for seeded sampling across instances.
+
+    Penalties, ``min_tokens`` and ``logit_bias`` steer the logits from the request's own
+    token history, which every instance holds (see docs/engine.md); ``logprobs`` asks
+    each token's instance to report the token's logprob and that many alternatives.
+    """
 
     max_tokens: int = Field(default=16, ge=1)
     temperature: float = Field(default=0.0, ge=0.0)
@@ -79,6 +86,22 @@ class SamplingSpec(_Wire):
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0)
+    min_tokens: int = Field(default=0, ge=0)
+    #: ``(token id, bias)`` pairs, bias in [-100, 100].
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    @model_validator(mode="after")
+    def _valid_bias(self) -> SamplingSpec:
+        bad = [(t, b) for t, b in self.logit_bias if t < 0 or not -100.0 <= b <= 100.0]
+        if bad:
+            raise ValueError(
+                f"logit_bias needs token ids >= 0 and biases in [-100, 100]: {bad[:3]}"
+            )
+        return self
 
 
 class PipelinePlan(_Wire):
@@ -121,6 +144,19 @@ class PipelinePlan(_Wire):
         return "prefill" in stages and "main" in stages
 
 
+class TopLogprob(_Wire):
+    token_id: int
+    logprob: float
+
+
+class TokenLogprobs(_Wire):
+    """A token's logprob and the most likely alternatives at its position, from the
+    instance that sampled it (``top`` is empty when none were asked for)."""
+
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
 class TokenEvent(_Wire):
     """One line of a token stream.
 
@@ -154,6 +190,8 @@ class TokenEvent(_Wire):
     link_fault: LinkFault | None = None
     cached_tokens: int | None = Field(default=None, ge=0)
     md_hit_tokens: int | None = Field(default=None, ge=0)
+    #: On token events of a request that asked for logprobs (``SamplingSpec.logprobs``).
+    logprobs: TokenLogprobs | None = None
 
     @property
     def is_token(self) -> bool:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from pdd.common.openai_protocol import UsageInfo
 from pdd.common.vocabulary import FinishReason
-from pdd.common.wire import PipelinePlan, TokenEvent
+from pdd.common.wire import PipelinePlan, TokenEvent, TokenLogprobs
 from pdd.router.detokenize import IncrementalDetokenizer, StopStrings
 from pdd.router.dispatch import WAN_TRANSFERS, Lease, Route
 from pdd.router.errors import UpstreamError
@@ -41,10 +41,18 @@ log = logging.getLogger(__name__)
 MAX_RECOVERIES = 2
 
 
+#: One output token and its logprobs, as the instance that sampled it reported them.
+TokenLogprobEntry = tuple[int, TokenLogprobs]
+
+
 @dataclass(frozen=True)
 class TextDelta:
+    """New text, and the logprobs of the tokens that arrived since the last delta (when
+    the request asked for them: text can lag its tokens, never the other way)."""
+
     text: str
     finish_reason: FinishReason | None = None
+    logprobs: tuple[TokenLogprobEntry, ...] = ()
 
 
 @dataclass
@@ -100,6 +108,9 @@ class Generation:
         #: Set once the first output token arrived (the prompt's KV is in the prefix
         #: cache by then) or the request ended without one.
         self.past_prefill = asyncio.Event()
+        #: Every output token's logprobs so far (the non-streaming response reads them).
+        self.logprobs: list[TokenLogprobEntry] = []
+        self._unsent_logprobs = 0  # of those, how many no delta has carried yet
         self._use(attempt)
         self._first_hits = self.hits
 
@@ -205,6 +216,9 @@ class Generation:
                 last = now
                 self.hits.observe(event)
                 self._count(event.source == relay_id)
+                if event.logprobs is not None:
+                    self.logprobs.append((event.token_id, event.logprobs))  # type: ignore[arg-type]
+                    self._unsent_logprobs += 1
                 text, stopped = self._stops.feed(detok.push(event.token_id))  # type: ignore[arg-type]
                 if event.finished and not stopped:
                     tail, stopped = self._stops.feed(detok.finish())
@@ -212,13 +226,20 @@ class Generation:
                 if stopped or event.finished:
                     self.finish_reason = "stop" if stopped else (event.finish_reason or "stop")
                     yield TextDelta(
-                        text + ("" if stopped else self._stops.flush()), self.finish_reason
+                        text + ("" if stopped else self._stops.flush()),
+                        self.finish_reason,
+                        self._take_logprobs(),
                     )
                     return
                 if text:
-                    yield TextDelta(text)
+                    yield TextDelta(text, logprobs=self._take_logprobs())
         finally:
             self._lease.release_all()
+
+    def _take_logprobs(self) -> tuple[TokenLogprobEntry, ...]:
+        """The entries no delta has carried yet."""
+        n, self._unsent_logprobs = self._unsent_logprobs, 0
+        return tuple(self.logprobs[len(self.logprobs) - n :]) if n else ()
 
     def _link_fault(self, report: TokenEvent) -> None:
         """P could not send this request's KV over the WAN: the line is in doubt."""

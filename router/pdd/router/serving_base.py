@@ -27,7 +27,7 @@ from pdd.router.errors import (
     PromptTooLongError,
     RouterError,
 )
-from pdd.router.generation import Attempt, Generation
+from pdd.router.generation import Attempt, Generation, TokenLogprobEntry
 from pdd.router.runtime import RouterRuntime
 from pdd.router.samples import Samples
 
@@ -40,6 +40,8 @@ class Choice:
 
     text: str
     finish_reason: FinishReason | None
+    #: Each output token's logprobs, where the request asked for them.
+    logprobs: tuple[TokenLogprobEntry, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -93,14 +95,41 @@ class OpenAIServing:
                 param="max_tokens",
             )
         default = min(config.default_max_tokens, limit or config.default_max_tokens)
+        if max_tokens is not None and request.min_tokens > max_tokens:
+            raise InvalidRequestError(
+                f"min_tokens {request.min_tokens} is more than max_tokens {max_tokens}",
+                param="min_tokens",
+            )
+        self._check_token_ids(request)
         return SamplingSpec(
-            max_tokens=max_tokens or default,
+            max_tokens=max_tokens or max(default, request.min_tokens),
             temperature=request.temperature,
             top_k=max(0, request.top_k),
             top_p=request.top_p,
             seed=None if request.seed is None else request.seed + sample,
             ignore_eos=request.ignore_eos,
+            stop_token_ids=tuple(request.stop_token_ids or ()),
+            presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
+            repetition_penalty=request.repetition_penalty,
+            min_tokens=request.min_tokens,
+            logit_bias=request.logit_bias_pairs,
+            logprobs=request.logprobs_count,
         )
+
+    def _check_token_ids(self, request: SamplingFields) -> None:
+        """``stop_token_ids`` and ``logit_bias`` keys must name tokens of the vocabulary."""
+        vocab = self.runtime.tokenizer.tokenizer.vocab_size
+        for param, ids in (
+            ("stop_token_ids", request.stop_token_ids or []),
+            ("logit_bias", [t for t, _ in request.logit_bias_pairs]),
+        ):
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise InvalidRequestError(
+                    f"{param} names token ids outside the vocabulary [0, {vocab}): {bad[:5]}",
+                    param=param,
+                )
 
     async def start_samples(
         self, prompt_ids: list[int], request: SamplingFields, max_tokens: int | None, param: str
@@ -142,7 +171,12 @@ class OpenAIServing:
             with what is left of ``max_tokens``: the new instances prefill the known tokens
             and go on from the next position."""
             prompt = [*prompt_ids, *emitted]
-            left = sampling.model_copy(update={"max_tokens": sampling.max_tokens - len(emitted)})
+            left = sampling.model_copy(
+                update={
+                    "max_tokens": sampling.max_tokens - len(emitted),
+                    "min_tokens": max(0, sampling.min_tokens - len(emitted)),
+                }
+            )
             route = await self.runtime.dispatcher.route(prompt, left.max_tokens, exclude)
             lease = Lease(self.runtime.store)
             lease.acquire(route.lease_keys)
@@ -163,18 +197,19 @@ class OpenAIServing:
         if route.main is not None:
             m.prefix_hit_ratio.labels("main").observe(route.md_hit_tokens / prompt_tokens)
 
-    async def collect(self, generation: Generation) -> str:
-        """The whole output text (non-streaming)."""
-        return "".join([d.text async for d in generation.deltas()])
-
     async def collect_samples(self, samples: Samples) -> list[Choice]:
         """Every sample's whole text and finish reason (non-streaming), by index."""
         texts = [""] * samples.n
         finishes: list[FinishReason | None] = [None] * samples.n
+        logprobs: list[list[TokenLogprobEntry]] = [[] for _ in range(samples.n)]
         async for index, delta in samples.deltas():
             texts[index] += delta.text
             finishes[index] = delta.finish_reason or finishes[index]
-        return [Choice(text, finish) for text, finish in zip(texts, finishes, strict=True)]
+            logprobs[index] += delta.logprobs
+        return [
+            Choice(text, finish, tuple(entries))
+            for text, finish, entries in zip(texts, finishes, logprobs, strict=True)
+        ]
 
     async def sse(self, frames: AsyncIterator[BaseModel]) -> AsyncIterator[bytes]:
         """SSE bytes of ``frames``, then ``[DONE]``; an error mid-stream becomes one

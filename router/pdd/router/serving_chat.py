@@ -11,10 +11,11 @@ text.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from pdd.common.openai_protocol import (
+    ChatChoiceLogprobs,
     ChatCompletionChoice,
     ChatCompletionChunk,
     ChatCompletionChunkChoice,
@@ -31,6 +32,8 @@ from pdd.common.openai_protocol import (
 from pdd.common.vocabulary import FinishReason, ToolCallFormat
 from pdd.router.chat_template import ChatTemplateError
 from pdd.router.errors import InvalidRequestError
+from pdd.router.generation import TokenLogprobEntry
+from pdd.router.logprobs import chat_logprobs
 from pdd.router.samples import Samples
 from pdd.router.serving_base import Choice, OpenAIServing, Served
 from pdd.router.tool_call_stream import (
@@ -56,7 +59,9 @@ class OpenAIServingChat(OpenAIServing):
             frames = self._chunks(request, samples, tool_format)
             return Served(samples.first, self.sse(frames))
         choices = [
-            self._choice(i, c, tool_format, request.parallel_tool_calls)
+            self._choice(i, c, tool_format, request.parallel_tool_calls).model_copy(
+                update={"logprobs": self._logprobs(request, c.logprobs)}
+            )
             for i, c in enumerate(await self.collect_samples(samples))
         ]
         response = ChatCompletionResponse(
@@ -76,6 +81,13 @@ class OpenAIServingChat(OpenAIServing):
                 param="tools",
             )
         return fmt
+
+    def _logprobs(
+        self, request: ChatCompletionRequest, entries: Sequence[TokenLogprobEntry]
+    ) -> ChatChoiceLogprobs | None:
+        if request.logprobs_count is None:
+            return None
+        return chat_logprobs(self.runtime.tokenizer.tokenizer, entries)
 
     @staticmethod
     def _choice(
@@ -113,14 +125,23 @@ class OpenAIServingChat(OpenAIServing):
         rid = new_id("chatcmpl")
 
         def chunk(
-            index: int, delta: DeltaMessage, finish: FinishReason | None = None
+            index: int,
+            delta: DeltaMessage,
+            finish: FinishReason | None = None,
+            entries: Sequence[TokenLogprobEntry] = (),
         ) -> ChatCompletionChunk:
-            choice = ChatCompletionChunkChoice(index=index, delta=delta, finish_reason=finish)
+            logprobs = self._logprobs(request, entries) if entries else None
+            choice = ChatCompletionChunkChoice(
+                index=index, delta=delta, finish_reason=finish, logprobs=logprobs
+            )
             return ChatCompletionChunk(id=rid, model=request.model, choices=[choice])
 
         streams: list[ToolCallStream | None] = [
             tool_call_stream(fmt) if fmt else None for _ in range(samples.n)
         ]
+        # Logprobs of tokens whose text a tool-call stream still holds back, per choice:
+        # they ride on the next chunk that choice sends.
+        held: list[list[TokenLogprobEntry]] = [[] for _ in range(samples.n)]
         for index in range(samples.n):
             yield chunk(index, DeltaMessage(role="assistant", content=""))
         async for index, delta in samples.deltas():
@@ -128,17 +149,19 @@ class OpenAIServingChat(OpenAIServing):
             if stream is None:
                 if delta.text or delta.finish_reason:
                     content = DeltaMessage(content=delta.text or None)
-                    yield chunk(index, content, delta.finish_reason)
+                    yield chunk(index, content, delta.finish_reason, delta.logprobs)
                 continue
+            held[index] += delta.logprobs
             events = stream.feed(delta.text)
             if delta.finish_reason:
                 events += stream.finish()
             for event in events:
                 if request.parallel_tool_calls or not _later_call(event):
-                    yield chunk(index, _delta_of(event))
+                    yield chunk(index, _delta_of(event), entries=held[index])
+                    held[index] = []
             if delta.finish_reason:
                 finish = _finish_reason(delta.finish_reason, stream.calls > 0)
-                yield chunk(index, DeltaMessage(), finish)
+                yield chunk(index, DeltaMessage(), finish, held[index])
         if request.include_usage_in_stream:
             yield ChatCompletionChunk(
                 id=rid, model=request.model, choices=[], usage=samples.usage()

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from pdd.common.openai_protocol import (
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
     new_id,
 )
 from pdd.common.vocabulary import FinishReason
 from pdd.router.errors import InvalidRequestError
+from pdd.router.generation import TokenLogprobEntry
+from pdd.router.logprobs import completion_logprobs
 from pdd.router.samples import Samples
 from pdd.router.serving_base import OpenAIServing, Served
 from pdd.router.tokenization import TokenIdError
@@ -31,11 +34,23 @@ class OpenAIServingCompletion(OpenAIServing):
         if request.stream:
             return Served(samples.first, self.sse(self._chunks(request, samples, echo)))
         choices = [
-            CompletionChoice(index=i, text=echo + c.text, finish_reason=c.finish_reason)
+            CompletionChoice(
+                index=i,
+                text=echo + c.text,
+                finish_reason=c.finish_reason,
+                logprobs=self._logprobs(request, c.logprobs, 0),
+            )
             for i, c in enumerate(await self.collect_samples(samples))
         ]
         response = CompletionResponse(model=request.model, choices=choices, usage=samples.usage())
         return Served(samples.first, response)
+
+    def _logprobs(
+        self, request: CompletionRequest, entries: Sequence[TokenLogprobEntry], offset: int
+    ) -> CompletionLogprobs | None:
+        if request.logprobs_count is None:
+            return None
+        return completion_logprobs(self.runtime.tokenizer.tokenizer, entries, offset)
 
     def _echo(self, request: CompletionRequest) -> str:
         if not request.echo:
@@ -49,15 +64,26 @@ class OpenAIServingCompletion(OpenAIServing):
     ) -> AsyncIterator[CompletionResponse]:
         rid = new_id("cmpl")
 
-        def frame(index: int, text: str, finish: FinishReason | None = None) -> CompletionResponse:
-            choice = CompletionChoice(index=index, text=text, finish_reason=finish)
+        def frame(
+            index: int,
+            text: str,
+            finish: FinishReason | None = None,
+            logprobs: CompletionLogprobs | None = None,
+        ) -> CompletionResponse:
+            choice = CompletionChoice(
+                index=index, text=text, finish_reason=finish, logprobs=logprobs
+            )
             return CompletionResponse(id=rid, model=request.model, choices=[choice])
 
         if echo:
             for index in range(samples.n):
                 yield frame(index, echo)
+        offsets = [0] * samples.n  # where each choice's next token text starts in its output
         async for index, delta in samples.deltas():
             if delta.text or delta.finish_reason:
-                yield frame(index, delta.text, delta.finish_reason)
+                logprobs = self._logprobs(request, delta.logprobs, offsets[index])
+                if logprobs is not None:
+                    offsets[index] += sum(len(t) for t in logprobs.tokens)
+                yield frame(index, delta.text, delta.finish_reason, logprobs)
         if request.include_usage_in_stream:
             yield CompletionResponse(id=rid, model=request.model, choices=[], usage=samples.usage())

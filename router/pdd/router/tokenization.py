@@ -10,12 +10,14 @@ UTF-8 bytes, then BOS, EOS, PAD), imported because that module is torch-free.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from tokenizers import Tokenizer as HFRustTokenizer
+from tokenizers.decoders import ByteLevel as ByteLevelDecoder
 
 from pdd.common.tokenizer import ByteTokenizer
 from pdd.router.chat_template import (
@@ -50,6 +52,11 @@ class Tokenizer(Protocol):
 
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes one token stands for (a logprob entry's ``bytes``): a token that
+        holds part of a character has bytes even where its text alone is U+FFFD."""
+        ...
+
 
 class TinyTokenizer:
     """The tiny preset's tokens, from the worker's own (torch-free) byte tokenizer, so
@@ -69,12 +76,17 @@ class TinyTokenizer:
     def decode(self, token_ids: Sequence[int]) -> str:
         return self._bytes.decode(token_ids)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        return bytes([token_id]) if 0 <= token_id < 256 else b""  # special tokens: none
+
 
 class HFTokenizer:
     """A checkpoint's ``tokenizer.json`` through the Rust ``tokenizers`` package."""
 
     def __init__(self, path: Path) -> None:
         self._tok = HFRustTokenizer.from_file(str(path))
+        added = self._tok.get_added_tokens_decoder()
+        self._special = frozenset(i for i, t in added.items() if t.special)
 
     @property
     def vocab_size(self) -> int:
@@ -85,6 +97,38 @@ class HFTokenizer:
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self._tok.decode(list(token_ids), skip_special_tokens=True)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """Byte-level BPE (GPT-2, Llama-3, Qwen) maps each byte to one printable char of
+        the token's string, and byte-fallback vocabularies (Llama-2) spell a raw byte
+        ``<0xHH>``; other tokens are their decoded text. A special token has none, as it
+        has no text (``decode`` skips it)."""
+        piece = self._tok.id_to_token(token_id)
+        if piece is None or token_id in self._special:
+            return b""
+        if isinstance(self._tok.decoder, ByteLevelDecoder) and all(
+            c in _BYTE_OF_CHAR for c in piece
+        ):
+            return bytes(_BYTE_OF_CHAR[c] for c in piece)
+        if re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", piece):
+            return bytes([int(piece[3:5], 16)])
+        return self.decode([token_id]).encode()
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte -> printable character table (``bytes_to_unicode``), inverted."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_OF_CHAR = _byte_level_alphabet()
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,18 @@ class DataPlane:
             ignore_eos=True,
         )  # fmt: skip
 
+    @staticmethod
+    def steered(i: int, max_tokens: int) -> SamplingSpec:
+        """``sampling(i)`` plus a mix of penalties, logit bias, min_tokens, stop ids and
+        logprobs that differs by request."""
+        mixes: list[dict[str, Any]] = [
+            {"frequency_penalty": 1.5, "presence_penalty": 0.5, "logprobs": 3},
+            {"repetition_penalty": 1.8, "logit_bias": ((65, 8.0), (66, -100.0)), "logprobs": 0},
+            {"presence_penalty": -1.0, "min_tokens": max_tokens * 3 // 4, "stop_token_ids": (7,),
+             "logprobs": 5},
+        ]  # fmt: skip
+        return DataPlane.sampling(i, max_tokens).model_copy(update=mixes[i % 3])
+
     async def run_all(
         self, plans: Sequence[PipelinePlan], on_token: Callable[[TokenEvent], None] | None = None
     ) -> list[Run]:

@@ -88,3 +88,37 @@ async def test_naive_ships_the_full_kv_even_when_md_holds_the_prefix(dp) -> None
     (after,) = await dp.run_all([plan])
     assert after.events[0].md_hit_tokens == n
     await dp.assert_quiescent()
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "handoff"), [("P-RLD-MD", "one-shot"), ("P-RLD-MD", "catch-up"), ("P-MD", "auto")]
+)
+async def test_steered_sampling_and_logprobs_equal_mono(dp, pipeline: str, handoff: str) -> None:
+    """Penalties, logit bias, min_tokens and logprobs across real processes: the same tokens
+    as mono, and the same logprobs within 1e-4 from whichever instance sampled each."""
+    prompts = dp.prompts(12, seed=13)
+    reference = await dp.run_all(
+        [
+            dp.cluster.plan(f"st-mono-{pipeline}-{handoff}-{i}", p, "mono",
+                            dp.steered(i, MAX_TOKENS), main="mono")
+            for i, p in enumerate(prompts)
+        ]
+    )  # fmt: skip
+    threshold = 2 if handoff == "catch-up" else 64
+    plans = [
+        dp.cluster.plan(
+            f"st-{pipeline}-{handoff}-{i}", p, pipeline, dp.steered(i, MAX_TOKENS),
+            handoff=handoff, catchup_threshold=threshold,
+        )
+        for i, p in enumerate(prompts)
+    ]  # fmt: skip
+    results = await dp.run_all(plans)
+
+    assert [r.token_ids for r in results] == [r.token_ids for r in reference]
+    for got, want in zip(results, reference, strict=True):
+        assert got.duplicates == 0 and not got.errors
+        for g, w in zip(got.events, want.events, strict=True):
+            assert g.logprobs is not None and w.logprobs is not None
+            assert g.logprobs.logprob == pytest.approx(w.logprobs.logprob, abs=1e-4)
+            assert [t.token_id for t in g.logprobs.top] == [t.token_id for t in w.logprobs.top]
+    await dp.assert_quiescent()

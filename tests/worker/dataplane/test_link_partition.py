@@ -62,7 +62,8 @@ async def complete(runtime: RouterRuntime, prompt: list[int]) -> Generation:
         ignore_eos=True,
     )
     generation = await serving.start(prompt, request, MAX_TOKENS, "prompt")
-    await serving.collect(generation)
+    async for _ in generation.deltas():
+        pass
     return generation
 
 

@@ -28,7 +28,7 @@ import torch
 from pdd.common.cache_events import CacheEvent
 from pdd.common.kv_codec import NO_CODEC, KVCodec
 from pdd.common.tokenizer import Tokenizer
-from pdd.common.wire import EngineInfo
+from pdd.common.wire import EngineInfo, TokenLogprobs
 from pdd.worker.engine.block_pool import BlockPool
 from pdd.worker.engine.config import (
     DEFAULT_CPU_KV_BYTES,
@@ -57,7 +57,7 @@ from pdd.worker.engine.request import (
     RequestStatus,
     UnknownRequestError,
 )
-from pdd.worker.engine.sampling import SamplingParams, sample
+from pdd.worker.engine.sampling import SamplingParams, process_logits, sample, token_logprobs
 from pdd.worker.engine.scheduler import ScheduledSeq, Scheduler, SchedulerConfig
 from pdd.worker.model.batch import ForwardBatch, SeqInput
 from pdd.worker.model.kv_cache import KVLayout, PagedKVCache
@@ -256,29 +256,51 @@ class Engine:
             else:
                 rows.append(row)
         sampling = [scheduled[r].request for r in rows]
-        tokens = sample(
-            logits[rows],
-            [r.params for r in sampling],
-            [r.seed for r in sampling],
-            [r.num_tokens for r in sampling],
-        )
-        for req, token in zip(sampling, tokens, strict=True):
+        tokens, logprobs = self._sample(logits[rows], sampling)
+        for req, token, lp in zip(sampling, tokens, logprobs, strict=True):
             req.output_ids.append(token)
             reason = req.stop_reason(self._eos, self.max_model_len)
+            lps = None if lp is None else [lp]
             if reason is None:
                 outputs.append(
-                    RequestOutput(req.request_id, [token], False, None, req.num_cached_tokens)
+                    RequestOutput(
+                        req.request_id, [token], False, None, req.num_cached_tokens, logprobs=lps
+                    )
                 )
             else:
-                outputs.append(self._finish(req, reason, [token]))
+                outputs.append(self._finish(req, reason, [token], lps))
         return outputs
 
-    def _finish(self, req: Request, reason: FinishReason, new: list[int]) -> RequestOutput:
+    def _sample(
+        self, logits: torch.Tensor, requests: list[Request]
+    ) -> tuple[list[int], list[TokenLogprobs | None]]:
+        """One token per row, and its logprobs where asked. Rows are steered (bias,
+        ``min_tokens``, penalties) only when some request asks for it: the plain path is
+        the batched argmax/sampler on the model's logits as they come."""
+        params = [r.params for r in requests]
+        if any(p.steers for p in params):
+            logits = process_logits(logits, params, requests, self._eos)
+        tokens = sample(
+            logits, params, [r.seed for r in requests], [r.num_tokens for r in requests]
+        )
+        if any(p.logprobs is not None for p in params):
+            return tokens, token_logprobs(logits, tokens, params)
+        return tokens, [None] * len(tokens)
+
+    def _finish(
+        self,
+        req: Request,
+        reason: FinishReason,
+        new: list[int],
+        logprobs: list[TokenLogprobs] | None = None,
+    ) -> RequestOutput:
         self.scheduler.finish(req)
         req.finish_reason = reason
         if not req.hold_kv:
             self._release(req)
-        return RequestOutput(req.request_id, new, True, reason, req.num_cached_tokens)
+        return RequestOutput(
+            req.request_id, new, True, reason, req.num_cached_tokens, logprobs=logprobs
+        )
 
     # --- cache and stats ----------------------------------------------------------------------
     def drain_cache_events(self) -> list[CacheEvent]:
@@ -509,6 +531,7 @@ class Engine:
     ) -> Request:
         params = params or SamplingParams()
         prompt = self.limits.check_prompt(prompt_ids, params.max_tokens)
+        self.limits.check_params(params)
         if request_id is not None and request_id in self._requests:
             raise RequestError(f"request id {request_id!r} is already in use; pick a unique id")
         return Request(

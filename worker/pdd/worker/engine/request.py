@@ -13,6 +13,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pdd.common.wire import TokenLogprobs
 from pdd.worker.engine.sampling import SamplingParams
 
 
@@ -66,6 +67,8 @@ class RequestOutput:
     finish_reason: FinishReason | None = None
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache at admission
     error: str | None = None  # set when the engine gave up on the request (finish is ABORT)
+    #: One per new token when the request asked for logprobs (``SamplingParams.logprobs``).
+    logprobs: list[TokenLogprobs] | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,11 @@ class RequestLimits:
     block_size: int
     num_blocks: int
     max_prompt_tokens: int  # at most max_model_len - 1: one token must fit after the prompt
+
+    def check_params(self, params: SamplingParams) -> None:
+        """Token ids the parameters name must be in the vocabulary."""
+        self.check_tokens(params.stop_token_ids, "stop_token_ids")
+        self.check_tokens([t for t, _ in params.logit_bias], "logit_bias")
 
     def check_prompt(self, prompt_ids: Sequence[int], max_tokens: int) -> list[int]:
         prompt = self.check_tokens(prompt_ids, "prompt")

@@ -8,16 +8,35 @@ in the whole sequence, prompt included, so the prompt/output split does not
 matter) is ``uniform(seed, i)``, a 64-bit mix of the two. The token is then drawn by
 inverse CDF over the filtered distribution, so any instance with the same
 logits samples the same token, whatever else is in its batch.
+
+Before the pick, ``process_logits`` steers the logits row (logit bias, the
+``min_tokens`` mask, repetition/frequency/presence penalties) from the request's
+own token history: ``prompt_ids`` and ``output_ids``, which on every role hold
+the same tokens (a main decode holds the handed-over IDs as output), so the
+steered row, and the token, are the same wherever the position is sampled.
+Reported logprobs are those of the steered row before temperature and top-k/top-p
+(see docs/engine.md). A request that asks for none of it takes the plain path.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
+from pdd.common.wire import TokenLogprobs, TopLogprob
+
 _MASK64 = (1 << 64) - 1
+
+#: Most alternatives a request may ask for per position (OpenAI's ``top_logprobs`` limit).
+MAX_LOGPROBS = 20
+#: Penalty and bias limits, as the OpenAI API has them.
+MAX_PENALTY = 2.0
+MAX_LOGIT_BIAS = 100.0
+#: A logprob of -inf (a masked token) is reported as this, as vLLM does: JSON has no -inf.
+LOGPROB_FLOOR = -9999.0
 
 
 class InvalidSamplingParamsError(ValueError):
@@ -40,6 +59,20 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    #: OpenAI semantics, over the output tokens: ``logit -= presence * [count > 0]``
+    #: and ``logit -= frequency * count``.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    #: HF/vLLM semantics, over prompt and output tokens: a seen token's logit is divided
+    #: by it when positive, multiplied when negative (1 = off).
+    repetition_penalty: float = 1.0
+    #: EOS (unless ``ignore_eos``) and ``stop_token_ids`` are masked until this many
+    #: tokens are out.
+    min_tokens: int = 0
+    #: ``(token id, bias)`` pairs added to the logits (OpenAI ``logit_bias``).
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    #: None: no logprobs; n: the picked token's and the n most likely (0 <= n <= 20).
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -53,6 +86,46 @@ class SamplingParams:
         if not 0 < self.top_p <= 1:
             raise InvalidSamplingParamsError(f"top_p must be in (0, 1], got {self.top_p}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        self._check_steering()
+        bias = tuple((int(t), float(b)) for t, b in self.logit_bias)
+        object.__setattr__(self, "logit_bias", bias)
+
+    def _check_steering(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -MAX_PENALTY <= value <= MAX_PENALTY:
+                raise InvalidSamplingParamsError(
+                    f"{name} must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {value}"
+                )
+        if not self.repetition_penalty > 0:
+            raise InvalidSamplingParamsError(
+                f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}"
+            )
+        if self.min_tokens < 0:
+            raise InvalidSamplingParamsError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise InvalidSamplingParamsError(
+                f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}"
+            )
+        bad = [b for _, b in self.logit_bias if not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS]
+        if bad:
+            raise InvalidSamplingParamsError(
+                f"logit_bias values must be in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}], got {bad[:3]}"
+            )
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty applies (they need the token history)."""
+        return (
+            self.presence_penalty != 0
+            or self.frequency_penalty != 0
+            or self.repetition_penalty != 1
+        )
+
+    @property
+    def steers(self) -> bool:
+        """Whether ``process_logits`` may change this request's row at all."""
+        return self.penalized or bool(self.logit_bias) or self.min_tokens > 0
 
     @property
     def greedy(self) -> bool:
@@ -93,6 +166,117 @@ def _filtered_probs(
         mass_before = torch.cumsum(probs, dim=-1) - probs
         keep = min(keep, max(1, int((mass_before < params.top_p).sum().item())))
     return probs[:keep], ids[:keep]
+
+
+class History(Protocol):
+    """A request's tokens so far: the prompt, and the output (handed-over IDs included)."""
+
+    @property
+    def prompt_ids(self) -> list[int]: ...
+
+    @property
+    def output_ids(self) -> list[int]: ...
+
+
+def process_logits(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    histories: Sequence[History],
+    eos_token_ids: Sequence[int],
+) -> torch.Tensor:
+    """The logits rows ``[N, vocab]`` as the pick sees them: biased, masked, penalized.
+
+    The order is vLLM's: logit bias and the ``min_tokens`` mask, then the repetition,
+    frequency and presence penalties. Rows whose request asks for none of it are
+    returned as they are; the result is a new fp32 tensor (the input is not changed).
+    """
+    out = logits.float().clone()
+    _apply_logit_bias(out, params)
+    _mask_until_min_tokens(out, params, histories, eos_token_ids)
+    penalized = [row for row, p in enumerate(params) if p.penalized]
+    if penalized:
+        sub = [params[r] for r in penalized]
+        out[penalized] = apply_penalties(out[penalized], sub, [histories[r] for r in penalized])
+    return out
+
+
+def _apply_logit_bias(logits: torch.Tensor, params: Sequence[SamplingParams]) -> None:
+    rows = [row for row, p in enumerate(params) for _ in p.logit_bias]
+    if not rows:
+        return
+    cols = [t for p in params for t, _ in p.logit_bias]
+    bias = [b for p in params for _, b in p.logit_bias]
+    index = (torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device))
+    values = torch.tensor(bias, dtype=logits.dtype, device=logits.device)
+    logits.index_put_(index, values, accumulate=True)
+
+
+def _mask_until_min_tokens(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    histories: Sequence[History],
+    eos_token_ids: Sequence[int],
+) -> None:
+    """Stop tokens cannot be picked before ``min_tokens`` are out (EOS unless ignored)."""
+    for row, (p, h) in enumerate(zip(params, histories, strict=True)):
+        if len(h.output_ids) < p.min_tokens:
+            stops = list(p.stop_token_ids) + ([] if p.ignore_eos else list(eos_token_ids))
+            if stops:
+                logits[row, stops] = float("-inf")
+
+
+def apply_penalties(
+    logits: torch.Tensor, params: Sequence[SamplingParams], histories: Sequence[History]
+) -> torch.Tensor:
+    """Repetition (prompt + output), then frequency and presence (output) penalties, as
+    tensor ops over the whole batch of rows (the token counts are built by scatter)."""
+    vocab = logits.shape[1]
+    device = logits.device
+    counts = _token_counts([h.output_ids for h in histories], vocab, device)
+    rep = torch.tensor([p.repetition_penalty for p in params], device=device).unsqueeze(1)
+    if bool((rep != 1).any()):
+        seen = (counts > 0) | (_token_counts([h.prompt_ids for h in histories], vocab, device) > 0)
+        scaled = torch.where(logits > 0, logits / rep, logits * rep)
+        logits = torch.where(seen, scaled, logits)
+    freq = torch.tensor([p.frequency_penalty for p in params], device=device).unsqueeze(1)
+    pres = torch.tensor([p.presence_penalty for p in params], device=device).unsqueeze(1)
+    return logits - freq * counts - pres * (counts > 0).float()
+
+
+def _token_counts(seqs: Sequence[Sequence[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """``[len(seqs), vocab]`` fp32: how often each token occurs in each sequence."""
+    width = max(1, max(len(s) for s in seqs))
+    ids = torch.full((len(seqs), width), vocab, dtype=torch.long)  # pad: an extra column
+    for row, seq in enumerate(seqs):
+        if seq:
+            ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+    counts = torch.zeros(len(seqs), vocab + 1, device=device)
+    counts.scatter_add_(1, ids.to(device), torch.ones(ids.shape, device=device))
+    return counts[:, :vocab]
+
+
+def token_logprobs(
+    logits: torch.Tensor, tokens: Sequence[int], params: Sequence[SamplingParams]
+) -> list[TokenLogprobs | None]:
+    """Per row: the picked token's logprob and the ``params.logprobs`` most likely, from
+    the (processed) logits before temperature and filters; None where none was asked."""
+    out: list[TokenLogprobs | None] = [None] * len(tokens)
+    rows = [row for row, p in enumerate(params) if p.logprobs is not None]
+    if not rows:
+        return out
+    logprobs = torch.log_softmax(logits[rows].float(), dim=-1)
+    picked = torch.tensor([tokens[r] for r in rows], device=logprobs.device).unsqueeze(1)
+    chosen = logprobs.gather(1, picked).squeeze(1).tolist()
+    k = max(params[r].logprobs or 0 for r in rows)
+    top_values, top_ids = logprobs.topk(k, dim=-1) if k else (logprobs[:, :0], logprobs[:, :0])
+    for i, row in enumerate(rows):
+        n = params[row].logprobs or 0
+        top = [
+            TopLogprob(token_id=int(t), logprob=max(float(v), LOGPROB_FLOOR))
+            for t, v in zip(top_ids[i, :n].tolist(), top_values[i, :n].tolist(), strict=True)
+        ]
+        out[row] = TokenLogprobs(logprob=max(chosen[i], LOGPROB_FLOOR), top=tuple(top))
+    return out
 
 
 def sample_one(logits: torch.Tensor, params: SamplingParams, seed: int, position: int) -> int:

@@ -99,6 +99,8 @@ class WorkerSettings:
 
 
 def sampling_params(plan: PipelinePlan, max_tokens: int | None = None) -> SamplingParams:
+    """The engine's parameters for the plan; every role builds the same ones (P caps
+    ``max_tokens`` at its one token), so each position is steered and drawn alike."""
     s = plan.sampling
     return SamplingParams(
         max_tokens=max_tokens or s.max_tokens,
@@ -108,6 +110,12 @@ def sampling_params(plan: PipelinePlan, max_tokens: int | None = None) -> Sampli
         seed=s.seed,
         ignore_eos=s.ignore_eos,
         stop_token_ids=s.stop_token_ids,
+        presence_penalty=s.presence_penalty,
+        frequency_penalty=s.frequency_penalty,
+        repetition_penalty=s.repetition_penalty,
+        min_tokens=s.min_tokens,
+        logit_bias=s.logit_bias,
+        logprobs=s.logprobs,
     )
 
 

@@ -11,13 +11,22 @@ this instance was not configured for is refused before anything is attached.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
 
 from pdd.common.kv_codec import NO_CODEC, KVCodec
-from pdd.common.wire import PipelinePlan
+from pdd.common.wire import PipelinePlan, TokenLogprobs
 from pdd.worker.engine.kv_transfer import KVTransferError
 from pdd.worker.engine.request import RequestError
 from pdd.worker.roles.base import RoleBase, sampling_params
-from pdd.worker.roles.protocol import expect, int_field, send_error, send_meta
+from pdd.worker.roles.protocol import (
+    ProtocolError,
+    expect,
+    int_field,
+    send_error,
+    send_meta,
+)
 from pdd.worker.transport import Channel, MsgType, TransportError, decode_json
 
 
@@ -35,6 +44,12 @@ class ReceivedKV:
     first_token: int  # sampled by P: output position 0
     prefill_hit: int  # prompt tokens P took from its own prefix cache
     hit: int  # prompt tokens this instance already held (not transferred)
+    first_logprobs: TokenLogprobs | None = None  # P's, where the request asked for logprobs
+
+
+def first_position_logprobs(received: ReceivedKV) -> dict[int, TokenLogprobs]:
+    """A decode session's logprobs to start with: P's, for output position 0."""
+    return {} if received.first_logprobs is None else {0: received.first_logprobs}
 
 
 async def receive_kv(
@@ -70,7 +85,9 @@ async def receive_kv(
     role.metrics.count_prompt(n, hit)
     try:
         await send_meta(channel, rid, op="prepared", hit=hit, codec=expected)
-        first_token, prefill_hit = await _import_all(role, channel, rid, expected)
+        done = await _import_all(role, channel, rid, expected)
+        first_token, prefill_hit = int_field(done, "first_token"), int_field(done, "cached_tokens")
+        first_logprobs = _logprobs_field(done, "first_logprobs")
         await send_meta(channel, rid, op="imported", n=n)
     except (TransportError, KVTransferError, RequestError) as exc:
         await role.abort_engine_request(rid)
@@ -80,17 +97,25 @@ async def receive_kv(
         raise KVReceiveError(
             f"KV transfer from {channel.peer.name} failed: {exc}", culprit
         ) from exc
-    return ReceivedKV(first_token, prefill_hit, hit)
+    return ReceivedKV(first_token, prefill_hit, hit, first_logprobs)
 
 
-async def _import_all(
-    role: RoleBase, channel: Channel, rid: str, codec: KVCodec
-) -> tuple[int, int]:
-    """Import chunks until KV_DONE; returns its first token and P's prefix hit."""
+async def _import_all(role: RoleBase, channel: Channel, rid: str, codec: KVCodec) -> dict[str, Any]:
+    """Import chunks until KV_DONE; returns its message (first token, P's prefix hit, the
+    first token's logprobs)."""
     while True:
         frame = await expect(channel, MsgType.KV_CHUNK, MsgType.KV_DONE)
         if frame.msg_type == MsgType.KV_DONE:
-            done = decode_json(frame.payload)
-            return int_field(done, "first_token"), int_field(done, "cached_tokens")
+            return decode_json(frame.payload)
         payload = frame.payload
         await role.runner.call(lambda e, p=payload: e.import_kv(rid, p, codec))
+
+
+def _logprobs_field(msg: dict[str, Any], name: str) -> TokenLogprobs | None:
+    value = msg.get(name)
+    if value is None:
+        return None
+    try:
+        return TokenLogprobs.model_validate(value)
+    except ValidationError as exc:
+        raise ProtocolError(f"field {name!r} is not a token's logprobs: {exc}") from None

@@ -19,10 +19,10 @@ from typing import Any
 
 from pdd.common.kv_codec import NO_CODEC
 from pdd.common.vocabulary import Pipeline, Role
-from pdd.common.wire import PipelinePlan
+from pdd.common.wire import PipelinePlan, TokenLogprobs
 from pdd.worker.engine.request import RequestError
 from pdd.worker.roles.base import NoSuchRequestError, RoleBase
-from pdd.worker.roles.kv_receiver import KVReceiveError, receive_kv
+from pdd.worker.roles.kv_receiver import KVReceiveError, first_position_logprobs, receive_kv
 from pdd.worker.roles.protocol import FLAG_FINAL, FLAG_FINISHED, expect, send_meta
 from pdd.worker.roles.session import DecodeSession
 from pdd.worker.transport import (
@@ -46,6 +46,8 @@ class MainRequest:
     session: DecodeSession | None = None
     prefill_hit: int | None = None  # P's own hit: streamed on seq 0 if MD streams it
     md_hit: int | None = None  # MD's handshake hit (None for naive: it bypasses the cache)
+    #: P's logprobs of the first token (position 0), streamed if MD streams that position.
+    logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)
 
 
 class MainDecodeRole(RoleBase):
@@ -78,6 +80,7 @@ class MainDecodeRole(RoleBase):
             return
         entry.prefill_hit = received.prefill_hit
         entry.md_hit = received.hit if use_cache else None
+        entry.logprobs = first_position_logprobs(received)
         self.spawn(self._continue(plan, entry, received.first_token), f"main-{rid}")
 
     async def _continue(self, plan: PipelinePlan, entry: MainRequest, first_token: int) -> None:
@@ -111,6 +114,7 @@ class MainDecodeRole(RoleBase):
             emitted=emit_from,
             cached_tokens=entry.prefill_hit,
             md_hit_tokens=entry.md_hit,
+            logprobs=dict(entry.logprobs),
         )
         return entry.session
 

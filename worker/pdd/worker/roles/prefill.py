@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from pdd.common.kv_codec import NO_CODEC, KVCodec, chunk_wire_bytes
 from pdd.common.vocabulary import LinkFault, Pipeline, Role
-from pdd.common.wire import Endpoint, PipelinePlan
+from pdd.common.wire import Endpoint, PipelinePlan, TokenLogprobs
 from pdd.worker.engine.request import RequestOutput
 from pdd.worker.roles.base import RoleBase, sampling_params
 from pdd.worker.roles.protocol import ProtocolError, expect_meta, int_field, send_meta
@@ -50,6 +50,7 @@ PREFILL_PIPELINES = (Pipeline.P_RLD_MD, Pipeline.P_MD, Pipeline.P_RLD, Pipeline.
 class Prefilled:
     first_token: int
     cached_tokens: int  # prompt tokens P's prefix cache supplied (not prefilled)
+    first_logprobs: TokenLogprobs | None = None  # where the request asked for logprobs
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,8 @@ class PrefillRole(RoleBase):
             if out.error is not None and not first.done():
                 first.set_exception(RuntimeError(out.error))
             elif out.new_token_ids and not first.done():
-                first.set_result(Prefilled(out.new_token_ids[0], out.num_cached_tokens))
+                lp = out.logprobs[0] if out.logprobs else None
+                first.set_result(Prefilled(out.new_token_ids[0], out.num_cached_tokens, lp))
 
         params = sampling_params(plan, max_tokens=1)
         self.runner.subscribe(plan.request_id, on_output)
@@ -218,7 +220,13 @@ class PrefillRole(RoleBase):
                     counter.inc(min(chunk_tokens, n - start) * self._bytes_per_token)
                     if target.wan:
                         self.metrics.wan_kv_wire_bytes.inc(len(blob))
-            done = {"first_token": first.first_token, "cached_tokens": first.cached_tokens}
+            done = {
+                "first_token": first.first_token,
+                "cached_tokens": first.cached_tokens,
+                "first_logprobs": (
+                    None if first.first_logprobs is None else first.first_logprobs.model_dump()
+                ),
+            }
             await channel.send(MsgType.KV_DONE, key, encode_json(done))
             await expect_meta(channel, "imported")
         except Exception as exc:

@@ -21,7 +21,7 @@ from pdd.common.kv_codec import NO_CODEC
 from pdd.common.vocabulary import Role
 from pdd.common.wire import PipelinePlan
 from pdd.worker.roles.base import NoSuchRequestError, RoleBase
-from pdd.worker.roles.kv_receiver import KVReceiveError, receive_kv
+from pdd.worker.roles.kv_receiver import KVReceiveError, first_position_logprobs, receive_kv
 from pdd.worker.roles.protocol import (
     FLAG_FINAL,
     FLAG_FINISHED,
@@ -67,8 +67,9 @@ class RelayRole(RoleBase):
             return
         first_token = received.first_token
         session = DecodeSession(
-            rid, self.hub, output=[first_token], cached_tokens=received.prefill_hit
-        )
+            rid, self.hub, output=[first_token], cached_tokens=received.prefill_hit,
+            logprobs=first_position_logprobs(received),
+        )  # fmt: skip
         self.sessions[rid] = (plan, session)
         self._signal_arrival()
         self.runner.subscribe(rid, session.on_output)

@@ -10,7 +10,9 @@ position is streamed by exactly one instance, and the merge is exact.
 
 The prefix-cache facts the router reports and indexes ride along: the
 prefilling instance's hit on the seq-0 event, the main decode's own hit on the
-first event it streams (see ``TokenEvent``).
+first event it streams (see ``TokenEvent``). So do the logprobs of each position,
+where the request asked for them, from the instance that sampled it (P's for the
+first token, handed over with it).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from pdd.common.wire import TokenLogprobs
 from pdd.worker.engine.request import RequestOutput
 from pdd.worker.roles.streams import StreamHub
 
@@ -37,6 +40,7 @@ class DecodeSession:
     md_hit_tokens: int | None = None  # this main decode's hit, on the first event it streams
     md_hit_seq: int | None = None  # the position that carries it (again if re-sent as final)
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)  # by output position
 
     def on_output(self, out: RequestOutput) -> None:
         """Engine-runner subscriber: record the new tokens, stream what is ours."""
@@ -45,6 +49,9 @@ class DecodeSession:
             self.hub.fail(self.request_id, len(self.output), out.error)
             self.done.set()
             return
+        if out.logprobs is not None:
+            for i, lp in enumerate(out.logprobs):
+                self.logprobs[len(self.output) + i] = lp
         self.output.extend(out.new_token_ids)
         if out.finished:
             self.finished = True
@@ -72,7 +79,10 @@ class DecodeSession:
             self.md_hit_seq = seq
         md_hit = self.md_hit_tokens if seq == self.md_hit_seq else None
         cached = self.cached_tokens if seq == 0 else None
-        self.hub.emit(self.request_id, seq, self.output[seq], last, reason, cached, md_hit)
+        self.hub.emit(
+            self.request_id, seq, self.output[seq], last, reason, cached, md_hit,
+            self.logprobs.get(seq),
+        )  # fmt: skip
 
     def stop_at(self, position: int) -> None:
         """Stream up to ``position`` now, nothing after it (handed over to another instance)."""

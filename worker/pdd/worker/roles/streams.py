@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from pdd.common.vocabulary import LinkFault
-from pdd.common.wire import TokenEvent
+from pdd.common.wire import TokenEvent, TokenLogprobs
 
 #: A closed stream is forgotten this long after it ends (time for a late reader).
 _LINGER_S = 30.0
@@ -104,6 +104,7 @@ class StreamHub:
         reason: str | None,
         cached_tokens: int | None = None,
         md_hit_tokens: int | None = None,
+        logprobs: TokenLogprobs | None = None,
     ) -> None:
         event = TokenEvent(
             request_id=request_id,
@@ -114,6 +115,7 @@ class StreamHub:
             finish_reason=reason,
             cached_tokens=cached_tokens,
             md_hit_tokens=md_hit_tokens,
+            logprobs=logprobs,
         )
         self.get(request_id).push(event)
 
