@@ -24,9 +24,10 @@ pytestmark = pytest.mark.slow
 
 MAX_TOKENS = 64
 #: codec -> (least teacher-forced agreement, largest mean KL in nats, largest next-token
-#: logit error). Measured on these checkpoints: int8 >= 0.992, KL <= 2e-6, error <= 0.01;
-#: fp8 >= 0.988, 3e-5, 0.044; int4 >= 0.93, 7e-4, 0.26.
-BOUNDS = {"int8": (0.99, 1e-5, 0.05), "fp8": (0.97, 1e-4, 0.1), "int4": (0.85, 5e-3, 1.0)}
+#: logit error). Measured on these checkpoints: int8 >= 0.996, KL <= 7.4e-7, error <=
+#: 0.0061; fp8 >= 0.992, 2.3e-5, 0.034; int4 >= 0.961, 2.3e-4, 0.146. The one scale per
+#: 64 tokens these codecs had before measured int8 KL up to 1.9e-6 and int4 up to 6.6e-4.
+BOUNDS = {"int8": (0.99, 4e-6, 0.03), "fp8": (0.97, 1e-4, 0.1), "int4": (0.93, 1e-3, 0.5)}
 
 
 def prompts(seed: int) -> list[list[int]]:
