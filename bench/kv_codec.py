@@ -93,7 +93,7 @@ def quality(num_prompts: int, max_tokens: int) -> list[dict[str, Any]]:
                     "arch": arch, "codec": codec, "next_max_abs": q.next_max_abs,
                     "next_mean_abs": q.next_mean_abs, "kl": q.kl,
                     "forced_agreement": q.forced_agreement, "free_agreement": q.free_agreement,
-                    "tokens": q.total,
+                    "tokens": q.total, "flip_margins": list(q.flip_margins),
                 })  # fmt: skip
     return rows
 
@@ -106,6 +106,10 @@ def _test_checkpoints() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _margins(margins: list[float]) -> str:
+    return f"{len(margins)}: " + ", ".join(f"{m:.4f}" for m in margins) if margins else "0"
 
 
 def _median_s(fn: Any, repeats: int) -> float:
@@ -131,11 +135,11 @@ def main() -> None:
     qual = quality(args.prompts, args.max_tokens)
     print(f"\nquality: {args.prompts} prompts x {args.max_tokens} greedy tokens per checkpoint")
     print(f"{'arch':<6} {'codec':<6} {'max|dlogit|':>11} {'mean|dlogit|':>12} {'KL nats':>9} "
-          f"{'forced':>7} {'free':>7}")  # fmt: skip
+          f"{'forced':>7} {'free':>7}  flips (exact top-2 margin there)")  # fmt: skip
     for r in qual:
         print(f"{r['arch']:<6} {r['codec']:<6} {r['next_max_abs']:>11.4f} "
               f"{r['next_mean_abs']:>12.5f} {r['kl']:>9.2e} {100 * r['forced_agreement']:>6.1f}% "
-              f"{100 * r['free_agreement']:>6.1f}%")  # fmt: skip
+              f"{100 * r['free_agreement']:>6.1f}%  {_margins(r['flip_margins'])}")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps({"size_and_speed": sizes, "quality": qual}, indent=2))
 

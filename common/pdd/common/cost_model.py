@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pdd.common.kv_codec import GROUP_TOKENS, NO_CODEC, KVCodec, chunk_wire_bytes
+from pdd.common.kv_codec import NO_CODEC, KVCodec, chunk_wire_bytes
 
 #: Bytes per element for the dtype names found in Hugging Face ``config.json`` files.
 DTYPE_BYTES: dict[str, int] = {
@@ -49,10 +49,10 @@ def kv_bytes_per_token(
 ) -> int:  # fmt: skip
     """KV bytes one token occupies: a K and a V vector per layer per KV head.
 
-    With a ``codec`` (``spec.wan.kvCodec``), the bytes it takes on the WAN instead: the
-    compressed rate of a full scale group, rounded up (a chunk's short last group costs
-    a little more; the worker's metrics count the exact bytes). The router's transfer
-    estimate and the operator's link sizing both come through here.
+    With a ``codec`` (``spec.wan.kvCodec``), the bytes it takes on the WAN instead: one
+    token's codes and scales, exactly what a chunk spends per token (the codecs scale
+    each token on its own). The router's transfer estimate and the operator's link
+    sizing both come through here.
     """
     for name, value in (
         ("num_layers", num_layers),
@@ -62,10 +62,7 @@ def kv_bytes_per_token(
     ):
         if value <= 0:
             raise ValueError(f"{name} must be positive, got {value}")
-    if codec == NO_CODEC:
-        return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
-    group = chunk_wire_bytes(codec, num_layers, GROUP_TOKENS, num_kv_heads, head_dim, dtype_bytes)
-    return math.ceil(group / GROUP_TOKENS)
+    return chunk_wire_bytes(codec, num_layers, 1, num_kv_heads, head_dim, dtype_bytes)
 
 
 def kv_bytes_per_token_from_hf_config(

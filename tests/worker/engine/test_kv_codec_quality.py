@@ -5,7 +5,9 @@ Greedy, 64 generated tokens per prompt, against the same model with exact KV (se
 tokens under teacher forcing; fp8 and int4 are held to looser bounds that still catch
 a broken codec (a wrong scale or a swapped nibble is off by far more). The
 free-running agreement is reported by bench/kv_codec.py, not asserted: on these
-random-weight models one near-tie changes every token after it.
+random-weight models one near-tie changes every token after it. What is asserted is
+that int8's free runs (the engine's own export and import) leave the exact one only
+at near-ties: a broken coded transfer would flip clear decisions too.
 """
 
 from __future__ import annotations
@@ -17,16 +19,20 @@ from pathlib import Path
 import pytest
 
 from pdd.worker.engine.kv_codec import fp8_supported
-from pdd.worker.engine.kv_codec_quality import measure
+from pdd.worker.engine.kv_codec_quality import CodecQuality, measure
 from pdd.worker.model.loader import load_model
 
 pytestmark = pytest.mark.slow
 
 MAX_TOKENS = 64
 #: codec -> (least teacher-forced agreement, largest mean KL in nats, largest next-token
-#: logit error). Measured on these checkpoints: int8 >= 0.992, KL <= 2e-6, error <= 0.01;
-#: fp8 >= 0.988, 3e-5, 0.044; int4 >= 0.93, 7e-4, 0.26.
-BOUNDS = {"int8": (0.99, 1e-5, 0.05), "fp8": (0.97, 1e-4, 0.1), "int4": (0.85, 5e-3, 1.0)}
+#: logit error). Measured on these checkpoints: int8 >= 0.996, KL <= 7.4e-7, error <=
+#: 0.0061; fp8 >= 0.992, 2.3e-5, 0.034; int4 >= 0.961, 2.3e-4, 0.146. The one scale per
+#: 64 tokens these codecs had before measured int8 KL up to 1.9e-6 and int4 up to 6.6e-4.
+#: An exact top-2 logit margin int8 may flip: its error moves that gap by about 0.0015
+#: (RMS) on these checkpoints, and the median margin is about 0.2.
+NEAR_TIE = 0.02
+BOUNDS = {"int8": (0.99, 4e-6, 0.03), "fp8": (0.97, 1e-4, 0.1), "int4": (0.93, 1e-3, 0.5)}
 
 
 def prompts(seed: int) -> list[list[int]]:
@@ -38,7 +44,8 @@ def prompts(seed: int) -> list[list[int]]:
 def test_int8_keeps_99_percent_of_greedy_tokens(
     hf_checkpoint: Callable[..., Path], arch: str
 ) -> None:
-    check(load_model(str(hf_checkpoint(arch)), dtype="float32"), "int8")
+    q = check(load_model(str(hf_checkpoint(arch)), dtype="float32"), "int8")
+    assert all(margin < NEAR_TIE for margin in q.flip_margins)
 
 
 @pytest.mark.parametrize("codec", ["fp8", "int4"])
@@ -50,10 +57,11 @@ def test_fp8_and_int4_stay_within_their_bounds(
     check(load_model(str(hf_checkpoint("qwen3")), dtype="float32"), codec)
 
 
-def check(loaded, codec: str) -> None:
+def check(loaded, codec: str) -> CodecQuality:
     least, most_kl, most_error = BOUNDS[codec]
     q = measure(loaded, prompts(0), codec, MAX_TOKENS)  # type: ignore[arg-type]
     assert q.total == 4 * MAX_TOKENS
     assert q.forced_agreement >= least
     assert 0 < q.kl <= most_kl  # 0 would mean the codec was not applied at all
     assert 0 < q.next_max_abs <= most_error
+    return q

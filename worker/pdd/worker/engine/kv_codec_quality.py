@@ -12,7 +12,9 @@ generates get exact KV of its own computing):
 * free-running agreement: the P -> MD path itself (export coded, import, decode),
   position by position against the exact transfer's tokens. A single flip changes
   everything after it, so this is the strict view; small random-weight models,
-  whose top two logits are often close, flip easily here.
+  whose top two logits are often close, flip easily here;
+* flip margins: where a free run first leaves the exact one, how far apart the exact
+  top two logits were there (a flip at a near-tie, not a codec that went wrong).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class CodecQuality:
     forced_matching: int  # teacher-forced positions where the coded side picks the same
     free_matching: int  # free-running positions equal to the exact transfer's
     total: int  # generated positions (per view)
+    flip_margins: tuple[float, ...]  # exact top-1 minus top-2 logit where a free run left
 
     @property
     def forced_agreement(self) -> float:
@@ -59,6 +62,7 @@ def measure(
     """Every view above for ``codec`` over ``prompts``, ``max_tokens`` generated each."""
     next_max = next_mean = kl = 0.0
     forced = free = 0
+    flip_margins: list[float] = []
     for prompt in prompts:
         exact_run = transferred_generation(loaded, prompt, "none", max_tokens)
         exact, coded = _forced_logits(loaded, prompt, exact_run, codec)
@@ -69,8 +73,13 @@ def measure(
         kl += (p_log.exp() * (p_log - q_log)).sum(-1).mean().item() / len(prompts)
         forced += int((exact.argmax(-1) == coded.argmax(-1)).sum().item())
         coded_run = transferred_generation(loaded, prompt, codec, max_tokens)
-        free += sum(a == b for a, b in zip(exact_run, coded_run, strict=True))
-    return CodecQuality(next_max, next_mean, kl, forced, free, len(prompts) * max_tokens)
+        same = [a == b for a, b in zip(exact_run, coded_run, strict=True)]
+        free += sum(same)
+        if not all(same):  # both runs had the same history up to there: exact's row holds
+            top = exact[same.index(False)].topk(2).values
+            flip_margins.append((top[0] - top[1]).item())
+    total = len(prompts) * max_tokens
+    return CodecQuality(next_max, next_mean, kl, forced, free, total, tuple(flip_margins))
 
 
 def transferred_generation(

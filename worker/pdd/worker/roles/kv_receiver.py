@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pdd.common.kv_codec import NO_CODEC, KVCodec
+from pdd.common.kv_codec import NO_CODEC, KVCodec, handshake_name
 from pdd.common.wire import PipelinePlan, TokenLogprobs
 from pdd.worker.engine.kv_transfer import KVTransferError
 from pdd.worker.engine.request import RequestError
@@ -67,10 +67,11 @@ async def receive_kv(
     """
     rid, n = plan.request_id, len(plan.prompt_ids)
     params = sampling_params(plan)
-    if offered != expected:
+    if offered != handshake_name(expected):
         message = (
             f"{channel.peer.name} sends KV coded {offered!r}, this {role.role} instance takes "
-            f"{expected!r} on this path; give P and MD the same spec.wan.kvCodec (--kv-codec)"
+            f"{handshake_name(expected)!r} on this path; give P and MD the same "
+            "spec.wan.kvCodec (--kv-codec) and the same build"
         )
         await send_error(channel, rid, "codec_mismatch", message)
         raise KVReceiveError(f"cannot take the request: {message}")
@@ -84,7 +85,7 @@ async def receive_kv(
         raise KVReceiveError(f"cannot take the request: {exc}") from exc
     role.metrics.count_prompt(n, hit)
     try:
-        await send_meta(channel, rid, op="prepared", hit=hit, codec=expected)
+        await send_meta(channel, rid, op="prepared", hit=hit, codec=handshake_name(expected))
         done = await _import_all(role, channel, rid, expected)
         first_token, prefill_hit = int_field(done, "first_token"), int_field(done, "cached_tokens")
         first_logprobs = _logprobs_field(done, "first_logprobs")

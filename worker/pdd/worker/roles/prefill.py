@@ -26,7 +26,7 @@ import logging
 import secrets
 from dataclasses import dataclass
 
-from pdd.common.kv_codec import NO_CODEC, KVCodec, chunk_wire_bytes
+from pdd.common.kv_codec import NO_CODEC, KVCodec, chunk_wire_bytes, handshake_name
 from pdd.common.vocabulary import LinkFault, Pipeline, Role
 from pdd.common.wire import Endpoint, PipelinePlan, TokenLogprobs
 from pdd.worker.engine.request import RequestOutput
@@ -182,17 +182,18 @@ class PrefillRole(RoleBase):
         try:
             await send_meta(
                 channel, plan.request_id, op="prepare", plan=plan.model_dump(mode="json"),
-                codec=codec,
+                codec=handshake_name(codec),
             )  # fmt: skip
             # Answering "prepare" only locks a prefix: a reply slower than a connect is a
             # line that is not there, reported as such (not after the transfer timeout).
             prepared = await expect_meta(
                 channel, "prepared", timeout_s=self.settings.transport.connect_timeout_s
             )
-            if prepared.get("codec", NO_CODEC) != codec:
+            if prepared.get("codec", NO_CODEC) != handshake_name(codec):
                 raise ProtocolError(
                     f"{channel.peer.name} takes KV coded {prepared.get('codec')!r}, this prefill "
-                    f"sends {codec!r}; give P and MD the same spec.wan.kvCodec (--kv-codec)"
+                    f"sends {handshake_name(codec)!r}; give P and MD the same "
+                    "spec.wan.kvCodec (--kv-codec) and the same build"
                 )
             hit = int_field(prepared, "hit")
         except BaseException:
@@ -210,7 +211,7 @@ class PrefillRole(RoleBase):
         try:
             if hit < n:
                 chunk_tokens = max(1, self.settings.chunk_bytes // self._bytes_per_token - 1)
-                channel.commit(self._coded_bytes(hit, n, chunk_tokens, codec))  # the backlog
+                channel.commit(self._coded_bytes(hit, n, codec))  # the backlog
                 chunks = await self.runner.call(
                     lambda e: e.export_kv(rid, hit, n, chunk_tokens, codec)
                 )
@@ -258,21 +259,12 @@ class PrefillRole(RoleBase):
             link_fault=fault,
         )
 
-    def _coded_bytes(self, start: int, end: int, chunk_tokens: int, codec: KVCodec) -> int:
-        """Payload bytes of positions ``start..end`` sent in chunks of ``chunk_tokens``
-        (a codec's scales are per chunk)."""
-        layout = self.runner.engine.layout
-        chunks = (min(chunk_tokens, end - first) for first in range(start, end, chunk_tokens))
-        return sum(
-            chunk_wire_bytes(
-                codec,
-                layout.num_layers,
-                tokens,
-                layout.num_kv_heads,
-                layout.head_dim,
-                layout.itemsize,
-            )
-            for tokens in chunks
+    def _coded_bytes(self, start: int, end: int, codec: KVCodec) -> int:
+        """Payload bytes of positions ``start..end`` (the same in any chunking: the codecs
+        scale each token on its own)."""
+        lay = self.runner.engine.layout
+        return chunk_wire_bytes(
+            codec, lay.num_layers, end - start, lay.num_kv_heads, lay.head_dim, lay.itemsize
         )
 
     @property
