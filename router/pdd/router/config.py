@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pdd.common.config_document import ConfigDocument
 from pdd.common.cost_model import LinkState, kv_bytes_per_token, kv_bytes_per_token_from_hf_config
 from pdd.common.kv_codec import NO_CODEC, KVCodec
-from pdd.common.vocabulary import Role
+from pdd.common.vocabulary import Role, ToolCallFormat
 from pdd.common.wan_tls import HTTPS_ROLES
 from pdd.router.tokenization import TINY_MODEL
 
@@ -93,6 +93,9 @@ class RouterConfig:
     #: theirs alone. Longer prompts get a 400 before anything is dispatched.
     max_prompt_tokens: int | None = None
     default_max_tokens: int = 256
+    #: How the model writes a tool call (its chat template's convention): what a forced
+    #: ``tool_choice`` constrains the output to.
+    tool_call_format: ToolCallFormat = ToolCallFormat.HERMES
     #: The most output tokens one request may ask for (None: only the model's context
     #: bounds it); more is a 400 with the limit, before anything is dispatched.
     max_tokens_limit: int | None = None

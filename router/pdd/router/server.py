@@ -22,7 +22,7 @@ from pdd.common.config_document import (
     read_config_document,
 )
 from pdd.common.kv_codec import KV_CODECS
-from pdd.common.vocabulary import Role
+from pdd.common.vocabulary import Role, ToolCallFormat
 from pdd.router.app import create_app
 from pdd.router.config import (
     ConfigError,
@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--kv-codec", choices=KV_CODECS, help="how P codes the KV it sends MD (default none)"
     )
+    p.add_argument(
+        "--tool-call-format", type=ToolCallFormat, choices=list(ToolCallFormat),
+        help="how the model writes a tool call (default hermes: Qwen/Hermes <tool_call>)",
+    )  # fmt: skip
     p.add_argument("--block-size", type=int)
     p.add_argument(
         "--instance-capacity",
@@ -114,7 +118,7 @@ _PLAIN_FLAGS = (
     "max_prompt_tokens", "max_body_bytes", "default_max_tokens", "poll_interval_s",
     "max_tokens_limit", "max_streams_per_key",
     "request_timeout_s", "handoff", "catchup_threshold", "replica_id", "host", "port",
-    "force_pipeline", "redis_deadline_s", "wan_tls_dir", "kv_codec",
+    "force_pipeline", "redis_deadline_s", "wan_tls_dir", "kv_codec", "tool_call_format",
 )  # fmt: skip
 
 

@@ -18,7 +18,7 @@ from urllib.parse import quote
 from pydantic import BaseModel
 
 from pdd.common.openai_protocol import SSE_DONE, ErrorResponse, SamplingFields, new_id, sse_frame
-from pdd.common.wire import SamplingSpec
+from pdd.common.wire import GuidedDecoding, SamplingSpec
 from pdd.router.dispatch import Lease, Route
 from pdd.router.errors import (
     InvalidRequestError,
@@ -71,9 +71,15 @@ class OpenAIServing:
         if request.n != 1:
             raise InvalidRequestError("only n=1 is supported", param="n")
 
-    def sampling(self, request: SamplingFields, max_tokens: int | None) -> SamplingSpec:
+    def sampling(
+        self,
+        request: SamplingFields,
+        max_tokens: int | None,
+        guided: GuidedDecoding | None = None,
+    ) -> SamplingSpec:
         """OpenAI's sampling fields in the workers' terms (top_k -1 means off: 0 there).
-        A request without ``max_tokens`` gets the default, within the router's limit."""
+        A request without ``max_tokens`` gets the default, within the router's limit.
+        ``guided``: the grammar the output must follow (structured output)."""
         config = self.runtime.config
         limit = config.max_tokens_limit
         if limit is not None and max_tokens is not None and max_tokens > limit:
@@ -89,10 +95,16 @@ class OpenAIServing:
             top_p=request.top_p,
             seed=request.seed,
             ignore_eos=request.ignore_eos,
+            guided=guided,
         )
 
     async def start(
-        self, prompt_ids: list[int], request: SamplingFields, max_tokens: int | None, param: str
+        self,
+        prompt_ids: list[int],
+        request: SamplingFields,
+        max_tokens: int | None,
+        param: str,
+        guided: GuidedDecoding | None = None,
     ) -> Generation:
         """Check the prompt's length, route it, and hold the route's in-flight lease."""
         arrived_at = time.monotonic()
@@ -105,7 +117,7 @@ class OpenAIServing:
                 param=param,
             )
         request_id = new_id("pdd")
-        sampling = self.sampling(request, max_tokens)
+        sampling = self.sampling(request, max_tokens, guided)
 
         async def routed(
             exclude: frozenset[str], attempt: int, emitted: Sequence[int] = ()
@@ -115,6 +127,9 @@ class OpenAIServing:
             and go on from the next position."""
             prompt = [*prompt_ids, *emitted]
             left = sampling.model_copy(update={"max_tokens": sampling.max_tokens - len(emitted)})
+            if guided is not None and emitted:  # the grammar goes on after what was sent
+                resumed = guided.model_copy(update={"emitted_ids": tuple(emitted)})
+                left = left.model_copy(update={"guided": resumed})
             route = await self.runtime.dispatcher.route(prompt, left.max_tokens, exclude)
             lease = Lease(self.runtime.store)
             lease.acquire(route.lease_keys)

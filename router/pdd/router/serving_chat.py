@@ -19,13 +19,17 @@ from pdd.router.chat_template import ChatTemplateError
 from pdd.router.errors import InvalidRequestError
 from pdd.router.generation import Generation
 from pdd.router.serving_base import OpenAIServing, Served
+from pdd.router.structured_output import guided_decoding
 
 
 class OpenAIServingChat(OpenAIServing):
     async def create(self, request: ChatCompletionRequest) -> Served:
         self.check(request)
         prompt_ids = self._prompt_ids(request)
-        generation = await self.start(prompt_ids, request, request.output_token_limit, "messages")
+        guided = guided_decoding(request, self.runtime.config.tool_call_format)
+        generation = await self.start(
+            prompt_ids, request, request.output_token_limit, "messages", guided
+        )
         if request.stream:
             frames = self._chunks(request, generation)
             return Served(generation, self.sse(frames))

@@ -16,7 +16,9 @@ from fastapi import Depends, FastAPI, Header, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
+from pdd.common.grammar import GRAMMAR_ERROR_TYPE
 from pdd.common.wire import CacheEventsPage, HandoffIds, PipelinePlan, WorkerHealth
+from pdd.worker.engine.grammar import GrammarRequestError
 from pdd.worker.engine.request import RequestError
 from pdd.worker.metrics import CONTENT_TYPE_LATEST
 from pdd.worker.roles.base import NoSuchRequestError, RoleBase, RoleMismatchError
@@ -122,6 +124,10 @@ def _install_errors(app: FastAPI) -> None:
     @app.exception_handler(RequestError)
     async def refused(_: Request, exc: RequestError) -> JSONResponse:
         return _error(400, "invalid_request", str(exc))
+
+    @app.exception_handler(GrammarRequestError)
+    async def bad_grammar(_: Request, exc: GrammarRequestError) -> JSONResponse:
+        return _error(400, GRAMMAR_ERROR_TYPE, str(exc))
 
     @app.exception_handler(ValueError)
     async def bad_value(_: Request, exc: ValueError) -> JSONResponse:

@@ -44,6 +44,7 @@ from pdd.worker.engine.device import (
     resolve_device,
     resolve_dtype,
 )
+from pdd.worker.engine.grammar import GrammarCompiler, GrammarStateError, mask_logits
 from pdd.worker.engine.kv_transfer import KVRangeError, encode_chunk, import_chunk
 from pdd.worker.engine.radix_cache import RadixCache
 from pdd.worker.engine.request import (
@@ -120,6 +121,7 @@ class Engine:
         )
         self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
+        self.grammars = GrammarCompiler(self.loaded.tokenizer, self.model_config.vocab_size)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -250,6 +252,12 @@ class Engine:
             if not completes or req.hold_sampling:
                 continue
             req.unchunked = False
+            try:
+                if req.grammar is not None:  # catch up on handed-over tokens before the pick
+                    req.grammar.advance(req.output_ids)
+            except GrammarStateError as e:
+                outputs.append(self._fail(req, str(e)))
+                continue
             reason = req.stop_reason(self._eos, self.max_model_len) if req.output_ids else None
             if reason is not None:  # handed-over tokens already ended it
                 outputs.append(self._finish(req, reason, []))
@@ -257,13 +265,15 @@ class Engine:
                 rows.append(row)
         sampling = [scheduled[r].request for r in rows]
         tokens = sample(
-            logits[rows],
+            mask_logits(logits[rows], [r.grammar for r in sampling]),
             [r.params for r in sampling],
             [r.seed for r in sampling],
             [r.num_tokens for r in sampling],
         )
         for req, token in zip(sampling, tokens, strict=True):
             req.output_ids.append(token)
+            if req.grammar is not None:
+                req.grammar.advance(req.output_ids)  # the mask allowed it: cannot fail
             reason = req.stop_reason(self._eos, self.max_model_len)
             if reason is None:
                 outputs.append(
@@ -272,6 +282,11 @@ class Engine:
             else:
                 outputs.append(self._finish(req, reason, [token]))
         return outputs
+
+    def _fail(self, req: Request, error: str) -> RequestOutput:
+        """End ``req`` with ``error`` (it cannot go on) and give back what it holds."""
+        self.abort(req.request_id)
+        return RequestOutput(req.request_id, [], True, FinishReason.ABORT, error=error)
 
     def _finish(self, req: Request, reason: FinishReason, new: list[int]) -> RequestOutput:
         self.scheduler.finish(req)
@@ -517,6 +532,7 @@ class Engine:
             params=params,
             seed=params.seed if params.seed is not None else secrets.randbits(63),
             hold_kv=hold_kv,
+            grammar=self.grammars.start(params.guided) if params.guided is not None else None,
         )
 
     def _get(self, request_id: str) -> Request:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pdd.common.wire import GuidedDecoding
+
 _MASK64 = (1 << 64) - 1
 
 
@@ -40,6 +42,7 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    guided: GuidedDecoding | None = None  # structured output: the grammar the output obeys
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -108,6 +108,7 @@ def sampling_params(plan: PipelinePlan, max_tokens: int | None = None) -> Sampli
         seed=s.seed,
         ignore_eos=s.ignore_eos,
         stop_token_ids=s.stop_token_ids,
+        guided=s.guided,
     )
 
 
