@@ -20,6 +20,7 @@ import json
 import pytest
 
 from pdd.common.wire import GuidedDecoding, SamplingSpec, TokenEvent
+from pdd.router.errors import InvalidRequestError
 
 pytestmark = pytest.mark.virtual_clock  # tiers per test: the 100-output run is slow
 
@@ -120,4 +121,16 @@ async def test_a_hundred_sampled_outputs_parse_and_validate_through_p_md_and_p_r
     assert all(handed_over_inside(r) for r in relayed)
     assert [r.token_ids for r in relayed] == [r.token_ids for r in direct]
     assert len({bytes(r.token_ids) for r in direct}) > 90  # sampled, not one output repeated
+    await vdp.assert_quiescent()
+
+
+@pytest.mark.unit
+async def test_a_grammar_the_worker_cannot_compile_reaches_the_client_as_a_400(vdp) -> None:
+    """The router checks schemas first; should one still reach a worker that cannot
+    compile it, the worker's refusal is the client's 400 with the reason, not a retry."""
+    bad = GuidedDecoding(kind="json_schema", schema_text='{"type": "strnig"}')
+    plan = vdp.cluster.plan("so-bad", [1, 2, 3], "P-MD", SamplingSpec(guided=bad))
+    with pytest.raises(InvalidRequestError, match="strnig") as e:
+        await vdp.run_all([plan])
+    assert e.value.status == 400
     await vdp.assert_quiescent()
