@@ -61,3 +61,8 @@ class HFTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
+
+    def to_json(self) -> str:
+        """The tokenizer as ``tokenizer.json`` text (a grammar engine reads the vocabulary
+        from it)."""
+        return self._tok.to_str()

@@ -21,7 +21,7 @@ from pdd.common.cache_events import (  # torch-free pydantic models, re-exported
     BlockStored,
     CacheEvent,
 )
-from pdd.common.vocabulary import FinishReason, LinkFault, Pipeline, Role
+from pdd.common.vocabulary import FinishReason, LinkFault, Pipeline, Role, ToolCallFormat
 
 __all__ = [
     "CACHE_EVENT_LIST_ADAPTER",
@@ -32,6 +32,8 @@ __all__ = [
     "CacheEventsPage",
     "Endpoint",
     "EngineInfo",
+    "GuidedDecoding",
+    "GuidedTool",
     "HandoffIds",
     "LoadReport",
     "PipelinePlan",
@@ -71,6 +73,42 @@ class Endpoint(_Wire):
     wan_addr: str = Field(min_length=1, description="HOST:PORT of the data plane, WAN-facing")
 
 
+class GuidedTool(_Wire):
+    """A function a forced tool call may name, with its arguments' JSON Schema as text."""
+
+    name: str = Field(min_length=1)
+    parameters_json: str = '{"type": "object"}'
+
+
+class GuidedDecoding(_Wire):
+    """Output constrained by a grammar (structured output): what every instance that
+    samples the request compiles into the same token mask.
+
+    ``json_object``: any JSON object. ``json_schema``: JSON valid against
+    ``schema_text``. ``tool_calls``: the model's tool-call text (``tool_call_format``)
+    naming one of ``tools`` with arguments valid against its parameters; exactly one call
+    when ``single_call`` (a named ``tool_choice``), else one or more (``"required"``).
+
+    ``emitted_ids``: output the client already has from an earlier attempt; a resumed
+    request carries it at the end of its prompt, and the grammar starts after it.
+    """
+
+    kind: Literal["json_object", "json_schema", "tool_calls"]
+    schema_text: str | None = None
+    tools: tuple[GuidedTool, ...] = ()
+    tool_call_format: ToolCallFormat = ToolCallFormat.HERMES
+    single_call: bool = True
+    emitted_ids: tuple[int, ...] = ()
+
+    @model_validator(mode="after")
+    def _complete(self) -> GuidedDecoding:
+        if self.kind == "json_schema" and self.schema_text is None:
+            raise ValueError("guided decoding of kind json_schema needs schema_text")
+        if self.kind == "tool_calls" and not self.tools:
+            raise ValueError("guided decoding of kind tool_calls needs at least one tool")
+        return self
+
+
 class SamplingSpec(_Wire):
     """How to sample; ``seed`` must be set for seeded sampling across instances.
 
@@ -102,6 +140,8 @@ class SamplingSpec(_Wire):
                 f"logit_bias needs token ids >= 0 and biases in [-100, 100]: {bad[:3]}"
             )
         return self
+
+    guided: GuidedDecoding | None = None
 
 
 class PipelinePlan(_Wire):

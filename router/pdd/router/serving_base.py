@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from pdd.common.openai_protocol import SSE_DONE, ErrorResponse, SamplingFields, new_id, sse_frame
 from pdd.common.vocabulary import FinishReason
-from pdd.common.wire import SamplingSpec
+from pdd.common.wire import GuidedDecoding, SamplingSpec
 from pdd.router.dispatch import Lease, Route
 from pdd.router.errors import (
     InvalidRequestError,
@@ -82,11 +82,16 @@ class OpenAIServing:
             )
 
     def sampling(
-        self, request: SamplingFields, max_tokens: int | None, sample: int = 0
+        self,
+        request: SamplingFields,
+        max_tokens: int | None,
+        sample: int = 0,
+        guided: GuidedDecoding | None = None,
     ) -> SamplingSpec:
         """OpenAI's sampling fields in the workers' terms (top_k -1 means off: 0 there).
         A request without ``max_tokens`` gets the default, within the router's limit.
-        Sample ``i`` of ``n`` draws with ``seed + i``, so the samples differ."""
+        Sample ``i`` of ``n`` draws with ``seed + i``, so the samples differ.
+        ``guided``: the grammar the output must follow (structured output)."""
         config = self.runtime.config
         limit = config.max_tokens_limit
         if limit is not None and max_tokens is not None and max_tokens > limit:
@@ -115,6 +120,7 @@ class OpenAIServing:
             min_tokens=request.min_tokens,
             logit_bias=request.logit_bias_pairs,
             logprobs=request.logprobs_count,
+            guided=guided,
         )
 
     def _check_token_ids(self, request: SamplingFields) -> None:
@@ -132,14 +138,19 @@ class OpenAIServing:
                 )
 
     async def start_samples(
-        self, prompt_ids: list[int], request: SamplingFields, max_tokens: int | None, param: str
+        self,
+        prompt_ids: list[int],
+        request: SamplingFields,
+        max_tokens: int | None,
+        param: str,
+        guided: GuidedDecoding | None = None,
     ) -> Samples:
         """The request's ``n`` samples; the first is routed now (its refusal is the
         request's 4xx/5xx), the others after it passed prefill (``Samples``)."""
-        first = await self.start(prompt_ids, request, max_tokens, param)
+        first = await self.start(prompt_ids, request, max_tokens, param, 0, guided)
 
         def start(sample: int) -> Awaitable[Generation]:
-            return self.start(prompt_ids, request, max_tokens, param, sample)
+            return self.start(prompt_ids, request, max_tokens, param, sample, guided)
 
         return Samples(first, request.n, start)
 
@@ -150,6 +161,7 @@ class OpenAIServing:
         max_tokens: int | None,
         param: str,
         sample: int = 0,
+        guided: GuidedDecoding | None = None,
     ) -> Generation:
         """Check the prompt's length, route it, and hold the route's in-flight lease."""
         arrived_at = time.monotonic()
@@ -162,7 +174,7 @@ class OpenAIServing:
                 param=param,
             )
         request_id = new_id("pdd")
-        sampling = self.sampling(request, max_tokens, sample)
+        sampling = self.sampling(request, max_tokens, sample, guided)
 
         async def routed(
             exclude: frozenset[str], attempt: int, emitted: Sequence[int] = ()
@@ -177,6 +189,9 @@ class OpenAIServing:
                     "min_tokens": max(0, sampling.min_tokens - len(emitted)),
                 }
             )
+            if guided is not None and emitted:  # the grammar goes on after what was sent
+                resumed = guided.model_copy(update={"emitted_ids": tuple(emitted)})
+                left = left.model_copy(update={"guided": resumed})
             route = await self.runtime.dispatcher.route(prompt, left.max_tokens, exclude)
             lease = Lease(self.runtime.store)
             lease.acquire(route.lease_keys)

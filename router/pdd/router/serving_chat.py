@@ -36,6 +36,7 @@ from pdd.router.generation import TokenLogprobEntry
 from pdd.router.logprobs import chat_logprobs
 from pdd.router.samples import Samples
 from pdd.router.serving_base import Choice, OpenAIServing, Served
+from pdd.router.structured_output import guided_decoding
 from pdd.router.tool_call_stream import (
     ArgumentsDelta,
     CallStart,
@@ -52,8 +53,9 @@ class OpenAIServingChat(OpenAIServing):
         self.check(request)
         tool_format = self._tool_format(request)
         prompt_ids = self._prompt_ids(request)
+        guided = guided_decoding(request, tool_format)
         samples = await self.start_samples(
-            prompt_ids, request, request.output_token_limit, "messages"
+            prompt_ids, request, request.output_token_limit, "messages", guided
         )
         if request.stream:
             frames = self._chunks(request, samples, tool_format)

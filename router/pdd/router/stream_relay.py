@@ -21,10 +21,11 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from pdd.common.grammar import GRAMMAR_ERROR_TYPE
 from pdd.common.token_stream import TokenStreamMerger
 from pdd.common.vocabulary import Pipeline
 from pdd.common.wire import Endpoint, PipelinePlan, TokenEvent
-from pdd.router.errors import UpstreamError
+from pdd.router.errors import InvalidRequestError, UpstreamError
 from pdd.router.worker_client import WorkerCallError, WorkerClient
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,8 @@ async def relay_tokens(
         try:
             await client.start(entry.http_url, plan)
         except WorkerCallError as exc:
+            if exc.error_type == GRAMMAR_ERROR_TYPE:  # the request's fault: no retry helps
+                raise InvalidRequestError(exc.message, param="response_format") from exc
             raise UpstreamError(
                 f"{entry.instance_id} refused the request: {exc.detail}", (entry.instance_id,)
             ) from exc

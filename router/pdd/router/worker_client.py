@@ -27,12 +27,17 @@ from pdd.common.wire import (
 
 
 class WorkerCallError(RuntimeError):
-    """A worker answered with an error status or could not be reached."""
+    """A worker answered with an error status or could not be reached; ``error_type`` and
+    ``message`` are those of the worker's error body, when it answered with one."""
 
-    def __init__(self, url: str, detail: str) -> None:
+    def __init__(
+        self, url: str, detail: str, error_type: str | None = None, message: str | None = None
+    ) -> None:
         super().__init__(f"{url}: {detail}")
         self.url = url
         self.detail = detail
+        self.error_type = error_type
+        self.message = message or detail
 
 
 def failure(exc: httpx.HTTPError) -> str:
@@ -122,7 +127,8 @@ class WorkerClient:
         except httpx.HTTPError as exc:
             raise WorkerCallError(url, failure(exc)) from exc
         if resp.status_code != expect:
-            raise WorkerCallError(url, f"answered {resp.status_code}: {resp.text[:300]}")
+            detail = f"answered {resp.status_code}: {resp.text[:300]}"
+            raise WorkerCallError(url, detail, *_error_body(resp))
 
     async def stream(self, http_url: str, request_id: str) -> AsyncIterator[TokenEvent]:
         """The instance's NDJSON token stream for ``request_id`` until it closes."""
@@ -136,3 +142,14 @@ class WorkerClient:
                         yield TokenEvent.model_validate_json(line)
         except httpx.HTTPError as exc:
             raise WorkerCallError(url, failure(exc)) from exc
+
+
+def _error_body(resp: httpx.Response) -> tuple[str | None, str | None]:
+    """``error.type`` and ``error.message`` of a worker's JSON error body, if it has one."""
+    try:
+        error = resp.json().get("error")
+    except (ValueError, AttributeError):
+        return None, None
+    if not isinstance(error, dict):
+        return None, None
+    return error.get("type"), error.get("message")

@@ -16,7 +16,9 @@ from fastapi import Depends, FastAPI, Header, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
+from pdd.common.grammar import GRAMMAR_ERROR_TYPE, GrammarError, check_grammar
 from pdd.common.wire import CacheEventsPage, HandoffIds, PipelinePlan, WorkerHealth
+from pdd.worker.engine.grammar import GrammarRequestError
 from pdd.worker.engine.request import RequestError
 from pdd.worker.metrics import CONTENT_TYPE_LATEST
 from pdd.worker.roles.base import NoSuchRequestError, RoleBase, RoleMismatchError
@@ -79,6 +81,8 @@ def create_app(role: RoleBase, feed: CacheFeed, ready: Callable[[], bool]) -> Fa
     @app.post("/v1/pdd/requests", dependencies=[auth], status_code=202)
     async def start(request: Request) -> dict:
         plan = PipelinePlan.model_validate_json(await request.body())
+        if plan.sampling.guided is not None:  # refuse a bad schema now, not mid-pipeline
+            check_grammar(plan.sampling.guided)
         await role.start_request(plan)
         return {"request_id": plan.request_id, "accepted_by": role.settings.instance_id}
 
@@ -122,6 +126,11 @@ def _install_errors(app: FastAPI) -> None:
     @app.exception_handler(RequestError)
     async def refused(_: Request, exc: RequestError) -> JSONResponse:
         return _error(400, "invalid_request", str(exc))
+
+    @app.exception_handler(GrammarError)
+    @app.exception_handler(GrammarRequestError)
+    async def bad_grammar(_: Request, exc: ValueError) -> JSONResponse:
+        return _error(400, GRAMMAR_ERROR_TYPE, str(exc))
 
     @app.exception_handler(ValueError)
     async def bad_value(_: Request, exc: ValueError) -> JSONResponse:

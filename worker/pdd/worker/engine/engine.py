@@ -44,6 +44,7 @@ from pdd.worker.engine.device import (
     resolve_device,
     resolve_dtype,
 )
+from pdd.worker.engine.grammar import GrammarCompiler, GrammarStateError, mask_logits
 from pdd.worker.engine.kv_transfer import KVRangeError, encode_chunk, import_chunk
 from pdd.worker.engine.radix_cache import RadixCache
 from pdd.worker.engine.request import (
@@ -120,6 +121,7 @@ class Engine:
         )
         self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
+        self.grammars = GrammarCompiler(self.loaded.tokenizer, self.model_config.vocab_size)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -250,6 +252,12 @@ class Engine:
             if not completes or req.hold_sampling:
                 continue
             req.unchunked = False
+            try:
+                if req.grammar is not None:  # catch up on handed-over tokens before the pick
+                    req.grammar.advance(req.output_ids)
+            except GrammarStateError as e:
+                outputs.append(self._fail(req, str(e)))
+                continue
             reason = req.stop_reason(self._eos, self.max_model_len) if req.output_ids else None
             if reason is not None:  # handed-over tokens already ended it
                 outputs.append(self._finish(req, reason, []))
@@ -259,6 +267,8 @@ class Engine:
         tokens, logprobs = self._sample(logits[rows], sampling)
         for req, token, lp in zip(sampling, tokens, logprobs, strict=True):
             req.output_ids.append(token)
+            if req.grammar is not None:
+                req.grammar.advance(req.output_ids)  # the mask allowed it: cannot fail
             reason = req.stop_reason(self._eos, self.max_model_len)
             lps = None if lp is None else [lp]
             if reason is None:
@@ -271,13 +281,20 @@ class Engine:
                 outputs.append(self._finish(req, reason, [token], lps))
         return outputs
 
+    def _fail(self, req: Request, error: str) -> RequestOutput:
+        """End ``req`` with ``error`` (it cannot go on) and give back what it holds."""
+        self.abort(req.request_id)
+        return RequestOutput(req.request_id, [], True, FinishReason.ABORT, error=error)
+
     def _sample(
         self, logits: torch.Tensor, requests: list[Request]
     ) -> tuple[list[int], list[TokenLogprobs | None]]:
-        """One token per row, and its logprobs where asked. Rows are steered (bias,
+        """One token per row, and its logprobs where asked. A guided row's grammar masks
+        what it forbids first (``grammar.mask_logits``). Rows are steered (bias,
         ``min_tokens``, penalties) only when some request asks for it: the plain path is
         the batched argmax/sampler on the model's logits as they come."""
         params = [r.params for r in requests]
+        logits = mask_logits(logits, [r.grammar for r in requests])
         if any(p.steers for p in params):
             logits = process_logits(logits, params, requests, self._eos)
         tokens = sample(
@@ -540,6 +557,7 @@ class Engine:
             params=params,
             seed=params.seed if params.seed is not None else secrets.randbits(63),
             hold_kv=hold_kv,
+            grammar=self.grammars.start(params.guided) if params.guided is not None else None,
         )
 
     def _get(self, request_id: str) -> Request:

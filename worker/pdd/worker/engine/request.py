@@ -12,9 +12,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 from pdd.common.wire import TokenLogprobs
 from pdd.worker.engine.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
 
 
 class RequestError(ValueError):
@@ -134,6 +138,18 @@ class RequestLimits:
             )
 
 
+class OutputGrammar(Protocol):
+    """A request's structured-output matcher (``grammar.GrammarState``), as the request
+    and the engine use it."""
+
+    @property
+    def complete(self) -> bool: ...
+
+    def advance(self, output_ids: Sequence[int]) -> None: ...
+
+    def allowed(self) -> torch.Tensor: ...
+
+
 @dataclass(eq=False)
 class Request:
     request_id: str
@@ -151,6 +167,7 @@ class Request:
     hold_sampling: bool = False  # catch-up handoff: compute handed-over tokens, do not sample yet
     unchunked: bool = False  # an extend is pending: compute all uncomputed tokens in one pass
     finish_reason: FinishReason | None = None
+    grammar: OutputGrammar | None = None  # structured output: the matcher over output_ids
 
     @property
     def tokens(self) -> list[int]:
@@ -182,6 +199,8 @@ class Request:
     ) -> FinishReason | None:
         """Why the request is done after its last appended token, or None to keep going."""
         last = self.output_ids[-1] if self.output_ids else None
+        if self.grammar is not None and self.grammar.complete:
+            return FinishReason.STOP
         if last is not None and last in self.params.stop_token_ids:
             return FinishReason.STOP
         if last is not None and not self.params.ignore_eos and last in eos_token_ids:

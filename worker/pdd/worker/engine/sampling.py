@@ -26,7 +26,7 @@ from typing import Protocol
 
 import torch
 
-from pdd.common.wire import TokenLogprobs, TopLogprob
+from pdd.common.wire import GuidedDecoding, TokenLogprobs, TopLogprob
 
 _MASK64 = (1 << 64) - 1
 
@@ -73,6 +73,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     #: None: no logprobs; n: the picked token's and the n most likely (0 <= n <= 20).
     logprobs: int | None = None
+    guided: GuidedDecoding | None = None  # structured output: the grammar the output obeys
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -116,6 +116,7 @@ def sampling_params(plan: PipelinePlan, max_tokens: int | None = None) -> Sampli
         min_tokens=s.min_tokens,
         logit_bias=s.logit_bias,
         logprobs=s.logprobs,
+        guided=s.guided,
     )
 
 

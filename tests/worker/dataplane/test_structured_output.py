@@ -1,0 +1,136 @@
+"""Structured output across the handoff: every role that samples obeys the same grammar.
+
+In-process on a virtual clock (deterministic). P samples token 0 under the grammar, the
+relay continues, and MD takes over from the handed token IDs mid-object: it must advance
+its matcher over them before its first pick, or it would restart the object (or refuse
+the tokens). The tiny model's random weights sample at temperature 1, so only the mask
+makes the output JSON.
+
+Why ``length`` cannot happen here (and every request must end with ``stop``): the schema
+bounds every value. Compact JSON, one token per byte (the tiny model's byte tokenizer):
+``{"name":"`` 9 + at most 5 characters of at most 6 bytes each (a 4-byte UTF-8 character,
+or a 6-byte ``\\u00XX`` escape) 30 + ``","age":`` 8 + at most 2 digits + ``,"pet":"`` 8 +
+``dog"`` 4 + ``}`` 1 = at most 62 tokens, under ``MAX_TOKENS``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pdd.common.wire import GuidedDecoding, SamplingSpec, TokenEvent
+from pdd.router.errors import InvalidRequestError
+
+pytestmark = pytest.mark.virtual_clock  # tiers per test: the 100-output run is slow
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 5},
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+        "pet": {"enum": ["cat", "dog"]},
+    },
+    "required": ["name", "age", "pet"],
+    "additionalProperties": False,
+}
+GUIDED = GuidedDecoding(kind="json_schema", schema_text=json.dumps(PERSON))
+MAX_TOKENS = 64  # above the 62-token bound in the module docstring
+#: Tokens the relay streams before MD's KV may arrive: the handoff lands inside the
+#: object (the shortest possible one is 30 tokens).
+RELAYED = 12
+
+
+def sampling(i: int) -> SamplingSpec:
+    return SamplingSpec(max_tokens=MAX_TOKENS, temperature=1.0, seed=7000 + i, guided=GUIDED)
+
+
+def parsed_person(token_ids: list[int]) -> dict:
+    """The output as JSON, checked against ``PERSON`` (each constraint by hand)."""
+    value = json.loads(bytes(token_ids).decode())
+    assert list(value) == ["name", "age", "pet"]
+    assert isinstance(value["name"], str) and len(value["name"]) <= 5
+    assert type(value["age"]) is int and 0 <= value["age"] <= 99
+    assert value["pet"] in ("cat", "dog")
+    return value
+
+
+async def relayed_then_handed_over(vdp, plans) -> list:
+    """Run ``plans`` (P-RLD-MD) with MD's KV held back until every relay streamed
+    ``RELAYED`` tokens, so every request is handed over mid-object."""
+    path = vdp.cluster.wan_path("md")
+    streamed: dict[str, int] = {}
+
+    def release_once_every_relay_streamed_enough(event: TokenEvent) -> None:
+        streamed[event.request_id] = event.seq
+        if len(streamed) == len(plans) and min(streamed.values()) >= RELAYED - 1:
+            path.resume()
+
+    path.pause()
+    return await vdp.run_all(plans, on_token=release_once_every_relay_streamed_enough)
+
+
+def handed_over_inside(run) -> bool:
+    """RLD streamed the start, MD the rest, and MD's first token is inside the object."""
+    first_md = run.sources.index("md") if "md" in run.sources else -1
+    return run.sources[0] == "rld" and 0 < first_md < len(run.sources) - 1
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("mode", ["one-shot", "catch-up"])
+async def test_a_handoff_in_the_middle_of_an_object_continues_it_as_mono_would(vdp, mode) -> None:
+    prompts = vdp.prompts(4, seed=5, lo=8, hi=40)
+    mono = vdp.cluster
+    refs = await vdp.run_all(
+        [
+            mono.plan(f"so-mono-{i}", p, "mono", sampling(i), main="mono")
+            for i, p in enumerate(prompts)
+        ]
+    )
+    plans = [
+        mono.plan(f"so-{mode}-{i}", p, "P-RLD-MD", sampling(i), handoff=mode)
+        for i, p in enumerate(prompts)
+    ]
+    runs = await relayed_then_handed_over(vdp, plans)
+    assert [r.token_ids for r in runs] == [r.token_ids for r in refs]
+    for run in runs:
+        assert handed_over_inside(run), run.sources
+        parsed_person(run.token_ids)
+        assert run.events[-1].finish_reason == "stop"
+    await vdp.assert_quiescent()
+
+
+@pytest.mark.slow
+async def test_a_hundred_sampled_outputs_parse_and_validate_through_p_md_and_p_rld_md(
+    vdp,
+) -> None:
+    """The done-when bar: 100 outputs at temperature 1 with random weights, all valid,
+    through P-MD and through P-RLD-MD with every request handed over mid-object; the
+    same seeds give the same outputs on both paths."""
+    prompts = vdp.prompts(100, seed=17, lo=4, hi=24)
+    direct = await vdp.run_all(
+        [vdp.cluster.plan(f"pmd-{i}", p, "P-MD", sampling(i)) for i, p in enumerate(prompts)]
+    )
+    relayed = await relayed_then_handed_over(
+        vdp,
+        [vdp.cluster.plan(f"prm-{i}", p, "P-RLD-MD", sampling(i)) for i, p in enumerate(prompts)],
+    )
+    for run in [*direct, *relayed]:
+        parsed_person(run.token_ids)
+        assert run.events[-1].finish_reason == "stop"  # the grammar ended it, not max_tokens
+    assert all(handed_over_inside(r) for r in relayed)
+    assert [r.token_ids for r in relayed] == [r.token_ids for r in direct]
+    assert len({bytes(r.token_ids) for r in direct}) > 90  # sampled, not one output repeated
+    await vdp.assert_quiescent()
+
+
+@pytest.mark.unit
+async def test_a_grammar_the_worker_cannot_compile_reaches_the_client_as_a_400(vdp) -> None:
+    """The router checks schemas first; should one still reach a worker that cannot
+    compile it, the worker's refusal is the client's 400 with the reason, not a retry."""
+    bad = GuidedDecoding(kind="json_schema", schema_text='{"type": "strnig"}')
+    plan = vdp.cluster.plan("so-bad", [1, 2, 3], "P-MD", SamplingSpec(guided=bad))
+    with pytest.raises(InvalidRequestError, match="strnig") as e:
+        await vdp.run_all([plan])
+    assert e.value.status == 400
+    await vdp.assert_quiescent()

@@ -1,0 +1,171 @@
+"""Structured output in the engine: a per-request grammar matcher and its token mask.
+
+A request with ``SamplingParams.guided`` gets a :class:`GrammarState` at admission. Before
+each pick the matcher is advanced over every output token it has not seen yet: the
+tokens this engine sampled, and the ones another instance generated and handed over
+(the prefill's token 0, a relay's tokens before a handoff), so a main decode that takes
+a request over mid-object continues the same grammar as the instance it came from.
+Then the mask sets every token the grammar forbids to ``-inf`` (EOS is allowed only
+where the grammar accepts); once the grammar can go no further the request finishes
+with ``stop``.
+
+Grammars come from ``pdd.common.grammar`` (the router checks the same text) and are
+compiled once per spec: a fresh matcher is kept per spec and each request gets a copy.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import llguidance
+import numpy as np
+import torch
+
+from pdd.common.grammar import GrammarError, check_grammar
+from pdd.common.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+from pdd.common.wire import GuidedDecoding
+from pdd.worker.engine.request import OutputGrammar, RequestError
+
+#: Compiled grammars kept per engine (agents reuse a handful of schemas and tool sets).
+CACHE_SIZE = 64
+
+
+class GrammarRequestError(RequestError):
+    """A structured-output request this engine cannot serve (bad schema, no tokenizer)."""
+
+
+class GrammarStateError(RuntimeError):
+    """An output token the grammar does not allow: a handed-over token no instance
+    with the same grammar could have sampled (a bug or a mismatched pipeline)."""
+
+
+class _ByteVocabulary:
+    """The ``tiny`` model's byte tokenizer as llguidance reads a vocabulary: ids 0-255
+    are the bytes, the rest are special tokens that spell nothing."""
+
+    def __init__(self, tokenizer: ByteTokenizer) -> None:
+        self.eos_token_id = tokenizer.eos_token_ids[0]
+        self.bos_token_id = tokenizer.bos_token_id
+        special = sorted({tokenizer.bos_token_id, *tokenizer.eos_token_ids, tokenizer.pad_token_id})
+        self.special_token_ids = special
+        self.tokens = [bytes([i]) for i in range(256)] + [
+            f"<special_{i}>".encode() for i in range(256, tokenizer.vocab_size)
+        ]
+
+    def __call__(self, text: bytes | str) -> list[int]:
+        return list(text.encode() if isinstance(text, str) else text)
+
+
+def _llg_tokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
+    eos = list(tokenizer.eos_token_ids)
+    if isinstance(tokenizer, ByteTokenizer):
+        wrapper = llguidance.TokenizerWrapper(_ByteVocabulary(tokenizer))
+        return llguidance.LLTokenizer(wrapper, eos_token=eos)
+    if isinstance(tokenizer, HFTokenizer):
+        return llguidance.LLTokenizer(tokenizer.to_json(), eos_token=eos)
+    raise GrammarRequestError(
+        "structured output needs the model's tokenizer.json (the grammar is over its "
+        "vocabulary); this instance has none"
+    )
+
+
+class GrammarCompiler:
+    """Compiles specs into matchers over one model's vocabulary, caching by spec.
+
+    ``vocab_size`` is the model's (its logits' width), which may exceed the tokenizer's:
+    the ids past the tokenizer's are never allowed.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
+        self._tokenizer = tokenizer
+        self._llg: llguidance.LLTokenizer | None = None  # built at the first guided request
+        self.vocab_size = vocab_size
+        self._cache: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+
+    @property
+    def num_compiled(self) -> int:
+        """Grammars compiled and kept (one per distinct spec, at most ``CACHE_SIZE``)."""
+        return len(self._cache)
+
+    def start(self, spec: GuidedDecoding) -> GrammarState:
+        """A matcher at the start of ``spec``'s output (after its ``emitted_ids``);
+        ``GrammarRequestError`` if it cannot compile or the emitted tokens break it."""
+        key = spec.model_dump_json(exclude={"emitted_ids"})
+        matcher = self._cache.get(key)
+        if matcher is None:
+            matcher = self._compile(spec)
+            self._cache[key] = matcher
+            if len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(key)
+        state = GrammarState(matcher.deep_copy(), self.vocab_size)
+        try:
+            state.advance(spec.emitted_ids)
+        except GrammarStateError as e:
+            raise GrammarRequestError(
+                f"the output sent so far does not fit the grammar: {e}"
+            ) from None
+        state.consumed = 0  # the emitted tokens are in the prompt, not the output
+        return state
+
+    def _compile(self, spec: GuidedDecoding) -> llguidance.LLMatcher:
+        if self._llg is None:
+            self._llg = _llg_tokenizer(self._tokenizer)
+        try:
+            grammar = check_grammar(spec)
+        except GrammarError as e:
+            raise GrammarRequestError(str(e)) from None
+        matcher = llguidance.LLMatcher(self._llg, grammar, log_level=0)
+        if matcher.is_error():
+            raise GrammarRequestError(
+                f"the structured-output grammar cannot be compiled: {matcher.get_error()}"
+            )
+        return matcher
+
+
+class GrammarState:
+    """One request's matcher and how many of its output tokens the matcher has consumed."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+        self._matcher = matcher
+        self._vocab_size = vocab_size
+        self.consumed = 0
+
+    def advance(self, output_ids: Sequence[int]) -> None:
+        """Consume the output tokens not consumed yet (sampled here or handed over)."""
+        for token in output_ids[self.consumed :]:
+            if self._matcher.is_stopped():
+                return  # a finished grammar takes nothing more; the request stops
+            if not self._matcher.consume_token(token):
+                raise GrammarStateError(
+                    f"output token {token} at position {self.consumed} breaks the grammar: "
+                    f"{self._matcher.get_error()}"
+                )
+            self.consumed += 1
+
+    @property
+    def complete(self) -> bool:
+        """The grammar can take no more text: the output is whole and must stop here."""
+        return self._matcher.is_stopped()
+
+    def allowed(self) -> torch.Tensor:
+        """A bool ``[vocab]`` tensor: True where the grammar allows the next token."""
+        # Bit i of the (little-endian) bitmask is token i: one C pass unpacks it.
+        packed = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
+        bits = np.unpackbits(packed, bitorder="little")[: self._vocab_size]
+        allowed = torch.zeros(self._vocab_size, dtype=torch.bool)
+        allowed[: bits.size] = torch.from_numpy(bits.astype(bool))
+        return allowed
+
+
+def mask_logits(logits: torch.Tensor, states: Sequence[OutputGrammar | None]) -> torch.Tensor:
+    """``logits`` ``[N, vocab]`` with each guided row's forbidden tokens set to ``-inf``
+    (unguided rows untouched); the sampler then picks among the allowed ones only."""
+    rows = [i for i, s in enumerate(states) if s is not None]
+    if not rows:
+        return logits
+    allowed = torch.stack([states[i].allowed() for i in rows]).to(logits.device)  # type: ignore[union-attr]
+    masked = logits.clone()
+    masked[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
+    return masked
