@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from pdd.common.vocabulary import FinishReason
+from pdd.common.wire import REPETITION_PENALTY_RANGE
 
 
 class _Request(BaseModel):
@@ -92,7 +93,9 @@ class SamplingFields(_StrictRequest):
     service_tier: str | None = None
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(default=1.0, gt=0.0)
+    repetition_penalty: float = Field(
+        default=1.0, ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1]
+    )
     min_tokens: int = Field(default=0, ge=0)
     stop_token_ids: list[int] | None = None
     #: Token id (as a string, JSON keys are strings) -> bias in [-100, 100].

@@ -109,6 +109,12 @@ class GuidedDecoding(_Wire):
         return self
 
 
+#: The range of ``repetition_penalty`` (1 = off): a seen token's logit is divided (or
+#: multiplied) by it, so a value near 0 or huge overflows float32 logits to inf and the
+#: distribution to NaN; [0.01, 100] keeps any real model's logits finite.
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
+
+
 class SamplingSpec(_Wire):
     """How to sample; ``seed`` must be set for seeded sampling across instances.
 
@@ -126,7 +132,9 @@ class SamplingSpec(_Wire):
     ignore_eos: bool = False
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(default=1.0, gt=0.0)
+    repetition_penalty: float = Field(
+        default=1.0, ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1]
+    )
     min_tokens: int = Field(default=0, ge=0)
     #: ``(token id, bias)`` pairs, bias in [-100, 100].
     logit_bias: tuple[tuple[int, float], ...] = ()

@@ -14,6 +14,7 @@ import ssl
 from collections.abc import AsyncIterator
 
 import httpx
+from pydantic import ValidationError
 
 from pdd.common.wan_tls import tls_failure
 from pdd.common.wire import (
@@ -139,9 +140,18 @@ class WorkerClient:
                     raise WorkerCallError(url, f"answered {resp.status_code}")
                 async for line in resp.aiter_lines():
                     if line.strip():
-                        yield TokenEvent.model_validate_json(line)
+                        yield _token_event(url, line)
         except httpx.HTTPError as exc:
             raise WorkerCallError(url, failure(exc)) from exc
+
+
+def _token_event(url: str, line: str) -> TokenEvent:
+    """One stream line; a line that is not a token event fails this source (the router
+    routes around it) instead of escaping as an error no one waits for."""
+    try:
+        return TokenEvent.model_validate_json(line)
+    except ValidationError as exc:
+        raise WorkerCallError(url, f"sent a line that is not a token event: {exc}") from None
 
 
 def _error_body(resp: httpx.Response) -> tuple[str | None, str | None]:

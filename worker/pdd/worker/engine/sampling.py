@@ -26,7 +26,12 @@ from typing import Protocol
 
 import torch
 
-from pdd.common.wire import GuidedDecoding, TokenLogprobs, TopLogprob
+from pdd.common.wire import (
+    REPETITION_PENALTY_RANGE,
+    GuidedDecoding,
+    TokenLogprobs,
+    TopLogprob,
+)
 
 _MASK64 = (1 << 64) - 1
 
@@ -98,9 +103,11 @@ class SamplingParams:
                 raise InvalidSamplingParamsError(
                     f"{name} must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {value}"
                 )
-        if not self.repetition_penalty > 0:
+        low, high = REPETITION_PENALTY_RANGE
+        if not low <= self.repetition_penalty <= high:
             raise InvalidSamplingParamsError(
-                f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}"
+                f"repetition_penalty must be in [{low}, {high}] (1 = off), "
+                f"got {self.repetition_penalty}"
             )
         if self.min_tokens < 0:
             raise InvalidSamplingParamsError(f"min_tokens must be >= 0, got {self.min_tokens}")
@@ -265,7 +272,9 @@ def token_logprobs(
     rows = [row for row, p in enumerate(params) if p.logprobs is not None]
     if not rows:
         return out
-    logprobs = torch.log_softmax(logits[rows].float(), dim=-1)
+    # A row whose steered logits overflowed has no distribution: its NaNs report as the
+    # floor rather than as a number no JSON reader takes.
+    logprobs = torch.log_softmax(logits[rows].float(), dim=-1).nan_to_num(nan=LOGPROB_FLOOR)
     picked = torch.tensor([tokens[r] for r in rows], device=logprobs.device).unsqueeze(1)
     chosen = logprobs.gather(1, picked).squeeze(1).tolist()
     k = max(params[r].logprobs or 0 for r in rows)
