@@ -2,6 +2,7 @@
 
     python bench/state.py [--redis redis://127.0.0.1:6412/15] [--requests 50]
                           [--memory-entries 100000,300000]
+                          [--parts traffic,memory,bound,replicas,inflight]
 
 Needs a redis-server of its own (``redis-server --port 6412 --save '' --appendonly no
 --daemonize yes``): the bench FLUSHes the given database, and its traffic and memory
@@ -21,6 +22,11 @@ memory``), less the bench's own INFO calls (measured by an empty round).
    fake clock over ten TTLs: they level off at rate x (TTL + sweep period).
 4. Replicas: the ``replicas`` set after router pods came and went (each wrote its load
    once and stopped): it holds the live replicas once a reader has run.
+5. The in-flight read at scale: other replicas each with requests on many instances,
+   read for every decision (a budget of 0, what the router did before) and on the
+   store's budget (``loads_refresh_s``), decisions at a given rate on a fake clock (the
+   budget is in seconds: the figure per request depends on the rate, not on how fast
+   this machine runs the loop).
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from pdd.common.cache_events import BlockStored
 from pdd.router.dispatch import Lease
 from pdd.router.prefix_index import InMemoryIndexStore, PrefixIndex, PrefixIndexConfig
 from pdd.router.state.redis_store import RedisIndexStore, RedisLoads
-from pdd.router.state.shared import SharedStore
+from pdd.router.state.shared import LOADS_REFRESH_S, SharedStore
 
 BLOCK = 16
 #: The router's expiry sweep: every 60 polls of 0.5 s (registry._EXPIRE_EVERY, poll_interval_s).
@@ -92,8 +98,10 @@ def prompt(seed: int, blocks: int) -> list[int]:
 
 
 async def traffic(url: str, requests: int) -> None:
-    # Traffic, not latency: a loaded machine must not send the reads to local state.
-    store = SharedStore(url, "bench-replica", ttl_s=600.0, deadline_s=30.0)
+    # Traffic, not latency: a loaded machine must not send the reads to local state. The
+    # in-flight read is made for every request here, whatever the loop's speed (part 5
+    # measures it on the store's budget).
+    store = SharedStore(url, "bench-replica", ttl_s=600.0, deadline_s=30.0, loads_refresh_s=0.0)
     await store.start()
     r = redis.Redis.from_url(url)
     index = PrefixIndex(PrefixIndexConfig(block_size=BLOCK), store.index, clock=time.time)
@@ -214,20 +222,70 @@ async def replica_churn(url: str, pods: int) -> None:
     print(f"{members_after} after their load keys expired and one read (in flight: {left})")
 
 
+async def inflight_reads(url: str, replicas: int, busy: int, rate: float, requests: int) -> None:
+    """Redis traffic per decision of the in-flight read, with ``replicas`` other replicas
+    each holding requests on ``busy`` instances, at ``rate`` decisions/s."""
+    client = redis.asyncio.Redis.from_url(url)
+    for k in range(replicas):
+        await RedisLoads(client, f"other-{k}", 600).publish({f"md{i}": 1 for i in range(busy)})
+    await client.aclose()
+    r = redis.Redis.from_url(url)
+    print(
+        f"\n| in-flight read: {replicas} other replicas x {busy} busy instances, "
+        f"{rate:g} decisions/s | commands | bytes sent | bytes received |"
+    )
+    print("|---|---:|---:|---:|")
+    for refresh_s in (0.0, LOADS_REFRESH_S):
+        t = await read_loads(url, r, refresh_s, rate, requests)
+        what = "every decision (before)" if refresh_s == 0 else f"at most every {refresh_s:g} s"
+        print(f"| {what} | {t.commands:.2f} | {t.sent:,.0f} | {t.received:,.0f} |")
+
+
+async def read_loads(
+    url: str, r: redis.Redis, refresh_s: float, rate: float, requests: int
+) -> Traffic:
+    """One replica's in-flight reads at ``rate`` decisions/s of a fake clock."""
+    clock = [0.0]
+    store = SharedStore(
+        url, "bench-reader", ttl_s=600.0, heartbeat_s=600.0, deadline_s=30.0,
+        loads_refresh_s=refresh_s, clock=lambda: clock[0],
+    )  # fmt: skip
+    await store.start()
+
+    async def decide(i: int) -> None:
+        clock[0] = i / rate
+        await store.inflight()
+
+    t = await measure(r, requests, decide)
+    assert store.shared, "Redis went down during the measurement"
+    await store.close()
+    return t
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--redis", default="redis://127.0.0.1:6412/15")
     parser.add_argument("--requests", type=int, default=50)
     parser.add_argument("--memory-entries", default="100000,300000")
     parser.add_argument("--instances", type=int, default=1000)
+    parser.add_argument("--parts", default="traffic,memory,bound,replicas,inflight")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
     redis.Redis.from_url(args.redis).flushdb()
     load = os.getloadavg()
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (1/5/15 min)\n")
-    asyncio.run(traffic(args.redis, args.requests))
-    memory(args.redis, [int(n) for n in args.memory_entries.split(",")], args.instances)
-    bound(ttl_s=600.0, rate=100, minutes=60)
-    asyncio.run(replica_churn(args.redis, pods=1000))
+    if "traffic" in parts:
+        asyncio.run(traffic(args.redis, args.requests))
+    if "memory" in parts:
+        memory(args.redis, [int(n) for n in args.memory_entries.split(",")], args.instances)
+    if "bound" in parts:
+        bound(ttl_s=600.0, rate=100, minutes=60)
+    if "replicas" in parts:
+        asyncio.run(replica_churn(args.redis, pods=1000))
+    if "inflight" in parts:
+        redis.Redis.from_url(args.redis).flushdb()
+        reads = inflight_reads(args.redis, 3, args.instances, rate=200, requests=400)
+        asyncio.run(reads)
     return 0
 
 

@@ -80,6 +80,38 @@ async def test_loads_sum_over_the_other_replicas(redis_url):
     await client.aclose()
 
 
+async def test_other_replicas_counts_are_read_on_a_budget(own_redis):
+    """A decision reads the other replicas' counts from Redis at most once per
+    ``loads_refresh_s`` (a fake clock here); between reads it sums the counts read last
+    with this replica's own."""
+    now = 0.0
+    prefix = f"t-{uuid.uuid4().hex}:"
+    client = redis.asyncio.Redis.from_url(own_redis.url)
+    other = RedisLoads(client, "r2", 10, prefix)
+    await other.add("md1", 2)
+    store = SharedStore(
+        own_redis.url, "r1", ttl_s=600, prefix=prefix, deadline_s=30, loads_refresh_s=0.1,
+        clock=lambda: now,
+    )  # fmt: skip
+    store.add_inflight("md1", 1)  # before start: kept locally, published by the start
+    store.add_inflight("p0", 1)
+    await store.start()
+    try:
+        assert await store.inflight() == {"md1": 3, "p0": 1}
+        assert store.take_moved() == {"md1", "p0"}
+        await other.add("md1", 5)
+        now += 0.05
+        assert await store.inflight() == {"md1": 3, "p0": 1}  # the others' as read last
+        assert store.take_moved() == set()
+        now += 0.05
+        total = await store.inflight()
+        assert total == {"md1": 8, "p0": 1} and total.get("md9", 0) == 0
+        assert store.take_moved() == {"md1"}  # what the new read changed
+    finally:
+        await store.close()
+        await client.aclose()
+
+
 async def test_replicas_that_stop_refreshing_are_pruned_from_the_set(redis_url):
     """Router pods come and go; the set of replicas holds the live ones only: a reader
     drops each member whose load hash expired."""

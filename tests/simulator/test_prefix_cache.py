@@ -106,7 +106,7 @@ def test_eviction_order_equals_an_ordered_dict_lru(prompts, capacity) -> None:
     cache, model = PrefixCache("p0", capacity, 1, index), _OrderedLru(capacity)
     evicted: list[int] = []
     remove = index.remove
-    index.remove = lambda bit, key: (evicted.append(key), remove(bit, key))  # type: ignore[method-assign]
+    index.remove = lambda bit, keys: (evicted.extend(keys), remove(bit, keys))  # type: ignore[method-assign]
     for n, labels in enumerate(prompts):
         keys = chain(*labels)
         cache.insert(keys)

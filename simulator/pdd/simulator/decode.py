@@ -129,9 +129,15 @@ class DecodeInstance:
         self._publish()
 
     # --- requests ---------------------------------------------------------------------------
-    def submit(self, context: int, generate: int, extend: int = 0) -> DecodeSeq:
-        """Queue a sequence; ``started`` fires on admission, ``done`` after ``generate``."""
+    def submit(
+        self, context: int, generate: int, extend: int = 0, reserved: bool = False
+    ) -> DecodeSeq:
+        """Queue a sequence; ``started`` fires on admission, ``done`` after ``generate``.
+        ``reserved``: it was counted by :meth:`reserve`, and now counts as queued instead
+        (one load change for the router's fleet, not two that cancel out)."""
         seq = DecodeSeq(context, max(0, generate), extend, self.env.event(), self.env.event())
+        if reserved:
+            self._expected -= 1
         self._waiting.append((self.env.now, seq))
         self._advance()
         self._admit()

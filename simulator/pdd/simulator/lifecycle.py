@@ -138,8 +138,7 @@ def _relay_then_hand_off(
     n, out = req.input_tokens, req.output_tokens
     kv_at_md = _send_kv(c, rec, n - rec.md_hit_tokens)
     yield c.in_dc.transfer(n * c.kv_bytes_per_token)
-    rseq = rld.submit(n, out - 1)
-    rld.unreserve()
+    rseq = rld.submit(n, out - 1, reserved=True)
     yield rseq.started | kv_at_md
     if not rseq.started.triggered:  # MD has the KV before the relay got a slot: no relay
         rld.stop(rseq, hold=False)
@@ -165,8 +164,7 @@ def _decode_on_main(c: Cluster, req: SimRequest, rec: RequestRecord, md) -> Proc
 def _decode_whole(c: Cluster, req: SimRequest, rec: RequestRecord, inst: DecodeInstance) -> Proc:
     """The whole answer from one decode instance, which streams P's first token as soon
     as it admits the request."""
-    seq = inst.submit(req.input_tokens, req.output_tokens - 1)
-    inst.unreserve()
+    seq = inst.submit(req.input_tokens, req.output_tokens - 1, reserved=True)
     yield seq.started
     rec.first_token = c.env.now
     yield seq.done
@@ -201,8 +199,7 @@ def _hand_off(
     yield _send_ids(c, rec, generated - handed)
     c.env.timeout(c.wan.rtt_s / 2).callbacks.append(lambda _: rld.release())  # MD's ack
     left = req.output_tokens - 1 - generated
-    seq = md.submit(req.input_tokens + generated, left, extend=generated - handed)
-    md.unreserve()
+    seq = md.submit(req.input_tokens + generated, left, extend=generated - handed, reserved=True)
     yield seq.started
     rec.handoff_gap_s = max(c.env.now, md.paused_until) - stopped_at
     yield seq.done

@@ -57,10 +57,9 @@ class PrefillInstance:
         self.cache = cache
         self.stats = PrefillStats()
         self._queue: deque[PrefillJob] = deque()
-        self._wakeup: simpy.Event | None = None
+        self._stepping = False  # a step (or the wake-up that starts one) is scheduled
         self._load = InstanceLoad(instance_id, Role.PREFILL, 0, max_queue)
         self._on_load = on_load
-        env.process(self._run())
 
     @property
     def active(self) -> int:
@@ -85,28 +84,35 @@ class PrefillInstance:
         job = PrefillJob(max(1, new_tokens), cached_tokens, self.env.event(), 0, self.env.now)
         self._queue.append(job)
         self._publish()
-        if self._wakeup is not None and not self._wakeup.triggered:
-            self._wakeup.succeed()
+        if not self._stepping:
+            # Wake at this instant, not now: requests submitted at the same instant
+            # before the wake-up fires join the first step.
+            self._stepping = True
+            self.env.timeout(0).callbacks.append(self._start_step)
         return job.done
 
-    def _run(self):
-        while True:
-            if not self._queue:
-                self._wakeup = self.env.event()
-                yield self._wakeup
-                continue
-            started = self.env.now
-            batch = self._take_chunk()
-            yield self.env.timeout(self._step_seconds(batch))
-            self.stats.busy_s += self.env.now - started
-            self.stats.steps += 1
-            for job, n in batch:
-                job.processed += n
-                self.stats.tokens += n
-                if job.processed >= job.new_tokens:
-                    self._queue.remove(job)
-                    job.done.succeed()
-            self._publish()
+    # The step loop runs on event callbacks, not in a simpy process: a step costs one
+    # timeout, without a generator to resume.
+    def _start_step(self, _: object = None) -> None:
+        if not self._queue:
+            self._stepping = False
+            return
+        started = self.env.now
+        batch = self._take_chunk()
+        step = self.env.timeout(self._step_seconds(batch))
+        step.callbacks.append(lambda _: self._end_step(started, batch))
+
+    def _end_step(self, started: float, batch: list[tuple[PrefillJob, int]]) -> None:
+        self.stats.busy_s += self.env.now - started
+        self.stats.steps += 1
+        for job, n in batch:
+            job.processed += n
+            self.stats.tokens += n
+            if job.processed >= job.new_tokens:
+                self._queue.remove(job)
+                job.done.succeed()
+        self._publish()
+        self._start_step()
 
     def _take_chunk(self) -> list[tuple[PrefillJob, int]]:
         """Jobs and token counts for the next step, FIFO, up to ``chunk_tokens``."""

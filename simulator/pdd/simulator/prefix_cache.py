@@ -82,12 +82,17 @@ class HolderIndex:
             holders[key] |= bit
         holders.update(zip(keys[shared:], repeat(bit)))
 
-    def remove(self, bit: int, key: int) -> None:
-        mask = self._holders.get(key, 0) & ~bit
-        if mask:
-            self._holders[key] = mask
-        else:
-            self._holders.pop(key, None)
+    def remove(self, bit: int, keys: Iterable[int]) -> None:
+        """Record that the instance of ``bit`` no longer holds ``keys`` (one call per
+        eviction, not per key: evictions run on every insert of a full cache)."""
+        holders = self._holders
+        get, pop, others = holders.get, holders.pop, ~bit
+        for key in keys:
+            mask = get(key, 0) & others
+            if mask:
+                holders[key] = mask
+            else:
+                pop(key, None)
 
     def hits(self, keys: Sequence[int], input_tokens: int) -> dict[str, int]:
         """Tokens of this prompt each instance holds (only instances holding >= 1 block).
@@ -165,7 +170,10 @@ class PrefixCache:
             self._compact()
 
     def _evict(self, count: int) -> None:
+        if count <= 0:
+            return
         stamps, touches = self._stamps, self._touches
+        gone: list[int] = []
         while count > 0:
             touch = touches[0]
             stamp, keys, left = touch
@@ -174,14 +182,15 @@ class PrefixCache:
                 key = keys[left]
                 if stamps.get(key) == stamp:
                     del stamps[key]
-                    self._index.remove(self._bit, key)
-                    self.evicted_blocks += 1
+                    gone.append(key)
                     count -= 1
             self._unwalked -= touch[2] - left
             if left:
                 touch[2] = left
             else:
                 touches.popleft()
+        self.evicted_blocks += len(gone)
+        self._index.remove(self._bit, gone)
 
     def _compact(self) -> None:
         """Drop from every touch the keys a later touch stamped again (same LRU order)."""

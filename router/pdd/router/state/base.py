@@ -19,7 +19,8 @@ from pdd.router.prefix_index import IndexStore
 class RouterStore(Protocol):
     """Contract: ``add_inflight`` never raises nor waits (a shared store sends it behind);
     ``inflight`` sums every live replica's counts per instance (valid until the next
-    await: read it at once) and ``holders`` is the
+    await: read it at once; a shared store may give the other replicas' counts as read
+    a moment ago, its own always current) and ``holders`` is the
     index lookup of the decision path (``IndexStore.holders``): both are awaited, never
     raise, and return within the store's deadline (a shared store that is down or hung
     answers from local state)."""

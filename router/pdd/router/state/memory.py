@@ -41,9 +41,12 @@ class LocalStore:
         publishes and adds to the other replicas')."""
         return dict(self._inflight)
 
-    async def inflight(self) -> Mapping[str, int]:
+    def live_counts(self) -> Mapping[str, int]:
         """The live counts, read-only (no copy per request: see ``take_moved``)."""
         return MappingProxyType(self._inflight)
+
+    async def inflight(self) -> Mapping[str, int]:
+        return self.live_counts()
 
     async def holders(self, hashes: Sequence[int], now: float) -> list[set[str]]:
         return self._index.holders(hashes, now)

@@ -20,6 +20,13 @@ no synchronous client at all). Two paths, chosen for what each one costs a reque
   outage. The price is that another replica sees a write one flush later (the task runs
   as soon as the loop is free). This replica's own in-flight counts always come from
   local memory, never back from Redis.
+* **Other replicas' in-flight counts** are read at most once per ``loads_refresh_s``
+  (0.1 s by default) and summed with this replica's own counts as they are read: the
+  read is SMEMBERS plus one HGETALL per other replica, as many fields as instances they
+  have requests on, so reading it for every decision made Redis traffic per request grow
+  with the busy fleet. On a budget it costs a fixed number of reads per second, however
+  many requests arrive; the counts are at most that much older (a replica's lease writes
+  reach Redis a flush later anyway, and the workers' own load reports lag a poll).
 
 States: *up* (reads from Redis, writes sent); *down* (reads local, writes dropped for
 Redis: the re-seed will carry them); *seeding* (Redis answered a probe: this replica
@@ -37,7 +44,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 import redis.asyncio
@@ -59,6 +66,8 @@ _BACKGROUND_DEADLINE_S = 5.0
 _MAX_QUEUED = 10_000
 #: Index entries per re-seed round trip.
 _SEED_BATCH = 512
+#: Other replicas' in-flight counts are read from Redis at most this often.
+LOADS_REFRESH_S = 0.1
 
 
 class SharedStore:
@@ -71,7 +80,11 @@ class SharedStore:
         prefix: str = "pdd:",
         on_change: Callable[[bool], None] = lambda up: None,
         deadline_s: float = DEADLINE_S,
+        loads_refresh_s: float = LOADS_REFRESH_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if loads_refresh_s < 0:
+            raise ValueError(f"loads_refresh_s must be >= 0, got {loads_refresh_s}")
         self._local = LocalStore(ttl_s)
         self._client = redis.asyncio.Redis.from_url(
             url,
@@ -99,6 +112,9 @@ class SharedStore:
         #: differed from the read before (for ``take_moved``).
         self._others: dict[str, int] = {}
         self._others_moved: set[str] = set()
+        self._loads_refresh_s = loads_refresh_s
+        self._clock = clock
+        self._others_due = -float("inf")  # when the others' counts are to be read again
         self._task: asyncio.Task | None = None
 
     @property
@@ -118,14 +134,21 @@ class SharedStore:
         self.write(lambda: self._loads.add(instance, delta))
 
     async def inflight(self) -> Mapping[str, int]:
-        others = await self._read(self._loads.others) or {}
+        """Every replica's counts: the others' as last read (read again when the budget
+        allows), plus this replica's own, summed per lookup rather than copied."""
+        if not self._up:
+            self._set_others({})  # down: this replica's counts only, as before any read
+        elif self._clock() >= self._others_due:
+            # Due before the await: decisions meanwhile use the counts read last.
+            self._others_due = self._clock() + self._loads_refresh_s
+            self._set_others(await self._read(self._loads.others) or {})
+        own = self._local.live_counts()
+        return _Summed(self._others, own) if self._others else own
+
+    def _set_others(self, others: dict[str, int]) -> None:
         if others or self._others:
             self._others_moved.update(key for key, _ in self._others.items() ^ others.items())
         self._others = others
-        total = dict(others)
-        for instance, n in self._local.counts().items():
-            total[instance] = total.get(instance, 0) + n
-        return total
 
     def take_moved(self) -> set[str]:
         moved = self._local.take_moved() | self._others_moved
@@ -248,6 +271,31 @@ class SharedStore:
         else:
             log.warning("redis store lost: %s", detail)
         self._on_change(up)
+
+
+class _Summed(Mapping[str, int]):
+    """Two count mappings read as their sum, without building it: a decision reads only
+    the instances that moved, so a copy would cost O(busy instances) per request."""
+
+    def __init__(self, a: Mapping[str, int], b: Mapping[str, int]) -> None:
+        self._a, self._b = a, b
+
+    def __getitem__(self, key: str) -> int:
+        if key not in self._a and key not in self._b:
+            raise KeyError(key)
+        return self._a.get(key, 0) + self._b.get(key, 0)
+
+    def get(self, key: str, default: int | None = None) -> int | None:  # type: ignore[override]
+        if key not in self._a and key not in self._b:
+            return default
+        return self._a.get(key, 0) + self._b.get(key, 0)
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._a
+        yield from (key for key in self._b if key not in self._a)
+
+    def __len__(self) -> int:
+        return len(self._a) + sum(1 for key in self._b if key not in self._a)
 
 
 class _FailoverIndex:
