@@ -116,8 +116,7 @@ class OpenAIServing:
             prompt = [*prompt_ids, *emitted]
             left = sampling.model_copy(update={"max_tokens": sampling.max_tokens - len(emitted)})
             route = await self.runtime.dispatcher.route(prompt, left.max_tokens, exclude)
-            lease = Lease(self.runtime.store)
-            lease.acquire(route.lease_keys)
+            lease = Lease.of(route, self.runtime.store, self.runtime.link_estimator)
             attempt_id = request_id if attempt == 0 else f"{request_id}-r{attempt}"
             plan = route.plan(attempt_id, prompt, left, self.runtime.config)
             return Attempt(route, plan, lease)
