@@ -83,14 +83,32 @@ def test_the_backlog_a_transfer_queued_behind_counts_in_its_sample():
     assert e.link().effective_gbps == pytest.approx(0.08)
 
 
-def test_small_transfers_and_impossible_times_are_no_samples():
+def test_small_transfers_are_no_samples_and_impossible_times_are_capped():
     e = estimator()
-    t = e.commit(100, "p0", 0, now=0.0)  # 10 us on the line: overheads only
-    e.landed(t, now=5.0)
+    t = e.commit(100, "p0", 0, now=0.0)  # 10 us on the line: fixed costs only
+    e.landed(t, now=0.03)
     assert e.goodput_samples == 0 and e.link().effective_gbps == pytest.approx(0.08)
     t = e.commit(MB, "p0", 1000, now=0.0)  # lands before the prior prefill would be over
     e.landed(t, now=0.5)
     assert e.link().effective_gbps <= 0.08 * MAX_OVER_DECLARED
+
+
+def test_the_fixed_cost_small_transfers_show_is_not_charged_to_the_line():
+    """Every transfer pays 0.12 s beyond prefill and one RTT (the handshake's round
+    trips, MD's step): the small ones measure it, and a 1 MB transfer that took its
+    serialization at the declared rate on top is the declared rate, not slower."""
+    e = estimator()
+    for i in range(30):
+        t = e.commit(100, "p0", 0, now=float(i))
+        e.landed(t, now=i + 0.03 + 0.12)
+    assert e.overhead_s == pytest.approx(0.12, rel=0.01)
+    t = e.commit(MB, "p0", 0, now=100.0)
+    e.landed(t, now=100.0 + 0.03 + 0.12 + MB * 8 / 0.08e9)
+    assert e.link().effective_gbps == pytest.approx(0.08, rel=0.01)
+    # A relayed transfer's MD waits for the hand-off too: one more RTT off its sample.
+    t = e.commit(MB, "p0", 0, now=200.0, relayed=True)
+    e.landed(t, now=200.0 + 2 * 0.03 + 0.12 + MB * 8 / 0.08e9)
+    assert e.link().effective_gbps == pytest.approx(0.08, rel=0.01)
 
 
 def test_prefill_throughput_per_instance():

@@ -13,12 +13,18 @@ What it keeps, and where each number comes from:
   A new transfer queues behind it (``cost_model.wan_transfer_seconds``).
 - **Goodput**: the declared rate is the prior; each transfer that lands is a sample,
   from the router's own bookkeeping: the seconds from dispatch to MD's first token,
-  less P's estimated prefill and one RTT, is what the line took for the transfer's
-  bytes plus those it queued behind at dispatch. Samples are averaged as seconds per
-  byte (an EWMA, gain ``GAIN``): a collapse shows after a few transfers, and a
-  recovery too, because relayed requests still ship their KV and keep sampling.
-  A transfer too small to show the line (its expected serialization under
-  ``MIN_SAMPLE_S`` at the current estimate) is no sample: its time is overheads.
+  less P's estimated prefill, one RTT and the fixed costs, is what the line took for
+  the transfer's bytes plus those it queued behind at dispatch. Samples are averaged
+  as seconds per byte (an EWMA, gain ``GAIN``): a collapse shows after a few
+  transfers, and a recovery too, because relayed requests still ship their KV and
+  keep sampling.
+- **Fixed costs**: a transfer too small to show the line (its expected serialization
+  under ``MIN_SAMPLE_S`` at the current estimate) is no goodput sample; what its time
+  holds beyond the prefill and one RTT is the P-MD path's fixed cost (the handshake's
+  round trips, MD's step, P's queue beyond the estimate), averaged the same way and
+  taken out of the goodput samples, so the line is not charged for it. A relayed
+  transfer's first token from MD also waits for the hand-off, whose token IDs cross
+  the line once more: one more RTT comes off its sample.
 - **RTT**: the declared value. The router has no round trip of its own on the line;
   the sampled goodput absorbs extra delay on top of it.
 - **Prefill throughput per P instance**: the configured rate is the prior; a request
@@ -69,6 +75,8 @@ class Transfer:
     committed_at: float
     #: Bytes the transfer was expected to queue behind when it was committed.
     ahead_bytes: int
+    #: A relay is on the route: MD's first token waits for the hand-off too.
+    relayed: bool = False
 
 
 class LinkEstimator:
@@ -84,6 +92,8 @@ class LinkEstimator:
         self._prefill_spt: dict[str, float] = {}
         self._own = Backlog()
         self.goodput_samples = 0
+        #: The P-MD path's measured fixed cost beyond prefill and one RTT (seconds).
+        self.overhead_s = 0.0
 
     @property
     def backlog(self) -> Backlog:
@@ -118,14 +128,14 @@ class LinkEstimator:
 
     def commit(
         self, nbytes: int, prefill_id: str, prefill_tokens: int, now: float,
-        backlog: Backlog | None = None,
+        backlog: Backlog | None = None, relayed: bool = False,
     ) -> Transfer:  # fmt: skip
         """A route that ships ``nbytes`` of KV over the line was dispatched."""
         if nbytes < 0 or prefill_tokens < 0:
             raise ValueError("a transfer's bytes and prefill tokens must be >= 0")
         ahead = queued_ahead_bytes(self.link(backlog), nbytes)
         self._own = Backlog(self._own.bytes + nbytes, self._own.transfers + 1)
-        return Transfer(nbytes, prefill_id, prefill_tokens, now, ahead)
+        return Transfer(nbytes, prefill_id, prefill_tokens, now, ahead, relayed)
 
     def settle(self, transfer: Transfer) -> None:
         """The transfer is off the line, with no timing to learn from (it failed, or its
@@ -135,11 +145,17 @@ class LinkEstimator:
     def landed(self, transfer: Transfer, now: float) -> None:
         """MD has the transfer's KV (it streams): settle it and learn from its timing."""
         self.settle(transfer)
-        queued = transfer.nbytes + transfer.ahead_bytes
-        if self.frozen or queued * self._spb < MIN_SAMPLE_S:
+        if self.frozen:
             return
+        queued = transfer.nbytes + transfer.ahead_bytes
         prefill_s = transfer.prefill_tokens / self.prefill_tokens_per_s(transfer.prefill_id)
-        line_s = now - transfer.committed_at - prefill_s - self.prior.rtt_s
+        rtts = 2 if transfer.relayed else 1
+        beyond = now - transfer.committed_at - prefill_s - rtts * self.prior.rtt_s
+        if queued * self._spb < MIN_SAMPLE_S:
+            if not transfer.relayed:  # the fixed cost of the plain P-MD path
+                self.overhead_s += GAIN * (max(0.0, beyond) - self.overhead_s)
+            return
+        line_s = beyond - self.overhead_s
         # A time at or under zero is timing noise (P was faster than estimated), not an
         # infinitely fast line: no sample goes past MAX_OVER_DECLARED x the declared rate.
         floor = _seconds_per_byte(self.prior.declared_gbps * MAX_OVER_DECLARED)

@@ -131,6 +131,7 @@ class Lease:
                 route.prefill_tokens,
                 lease.dispatched_at,
                 route.backlog,
+                relayed=route.relay is not None,
             )
         return lease
 
