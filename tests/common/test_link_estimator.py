@@ -121,6 +121,17 @@ def test_prefill_throughput_per_instance():
     assert e.prefill_tokens_per_s("p1") == 1000
 
 
+def test_a_prefills_fixed_cost_is_not_read_as_a_slow_p():
+    """Every prefill pays 0.1 s whatever its size (the hop to the relay, its first step):
+    the small ones measure it, and a 1,000-token one in 1.1 s is P's 1,000 tokens/s."""
+    e = estimator()
+    for _ in range(30):
+        e.prefill_seen("p0", 10, seconds=0.1)
+    assert e.prefill_tokens_per_s("p0") == 1000  # small prefills are no rate sample
+    e.prefill_seen("p0", 1000, seconds=1.1)
+    assert e.prefill_tokens_per_s("p0") == pytest.approx(1000, rel=0.01)
+
+
 def test_a_frozen_view_counts_the_backlog_and_learns_nothing():
     e = estimator(frozen=True)
     t = e.commit(MB, "p0", 100, now=0.0)

@@ -29,7 +29,10 @@ What it keeps, and where each number comes from:
   the sampled goodput absorbs extra delay on top of it.
 - **Prefill throughput per P instance**: the configured rate is the prior; a request
   with a relay samples it (P's miss over the seconds from dispatch to the relay's
-  first token: P's queue included, which is what the TTFT estimate needs).
+  first token: P's queue included, which is what the TTFT estimate needs). Those
+  seconds also hold a fixed cost (the hop to the relay, its first step, the HTTP
+  calls): prefills under ``MIN_PREFILL_SAMPLE_TOKENS`` measure it per P, and it comes
+  off the larger ones' samples, so a small miss does not read as a slow P.
 
 ``frozen`` keeps the view at the declared values (``--static-link-view``): the backlog
 is still counted (the router's own bookkeeping, not a measurement), nothing is learnt.
@@ -90,6 +93,8 @@ class LinkEstimator:
         self._prefill_prior_spt = 1.0 / prefill_tokens_per_s
         self._spb = _seconds_per_byte(prior.declared_gbps)
         self._prefill_spt: dict[str, float] = {}
+        #: Per P: the seconds a prefill takes whatever its size (see the docstring).
+        self._prefill_fixed_s: dict[str, float] = {}
         self._own = Backlog()
         self.goodput_samples = 0
         #: The P-MD path's measured fixed cost beyond prefill and one RTT (seconds).
@@ -164,10 +169,18 @@ class LinkEstimator:
 
     def prefill_seen(self, instance_id: str, tokens: int, seconds: float) -> None:
         """P computed ``tokens`` in ``seconds`` from dispatch (its queue included)."""
-        if self.frozen or tokens < MIN_PREFILL_SAMPLE_TOKENS or seconds <= 0:
+        if self.frozen or seconds <= 0:
             return
+        fixed = self._prefill_fixed_s.get(instance_id, 0.0)
+        if tokens < MIN_PREFILL_SAMPLE_TOKENS:
+            self._prefill_fixed_s[instance_id] = fixed + GAIN * (seconds - fixed)
+            return
+        # Never faster than MAX_OVER_DECLARED x the prior: a time at or under the fixed
+        # cost is noise, not an infinitely fast P.
+        floor = self._prefill_prior_spt / MAX_OVER_DECLARED
         spt = self._prefill_spt.get(instance_id, self._prefill_prior_spt)
-        self._prefill_spt[instance_id] = spt + GAIN * (seconds / tokens - spt)
+        sample = max(floor, (seconds - fixed) / tokens)
+        self._prefill_spt[instance_id] = spt + GAIN * (sample - spt)
 
 
 def _seconds_per_byte(gbps: float) -> float:
