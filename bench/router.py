@@ -37,6 +37,7 @@ import httpx
 from pdd.common.block_hash import block_hashes
 from pdd.common.cache_events import BlockStored
 from pdd.common.cost_model import LinkState
+from pdd.common.link_estimator import LinkEstimator
 from pdd.common.stats import percentile
 from pdd.common.vocabulary import Role
 from pdd.common.wire import Endpoint, LoadReport, SamplingSpec
@@ -230,7 +231,10 @@ async def bench_route(
     config = RouterConfig(workers=refs, secret="bench", link_gbps=10.0, link_rtt_ms=20.0)
     policy = PolicyConfig(kv_bytes_per_token=2048)
     health = LinkHealth("wan")
-    dispatcher = Dispatcher(config, registry, index, store, policy, RecentTraffic(), health)
+    estimator = LinkEstimator(config.link, config.prefill_tokens_per_s)
+    dispatcher = Dispatcher(
+        config, registry, index, store, policy, RecentTraffic(), health, estimator
+    )
     polled = max(1, round(instances / (ROUTE_RATE * POLL_S)))
     times, leased = [], []
     for i in range(iterations):

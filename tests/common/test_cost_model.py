@@ -9,10 +9,10 @@ from pdd.common.cost_model import (
     WorkloadProfile,
     kv_bytes_per_token,
     kv_bytes_per_token_from_hf_config,
+    queued_ahead_bytes,
     regularized_incomplete_beta,
     size_wan_link,
     wan_transfer_seconds,
-    with_active_transfers,
 )
 
 pytestmark = pytest.mark.unit
@@ -97,18 +97,21 @@ def test_wan_transfer_uses_measured_goodput():
     assert wan_transfer_seconds(10_000, 100_000, link) == pytest.approx(1.6)
 
 
-def test_a_new_transfer_gets_a_fair_share_next_to_the_active_ones():
+def test_a_new_transfer_queues_behind_the_backlog_at_most_its_own_size_per_transfer():
     link = LinkState(declared_gbps=10, rtt_ms=30)
-    assert with_active_transfers(link, 0).effective_gbps == 10
-    busy = with_active_transfers(link, 3)
-    assert busy.effective_gbps == 2.5 and busy.rtt_ms == 30
-    # Serialization takes 4x as long behind three others; the RTT does not change.
+    # Three transfers ahead, each larger than the new one: each delays it by its own size
+    # (a fair share of the line), so serialization takes 4x as long; the RTT does not change.
+    busy = LinkState(10, 30, backlog_bytes=3 * 10**9, backlog_transfers=3)
+    assert queued_ahead_bytes(busy, 10_000_000) == 30_000_000
     alone, shared = (wan_transfer_seconds(10_000, 1000, x) for x in (link, busy))
     assert shared - 0.03 == pytest.approx(4 * (alone - 0.03))
-    measured = LinkState(declared_gbps=10, rtt_ms=30, measured_goodput_gbps=4)
-    assert with_active_transfers(measured, 1).effective_gbps == 2  # shares what was measured
-    with pytest.raises(ValueError, match="active transfers"):
-        with_active_transfers(link, -1)
+    # Three small ones ahead: the new one waits for what they still hold, no more.
+    small = LinkState(10, 30, backlog_bytes=3_000, backlog_transfers=3)
+    assert queued_ahead_bytes(small, 10_000_000) == 3_000
+    # Nothing to send, nothing to wait for but the round trip.
+    assert wan_transfer_seconds(0, 1000, busy) == pytest.approx(0.03)
+    with pytest.raises(ValueError, match="backlog"):
+        LinkState(10, 30, backlog_bytes=-1)
 
 
 def test_wan_transfer_rejects_negative_tokens():

@@ -1,9 +1,11 @@
 """The pipeline policy on crafted cases, with thresholds taken from the cost model."""
 
+from dataclasses import replace
+
 import pytest
 
 from pdd.common.block_hash import block_hashes
-from pdd.common.cost_model import LinkState, wan_transfer_seconds, with_active_transfers
+from pdd.common.cost_model import LinkState, wan_transfer_seconds
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.router.dispatch import reason_code
 from pdd.router.fleet import Fleet
@@ -217,26 +219,30 @@ def test_features_from_prompt_key_is_the_first_block_hash():
 
 def test_kv_already_on_the_line_sends_the_next_request_to_a_relay():
     """Alone, this request's miss crosses in time (P-MD); behind four transfers the router
-    dispatched and has not seen land, its fair share of the line does not (P-RLD-MD)."""
+    dispatched and has not seen land, queueing behind their KV, it does not (P-RLD-MD)."""
     request, hits = req(64_000), {"p0": 63_000, "md0": 50_000}
     alone = run(request, hits)
     assert isinstance(alone, Decision) and alone.pipeline == Pipeline.P_MD
-    queued = run(request, hits, link=with_active_transfers(SLOW, 4))
+    backlog = 4 * 14_000 * KVB  # four transfers larger than this one's miss
+    queued = run(request, hits, link=replace(SLOW, backlog_bytes=backlog, backlog_transfers=4))
     assert isinstance(queued, Decision) and queued.pipeline == Pipeline.P_RLD_MD
     assert queued.estimate.transfer_s > CONFIG.ttft_budget_s
 
 
 def test_routes_that_ship_kv_count_on_the_link_until_md_has_it():
     from pdd.common.wire import Endpoint
-    from pdd.router.dispatch import WAN_TRANSFERS, Route
+    from pdd.router.dispatch import WAN_BACKLOG_KIB, WAN_TRANSFERS, Route
 
     def ep(name):
         return Endpoint(
             instance_id=name, http_url=f"http://{name}", fast_addr=f"{name}:1", wan_addr=f"{name}:2"
         )
 
-    p_md = Route(Pipeline.P_MD, "r", "c", prefill=ep("p0"), relay=None, main=ep("md0"))
-    assert p_md.lease_keys == ["p0", "md0", WAN_TRANSFERS]
+    p_md = Route(
+        Pipeline.P_MD, "r", "c", prefill=ep("p0"), relay=None, main=ep("md0"), kv_bytes=2049
+    )
+    assert p_md.lease_keys == ["p0", "md0", WAN_TRANSFERS, WAN_BACKLOG_KIB]
+    assert p_md.lease_amounts == {WAN_BACKLOG_KIB: 3}  # KiB, rounded up
     mono = Route(Pipeline.MONO, "r", "c", prefill=None, relay=None, main=ep("m0"))
     assert mono.lease_keys == ["m0"]
 

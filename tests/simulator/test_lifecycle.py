@@ -153,3 +153,18 @@ def test_every_request_of_a_generated_workload_finishes_with_tokens_conserved() 
             kv = wan_kv - sum((r.input_tokens - r.md_hit_tokens) * KVB for r in p_rld)
             ids = sum(r.wan_bytes for r in run.records) - kv
             assert 0 <= ids <= sum(handoff_bytes(r.rld_tokens) * 4 for r in relayed)
+
+
+def test_a_transfer_committed_at_dispatch_queues_the_next_one_behind_it() -> None:
+    """Alone, each request's KV crosses within the budget (P-MD). The second, dispatched
+    while the first's KV is committed to the line (its P still prefilling, not a byte
+    sent yet), queues behind it in the router's link estimator: it is relayed."""
+    one = trace(conversation(request("a#0", range(8), 50)))
+    alone = simulate(small(wan_gbps=1.5), "pdd", one)  # 1.3 s estimated, 2 s budget
+    assert [r.pipeline for r in alone.records] == ["P-MD"]
+    both = trace(
+        conversation(request("a#0", range(8), 50), name="a"),
+        conversation(request("b#0", range(100, 108), 50), start=0.001, name="b"),
+    )
+    first, second = simulate(small(wan_gbps=1.5), "pdd", both).records
+    assert (first.pipeline, second.pipeline) == ("P-MD", "P-RLD-MD")

@@ -36,3 +36,11 @@ def test_handoff_mode_rule_is_the_workers() -> None:
 def test_handoff_payload_size_matches_the_worker_wire_format() -> None:
     for n in (0, 1, 100, 4096):
         assert lifecycle.handoff_bytes(n) == len(encode_token_ids(7, list(range(n))))
+
+
+def test_the_link_view_is_the_routers_estimator() -> None:
+    import pdd.common.link_estimator as link_estimator
+    import pdd.router.dispatch as dispatch
+
+    assert cluster.LinkEstimator is link_estimator.LinkEstimator
+    assert dispatch.LinkEstimator is link_estimator.LinkEstimator

@@ -104,17 +104,23 @@ def _dtype_bytes(dtype: str | None) -> int:
 
 @dataclass(frozen=True)
 class LinkState:
-    """A WAN link as the router and operator see it: what was declared, what was measured."""
+    """A WAN link as the router and operator see it: what was declared, what was measured,
+    and the KV already committed to it (``pdd.common.link_estimator`` fills the last two)."""
 
     declared_gbps: float
     rtt_ms: float
     measured_goodput_gbps: float | None = None
+    #: KV bytes dispatched onto the line and not yet landed, and how many transfers.
+    backlog_bytes: int = 0
+    backlog_transfers: int = 0
 
     def __post_init__(self) -> None:
         if self.declared_gbps <= 0:
             raise ValueError(f"declared_gbps must be positive, got {self.declared_gbps}")
         if self.rtt_ms < 0:
             raise ValueError(f"rtt_ms must be >= 0, got {self.rtt_ms}")
+        if self.backlog_bytes < 0 or self.backlog_transfers < 0:
+            raise ValueError("a link's backlog cannot be negative")
 
     @property
     def effective_gbps(self) -> float:
@@ -132,21 +138,21 @@ class LinkState:
         return self.rtt_ms / 1000.0
 
 
-def with_active_transfers(link: LinkState, active: int) -> LinkState:
-    """The link as one more transfer would find it: a fair share next to ``active`` KV
-    transfers already on it. The router counts the transfers it dispatched and has not
-    seen land; the simulator counts its line's flows: the same estimate in both."""
-    if active < 0:
-        raise ValueError(f"active transfers must be >= 0, got {active}")
-    share = link.effective_gbps / (1 + active)
-    return LinkState(link.declared_gbps, link.rtt_ms, share)
+def queued_ahead_bytes(link: LinkState, nbytes: int) -> int:
+    """Backlog bytes that cross before the last of ``nbytes`` new ones: the line shares
+    itself fairly between transfers (processor sharing, as TCP flows roughly do), so each
+    transfer ahead delays the new one by at most the new one's own size, and all of them
+    by at most what they still hold."""
+    return min(link.backlog_bytes, link.backlog_transfers * nbytes)
 
 
 def wan_transfer_seconds(miss_tokens: int, kv_bytes_per_token: int, link: LinkState) -> float:
-    """Seconds to ship ``miss_tokens`` tokens of KV over ``link``: serialization + one RTT."""
+    """Seconds to ship ``miss_tokens`` tokens of KV over ``link``: one RTT, plus the
+    serialization of the miss and of the backlog it queues behind."""
     if miss_tokens < 0:
         raise ValueError(f"miss_tokens must be >= 0, got {miss_tokens}")
-    bits = miss_tokens * kv_bytes_per_token * _BITS_PER_BYTE
+    nbytes = miss_tokens * kv_bytes_per_token
+    bits = (nbytes + queued_ahead_bytes(link, nbytes)) * _BITS_PER_BYTE
     return bits / (link.effective_gbps * _GIGA) + link.rtt_s
 
 

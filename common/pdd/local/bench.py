@@ -3,6 +3,7 @@
     pdd bench --modes mono,samedc,naive,pdd --max-requests 100 --json results.json
     pdd bench --trace path/to/claude-code --max-requests 400   # e.g. all 60 sessions
     pdd bench --chaos --chaos-seed 7 --prefill 2 --relay 2 --main 2   # mono,pdd
+    pdd bench --link-schedule '20:0.005,50:0.05,60:cut,80:0.05'  # pdd,pdd-static,naive
 
 Without ``--trace`` it replays the sample of recorded agentic sessions committed at
 ``bench/traces/claude-code/`` in the checkout; ``--trace`` takes any session folder or
@@ -34,9 +35,10 @@ from typing import Any
 import httpx
 
 from pdd.common.vocabulary import Role
-from pdd.local import plots, quiescence, report
+from pdd.local import link_schedule, plots, quiescence, report
 from pdd.local.chaos import Chaos, ChaosError, ChaosEvent, ChaosTarget, plan
 from pdd.local.cluster import free_port
+from pdd.local.link_schedule import LinkSchedule, LinkScheduleError, Phase
 from pdd.local.probes import Probes, WanSampler, delta, summed
 from pdd.local.replay import Outcome, Replayer, ReplayTarget
 from pdd.local.scale_down import ScaleDown, ScaleDownError, parse_roles, pick_victims
@@ -65,6 +67,12 @@ DEFAULT_TIME_SCALE = {"claude-code": 0.01, "mooncake": 1.0}
 SCALE_DOWN_WAIT_S = 60.0
 #: The modes compared by default; with ``--chaos``, the reference first (untouched).
 DEFAULT_MODES, DEFAULT_CHAOS_MODES = "naive,pdd", "mono,pdd"
+#: With ``--link-schedule``: the live link view against a frozen one and naive.
+DEFAULT_SCHEDULE_MODES = "pdd,pdd-static,naive"
+#: Labels that run a mode's stack with extra router flags: (the mode, the flags).
+VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "pdd-static": ("pdd", ("--static-link-view",)),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--chaos-seed", type=int, default=0, help="same seed, same schedule")
     p.add_argument(
+        "--link-schedule",
+        metavar="T:RATE,T:cut,...",
+        help="change the emulated WAN line during the replay: at T s re-rate it to RATE "
+        "Gbit/s or cut it; the report splits each mode's figures by phase (default modes "
+        f"{DEFAULT_SCHEDULE_MODES})",
+    )
+    p.add_argument(
         "--chaos-events", type=int, default=4, metavar="K", help="events per mode (default 4)"
     )
     add_stack_flags(p, None)
@@ -149,11 +164,18 @@ def trace_path(args: argparse.Namespace) -> Path:
 
 def parse_modes(args: argparse.Namespace) -> list[str]:
     if args.modes is None:
-        args.modes = DEFAULT_CHAOS_MODES if args.chaos else DEFAULT_MODES
+        args.modes = (
+            DEFAULT_CHAOS_MODES
+            if args.chaos
+            else DEFAULT_SCHEDULE_MODES
+            if args.link_schedule
+            else DEFAULT_MODES
+        )
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
+    bad = [m for m in modes if m not in MODES and m not in VARIANTS]
     if bad or not modes:
-        raise TopologyError(f"--modes {args.modes!r}: each must be one of {', '.join(MODES)}")
+        known = ", ".join([*MODES, *VARIANTS])
+        raise TopologyError(f"--modes {args.modes!r}: each must be one of {known}")
     if args.url and len(modes) != 1:
         raise TopologyError("--url replays one running stack: give exactly one --modes label")
     return modes
@@ -168,14 +190,18 @@ def main(argv: list[str]) -> int:
             raise ScaleDownError("--scale-down stops workers of the stacks bench starts: not --url")
         for mode in modes:  # refused now, before any stack is brought up
             counts = Counts(args.prefill, args.relay, args.main, args.mono)
-            pick_victims(mode_workers(mode, counts), args.scale_down)  # type: ignore[arg-type]
+            pick_victims(mode_workers(base_mode(mode), counts), args.scale_down)  # type: ignore[arg-type]
+        phases = link_phases(args)
         args.trace = trace_path(args)
         fmt = args.format or detect(args.trace)
         trace = load_trace(args.trace, fmt, args.session_gap_s, args.max_requests)
         scaling = build_scaling(args, fmt)
         workload = synthesize(trace, scaling)
         schedules = chaos_schedules(args, modes, len(workload))
-    except (TraceFormatError, ScalingError, TopologyError, ScaleDownError, ChaosError) as exc:
+    except (
+        TraceFormatError, ScalingError, TopologyError, ScaleDownError, ChaosError,
+        LinkScheduleError,
+    ) as exc:  # fmt: skip
         say(f"pdd bench: {exc}")
         return 2
     out_dir = args.out_dir or Path("bench-results") / args.trace.name.split(".")[0]
@@ -188,9 +214,13 @@ def main(argv: list[str]) -> int:
             f"chaos in {mode} (seed {args.chaos_seed}): "
             + "; ".join(e.describe() for e in schedule)
         )
+    if phases:
+        say("link schedule: " + "; ".join(f"{p.start_s:g} s {p.describe()}" for p in phases))
     slo = report.Slo(args.slo_ttft_s, args.slo_stall_s)
     try:
-        runs = [_run_mode(args, mode, workload, out_dir, schedules.get(mode)) for mode in modes]
+        runs = [
+            _run_mode(args, mode, workload, out_dir, schedules.get(mode), phases) for mode in modes
+        ]
     except StackStartError as exc:
         say(f"pdd bench: {exc}")
         return 1
@@ -201,7 +231,26 @@ def main(argv: list[str]) -> int:
         say(line)
     if args.chaos:
         print(report.chaos_table(list(document["modes"].values())))
+    if phases:
+        print(link_schedule.phase_table(document["link_schedule"]))
     return 0
+
+
+def base_mode(label: str) -> str:
+    """The stack a ``--modes`` label runs (a variant's mode, or the label itself)."""
+    return VARIANTS[label][0] if label in VARIANTS else label
+
+
+def link_phases(args: argparse.Namespace) -> list[Phase]:
+    """``--link-schedule``'s phases (none without it); refused with what cannot run."""
+    if not args.link_schedule:
+        return []
+    if args.url or args.chaos or args.scale_down:
+        raise LinkScheduleError(
+            "--link-schedule acts on the stacks bench starts, alone: not with --url, "
+            "--chaos or --scale-down"
+        )
+    return link_schedule.parse_schedule(args.link_schedule, args.wan_gbps)
 
 
 def chaos_schedules(
@@ -220,8 +269,8 @@ def chaos_schedules(
         mode: plan(
             args.chaos_seed,
             args.chaos_events,
-            mode_workers(mode, counts),  # type: ignore[arg-type]
-            mode in CROSS_DATACENTER,
+            mode_workers(base_mode(mode), counts),  # type: ignore[arg-type]
+            base_mode(mode) in CROSS_DATACENTER,
             requests,
         )
         for mode in modes
@@ -243,6 +292,7 @@ def _run_mode(
     workload: Trace[Job],
     out_dir: Path,
     schedule: list[ChaosEvent] | None = None,
+    phases: list[Phase] | None = None,
 ) -> report.ModeRun:
     if args.url:
         info = StackInfo.load(args.stack) if args.stack else None
@@ -252,7 +302,9 @@ def _run_mode(
         return asyncio.run(measure(mode, workload, target, probes, not args.no_progress))
     log_dir = (args.log_dir or out_dir / "logs") / mode
     say(f"== {mode}: bringing the stack up")
-    config = stack_config(args, mode, free_port(), log_dir)
+    config = stack_config(args, base_mode(mode), free_port(), log_dir)
+    if mode in VARIANTS:
+        config = replace(config, router_args=config.router_args + VARIANTS[mode][1])
     if config.ttft_budget_s is None:  # the router keeps P-MD while MD meets the SLO
         config = replace(config, ttft_budget_s=args.slo_ttft_s)
     stack = LocalStack.start(config, say)
@@ -267,11 +319,23 @@ def _run_mode(
                 chaos.on_outcome()
 
         progress = not args.no_progress
+        timetable = (
+            (phases, tuple(stack.info.links.values()), stack.info.router_url) if phases else None
+        )
         run = asyncio.run(
-            measure(mode, workload, target, stack.info.probes, progress, on_finished, chaos)
+            measure(
+                mode,
+                workload,
+                target,
+                stack.info.probes,
+                progress,
+                on_finished,
+                chaos,
+                timetable,
+            )
         )
         run.scale_down = [asdict(s) for s in scale.wait(SCALE_DOWN_WAIT_S)]
-        if mode in CROSS_DATACENTER:
+        if config.mode in CROSS_DATACENTER:
             run.kv_codec = config.kv_codec
         states = asyncio.run(quiescence.settle(stack.info.workers, stack.secret))
         run.leaks = quiescence.leaks(states)
@@ -322,11 +386,13 @@ async def measure(
     progress: bool,
     on_finished: Callable[[], None] | None = None,
     chaos: Chaos | None = None,
+    timetable: tuple[list[Phase], tuple[str, ...], str] | None = None,
 ) -> report.ModeRun:
     """Replay ``workload`` once against ``target``; counters are read before and after.
     ``on_finished`` is called as each request ends (the scale-down and chaos count them);
     ``chaos`` runs beside the replay and is over (every worker back) before the counters
-    are read."""
+    are read. ``timetable``: a link schedule's phases, the stack's WAN admin URLs and its
+    router URL (see ``link_schedule``)."""
     bar = _progress_bar(mode, len(workload), progress)
     errors = 0
 
@@ -351,12 +417,24 @@ async def measure(
         disorder = None
         if chaos is not None:
             disorder = asyncio.create_task(chaos.run(lambda: time.monotonic() - replayer.t0))
+        schedule, timing = None, None
+        if timetable is not None:
+            phases, admin_urls, router_url = timetable
+            schedule = LinkSchedule(
+                phases,
+                link_schedule.admin_apply(client, admin_urls),
+                link_schedule.router_pipelines(client, router_url),
+            )
+            timing = asyncio.create_task(schedule.run(lambda: time.monotonic() - replayer.t0))
         try:
             outcomes = await replayer.run(workload)
         finally:
             if chaos is not None and disorder is not None:
                 chaos.replay_over()
                 await disorder
+            if schedule is not None and timing is not None:
+                schedule.replay_over()
+                await timing
         wall = time.monotonic() - t0
         stop.set()
         await sampling
@@ -372,6 +450,7 @@ async def measure(
         router=delta(router0, router1),
         workers=delta(summed(workers0), summed(workers1)),
         wan_series=sampler.series,
+        link_phases=link_schedule.document(schedule.ran) if schedule is not None else None,
     )
 
 
@@ -418,6 +497,11 @@ def _document(
         "scale_down": {run.mode: run.scale_down for run in runs if run.scale_down},
         "chaos": {run.mode: run.chaos for run in runs if run.chaos},
         "leaks": {run.mode: run.leaks for run in runs if run.leaks is not None},
+        "link_schedule": {
+            run.mode: link_schedule.phase_summaries(run.outcomes, run.link_phases)
+            for run in runs
+            if run.link_phases is not None
+        },
         "modes": summaries,
     }
 

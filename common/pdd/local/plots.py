@@ -87,9 +87,47 @@ def wan_throughput(runs: Sequence[ModeRun], path: Path) -> None:
     )  # fmt: skip
 
 
+#: Shading of a ``--link-schedule`` phase by what the line did: cut, slower or faster
+#: than the first phase's rate.
+_PHASE_COLOURS = {"cut": "tab:red", "slower": "tab:orange", "faster": "tab:green"}
+
+
+def ttft_over_time(runs: Sequence[ModeRun], path: Path) -> None:
+    """Each request's TTFT at the time it was sent, per mode, the link's phases shaded
+    (a failed request is an x at the top)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    phases = next((r.link_phases for r in runs if r.link_phases), [])
+    base = phases[0]["phase"]["gbps"] if phases else None
+    end = max((o.sent_at for r in runs for o in r.outcomes), default=0.0)
+    for p in phases:
+        gbps = p["phase"]["gbps"]
+        kind = "cut" if gbps is None else "slower" if base and gbps < base else "faster"
+        if gbps == base:
+            continue
+        label = "cut" if gbps is None else f"{gbps:g} Gbit/s"
+        stop = p["ended_s"] if p["ended_s"] is not None else end
+        ax.axvspan(p["began_s"], stop, color=_PHASE_COLOURS[kind], alpha=0.15, label=label)
+    top = max((o.ttft_s or 0.0 for r in runs for o in r.outcomes), default=1.0) * 1.1
+    for run in runs:
+        ok = [(o.sent_at, o.ttft_s) for o in run.outcomes if o.ok and o.ttft_s is not None]
+        failed = [o.sent_at for o in run.outcomes if o.error is not None]
+        points = ax.scatter([t for t, _ in ok], [v for _, v in ok], s=6, label=run.mode)
+        if failed:
+            colour = points.get_facecolor()[0]
+            ax.scatter(failed, [top] * len(failed), marker="x", color=colour,
+                       label=f"{run.mode} failed")  # fmt: skip
+    ax.set_yscale("log")
+    save_figure(plt, fig, ax, path, "TTFT over time, link phases shaded", "replay time (s)",
+                "TTFT (s)", grid=True)  # fmt: skip
+
+
 def write_all(ideal: Mapping[str, float], runs: Sequence[ModeRun], out_dir: Path) -> list[Path]:
     paths = [out_dir / "ttft_cdf.png", out_dir / "hit_ratio.png", out_dir / "wan_throughput.png"]
     ttft_cdf(runs, paths[0])
     hit_histogram(ideal, runs, paths[1])
     wan_throughput(runs, paths[2])
+    if any(r.link_phases for r in runs):
+        paths.append(out_dir / "ttft_over_time.png")
+        ttft_over_time(runs, paths[-1])
     return paths

@@ -60,6 +60,8 @@ class ModeRun:
     outages: list[tuple[float, float]] = field(default_factory=list)
     #: How P coded the KV it sent MD (``--kv-codec``; none where nothing crosses a WAN).
     kv_codec: str = "none"
+    #: ``--link-schedule``: the phases as they ran (``link_schedule.document``).
+    link_phases: list[dict[str, Any]] | None = None
 
 
 def _ratio(num: float, den: float) -> float | None:

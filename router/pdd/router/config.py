@@ -76,7 +76,11 @@ class RouterConfig:
     link_gbps: float = 10.0
     link_rtt_ms: float = 0.0
     ttft_budget_s: float = 2.0
+    #: P's prefill throughput until the router has measured it (the estimator's prior).
     prefill_tokens_per_s: float = 10_000.0
+    #: Decide on the declared link and prefill rate, learning nothing (a benchmark's
+    #: baseline for the live view: ``pdd.common.link_estimator``).
+    static_link_view: bool = False
     #: KV bytes per token on the WAN; None: from the checkpoint's shape and ``kv_codec``.
     kv_bytes_per_token: int | None = None
     #: How P codes the KV it sends MD across the WAN (spec.wan.kvCodec).

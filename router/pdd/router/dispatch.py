@@ -5,18 +5,22 @@ loads, the link, the recent traffic window), turns its answer into the workers'
 endpoints, and raises typed errors for "nobody is up" (503) and "everybody is busy"
 (429). ``Lease`` counts the request against its instances in the shared store, so
 other router replicas see the load before the workers' own reports catch up; a route
-whose KV crosses the link also counts under ``WAN_TRANSFERS`` until MD has it, and the
-policy sees the link as a fair share next to that many transfers (``with_active_transfers``,
-the simulator's model too), so P-MD requests stop piling up on a busy line.
+whose KV crosses the link also counts under ``WAN_TRANSFERS`` (and its KiB under
+``WAN_BACKLOG_KIB``) until MD has it, and the policy sees the line through the link
+estimator (``pdd.common.link_estimator``, the simulator's too): measured goodput and
+the backlog every replica committed, so P-MD requests stop piling up on a busy line.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import math
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from pdd.common.cost_model import LinkState, with_active_transfers
+from pdd.common.cost_model import LinkState
+from pdd.common.link_estimator import Backlog, LinkEstimator, Transfer
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.common.wire import Endpoint, PipelinePlan, SamplingSpec
 from pdd.router.config import RouterConfig
@@ -34,6 +38,9 @@ from pdd.router.state.base import RouterStore
 #: The in-flight counter of KV transfers on the WAN link, beside the instances' counters:
 #: every replica adds its own, so all of them see the line's load (no instance has this id).
 WAN_TRANSFERS = "~wan-transfers"
+#: ... and of the KiB of KV those transfers carry (the store counts integers).
+WAN_BACKLOG_KIB = "~wan-backlog-kib"
+_KIB = 1024
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,12 @@ class Route:
     #: ``LinkHealth.ticket`` when this route was chosen: its KV landing on MD proves the
     #: line only if no transfer failed since.
     link_ticket: int = 0
+    #: KV bytes P ships to MD over the link (MD's miss; 0 when nothing crosses).
+    kv_bytes: int = 0
+    #: Tokens P computes (its miss): what the link estimator's samples take P's time from.
+    prefill_tokens: int = 0
+    #: The line's backlog (every replica's) when this route was chosen.
+    backlog: Backlog = field(default_factory=Backlog)
 
     @property
     def endpoints(self) -> list[Endpoint]:
@@ -68,7 +81,12 @@ class Route:
     def lease_keys(self) -> list[str]:
         """What this route counts in flight: its instances, and the link when it ships KV."""
         keys = [e.instance_id for e in self.endpoints]
-        return [*keys, WAN_TRANSFERS] if self.ships_kv else keys
+        return [*keys, WAN_TRANSFERS, WAN_BACKLOG_KIB] if self.ships_kv else keys
+
+    @property
+    def lease_amounts(self) -> dict[str, int]:
+        """Counts other than 1 a lease holds: the KiB of KV this route commits to the line."""
+        return {WAN_BACKLOG_KIB: math.ceil(self.kv_bytes / _KIB)} if self.ships_kv else {}
 
     def plan(
         self,
@@ -92,24 +110,56 @@ class Route:
 
 @dataclass
 class Lease:
-    """The in-flight count a request holds on each of its instances, released once each."""
+    """What a request holds until it lets go, each released once: its in-flight count on
+    each instance and on the link, and its KV transfer in the link estimator."""
 
     store: RouterStore
-    held: set[str] = field(default_factory=set)
+    held: dict[str, int] = field(default_factory=dict)
+    estimator: LinkEstimator | None = None
+    transfer: Transfer | None = None
+    dispatched_at: float = field(default_factory=time.monotonic)
 
-    def acquire(self, instance_ids: Sequence[str]) -> None:
+    @classmethod
+    def of(cls, route: Route, store: RouterStore, estimator: LinkEstimator) -> Lease:
+        """The lease of a route just chosen; a route that ships KV commits it to the line."""
+        lease = cls(store, estimator=estimator)
+        lease.acquire(route.lease_keys, route.lease_amounts)
+        if route.ships_kv and route.prefill is not None:
+            lease.transfer = estimator.commit(
+                route.kv_bytes,
+                route.prefill.instance_id,
+                route.prefill_tokens,
+                lease.dispatched_at,
+                route.backlog,
+                relayed=route.relay is not None,
+            )
+        return lease
+
+    def acquire(self, instance_ids: Sequence[str], amounts: Mapping[str, int] = {}) -> None:
         for i in instance_ids:
-            self.store.add_inflight(i, 1)
-            self.held.add(i)
+            n = amounts.get(i, 1)
+            self.store.add_inflight(i, n)
+            self.held[i] = n
 
     def release(self, instance_id: str) -> None:
-        if instance_id in self.held:
-            self.held.discard(instance_id)
-            self.store.add_inflight(instance_id, -1)
+        n = self.held.pop(instance_id, None)
+        if n is not None:
+            self.store.add_inflight(instance_id, -n)
+
+    def kv_landed(self, now: float) -> None:
+        """MD streams: it has the KV. The line's counts let go and the estimator learns."""
+        self.release(WAN_TRANSFERS)
+        self.release(WAN_BACKLOG_KIB)
+        if self.transfer is not None and self.estimator is not None:
+            self.estimator.landed(self.transfer, now)
+            self.transfer = None
 
     def release_all(self) -> None:
         for i in list(self.held):
             self.release(i)
+        if self.transfer is not None and self.estimator is not None:
+            self.estimator.settle(self.transfer)  # failed, or ended before it landed
+            self.transfer = None
 
 
 def reason_code(
@@ -142,9 +192,11 @@ class Dispatcher:
         policy: PolicyConfig,
         traffic: RecentTraffic,
         link_health: LinkHealth,
+        link_estimator: LinkEstimator,
     ) -> None:
         self._config = config
         self._link_health = link_health
+        self._estimator = link_estimator
         self._registry = registry
         self._index = index
         self._store = store
@@ -170,7 +222,8 @@ class Dispatcher:
         )
         self._check_roles_ready(retry)
         self._view.refresh(inflight, self._store.take_moved())
-        link = with_active_transfers(self._config.link, inflight.get(WAN_TRANSFERS, 0))
+        backlog = Backlog(inflight.get(WAN_BACKLOG_KIB, 0) * _KIB, inflight.get(WAN_TRANSFERS, 0))
+        link = self._estimator.link(backlog)
         features = RequestFeatures.from_prompt(prompt_ids, max_tokens, self._config.block_size)
         with self._view.excluding(exclude):
             if self._config.mono:
@@ -179,7 +232,15 @@ class Dispatcher:
                 route = self._route_naive(features, hits)
             else:
                 route = self._route_policy(features, hits, link, retry)
-        return replace(route, prompt_hashes=hashes, link_ticket=self._link_health.ticket)
+        n = len(prompt_ids)
+        return replace(
+            route,
+            prompt_hashes=hashes,
+            link_ticket=self._link_health.ticket,
+            kv_bytes=(n - route.md_hit_tokens) * self._policy.kv_bytes_per_token,
+            prefill_tokens=n - route.p_hit_tokens,
+            backlog=backlog,
+        )
 
     def _route_policy(
         self,
@@ -191,7 +252,10 @@ class Dispatcher:
         """PDD: the pure policy picks the pipeline and instances."""
         traffic = self._traffic.snapshot()
         doubt = self._link_health.doubt()
-        result = decide(features, hits, self._view.fleet, link, traffic, self._policy, retry, doubt)
+        result = decide(
+            features, hits, self._view.fleet, link, traffic, self._policy, retry, doubt,
+            self._estimator.prefill_rates(),
+        )  # fmt: skip
         if isinstance(result, Saturated):
             raise SaturatedError(result.reason, result.retry_after_s)
         self._traffic.record(result.pipeline == Pipeline.P_RLD, features.input_tokens)

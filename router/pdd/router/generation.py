@@ -29,7 +29,7 @@ from pdd.common.openai_protocol import UsageInfo
 from pdd.common.vocabulary import FinishReason
 from pdd.common.wire import PipelinePlan, TokenEvent, TokenLogprobs
 from pdd.router.detokenize import IncrementalDetokenizer, StopStrings
-from pdd.router.dispatch import WAN_TRANSFERS, Lease, Route
+from pdd.router.dispatch import Lease, Route
 from pdd.router.errors import UpstreamError
 from pdd.router.prefix_index import PrefixIndex
 from pdd.router.runtime import RouterRuntime
@@ -207,10 +207,12 @@ class Generation:
                         rt.metrics.ttft.observe(now - self._arrived_at)
                     if self.plan.prefill is not None:
                         self._lease.release(self.plan.prefill.instance_id)
+                    if relay_id is not None and event.source == relay_id:
+                        self._prefill_seen(now)
                 else:
                     rt.metrics.itl.observe(now - last)
                 if self.plan.main is not None and event.source == self.plan.main.instance_id:
-                    self._lease.release(WAN_TRANSFERS)  # MD streams: it has the KV
+                    self._lease.kv_landed(now)  # MD streams: it has the KV
                     if self.route.ships_kv:
                         rt.link_health.delivered(self.route.link_ticket)
                 last = now
@@ -240,6 +242,15 @@ class Generation:
         """The entries no delta has carried yet."""
         n, self._unsent_logprobs = self._unsent_logprobs, 0
         return tuple(self.logprobs[len(self.logprobs) - n :]) if n else ()
+
+    def _prefill_seen(self, now: float) -> None:
+        """The relay streams P's first token: P's prefill (and its queue) is over."""
+        assert self.plan.prefill is not None  # a route with a relay starts at P
+        self.runtime.link_estimator.prefill_seen(
+            self.plan.prefill.instance_id,
+            self.route.prefill_tokens,
+            now - self._lease.dispatched_at,
+        )
 
     def _link_fault(self, report: TokenEvent) -> None:
         """P could not send this request's KV over the WAN: the line is in doubt."""

@@ -77,6 +77,18 @@ class RouterMetrics:
             ["link", "to"],
             registry=r,
         )
+        self.link_goodput = Gauge(
+            "pdd_router_link_goodput_gbps",
+            "The WAN line's goodput the router decides on (measured, or the declared prior)",
+            ["link"],
+            registry=r,
+        )
+        self.link_backlog = Gauge(
+            "pdd_router_link_backlog_bytes",
+            "KV this replica dispatched onto the WAN line and has not seen land",
+            ["link"],
+            registry=r,
+        )
         self.instances_ready = Gauge(
             "pdd_router_instances_ready", "Workers answering their polls", ["role"], registry=r
         )

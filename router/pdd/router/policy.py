@@ -8,7 +8,9 @@ decision; no clock, no I/O.
 The rules, in order (the technique's "only two pipelines, plus one filter"):
 
 1. **P-MD** when the first token can come from MD in time:
-   ``prefill(P's miss) + wan_transfer_seconds(MD's miss) <= ttft_budget_s``.
+   ``prefill(P's miss) + wan_transfer_seconds(MD's miss) <= ttft_budget_s``, on the
+   live view of the line (``pdd.common.link_estimator``: measured goodput, the KV
+   already queued on it) and P's measured prefill throughput.
 2. **P-RLD** for anomalous traffic only (input >= ``anomalous_min_input_tokens`` and a
    declared output below ``anomalous_output_tokens_below``) whose transfer does not
    fit, while relay-only traffic stays under its caps (share of recent requests and
@@ -56,7 +58,8 @@ class PolicyConfig:
     kv_bytes_per_token: int
     #: Time-to-first-token budget the P-MD path must meet (the SLO).
     ttft_budget_s: float = 2.0
-    #: P's prefill throughput, to estimate how long P's miss takes to compute.
+    #: P's prefill throughput, to estimate how long P's miss takes to compute: the prior,
+    #: where ``decide`` has no measured rate for the chosen P.
     prefill_tokens_per_s: float = 10_000.0
     #: Anomalous traffic: at least this much input ...
     anomalous_min_input_tokens: int = 32_000
@@ -151,12 +154,15 @@ def decide(
     config: PolicyConfig,
     retry: bool = False,
     link_doubt: str | None = None,
+    prefill_rates: Mapping[str, float] | None = None,
 ) -> Decision | Saturated:
     """Choose P and MD, estimate MD's first token, then pick the pipeline.
 
     ``hits`` is ``PrefixIndex.match``: tokens of this prompt each instance holds.
     ``retry``: the request failed on a worker before; keep a relay on the route.
     ``link_doubt``: why the WAN line is not trusted now (None: it is).
+    ``prefill_rates``: measured prefill tokens/s per P instance (the config's rate for
+    one not in it).
     """
     n = request.input_tokens
     p = choose_prefill(fleet, hits, n, config.weights)
@@ -164,7 +170,8 @@ def decide(
         return Saturated("every prefill instance is at capacity", config.retry_after_s)
     md = choose_main_decode(fleet, hits, n, request.affinity_key, config.weights)
     relay = choose_relay(fleet)
-    estimate = _estimate(request, hits.get(p.instance_id, 0), md, hits, link, config)
+    rate = (prefill_rates or {}).get(p.instance_id, config.prefill_tokens_per_s)
+    estimate = _estimate(request, hits.get(p.instance_id, 0), md, hits, link, config, rate)
     if retry and relay is not None:
         pipeline, reason = retry_pipeline(md is not None)
     else:
@@ -188,6 +195,7 @@ def _estimate(
     hits: Mapping[str, int],
     link: LinkState,
     config: PolicyConfig,
+    prefill_tokens_per_s: float,
 ) -> Estimate:
     n = request.input_tokens
     md_hit = min(hits.get(md.instance_id, 0), n) if md else 0
@@ -195,7 +203,7 @@ def _estimate(
     return Estimate(
         p_hit_tokens=p_hit,
         md_hit_tokens=md_hit,
-        prefill_s=(n - p_hit) / config.prefill_tokens_per_s,
+        prefill_s=(n - p_hit) / prefill_tokens_per_s,
         transfer_s=wan_transfer_seconds(n - md_hit, config.kv_bytes_per_token, link),
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from pdd.common.link_estimator import LinkEstimator
 from pdd.common.tls_rotation import TlsRotation
 from pdd.common.vocabulary import Role, ToolCallFormat
 from pdd.common.wan_tls import load_wan_ca
@@ -79,6 +80,11 @@ class RouterRuntime:
         )
         self.policy = build_policy(config)
         self.link_health = LinkHealth(WAN_LINK, self._link_changed)
+        #: The line's live numbers (goodput, backlog, P's throughput); ``link_health``
+        #: says whether it works at all. Each replica measures for itself: docs/router.md.
+        self.link_estimator = LinkEstimator(
+            config.link, config.prefill_tokens_per_s, frozen=config.static_link_view
+        )
         self._show_link(LinkCondition.HEALTHY)
         self.dispatcher = Dispatcher(
             config,
@@ -88,6 +94,7 @@ class RouterRuntime:
             self.policy,
             RecentTraffic(),
             self.link_health,
+            self.link_estimator,
         )
 
     def _link_changed(self, change: Transition) -> None:
@@ -125,5 +132,8 @@ class RouterRuntime:
 
     def refresh_gauges(self) -> None:
         self.metrics.redis_reads_waiting.set(self.store.reads_waiting)
+        view = self.link_estimator.link()
+        self.metrics.link_goodput.labels(WAN_LINK).set(view.effective_gbps)
+        self.metrics.link_backlog.labels(WAN_LINK).set(view.backlog_bytes)
         for role in Role:
             self.metrics.instances_ready.labels(role).set(len(self.registry.ready(role)))

@@ -62,7 +62,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--link-gbps", type=float, help="declared WAN bandwidth P -> MD")
     p.add_argument("--link-rtt-ms", type=float, help="declared WAN round-trip time")
     p.add_argument("--ttft-budget-s", type=float, help="TTFT budget the P-MD path must meet")
-    p.add_argument("--prefill-tokens-per-s", type=float)
+    p.add_argument(
+        "--prefill-tokens-per-s", type=float,
+        help="P's prefill throughput before any is measured (the prior)",
+    )  # fmt: skip
+    p.add_argument(
+        "--static-link-view", action="store_true", default=None,
+        help="decide on the declared link and prefill rate only, learning nothing "
+        "(a baseline for benchmarks; the KV backlog is still counted)",
+    )  # fmt: skip
     p.add_argument(
         "--kv-bytes-per-token", type=int,
         help="KV bytes per token on the WAN (default: the checkpoint's shape and --kv-codec)",
@@ -121,6 +129,7 @@ _PLAIN_FLAGS = (
     "max_tokens_limit", "max_streams_per_key",
     "request_timeout_s", "handoff", "catchup_threshold", "replica_id", "host", "port",
     "force_pipeline", "redis_deadline_s", "wan_tls_dir", "kv_codec", "tool_call_format",
+    "static_link_view",
 )  # fmt: skip
 
 

@@ -193,8 +193,7 @@ class OpenAIServing:
                 resumed = guided.model_copy(update={"emitted_ids": tuple(emitted)})
                 left = left.model_copy(update={"guided": resumed})
             route = await self.runtime.dispatcher.route(prompt, left.max_tokens, exclude)
-            lease = Lease(self.runtime.store)
-            lease.acquire(route.lease_keys)
+            lease = Lease.of(route, self.runtime.store, self.runtime.link_estimator)
             attempt_id = request_id if attempt == 0 else f"{request_id}-r{attempt}"
             plan = route.plan(attempt_id, prompt, left, self.runtime.config)
             return Attempt(route, plan, lease)

@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 
 import simpy
 
-from pdd.common.cost_model import LinkState, with_active_transfers
+from pdd.common.cost_model import LinkState
+from pdd.common.link_estimator import LinkEstimator
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.router.fleet import Fleet
 from pdd.router.instance_choice import choose_relay
@@ -79,6 +80,8 @@ class Cluster:
             else LinkState(scenario.in_dc.gbps, scenario.in_dc.latency_ms * 2)
         )
         self.policy = self._policy_config()
+        #: The router's view of the line: the same estimator, fed the same commitments.
+        self.link_estimator = LinkEstimator(self.link_state, self.policy.prefill_tokens_per_s)
         self.traffic = RecentTraffic(scenario.router.traffic_window_s, clock=lambda: env.now)
         self.relay_fallbacks = 0
 
@@ -167,14 +170,11 @@ class Cluster:
         return replace(decision, pipeline=Pipeline.P_RLD, instances=instances, reason=reason)
 
     def measured_link(self) -> LinkState:
-        """The link with a goodput measurement: the fair share a new flow would get now.
-
-        The router's cost model prefers measured goodput over the declared rate; here the
-        measurement is exact, so a congested line makes the policy relay sooner.
-        """
+        """The line as the router's link estimator sees it: the KV committed to it and not
+        landed, at the declared rate (exact here: the simulated line runs at it)."""
         if self.wan is None:
             return self.link_state
-        return with_active_transfers(self.link_state, self.wan.active_flows)
+        return self.link_estimator.link()
 
     def sample_relays(self) -> tuple[float, bool]:
         """Mean relay utilization, and whether every relay is saturated."""

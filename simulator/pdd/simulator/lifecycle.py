@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import simpy
 
 from pdd.common.handoff import choose_handoff_mode
+from pdd.common.link_estimator import Transfer
 from pdd.common.vocabulary import Pipeline
 from pdd.router.policy import Decision
 from pdd.simulator.cluster import Cluster, SimRequest
@@ -92,15 +93,25 @@ def serve(c: Cluster, req: SimRequest, rec: RequestRecord) -> Proc:
     for inst in (md, rld):  # the router counts a dispatched request at once
         if inst is not None:
             inst.reserve()
+    transfer = _commit(c, req, rec, pipeline)
     yield p.submit(n - rec.p_hit_tokens, rec.p_hit_tokens)
     if p.cache is not None:
         p.cache.insert(req.keys)
     if pipeline == Pipeline.P_MD:
-        yield from _ship_then_decode(c, req, rec, md)
+        yield from _ship_then_decode(c, req, rec, md, transfer)
     elif pipeline == Pipeline.P_RLD:
         yield from _relay_only(c, req, rec, rld)
     else:
-        yield from _relay_then_hand_off(c, req, rec, rld, md)
+        yield from _relay_then_hand_off(c, req, rec, rld, md, transfer)
+
+
+def _commit(c: Cluster, req: SimRequest, rec: RequestRecord, pipeline: Pipeline) -> Transfer | None:
+    """The router commits MD's miss to the WAN line at dispatch, as the live one does."""
+    if c.wan is None or pipeline == Pipeline.P_RLD:
+        return None
+    nbytes = (req.input_tokens - rec.md_hit_tokens) * c.kv_bytes_per_token
+    prefill_tokens = req.input_tokens - rec.p_hit_tokens
+    return c.link_estimator.commit(nbytes, "", prefill_tokens, c.env.now)
 
 
 def _admit(c: Cluster, req: SimRequest, rec: RequestRecord) -> Generator:
@@ -114,15 +125,21 @@ def _admit(c: Cluster, req: SimRequest, rec: RequestRecord) -> Generator:
     return None
 
 
-def _send_kv(c: Cluster, rec: RequestRecord, tokens: int) -> simpy.Event:
+def _send_kv(c: Cluster, rec: RequestRecord, tokens: int, transfer: Transfer | None) -> simpy.Event:
+    """MD's miss over the KV path; a committed transfer leaves the backlog as it lands."""
     nbytes = tokens * c.kv_bytes_per_token
     if c.wan is not None:
         rec.wan_bytes += nbytes
-    return c.kv_link.transfer(nbytes)
+    landed = c.kv_link.transfer(nbytes)
+    if transfer is not None:
+        landed.callbacks.append(lambda _: c.link_estimator.settle(transfer))
+    return landed
 
 
-def _ship_then_decode(c: Cluster, req: SimRequest, rec: RequestRecord, md) -> Proc:
-    yield _send_kv(c, rec, req.input_tokens - rec.md_hit_tokens)
+def _ship_then_decode(
+    c: Cluster, req: SimRequest, rec: RequestRecord, md, transfer: Transfer | None
+) -> Proc:
+    yield _send_kv(c, rec, req.input_tokens - rec.md_hit_tokens, transfer)
     yield from _decode_on_main(c, req, rec, md)
 
 
@@ -133,10 +150,15 @@ def _relay_only(c: Cluster, req: SimRequest, rec: RequestRecord, rld) -> Proc:
 
 
 def _relay_then_hand_off(
-    c: Cluster, req: SimRequest, rec: RequestRecord, rld: DecodeInstance, md: DecodeInstance
+    c: Cluster,
+    req: SimRequest,
+    rec: RequestRecord,
+    rld: DecodeInstance,
+    md: DecodeInstance,
+    transfer: Transfer | None,
 ) -> Proc:
     n, out = req.input_tokens, req.output_tokens
-    kv_at_md = _send_kv(c, rec, n - rec.md_hit_tokens)
+    kv_at_md = _send_kv(c, rec, n - rec.md_hit_tokens, transfer)
     yield c.in_dc.transfer(n * c.kv_bytes_per_token)
     rseq = rld.submit(n, out - 1, reserved=True)
     yield rseq.started | kv_at_md

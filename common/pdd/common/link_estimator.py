@@ -1,0 +1,187 @@
+"""The router's live view of the WAN line: goodput, RTT, the KV backlog, P's throughput.
+
+One module for the live router and the simulator (which holds one per line too), so
+the simulator's estimate is the router's estimate. Pure state: no I/O, no clock of its
+own (every call that needs the time takes ``now``).
+
+What it keeps, and where each number comes from:
+
+- **Backlog**: the bytes (and transfers) of KV the router itself committed to the line
+  and has not seen land: ``commit`` at dispatch, ``landed`` when MD streams (it has the
+  KV), ``settle`` when the transfer failed or the request ended first (and where the
+  simulator's KV lands: its line runs at exactly the declared rate, nothing to learn).
+  A new transfer queues behind it (``cost_model.wan_transfer_seconds``).
+- **Goodput**: the declared rate is the prior; each transfer that lands is a sample,
+  from the router's own bookkeeping: the seconds from dispatch to MD's first token,
+  less P's estimated prefill, one RTT and the fixed costs, is what the line took for
+  the transfer's bytes plus those it queued behind at dispatch. Samples are averaged
+  as seconds per byte (an EWMA, gain ``GAIN``): a collapse shows after a few
+  transfers, and a recovery too, because relayed requests still ship their KV and
+  keep sampling.
+- **Fixed costs**: a transfer too small to show the line (its expected serialization
+  under ``MIN_SAMPLE_S`` at the current estimate) is no goodput sample; what its time
+  holds beyond the prefill and one RTT is the P-MD path's fixed cost (the handshake's
+  round trips, MD's step, P's queue beyond the estimate), averaged the same way and
+  taken out of the goodput samples, so the line is not charged for it. A relayed
+  transfer's first token from MD also waits for the hand-off, whose token IDs cross
+  the line once more: one more RTT comes off its sample.
+- **RTT**: the declared value. The router has no round trip of its own on the line;
+  the sampled goodput absorbs extra delay on top of it.
+- **Prefill throughput per P instance**: the configured rate is the prior; a request
+  with a relay samples it (P's miss over the seconds from dispatch to the relay's
+  first token: P's queue included, which is what the TTFT estimate needs). Those
+  seconds also hold a fixed cost (the hop to the relay, its first step, the HTTP
+  calls): prefills under ``MIN_PREFILL_SAMPLE_TOKENS`` measure it per P, and it comes
+  off the larger ones' samples, so a small miss does not read as a slow P.
+
+``frozen`` keeps the view at the declared values (``--static-link-view``): the backlog
+is still counted (the router's own bookkeeping, not a measurement), nothing is learnt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from pdd.common.cost_model import LinkState, queued_ahead_bytes
+
+#: Weight of a new sample in the running averages: about the last 4-8 transfers count,
+#: so a 10x collapse is seen within a few transfers and one odd sample moves it little.
+GAIN = 0.25
+#: A transfer whose serialization the current estimate puts under this is no goodput
+#: sample: the router's timing of it is prefill, MD's step and scheduling, not the line.
+MIN_SAMPLE_S = 0.02
+#: The fastest a sample may put the line, as a multiple of the declared rate.
+MAX_OVER_DECLARED = 4.0
+#: A prefill under this many tokens is no throughput sample (fixed costs dominate it).
+MIN_PREFILL_SAMPLE_TOKENS = 64
+_GIGA = 1e9
+_BITS_PER_BYTE = 8
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """KV committed to the line and not yet landed."""
+
+    bytes: int = 0
+    transfers: int = 0
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One KV transfer the router committed to the line (``LinkEstimator.commit``)."""
+
+    nbytes: int
+    prefill_id: str
+    #: The tokens P computes first (its miss), to take P's time out of the sample.
+    prefill_tokens: int
+    committed_at: float
+    #: Bytes the transfer was expected to queue behind when it was committed.
+    ahead_bytes: int
+    #: A relay is on the route: MD's first token waits for the hand-off too.
+    relayed: bool = False
+
+
+class LinkEstimator:
+    """One WAN line's live view (see the module docstring)."""
+
+    def __init__(self, prior: LinkState, prefill_tokens_per_s: float, frozen: bool = False) -> None:
+        if prefill_tokens_per_s <= 0:
+            raise ValueError(f"prefill_tokens_per_s must be positive, got {prefill_tokens_per_s}")
+        self.prior = prior
+        self.frozen = frozen
+        self._prefill_prior_spt = 1.0 / prefill_tokens_per_s
+        self._spb = _seconds_per_byte(prior.declared_gbps)
+        self._prefill_spt: dict[str, float] = {}
+        #: Per P: the seconds a prefill takes whatever its size (see the docstring).
+        self._prefill_fixed_s: dict[str, float] = {}
+        self._own = Backlog()
+        self.goodput_samples = 0
+        #: The P-MD path's measured fixed cost beyond prefill and one RTT (seconds).
+        self.overhead_s = 0.0
+
+    @property
+    def backlog(self) -> Backlog:
+        """This estimator's own commitments (one router replica's, or the simulator's)."""
+        return self._own
+
+    @property
+    def goodput_gbps(self) -> float:
+        return _BITS_PER_BYTE / self._spb / _GIGA
+
+    def link(self, backlog: Backlog | None = None) -> LinkState:
+        """The line as the next transfer finds it. ``backlog``: every replica's summed
+        commitments, where a shared store has them; else this estimator's own."""
+        b = self._own if backlog is None else backlog
+        measured = None if self.frozen else self.goodput_gbps
+        return replace(
+            self.prior,
+            measured_goodput_gbps=measured,
+            backlog_bytes=max(0, b.bytes),
+            backlog_transfers=max(0, b.transfers),
+        )
+
+    def prefill_tokens_per_s(self, instance_id: str) -> float:
+        spt = self._prefill_spt.get(instance_id, self._prefill_prior_spt)
+        return 1.0 / (self._prefill_prior_spt if self.frozen else spt)
+
+    def prefill_rates(self) -> Mapping[str, float]:
+        """Measured prefill tokens/s per P instance (empty when frozen or none measured)."""
+        if self.frozen:
+            return {}
+        return {p: 1.0 / spt for p, spt in self._prefill_spt.items()}
+
+    def commit(
+        self, nbytes: int, prefill_id: str, prefill_tokens: int, now: float,
+        backlog: Backlog | None = None, relayed: bool = False,
+    ) -> Transfer:  # fmt: skip
+        """A route that ships ``nbytes`` of KV over the line was dispatched."""
+        if nbytes < 0 or prefill_tokens < 0:
+            raise ValueError("a transfer's bytes and prefill tokens must be >= 0")
+        ahead = queued_ahead_bytes(self.link(backlog), nbytes)
+        self._own = Backlog(self._own.bytes + nbytes, self._own.transfers + 1)
+        return Transfer(nbytes, prefill_id, prefill_tokens, now, ahead, relayed)
+
+    def settle(self, transfer: Transfer) -> None:
+        """The transfer is off the line, with no timing to learn from (it failed, or its
+        request ended first)."""
+        self._own = Backlog(self._own.bytes - transfer.nbytes, self._own.transfers - 1)
+
+    def landed(self, transfer: Transfer, now: float) -> None:
+        """MD has the transfer's KV (it streams): settle it and learn from its timing."""
+        self.settle(transfer)
+        if self.frozen:
+            return
+        queued = transfer.nbytes + transfer.ahead_bytes
+        prefill_s = transfer.prefill_tokens / self.prefill_tokens_per_s(transfer.prefill_id)
+        rtts = 2 if transfer.relayed else 1
+        beyond = now - transfer.committed_at - prefill_s - rtts * self.prior.rtt_s
+        if queued * self._spb < MIN_SAMPLE_S:
+            if not transfer.relayed:  # the fixed cost of the plain P-MD path
+                self.overhead_s += GAIN * (max(0.0, beyond) - self.overhead_s)
+            return
+        line_s = beyond - self.overhead_s
+        # A time at or under zero is timing noise (P was faster than estimated), not an
+        # infinitely fast line: no sample goes past MAX_OVER_DECLARED x the declared rate.
+        floor = _seconds_per_byte(self.prior.declared_gbps * MAX_OVER_DECLARED)
+        self._spb += GAIN * (max(floor, line_s / queued) - self._spb)
+        self.goodput_samples += 1
+
+    def prefill_seen(self, instance_id: str, tokens: int, seconds: float) -> None:
+        """P computed ``tokens`` in ``seconds`` from dispatch (its queue included)."""
+        if self.frozen or seconds <= 0:
+            return
+        fixed = self._prefill_fixed_s.get(instance_id, 0.0)
+        if tokens < MIN_PREFILL_SAMPLE_TOKENS:
+            self._prefill_fixed_s[instance_id] = fixed + GAIN * (seconds - fixed)
+            return
+        # Never faster than MAX_OVER_DECLARED x the prior: a time at or under the fixed
+        # cost is noise, not an infinitely fast P.
+        floor = self._prefill_prior_spt / MAX_OVER_DECLARED
+        spt = self._prefill_spt.get(instance_id, self._prefill_prior_spt)
+        sample = max(floor, (seconds - fixed) / tokens)
+        self._prefill_spt[instance_id] = spt + GAIN * (sample - spt)
+
+
+def _seconds_per_byte(gbps: float) -> float:
+    return _BITS_PER_BYTE / (gbps * _GIGA)

@@ -1,0 +1,143 @@
+"""The link estimator on a driven clock: backlog bookkeeping, goodput and prefill samples."""
+
+import pytest
+
+from pdd.common.cost_model import LinkState, wan_transfer_seconds
+from pdd.common.link_estimator import (
+    GAIN,
+    MAX_OVER_DECLARED,
+    MIN_PREFILL_SAMPLE_TOKENS,
+    Backlog,
+    LinkEstimator,
+)
+
+pytestmark = pytest.mark.unit
+
+#: 0.08 Gbit/s = 10 MB/s, 30 ms RTT; P's prior 1,000 tokens/s.
+PRIOR = LinkState(declared_gbps=0.08, rtt_ms=30)
+MB = 10**6
+
+
+def estimator(frozen=False):
+    return LinkEstimator(PRIOR, prefill_tokens_per_s=1000, frozen=frozen)
+
+
+def test_a_fresh_estimator_is_the_declared_link():
+    link = estimator().link()
+    assert link.effective_gbps == pytest.approx(0.08)
+    assert link.rtt_ms == 30 and link.backlog_bytes == 0 and link.backlog_transfers == 0
+
+
+def test_commitments_are_the_backlog_until_they_land_or_settle():
+    e = estimator()
+    a = e.commit(2 * MB, "p0", 100, now=0.0)
+    b = e.commit(1 * MB, "p0", 100, now=0.0)
+    assert e.backlog == Backlog(3 * MB, 2)
+    # The next transfer queues behind both: its estimate grows by their bytes.
+    busy = wan_transfer_seconds(1000, 1000, e.link())
+    assert busy == pytest.approx(0.03 + (1 * MB + 2 * MB) * 8 / 0.08e9)
+    e.settle(a)
+    e.landed(b, now=0.2)
+    assert e.backlog == Backlog(0, 0)
+
+
+def test_a_shared_backlog_replaces_the_own_one():
+    e = estimator()
+    e.commit(MB, "p0", 0, now=0.0)
+    assert e.link(Backlog(5 * MB, 3)).backlog_bytes == 5 * MB
+
+
+def test_a_slow_line_is_learnt_from_the_transfers_that_land():
+    """The line runs at a tenth of the declared rate: each landing says so, and the
+    estimate converges on it (seconds per byte, an EWMA)."""
+    e = estimator()
+    now = 0.0
+    for _ in range(20):
+        t = e.commit(MB, "p0", 100, now)  # prefill 0.1 s at the prior
+        now += 0.1 + 0.03 + MB * 8 / 0.008e9  # prefill + RTT + 1 MB at 0.008 Gbit/s
+        e.landed(t, now)
+    assert e.goodput_samples == 20
+    assert e.link().effective_gbps == pytest.approx(0.008, rel=0.01)
+    # And back: the line recovers, the samples follow.
+    for _ in range(30):
+        t = e.commit(MB, "p0", 100, now)
+        now += 0.1 + 0.03 + MB * 8 / 0.08e9
+        e.landed(t, now)
+    assert e.link().effective_gbps == pytest.approx(0.08, rel=0.01)
+
+
+def test_one_sample_moves_the_estimate_by_the_gain():
+    e = estimator()
+    t = e.commit(MB, "p0", 0, now=0.0)
+    e.landed(t, now=0.03 + 2 * MB * 8 / 0.08e9)  # twice the declared serialization
+    spb = 8 / 0.08e9
+    assert 8 / (e.link().effective_gbps * 1e9) == pytest.approx(spb + GAIN * (2 * spb - spb))
+
+
+def test_the_backlog_a_transfer_queued_behind_counts_in_its_sample():
+    """Behind 1 MB it takes twice as long as alone: that is the declared rate, not half."""
+    e = estimator()
+    e.commit(MB, "p0", 0, now=0.0)
+    t = e.commit(MB, "p0", 0, now=0.0)
+    e.landed(t, now=0.03 + 2 * MB * 8 / 0.08e9)
+    assert e.link().effective_gbps == pytest.approx(0.08)
+
+
+def test_small_transfers_are_no_samples_and_impossible_times_are_capped():
+    e = estimator()
+    t = e.commit(100, "p0", 0, now=0.0)  # 10 us on the line: fixed costs only
+    e.landed(t, now=0.03)
+    assert e.goodput_samples == 0 and e.link().effective_gbps == pytest.approx(0.08)
+    t = e.commit(MB, "p0", 1000, now=0.0)  # lands before the prior prefill would be over
+    e.landed(t, now=0.5)
+    assert e.link().effective_gbps <= 0.08 * MAX_OVER_DECLARED
+
+
+def test_the_fixed_cost_small_transfers_show_is_not_charged_to_the_line():
+    """Every transfer pays 0.12 s beyond prefill and one RTT (the handshake's round
+    trips, MD's step): the small ones measure it, and a 1 MB transfer that took its
+    serialization at the declared rate on top is the declared rate, not slower."""
+    e = estimator()
+    for i in range(30):
+        t = e.commit(100, "p0", 0, now=float(i))
+        e.landed(t, now=i + 0.03 + 0.12)
+    assert e.overhead_s == pytest.approx(0.12, rel=0.01)
+    t = e.commit(MB, "p0", 0, now=100.0)
+    e.landed(t, now=100.0 + 0.03 + 0.12 + MB * 8 / 0.08e9)
+    assert e.link().effective_gbps == pytest.approx(0.08, rel=0.01)
+    # A relayed transfer's MD waits for the hand-off too: one more RTT off its sample.
+    t = e.commit(MB, "p0", 0, now=200.0, relayed=True)
+    e.landed(t, now=200.0 + 2 * 0.03 + 0.12 + MB * 8 / 0.08e9)
+    assert e.link().effective_gbps == pytest.approx(0.08, rel=0.01)
+
+
+def test_prefill_throughput_per_instance():
+    e = estimator()
+    e.prefill_seen("p0", 1000, seconds=4.0)  # 250 tokens/s against a 1,000 prior
+    e.prefill_seen("p1", MIN_PREFILL_SAMPLE_TOKENS - 1, seconds=100.0)  # too short to count
+    rates = e.prefill_rates()
+    assert set(rates) == {"p0"}
+    assert 1 / rates["p0"] == pytest.approx(1 / 1000 + GAIN * (4 / 1000 - 1 / 1000))
+    assert e.prefill_tokens_per_s("p1") == 1000
+
+
+def test_a_prefills_fixed_cost_is_not_read_as_a_slow_p():
+    """Every prefill pays 0.1 s whatever its size (the hop to the relay, its first step):
+    the small ones measure it, and a 1,000-token one in 1.1 s is P's 1,000 tokens/s."""
+    e = estimator()
+    for _ in range(30):
+        e.prefill_seen("p0", 10, seconds=0.1)
+    assert e.prefill_tokens_per_s("p0") == 1000  # small prefills are no rate sample
+    e.prefill_seen("p0", 1000, seconds=1.1)
+    assert e.prefill_tokens_per_s("p0") == pytest.approx(1000, rel=0.01)
+
+
+def test_a_frozen_view_counts_the_backlog_and_learns_nothing():
+    e = estimator(frozen=True)
+    t = e.commit(MB, "p0", 100, now=0.0)
+    assert e.link().backlog_bytes == MB
+    e.landed(t, now=60.0)
+    e.prefill_seen("p0", 1000, seconds=60.0)
+    assert e.link().measured_goodput_gbps is None
+    assert e.link().effective_gbps == 0.08
+    assert e.prefill_rates() == {} and e.prefill_tokens_per_s("p0") == 1000

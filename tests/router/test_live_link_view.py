@@ -1,0 +1,96 @@
+"""The router's live link view: a route's lease commits its KV to the line and lets go
+when MD has it; what the line is learnt to do changes the pipeline (driven clock)."""
+
+import asyncio
+
+import pytest
+
+from pdd.common.cost_model import LinkState
+from pdd.common.link_estimator import Backlog, LinkEstimator
+from pdd.common.vocabulary import Pipeline, Role
+from pdd.common.wire import Endpoint
+from pdd.router.dispatch import WAN_BACKLOG_KIB, WAN_TRANSFERS, Lease, Route
+from pdd.router.fleet import Fleet
+from pdd.router.instance_choice import InstanceLoad
+from pdd.router.policy import PolicyConfig, RequestFeatures, decide
+from pdd.router.recent_traffic import TrafficWindow
+from pdd.router.state.memory import LocalStore
+
+pytestmark = pytest.mark.unit
+
+KVB = 2048
+#: The bench's default line: 0.05 Gbit/s, 30 ms.
+LINK = LinkState(declared_gbps=0.05, rtt_ms=30)
+POLICY = PolicyConfig(kv_bytes_per_token=KVB, ttft_budget_s=0.5, prefill_tokens_per_s=10_000)
+FLEET = Fleet.of(
+    [
+        InstanceLoad("p0", Role.PREFILL, 0, 8),
+        InstanceLoad("md0", Role.MAIN, 0, 8),
+        InstanceLoad("rld0", Role.RELAY, 0, 8),
+    ]
+)
+
+
+def ep(name: str) -> Endpoint:
+    return Endpoint(instance_id=name, http_url=f"http://{name}", fast_addr="a:1", wan_addr="a:2")
+
+
+def p_md_route(kv_bytes: int, prefill_tokens: int = 100) -> Route:
+    return Route(
+        Pipeline.P_MD, "r", "c", prefill=ep("p0"), relay=None, main=ep("md0"),
+        kv_bytes=kv_bytes, prefill_tokens=prefill_tokens,
+    )  # fmt: skip
+
+
+def counts(store: LocalStore) -> dict[str, int]:
+    return dict(asyncio.run(store.inflight()))
+
+
+def test_a_lease_commits_the_kv_and_lets_go_once_md_has_it():
+    store, estimator = LocalStore(60.0), LinkEstimator(LINK, 10_000)
+    lease = Lease.of(p_md_route(300 * KVB), store, estimator)
+    assert counts(store) == {"p0": 1, "md0": 1, WAN_TRANSFERS: 1, WAN_BACKLOG_KIB: 600}
+    assert estimator.backlog == Backlog(300 * KVB, 1)
+    lease.kv_landed(lease.dispatched_at + 0.2)
+    assert estimator.backlog == Backlog() and WAN_BACKLOG_KIB not in counts(store)
+    lease.release_all()  # the end of the stream settles nothing twice
+    assert counts(store) == {} and estimator.backlog == Backlog()
+
+
+def test_a_request_that_ends_before_its_kv_lands_settles_it_unlearnt():
+    store, estimator = LocalStore(60.0), LinkEstimator(LINK, 10_000)
+    Lease.of(p_md_route(300 * KVB), store, estimator).release_all()
+    assert counts(store) == {} and estimator.backlog == Backlog()
+    assert estimator.goodput_samples == 0
+
+
+def choose(estimator: LinkEstimator, miss_tokens: int = 600) -> Pipeline:
+    request = RequestFeatures(miss_tokens, 100, 1)
+    result = decide(
+        request, {}, FLEET, estimator.link(), TrafficWindow(60.0, 100), POLICY,
+        prefill_rates=estimator.prefill_rates(),
+    )  # fmt: skip
+    return result.pipeline  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_a_line_learnt_ten_times_slower_sends_the_next_request_through_a_relay(frozen):
+    """600 tokens of KV (1.2 MB) take 0.2 s on the declared line: P-MD. The line now runs
+    at a tenth of that; the transfers that land say so, and the live view relays the
+    same request. A static view keeps P-MD."""
+    estimator = LinkEstimator(LINK, 10_000, frozen=frozen)
+    assert choose(estimator) == Pipeline.P_MD
+    now = 0.0
+    for _ in range(8):
+        lease = Lease.of(p_md_route(600 * KVB, 0), LocalStore(60.0), estimator)
+        now = lease.dispatched_at + 0.03 + 600 * KVB * 8 / 0.005e9
+        lease.kv_landed(now)
+    assert choose(estimator) == (Pipeline.P_MD if frozen else Pipeline.P_RLD_MD)
+
+
+def test_a_slow_prefill_measured_on_one_p_counts_in_its_estimate():
+    estimator = LinkEstimator(LINK, 10_000)
+    assert choose(estimator, 600) == Pipeline.P_MD
+    for _ in range(10):
+        estimator.prefill_seen("p0", 600, seconds=0.6)  # 1,000 tokens/s, not 10,000
+    assert choose(estimator, 600) == Pipeline.P_RLD_MD
