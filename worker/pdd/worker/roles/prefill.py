@@ -313,6 +313,9 @@ class PrefillRole(RoleBase):
         for first in range(start, end, chunk_tokens):
             last = min(first + chunk_tokens, end)
             blob = await self.runner.call(lambda e: next(chunks))
+            refused = _refusal(answer)
+            if refused is not None:  # the receiver said no (or is gone): stop sending
+                raise refused
             held = _known(answer)
             if held is not None and last <= held:
                 channel.commit(-len(blob))  # announced, never sent: off the backlog
