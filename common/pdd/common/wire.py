@@ -168,6 +168,11 @@ class PipelinePlan(_Wire):
     main: Endpoint | None = None
     handoff: HandoffMode = "auto"
     catchup_threshold: int = Field(default=64, ge=1)
+    #: The router's prediction of the prompt tokens MD already holds (its prefix index).
+    #: P starts sending MD's KV from here at once instead of waiting a WAN round trip for
+    #: MD's answer; MD asks for what it lacks below it and skips what it holds above it.
+    #: None: no prediction, P waits for MD's answer (see docs/dataplane.md).
+    main_hit_tokens: int | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _stages_present(self) -> PipelinePlan:

@@ -102,7 +102,7 @@ class Bottleneck:
         departure = [self._free_at]
         self._departures.append(departure)
         try:
-            while (left := departure[0] - loop.time()) > 0:
+            while (left := departure[0] - loop.time()) > _TOLERANCE_S:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._rate_changed.wait(), left)
         finally:
@@ -112,6 +112,11 @@ class Bottleneck:
     def delivered(self, nbytes: int) -> None:
         self.bytes_forwarded += nbytes
         self.meter.add(nbytes)
+
+
+#: A departure this close is now: a shorter wait may not move a clock (a virtual one adds
+#: it to a large float and gets the same float back), and would then never end.
+_TOLERANCE_S = 1e-9
 
 
 def _rescaled(at: float, now: float, scale: float) -> float:

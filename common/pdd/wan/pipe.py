@@ -24,6 +24,12 @@ from dataclasses import dataclass
 from pdd.wan.bottleneck import Bottleneck
 
 _EOF = b""
+#: The most line time one read may take to cross the bottleneck, and the least a read may
+#: be (an Ethernet MTU). A real line sends packets: a small message is never held behind
+#: the serialization of the bytes written after it, which a 64 KiB read would do on a slow
+#: line (52 s at 10 kbit/s). At the default 0.05 Gbit/s a read stays ~64 KiB.
+READ_QUANTUM_S = 0.01
+MIN_READ_BYTES = 1500
 
 
 @dataclass(frozen=True)
@@ -79,7 +85,7 @@ class Pipe:
     async def _pump(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            data = await self._src.read(self._model.chunk_bytes)
+            data = await self._src.read(self._read_bytes())
             if data:
                 await self._link_open.wait()
                 departed = await self._line.transmit(len(data))
@@ -94,6 +100,11 @@ class Pipe:
             self._has_items.set()
             if not data:
                 return
+
+    def _read_bytes(self) -> int:
+        """The next read's size: ``chunk_bytes``, less where the line is too slow for it."""
+        by_rate = int(self._line.bytes_per_s * READ_QUANTUM_S)
+        return max(MIN_READ_BYTES, min(self._model.chunk_bytes, by_rate))
 
     async def _wait_for_room(self) -> None:
         while self._queued_bytes > self._max_queued():

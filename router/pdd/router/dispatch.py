@@ -105,6 +105,7 @@ class Route:
             main=self.main,
             handoff=config.handoff,
             catchup_threshold=config.catchup_threshold,
+            main_hit_tokens=self.md_hit_tokens if self.ships_kv else None,
         )
 
 

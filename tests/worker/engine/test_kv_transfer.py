@@ -19,6 +19,7 @@ from pdd.worker.engine.kv_transfer import (
     ChecksumError,
     DtypeMismatchError,
     FingerprintMismatchError,
+    KVGapError,
     KVRangeError,
     LayoutMismatchError,
     MalformedChunkError,
@@ -155,7 +156,7 @@ def test_refused_chunks_change_nothing_and_the_handoff_completes(
         ),
         LayoutMismatchError: encode_chunk(data[:2], 0, sender.fingerprint, PROMPT[:20]),
         TokenMismatchError: encode_chunk(data, 0, sender.fingerprint, [7, *PROMPT[1:20]]),
-        KVRangeError: good[1],  # a gap: [20, 40) before [0, 20)
+        KVGapError: good[1],  # a gap: [20, 40) before [0, 20)
     }
     for error, chunk in refused.items():
         with pytest.raises(error):

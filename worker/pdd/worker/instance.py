@@ -27,7 +27,15 @@ from pdd.worker.roles.mono import MonoRole
 from pdd.worker.roles.prefill import PrefillRole
 from pdd.worker.roles.protocol import send_error, split_addr
 from pdd.worker.roles.relay import RelayRole
-from pdd.worker.transport import Channel, MsgType, Server, decode_json, serve
+from pdd.worker.transport import (
+    Channel,
+    Frame,
+    MsgType,
+    Server,
+    TransportError,
+    decode_json,
+    serve,
+)
 
 log = logging.getLogger("pdd.worker")
 
@@ -119,16 +127,32 @@ class WorkerInstance:
 
 
 def _data_handler(role: RoleBase) -> Callable[[Channel], Awaitable[None]]:
-    """Per connection: the opening META names the conversation; bad input gets an ERROR."""
+    """Per connection: the opening META names the conversation; bad input gets an ERROR.
+
+    A conversation that ends cleanly leaves the channel to the sender's next one (P keeps
+    its WAN channels warm: ``transport.pool``). Between conversations, and before the
+    first (a spare P opened ahead of need), a channel idles without a timeout until the
+    sender opens one, closes it, or the line drops it: nothing is in progress on it."""
 
     async def handle(channel: Channel) -> None:
-        frame = await channel.recv()
-        try:
-            if frame.msg_type != MsgType.META:
-                raise ValueError(f"a conversation opens with META, not {frame.msg_type.name}")
-            await role.on_channel(channel, decode_json(frame.payload))
-        except (ValidationError, ValueError) as exc:
-            log.warning("bad data-plane message from %s: %s", channel.peer.name, exc)
-            await send_error(channel, "", "bad_request", str(exc))
+        while True:
+            try:
+                frame = await channel.recv(timeout_s=None)
+            except TransportError:
+                return  # an idle channel went away: nothing was in progress on it
+            if frame.msg_type == MsgType.CLOSE or not await _converse(role, channel, frame):
+                return
 
     return handle
+
+
+async def _converse(role: RoleBase, channel: Channel, frame: Frame) -> bool:
+    """One conversation from its opening frame; True when the channel may carry another."""
+    try:
+        if frame.msg_type != MsgType.META:
+            raise ValueError(f"a conversation opens with META, not {frame.msg_type.name}")
+        return await role.on_channel(channel, decode_json(frame.payload)) and channel.is_open
+    except (ValidationError, ValueError) as exc:
+        log.warning("bad data-plane message from %s: %s", channel.peer.name, exc)
+        await send_error(channel, "", "bad_request", str(exc))
+        return False

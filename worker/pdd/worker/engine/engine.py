@@ -313,7 +313,9 @@ class Engine:
     ) -> RequestOutput:
         self.scheduler.finish(req)
         req.finish_reason = reason
-        if not req.hold_kv:
+        if req.hold_kv:
+            self.scheduler.cache_computed(req)
+        else:
             self._release(req)
         return RequestOutput(
             req.request_id, new, True, reason, req.num_cached_tokens, logprobs=logprobs

@@ -67,6 +67,11 @@ class KVRangeError(KVTransferError):
     """The chunk's token range does not continue what the receiver holds."""
 
 
+class KVGapError(KVRangeError):
+    """The chunk starts past what the receiver holds: the tokens between are missing
+    (they may still come: a sender that started from a predicted hit sends them after)."""
+
+
 class TokenMismatchError(KVTransferError):
     """The chunk's KV was computed for a different token prefix than the receiver's request."""
 
@@ -206,7 +211,8 @@ def import_chunk(
 
     The receiver's table must cover ``token_ids`` (the tokens whose KV it expects).
     A chunk may overlap what is held (the held part, maybe shared with the prefix
-    cache, is never overwritten) but may not leave a gap. ``codec`` is the one the
+    cache, is never overwritten); one past a gap raises ``KVGapError``, so a receiver
+    can keep it until the tokens between arrive. ``codec`` is the one the
     transfer's handshake agreed on. Raises a ``KVTransferError`` subclass before
     writing anything.
     """
@@ -214,16 +220,21 @@ def import_chunk(
     layout = kv.layout
     shape = (layout.num_layers, layout.num_kv_heads, layout.head_dim)
     check_compatible(header, fingerprint, layout.dtype, shape, codec)
-    if header.start > num_held or header.end > len(token_ids) or header.start >= header.end:
+    if header.end > len(token_ids) or header.start >= header.end:
         raise KVRangeError(
-            f"KV chunk covers [{header.start}, {header.end}) but the receiver holds "
-            f"[0, {num_held}) of {len(token_ids)} expected tokens; send chunks in order, "
-            f"starting at or before {num_held}, within the attached tokens"
+            f"KV chunk covers [{header.start}, {header.end}) but the receiver expects KV "
+            f"within [0, {len(token_ids)}) (the attached tokens)"
         )
     if header.prefix_digest != prefix_digest(token_ids[: header.end]):
         raise TokenMismatchError(
             f"KV chunk [{header.start}, {header.end}) was computed for other token IDs than this "
             "request's; attach the request with the sender's exact token IDs"
+        )
+    if header.start > num_held:
+        raise KVGapError(
+            f"KV chunk covers [{header.start}, {header.end}) but the receiver holds "
+            f"[0, {num_held}) of {len(token_ids)} expected tokens: [{num_held}, {header.start}) "
+            "never arrived; send the chunks in between too"
         )
     if header.end <= num_held:
         return num_held

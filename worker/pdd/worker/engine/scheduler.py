@@ -127,6 +127,16 @@ class Scheduler:
         """Give back everything ``req`` holds, caching its computed full blocks."""
         self._release_blocks(req, cache_computed=True)
 
+    def cache_computed(self, req: Request) -> None:
+        """Put ``req``'s computed full blocks in the prefix cache now, while it still holds
+        them (a finished ``hold_kv`` request): a request for the same prefix that comes
+        before the release (the next of ``n`` samples, the next turn) hits them. The
+        release's own insert then finds them cached and adopts nothing twice."""
+        full_blocks = req.num_computed // self.config.block_size
+        if req.use_cache and full_blocks:
+            computed = req.token_range(0, full_blocks * self.config.block_size)
+            self.cache.insert(computed, req.block_table[:full_blocks])
+
     @property
     def has_work(self) -> bool:
         return bool(self.waiting) or any(r.num_uncomputed for r in self.running)
@@ -192,10 +202,8 @@ class Scheduler:
         self.waiting.appendleft(req)
 
     def _release_blocks(self, req: Request, cache_computed: bool) -> None:
-        full_blocks = req.num_computed // self.config.block_size
-        if cache_computed and req.use_cache and full_blocks:
-            computed = req.token_range(0, full_blocks * self.config.block_size)
-            self.cache.insert(computed, req.block_table[:full_blocks])
+        if cache_computed:
+            self.cache_computed(req)
         self.pool.free(req.block_table)
         if req.prefix_handle is not None:
             self.cache.unlock(req.prefix_handle)

@@ -40,7 +40,9 @@ from pdd.worker.transport.metering import ChannelMeter, failure_reason
 
 log = logging.getLogger(__name__)
 
-OpHandler = Callable[[Channel, dict[str, Any]], Awaitable[None]]
+#: Runs one conversation; returns True when the channel may carry another (the sender
+#: keeps its WAN channels warm: ``transport.pool``), else the channel is closed after it.
+OpHandler = Callable[[Channel, dict[str, Any]], Awaitable[bool | None]]
 
 
 class RoleMismatchError(Exception):
@@ -161,8 +163,9 @@ class RoleBase:
     async def takeover(self, request_id: str) -> None:
         raise RoleMismatchError(f"a {self.role} instance takes no takeover (relay does)")
 
-    async def on_channel(self, channel: Channel, first: dict[str, Any]) -> None:
-        """Run the data-plane conversation that ``first`` (the opening META) names."""
+    async def on_channel(self, channel: Channel, first: dict[str, Any]) -> bool:
+        """Run the data-plane conversation that ``first`` (the opening META) names; True
+        when it ended cleanly and the channel may open another."""
         op = first.get("op")
         handler = self.ops.get(op) if isinstance(op, str) else None
         if handler is None:
@@ -172,8 +175,8 @@ class RoleBase:
                 "unknown_op",
                 f"a {self.role} instance does not handle op {op!r}",
             )
-            return
-        await handler(channel, first)
+            return False
+        return bool(await handler(channel, first))
 
     # --- reports ----------------------------------------------------------------------------
     @property
@@ -234,11 +237,12 @@ class RoleBase:
             log.error("%s failed", task.get_name(), exc_info=task.exception())
 
     async def open_channel(
-        self, peer: Endpoint, peer_role: Role, wan: bool, sends: bool
+        self, peer: Endpoint, peer_role: Role, wan: bool, sends: bool, spare: bool = False
     ) -> Channel:
         """A channel to a peer's data address; across the WAN with TLS where it is on, and
         metered as a WAN link (``sends``: this end sends the transfer's data), a failed
-        connect included."""
+        connect included unless it is a ``spare`` opened ahead of need (no transfer
+        failed: the next one opens, and reports, its own)."""
         host, port = split_addr(peer.wan_addr if wan else peer.fast_addr)
         tls = self.settings.wan_tls
         try:
@@ -253,7 +257,7 @@ class RoleBase:
                 tls=tls.client if wan and tls is not None else None,
             )
         except TransportError as exc:
-            if wan:
+            if wan and not spare:
                 self._count_connect_failure(peer.instance_id, peer_role, sends, exc)
             raise
         if wan:
@@ -261,7 +265,10 @@ class RoleBase:
         return channel
 
     def meter_wan(self, channel: Channel, peer_role: Role, sends: bool) -> None:
-        """Meter a WAN channel on the links to and from its (authenticated) peer."""
+        """Meter a WAN channel on the links to and from its (authenticated) peer, once
+        (a channel P keeps carries one transfer after another)."""
+        if channel.metered:
+            return
         out = self._link(channel.peer.name, peer_role)
         links, now = self.metrics.links, loop_time()
         meter = ChannelMeter(links.meter(out, now), links.meter(out.reverse, now), sends)

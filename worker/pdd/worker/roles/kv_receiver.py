@@ -17,7 +17,8 @@ from pydantic import ValidationError
 
 from pdd.common.kv_codec import NO_CODEC, KVCodec, handshake_name
 from pdd.common.wire import PipelinePlan, TokenLogprobs
-from pdd.worker.engine.kv_transfer import KVTransferError
+from pdd.worker.engine import Engine
+from pdd.worker.engine.kv_transfer import KVGapError, KVTransferError
 from pdd.worker.engine.request import RequestError
 from pdd.worker.roles.base import RoleBase, sampling_params
 from pdd.worker.roles.protocol import (
@@ -103,13 +104,38 @@ async def receive_kv(
 
 async def _import_all(role: RoleBase, channel: Channel, rid: str, codec: KVCodec) -> dict[str, Any]:
     """Import chunks until KV_DONE; returns its message (first token, P's prefix hit, the
-    first token's logprobs)."""
+    first token's logprobs).
+
+    P may start from the router's predicted hit, above what this instance holds: the
+    chunks past a gap wait here (the request's own KV, so bounded by its miss) until
+    the gap's chunks, which P sends once it has this instance's answer, fill it. Chunks
+    below what it holds are skipped by the import (never overwritten)."""
+    ahead: list[bytes] = []
     while True:
         frame = await expect(channel, MsgType.KV_CHUNK, MsgType.KV_DONE)
         if frame.msg_type == MsgType.KV_DONE:
+            if ahead:  # the gap never came: the import says which range is missing
+                await role.runner.call(lambda e, c=ahead[0]: e.import_kv(rid, c, codec))
             return decode_json(frame.payload)
-        payload = frame.payload
-        await role.runner.call(lambda e, p=payload: e.import_kv(rid, p, codec))
+        ahead.append(frame.payload)
+        ahead = await role.runner.call(lambda e, a=ahead: _import_in_order(e, rid, a, codec))
+
+
+def _import_in_order(engine: Engine, rid: str, chunks: list[bytes], codec: KVCodec) -> list[bytes]:
+    """Import every chunk that continues what the request holds (on the engine thread);
+    returns those still past a gap. Any other import error propagates."""
+    waiting = list(chunks)
+    progressed = True
+    while waiting and progressed:
+        progressed = False
+        for chunk in list(waiting):
+            try:
+                engine.import_kv(rid, chunk, codec)
+            except KVGapError:
+                continue
+            waiting.remove(chunk)
+            progressed = True
+    return waiting
 
 
 def _logprobs_field(msg: dict[str, Any], name: str) -> TokenLogprobs | None:

@@ -63,7 +63,9 @@ class MainDecodeRole(RoleBase):
             self.requests[rid] = MainRequest()
         return self.requests[rid]
 
-    async def _on_prepare(self, channel: Channel, msg: dict[str, Any]) -> None:
+    async def _on_prepare(self, channel: Channel, msg: dict[str, Any]) -> bool:
+        """Receive a request's KV; True (P may send the next request on this channel)
+        once all of it is in, False when the transfer failed."""
         plan = PipelinePlan.model_validate(msg.get("plan"))
         rid = plan.request_id
         self.live.add(rid)
@@ -77,11 +79,12 @@ class MainDecodeRole(RoleBase):
             )
         except KVReceiveError as exc:
             self._end(rid, error=str(exc), culprit=exc.culprit)
-            return
+            return False
         entry.prefill_hit = received.prefill_hit
         entry.md_hit = received.hit if use_cache else None
         entry.logprobs = first_position_logprobs(received)
         self.spawn(self._continue(plan, entry, received.first_token), f"main-{rid}")
+        return True
 
     async def _continue(self, plan: PipelinePlan, entry: MainRequest, first_token: int) -> None:
         rid = plan.request_id
@@ -119,6 +122,8 @@ class MainDecodeRole(RoleBase):
         return entry.session
 
     async def _start(self, rid: str, entry: MainRequest, ids: list[int], emit_from: int) -> None:
+        """Resume after ``ids`` and stream from ``emit_from`` (the handed tokens go out
+        with the resume's first output, which carries the finish where they end it)."""
         session = self._new_session(rid, entry, ids, emit_from)
         self.runner.subscribe(rid, session.on_output)
         await self.runner.call(lambda e: e.resume(rid, ids))

@@ -1,17 +1,20 @@
 """Prefill (P): prefill what its own cache misses, then ship KV on two paths at once.
 
-Per request: in parallel, handshake with the decode-side receivers (each
-answers how much of the prompt it already holds, and locks it) and prefill;
-then stream the KV each receiver lacks, all of it to the relay over the fast
-path, only the main decode's miss over the WAN, each followed by the first
-token. P never streams a token to the client: the first token the client sees
-comes from a decode-side instance. P holds the request's KV until both
-transfers have ended, however they ended. The WAN copy is coded with the
-deployment's KV codec (``--kv-codec``), named in the handshake; the relay's copy
-stays exact.
+Per request: announce it to the decode-side receivers (each answers how much of the
+prompt it already holds, and locks it) while prefilling; then stream the KV each
+receiver lacks, all of it to the relay over the fast path, only the main decode's
+miss over the WAN, each followed by the first token. Across the WAN nothing waits a
+round trip: the channel to MD is a warm one from ``wan_pool`` (no connect, no TLS or
+HMAC handshake per request), and the KV starts from the router's predicted MD hit
+(``PipelinePlan.main_hit_tokens``) unless MD's answer is already in; MD's real hit,
+when it comes, makes P skip chunks MD holds and send the gap MD lacks below the
+prediction. P never streams a token to the client: the first token the client sees
+comes from a decode-side instance. P holds the request's KV until both transfers have
+ended, however they ended. The WAN copy is coded with the deployment's KV codec
+(``--kv-codec``), named in the handshake; the relay's copy stays exact.
 
 P's own stream carries one thing: a status event when the KV could not cross the
-WAN to MD (refused, reset, no answer to the handshake within the connect timeout,
+WAN to MD (refused, reset, no answer to the request within the connect timeout,
 or stalled mid-transfer). MD cannot say so quickly: across a cut it never hears of
 the request and gives up only after its transfer timeout. P knows within its own
 connect timeout, so the router hears it from P and recovers (or lets the relay
@@ -24,7 +27,9 @@ import asyncio
 import contextlib
 import logging
 import secrets
+from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import Any
 
 from pdd.common.kv_codec import NO_CODEC, KVCodec, chunk_wire_bytes, handshake_name
 from pdd.common.vocabulary import LinkFault, Pipeline, Role
@@ -40,6 +45,7 @@ from pdd.worker.transport import (
     encode_json,
     request_key,
 )
+from pdd.worker.transport.pool import ChannelPool
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +104,31 @@ def with_seed(plan: PipelinePlan) -> PipelinePlan:
     return plan.model_copy(update={"sampling": sampling})
 
 
+def _known(answer: asyncio.Future[int]) -> int | None:
+    """The receiver's hit if its answer already came (successfully), else None."""
+    if answer.done() and not answer.cancelled() and answer.exception() is None:
+        return answer.result()
+    return None
+
+
+def _refusal(answer: asyncio.Future[int]) -> BaseException | None:
+    """Why the receiver's answer failed (an ERROR it sent, a timeout), if it did."""
+    if answer.done() and not answer.cancelled():
+        return answer.exception()
+    return None
+
+
 class PrefillRole(RoleBase):
     role = "prefill"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Warm channels to each MD across the WAN (``ChannelPool``: why a pool).
+        self.wan_pool = ChannelPool()
+
+    async def close(self) -> None:
+        await super().close()
+        await self.wan_pool.close()
 
     async def start_request(self, plan: PipelinePlan) -> None:
         if plan.pipeline not in PREFILL_PIPELINES:
@@ -132,26 +161,59 @@ class PrefillRole(RoleBase):
                 self.hub.get(rid).close()  # the router's reader of P's reports stops
 
     async def _path(self, plan: PipelinePlan, target: Target, prefill: asyncio.Future) -> None:
-        """One receiver: handshake (learn its hit), wait for the first token, ship its miss."""
+        """One receiver: open (or take a warm) channel, announce the request, ship its miss.
+
+        The receiver's answer (its hit) is awaited before any KV only where P has no
+        prediction of it: across the WAN the router's prediction saves that round trip."""
         codec = self.settings.kv_codec if target.wan else NO_CODEC
         try:
-            channel, hit = await self._prepare(plan, target, codec)
+            channel = await self._channel(target)
         except Exception as exc:
-            self.metrics.transfer_failures.labels(target.path).inc()
-            log.warning(
-                "handshake with %s for %s failed: %s",
-                target.endpoint.instance_id,
-                plan.request_id,
-                exc,
-            )
-            self._report(plan, target, exc, handshake=True)
+            self._failed(plan, target, "handshake with", exc, handshake=True)
             return
         try:
-            prefilled = await asyncio.shield(prefill)
-            await self._ship(plan, target, channel, hit, prefilled, codec)
+            await send_meta(
+                channel, plan.request_id, op="prepare", plan=plan.model_dump(mode="json"),
+                codec=handshake_name(codec),
+            )  # fmt: skip
+        except Exception as exc:
+            await self._release(target, channel, reusable=False)
+            self._failed(plan, target, "handshake with", exc, handshake=True)
+            return
+        reusable = False
+        answer = asyncio.ensure_future(self._answer(channel, codec))
+        try:
+            reusable = await self._ship(plan, target, channel, answer, prefill, codec)
         finally:
-            with contextlib.suppress(Exception):
-                await channel.close()
+            answer.cancel()
+            with contextlib.suppress(BaseException):
+                await answer
+            await self._release(target, channel, reusable)
+
+    async def _channel(self, target: Target) -> Channel:
+        """A warm pooled channel to MD across the WAN; a fresh one on the fast path."""
+        if not target.wan:
+            return await self.open_channel(target.endpoint, target.role, wan=False, sends=True)
+        endpoint = target.endpoint
+
+        def spare() -> Awaitable[Channel]:
+            return self.open_channel(endpoint, target.role, wan=True, sends=True, spare=True)
+
+        async def now() -> Channel:
+            return await self.open_channel(endpoint, target.role, wan=True, sends=True)
+
+        channel = await self.wan_pool.take(endpoint.instance_id, now)
+        self.wan_pool.warm(endpoint.instance_id, spare)
+        return channel
+
+    async def _release(self, target: Target, channel: Channel, reusable: bool) -> None:
+        """A WAN channel whose conversation ended cleanly goes back to the pool."""
+        channel.settle()
+        if target.wan and reusable:
+            await self.wan_pool.give_back(target.endpoint.instance_id, channel)
+            return
+        with contextlib.suppress(Exception):
+            await channel.close()
 
     async def _prefill(self, plan: PipelinePlan) -> Prefilled:
         """Prefill the prompt (only P's miss is computed) and sample the first token."""
@@ -173,73 +235,113 @@ class PrefillRole(RoleBase):
         self.metrics.count_prompt(len(plan.prompt_ids), prefilled.cached_tokens)
         return prefilled
 
-    async def _prepare(
-        self, plan: PipelinePlan, target: Target, codec: KVCodec
-    ) -> tuple[Channel, int]:
-        """Open the channel and learn (and have the receiver lock) the prefix it holds;
-        the receiver answers with the codec it takes, which must be the one offered."""
-        channel = await self.open_channel(target.endpoint, target.role, target.wan, sends=True)
+    async def _answer(self, channel: Channel, codec: KVCodec) -> int:
+        """The receiver's answer to ``prepare``: the prefix it holds (and locked); it names
+        the codec it takes, which must be the one offered."""
+        # Answering "prepare" only locks a prefix: a reply slower than a connect is a
+        # line that is not there, reported as such (not after the transfer timeout).
+        timeout_s = self.settings.transport.connect_timeout_s
         try:
-            await send_meta(
-                channel, plan.request_id, op="prepare", plan=plan.model_dump(mode="json"),
-                codec=handshake_name(codec),
-            )  # fmt: skip
-            # Answering "prepare" only locks a prefix: a reply slower than a connect is a
-            # line that is not there, reported as such (not after the transfer timeout).
-            prepared = await expect_meta(
-                channel, "prepared", timeout_s=self.settings.transport.connect_timeout_s
+            prepared = await expect_meta(channel, "prepared", timeout_s=timeout_s)
+        except TransferTimeout:
+            raise TransferTimeout(
+                f"{channel.peer.name} did not answer the request within {timeout_s}s (timed "
+                "out): the line is cut or the peer is stuck"
+            ) from None
+        if prepared.get("codec", NO_CODEC) != handshake_name(codec):
+            raise ProtocolError(
+                f"{channel.peer.name} takes KV coded {prepared.get('codec')!r}, this prefill "
+                f"sends {handshake_name(codec)!r}; give P and MD the same "
+                "spec.wan.kvCodec (--kv-codec) and the same build"
             )
-            if prepared.get("codec", NO_CODEC) != handshake_name(codec):
-                raise ProtocolError(
-                    f"{channel.peer.name} takes KV coded {prepared.get('codec')!r}, this prefill "
-                    f"sends {handshake_name(codec)!r}; give P and MD the same "
-                    "spec.wan.kvCodec (--kv-codec) and the same build"
-                )
-            hit = int_field(prepared, "hit")
-        except BaseException:
-            await channel.close()
-            raise
-        return channel, hit
+        return int_field(prepared, "hit")
 
     async def _ship(
-        self, plan: PipelinePlan, target: Target, channel: Channel, hit: int, first: Prefilled,
-        codec: KVCodec,
-    ) -> None:  # fmt: skip
+        self, plan: PipelinePlan, target: Target, channel: Channel, answer: asyncio.Future[int],
+        prefill: asyncio.Future[Prefilled], codec: KVCodec,
+    ) -> bool:  # fmt: skip
+        """Send the receiver's miss, then the first token; True when it imported all of it.
+
+        Across the WAN with a predicted hit the KV starts from the receiver's answer if it
+        already came, else from the prediction; chunks the answer shows it holds are then
+        skipped, and what it lacks below the prediction (the gap) follows the rest."""
         rid, n = plan.request_id, len(plan.prompt_ids)
-        key = request_key(rid)
-        counter = self.metrics.wan_bytes if target.wan else self.metrics.fastpath_bytes
+        predicted = plan.main_hit_tokens if target.wan else None
+        if predicted is None and not await self._answered(plan, target, channel, answer):
+            return False
+        prefilled = await asyncio.shield(prefill)  # a failed prefill is no transfer failure
         try:
-            if hit < n:
-                chunk_tokens = max(1, self.settings.chunk_bytes // self._bytes_per_token - 1)
-                channel.commit(self._coded_bytes(hit, n, codec))  # the backlog
-                chunks = await self.runner.call(
-                    lambda e: e.export_kv(rid, hit, n, chunk_tokens, codec)
-                )
-                for start in range(hit, n, chunk_tokens):
-                    blob = await self.runner.call(lambda e: next(chunks))
-                    await channel.send(MsgType.KV_CHUNK, key, blob)
-                    counter.inc(min(chunk_tokens, n - start) * self._bytes_per_token)
-                    if target.wan:
-                        self.metrics.wan_kv_wire_bytes.inc(len(blob))
+            start = _known(answer)
+            start = min(predicted or 0, n) if start is None else start
+            await self._send_kv(rid, target, channel, start, n, answer, codec)
+            hit = await asyncio.shield(answer)
+            if hit < start:  # MD holds less than predicted: it lacks [hit, start)
+                await self._send_kv(rid, target, channel, hit, start, answer, codec)
+            logprobs = prefilled.first_logprobs
             done = {
-                "first_token": first.first_token,
-                "cached_tokens": first.cached_tokens,
-                "first_logprobs": (
-                    None if first.first_logprobs is None else first.first_logprobs.model_dump()
-                ),
+                "first_token": prefilled.first_token,
+                "cached_tokens": prefilled.cached_tokens,
+                "first_logprobs": None if logprobs is None else logprobs.model_dump(),
             }
-            await channel.send(MsgType.KV_DONE, key, encode_json(done))
+            await channel.send(MsgType.KV_DONE, request_key(rid), encode_json(done))
             await expect_meta(channel, "imported")
         except Exception as exc:
-            self.metrics.transfer_failures.labels(target.path).inc()
-            log.warning(
-                "KV to %s (%s) for %s failed: %s",
-                target.endpoint.instance_id,
-                target.path,
-                rid,
-                exc,
-            )
-            self._report(plan, target, exc, handshake=False)
+            if not answer.done() and not channel.is_open:
+                await asyncio.wait({answer})  # a failed channel fails it at once
+            cause = _refusal(answer) or exc  # the receiver's own answer says why, if it came
+            handshake = _known(answer) is None
+            verb = "handshake with" if handshake else f"KV ({target.path}) to"
+            self._failed(plan, target, verb, cause, handshake)
+            return False
+        return True
+
+    async def _answered(
+        self, plan: PipelinePlan, target: Target, channel: Channel, answer: asyncio.Future[int]
+    ) -> bool:
+        """Wait for the receiver's answer (no prediction to start from); False if it failed."""
+        try:
+            await asyncio.shield(answer)
+        except Exception as exc:
+            self._failed(plan, target, "handshake with", exc, handshake=True)
+            return False
+        return True
+
+    async def _send_kv(
+        self, rid: str, target: Target, channel: Channel, start: int, end: int,
+        answer: asyncio.Future[int], codec: KVCodec,
+    ) -> None:  # fmt: skip
+        """KV chunks of ``[start, end)``, skipping those the receiver's answer says it holds."""
+        if start >= end:
+            return
+        key = request_key(rid)
+        counter = self.metrics.wan_bytes if target.wan else self.metrics.fastpath_bytes
+        chunk_tokens = max(1, self.settings.chunk_bytes // self._bytes_per_token - 1)
+        channel.commit(self._coded_bytes(start, end, codec))  # the backlog
+        chunks = await self.runner.call(lambda e: e.export_kv(rid, start, end, chunk_tokens, codec))
+        for first in range(start, end, chunk_tokens):
+            last = min(first + chunk_tokens, end)
+            blob = await self.runner.call(lambda e: next(chunks))
+            refused = _refusal(answer)
+            if refused is not None:  # the receiver said no (or is gone): stop sending
+                raise refused
+            held = _known(answer)
+            if held is not None and last <= held:
+                channel.commit(-len(blob))  # announced, never sent: off the backlog
+                continue
+            await channel.send(MsgType.KV_CHUNK, key, blob)
+            counter.inc((last - first) * self._bytes_per_token)
+            if target.wan:
+                self.metrics.wan_kv_wire_bytes.inc(len(blob))
+
+    def _failed(
+        self, plan: PipelinePlan, target: Target, verb: str, exc: BaseException, handshake: bool
+    ) -> None:
+        """Count and log a transfer that did not complete, and report it on P's stream."""
+        self.metrics.transfer_failures.labels(target.path).inc()
+        log.warning(
+            "%s %s for %s failed: %s", verb, target.endpoint.instance_id, plan.request_id, exc
+        )
+        self._report(plan, target, exc, handshake)
 
     def _report(
         self, plan: PipelinePlan, target: Target, exc: BaseException, handshake: bool

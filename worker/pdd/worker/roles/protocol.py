@@ -1,14 +1,19 @@
 """The data-plane conversation between instances, on top of the framed transport.
 
-One connection per request and purpose, opened by the side that has something
-to send; its first frame is a META ``{"op": ...}`` naming the purpose:
+One conversation per request and purpose at a time on a channel, opened by the side
+that has something to send; its first frame is a META ``{"op": ...}`` naming the
+purpose. A channel whose conversation ended cleanly may carry the sender's next one
+(P keeps its channels to MD: ``transport.pool``); a failed one is closed.
 
 ``prepare`` (P -> RLD over the fast path, P -> MD over the WAN)
-    META ``{op, plan}`` -> receiver attaches the request (locking the prefix it
-    already holds) and answers META ``{op: "prepared", hit}``; P then streams
+    META ``{op, plan, codec}`` -> receiver attaches the request (locking the prefix
+    it already holds) and answers META ``{op: "prepared", hit, codec}``; P streams
     KV_CHUNK frames for ``[hit, n)`` and a KV_DONE ``{first_token,
     cached_tokens}`` (cached_tokens: P's own prefix hit, for the stream); the
     receiver answers META ``{op: "imported", n}`` once all of it is in its pool.
+    Across the WAN P does not wait for ``prepared``: it starts from the plan's
+    ``main_hit_tokens`` (the router's prediction), skips chunks ``prepared`` shows
+    MD holds, and sends the gap ``[hit, predicted)`` MD lacks after the rest.
 ``kv_complete`` (MD -> RLD over the WAN)
     META ``{op, request_id, have}`` -> RLD answers TOKEN_IDS for the output
     positions ``[have, ...)`` it generated (flags: FINAL = last chunk, FINISHED

@@ -96,6 +96,17 @@ class Channel:
         if self._meter is not None:
             self._meter.commit(nbytes, self._now())
 
+    def settle(self) -> None:
+        """The transfer is over: backlog it announced and did not send leaves the link
+        (a channel kept for the next transfer must not carry it over)."""
+        if self._meter is not None:
+            self._meter.settle(self._now())
+
+    @property
+    def metered(self) -> bool:
+        """Whether a ``ChannelMeter`` reports this channel (a reused one keeps its first)."""
+        return self._meter is not None
+
     async def send(
         self, msg_type: MsgType, request_id: int, payload: bytes | memoryview = b"", flags: int = 0
     ) -> None:

@@ -54,6 +54,12 @@ class ChannelMeter:
         self._committed += nbytes
         self.out.commit(nbytes, now)
 
+    def settle(self, now: float) -> None:
+        """A transfer on this channel ended: what it committed and did not send (chunks
+        the receiver turned out to hold) leaves the backlog; the channel stays open."""
+        self.out.release(self._committed, 0, now)
+        self._committed = 0
+
     def sent(self, nbytes: int, now: float) -> None:
         from_queue = min(nbytes, self._committed)
         self._committed -= from_queue

@@ -1,0 +1,258 @@
+"""P-MD's fixed cost at low load: its TTFT against same-datacenter PD's, next to the floor.
+
+    python bench/pmd_latency.py [--conversations 20] [--prompt-tokens 400]
+        [--turn2-tokens 40] [--max-tokens 16] [--gbps 0.05] [--rtt-ms 30]
+        [--jitter-ms 0] [--json OUT]
+
+Starts real worker processes: P; ``md``, a main decode across an emulated WAN line
+(``pdd wan-link``: its data port and its control API both behind the line, as the
+router reaches MD's HTTP across the WAN, so its tokens pay the line's one-way delay);
+and ``md_local``, a main decode in P's datacenter (no line): same-DC PD. Requests run
+one at a time (low load: no queueing anywhere), each P-MD, as two-turn conversations
+so both request classes show up:
+
+* ``new``: a conversation's first turn: MD holds nothing of it, the whole prompt's
+  KV crosses;
+* ``next turn``: turn 1 + its answer + ``--turn2-tokens`` new tokens: MD holds
+  turn 1 (its radix cache), only the new part's KV crosses.
+
+Each system gets its own conversations (same lengths), so P's prefix cache favours
+neither. Plans carry the router's predicted MD hit (``main_hit_tokens``: what MD's
+cache events tell the router's prefix index, the full blocks of turn 1's prompt and
+answer MD computed) where this build's ``PipelinePlan`` has that field; on a build
+without it the same script measures the old protocol.
+
+Reported per class: P-MD TTFT p50, same-DC TTFT p50, their difference, the floor
+(1 RTT + the miss's KV wire bytes / line rate: the KV one way and the first token
+back) and the target (floor + 10 ms); plus the p50 gap before the second token and
+the median KV wire bytes that crossed per request. The machine's load average
+(``/proc/loadavg``) is printed beside the figures: the processes share its cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pdd.common.stats import percentile
+from pdd.common.wire import Endpoint, PipelinePlan, SamplingSpec
+from pdd.local.cluster import (
+    HOST,
+    LinkSpec,
+    LocalCluster,
+    WanLinkProc,
+    WorkerSpec,
+    free_port,
+    wait_http_ok,
+    wan_link_argv,
+)
+from pdd.local.supervisor import spawn_pdd
+from pdd.router.stream_relay import relay_tokens
+from pdd.router.worker_client import WorkerClient
+
+BLOCK_SIZE = 16
+SPECS = [
+    WorkerSpec("p", "prefill"),
+    WorkerSpec("md", "main", wan_facing=True),
+    WorkerSpec("md_local", "main"),
+]
+SYSTEMS = {"P-MD (WAN)": "md", "same-DC": "md_local"}
+CLASSES = ("new", "next turn")
+PREDICTS = "main_hit_tokens" in PipelinePlan.model_fields
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--conversations", type=int, default=20)
+    p.add_argument("--prompt-tokens", type=int, default=400)
+    p.add_argument("--turn2-tokens", type=int, default=40, help="new tokens in turn 2")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--gbps", type=float, default=0.05)
+    p.add_argument("--rtt-ms", type=float, default=30.0)
+    p.add_argument("--jitter-ms", type=float, default=0.0)
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--json", help="write the results here as JSON")
+    return p.parse_args(argv)
+
+
+@dataclass(frozen=True)
+class Timed:
+    """One request as its client saw it."""
+
+    token_ids: list[int]
+    first_token_s: float
+    second_gap_s: float  # between the first and the second token
+    kv_wire_bytes: float  # P's WAN KV chunks as sent, for this request
+
+
+async def timed(plan: PipelinePlan, client: WorkerClient, cluster: LocalCluster) -> Timed:
+    """Run ``plan`` through the router's stream relay, timing what the client receives."""
+    before = kv_wire_bytes(cluster)
+    start = time.monotonic()
+    stamps, ids = [], []
+    async for event in relay_tokens(plan, client, 120.0):
+        stamps.append(time.monotonic() - start)
+        ids.append(event.token_id)
+    await asyncio.to_thread(cluster.wait_quiescent, 60.0)  # low load: one at a time
+    gap = stamps[1] - stamps[0] if len(stamps) > 1 else 0.0
+    return Timed(ids, stamps[0], gap, kv_wire_bytes(cluster) - before)
+
+
+def kv_wire_bytes(cluster: LocalCluster) -> float:
+    return cluster["p"].metrics().get("pdd_wan_kv_wire_bytes_total", 0.0)
+
+
+def md_holds(turn1: list[int], answer: list[int]) -> int:
+    """The router's prediction after turn 1: MD cached the full blocks of what it
+    computed (the prompt and every answer token but the last, which is never fed)."""
+    computed = len(turn1) + len(answer) - 1
+    return computed // BLOCK_SIZE * BLOCK_SIZE
+
+
+class Bench:
+    def __init__(self, cluster: LocalCluster, md_http: str, args: argparse.Namespace) -> None:
+        self.cluster = cluster
+        self.md_http = md_http  # MD's control API as the router reaches it: across the line
+        self.args = args
+
+    def plan(self, rid: str, prompt: list[int], main: str, predicted: int) -> PipelinePlan:
+        sampling = SamplingSpec(max_tokens=self.args.max_tokens, ignore_eos=True)
+        extra = {"main_hit_tokens": predicted} if PREDICTS else {}
+        plan = self.cluster.plan(rid, prompt, "P-MD", sampling, main=main, **extra)
+        if main == "md":
+            endpoint = Endpoint(**{**plan.main.model_dump(), "http_url": self.md_http})  # type: ignore[union-attr]
+            plan = plan.model_copy(update={"main": endpoint})
+        return plan
+
+    async def run_system(self, system: str, main: str, seed: int) -> dict[str, list[Timed]]:
+        rng = random.Random(seed)
+        a = self.args
+        client = WorkerClient(self.cluster.secret, timeout_s=60.0)
+        out: dict[str, list[Timed]] = {c: [] for c in CLASSES}
+        try:
+            for i in range(a.conversations):
+                turn1 = [rng.randrange(256) for _ in range(a.prompt_tokens)]
+                first = await timed(
+                    self.plan(f"{main}-{i}-t1", turn1, main, 0), client, self.cluster
+                )
+                turn2 = (
+                    turn1 + first.token_ids + [rng.randrange(256) for _ in range(a.turn2_tokens)]
+                )
+                held = md_holds(turn1, first.token_ids)
+                second = await timed(
+                    self.plan(f"{main}-{i}-t2", turn2, main, held), client, self.cluster
+                )
+                out["new"].append(first)
+                out["next turn"].append(second)
+        finally:
+            await client.aclose()
+        return out
+
+
+def start_md_http_line(
+    cluster: LocalCluster, link: LinkSpec, logs: Path
+) -> tuple[WanLinkProc, str]:
+    """A second emulated line, same rate and delay, in front of MD's control API."""
+    listen, admin = free_port(), free_port()
+    md_http = cluster["md"].url.removeprefix("http://")
+    argv = wan_link_argv(link, [(f"{HOST}:{listen}", md_http)], f"{HOST}:{admin}")
+    env = {"PDD_SHARED_SECRET": cluster.secret}
+    proc = WanLinkProc(
+        spawn_pdd(argv, logs / "md-http-line.log", env),
+        f"http://{HOST}:{admin}",
+        logs / "md-http-line.log",
+    )
+    if not wait_http_ok(f"{proc.admin_url}/stats", time.monotonic() + 60, lambda: None):
+        raise RuntimeError("the line in front of MD's control API did not come up")
+    return proc, f"http://{HOST}:{listen}"
+
+
+def summarize(results: dict[str, dict[str, list[Timed]]], args: argparse.Namespace) -> list[dict]:
+    rate = args.gbps * 1e9 / 8
+    rows = []
+    for cls in CLASSES:
+        wan, local = results["P-MD (WAN)"][cls], results["same-DC"][cls]
+        wan_p50 = percentile([r.first_token_s for r in wan], 50) or 0.0
+        local_p50 = percentile([r.first_token_s for r in local], 50) or 0.0
+        miss = statistics.median(r.kv_wire_bytes for r in wan)
+        floor = args.rtt_ms / 1000 + miss / rate
+        gap = {name: percentile([r.second_gap_s for r in runs], 50) or 0.0
+               for name, runs in (("wan", wan), ("local", local))}  # fmt: skip
+        rows.append({
+            "class": cls,
+            "requests": len(wan),
+            "pmd_ttft_p50_ms": wan_p50 * 1000,
+            "same_dc_ttft_p50_ms": local_p50 * 1000,
+            "difference_ms": (wan_p50 - local_p50) * 1000,
+            "floor_ms": floor * 1000,
+            "target_ms": floor * 1000 + 10,
+            "pmd_token2_gap_p50_ms": gap["wan"] * 1000,
+            "same_dc_token2_gap_p50_ms": gap["local"] * 1000,
+            "miss_kv_wire_bytes_p50": miss,
+        })  # fmt: skip
+    return rows
+
+
+def loadavg() -> str:
+    return Path("/proc/loadavg").read_text().split(" ")[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    link = LinkSpec(gbps=args.gbps, rtt_ms=args.rtt_ms, jitter_ms=args.jitter_ms)
+    with tempfile.TemporaryDirectory(prefix="pdd-bench-") as logs:
+        cluster = LocalCluster.start(
+            SPECS, Path(logs), link,
+            common_args=["--model", args.model, "--torch-threads", "1", "--num-blocks", "2048",
+                         "--block-size", str(BLOCK_SIZE)],
+        )  # fmt: skip
+        line = None
+        try:
+            line, md_http = start_md_http_line(cluster, link, Path(logs))
+            bench = Bench(cluster, md_http, args)
+            load_before = loadavg()
+            results = {
+                system: asyncio.run(bench.run_system(system, main, seed))
+                for seed, (system, main) in enumerate(SYSTEMS.items())
+            }
+            load_after = loadavg()
+        finally:
+            cluster.stop()
+            if line is not None:
+                line.proc.terminate()
+                line.proc.wait(10)
+    rows = summarize(results, args)
+    print(
+        f"P-MD vs same-DC PD, {args.conversations} two-turn conversations one at a time, "
+        f"{args.prompt_tokens}-token prompts (+{args.turn2_tokens} in turn 2), WAN "
+        f"{args.gbps} Gbit/s RTT {args.rtt_ms} ms jitter {args.jitter_ms} ms; predicted MD hit "
+        f"{'on' if PREDICTS else 'off (this build has none)'}; "
+        f"load avg {load_before} -> {load_after}"
+    )
+    head = (
+        f"{'class':<10}{'P-MD p50':>10}{'same-DC':>10}{'diff':>8}{'floor':>8}{'target':>8}"
+        f"{'tok2 gap':>10}{'same-DC':>9}{'miss KB':>9}"
+    )
+    print(head + "   (ms)")
+    for r in rows:
+        print(
+            f"{r['class']:<10}{r['pmd_ttft_p50_ms']:>10.1f}{r['same_dc_ttft_p50_ms']:>10.1f}"
+            f"{r['difference_ms']:>8.1f}{r['floor_ms']:>8.1f}{r['target_ms']:>8.1f}"
+            f"{r['pmd_token2_gap_p50_ms']:>10.1f}{r['same_dc_token2_gap_p50_ms']:>9.1f}"
+            f"{r['miss_kv_wire_bytes_p50'] / 1e3:>9.1f}"
+        )
+    if args.json:
+        out = {"config": vars(args), "predicts": PREDICTS, "load": [load_before, load_after]}
+        Path(args.json).write_text(json.dumps({**out, "results": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,34 @@
+"""A route's plan carries the router's predicted MD hit where P ships KV to MD."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdd.common.vocabulary import Pipeline, Role
+from pdd.common.wire import Endpoint, SamplingSpec
+from pdd.router.config import RouterConfig, WorkerRef
+from pdd.router.dispatch import Route
+
+pytestmark = pytest.mark.unit
+
+CONFIG = RouterConfig(model="tiny", workers=(WorkerRef(Role.MONO, "http://m", "m"),), secret="s")
+
+
+def endpoint(name: str) -> Endpoint:
+    return Endpoint(instance_id=name, http_url=f"http://{name}", fast_addr="h:1", wan_addr="h:2")
+
+
+def test_p_md_plans_tell_p_where_mds_hit_is_predicted_to_end() -> None:
+    route = Route(
+        Pipeline.P_MD, "r", "c", endpoint("p"), None, endpoint("md"), p_hit_tokens=16,
+        md_hit_tokens=48,
+    )  # fmt: skip
+    plan = route.plan("req", list(range(64)), SamplingSpec(), CONFIG)
+    assert plan.main_hit_tokens == 48
+
+
+def test_routes_that_ship_no_kv_to_md_predict_nothing() -> None:
+    relay_only = Route(Pipeline.P_RLD, "r", "c", endpoint("p"), endpoint("rld"), None)
+    mono = Route(Pipeline.MONO, "r", "c", None, None, endpoint("m"), md_hit_tokens=8)
+    for route in (relay_only, mono):
+        assert route.plan("req", [1, 2, 3], SamplingSpec(), CONFIG).main_hit_tokens is None

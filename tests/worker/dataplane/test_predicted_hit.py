@@ -1,0 +1,123 @@
+"""P ships MD's miss from the router's predicted hit, on a channel it keeps warm.
+
+In-process on a virtual clock. Whatever the prediction (right, too high: MD lacks a
+gap below it, too low: MD already holds part of what is sent), MD ends up with the
+prompt's exact KV, so the client gets mono's tokens; only the bytes on the line differ.
+And sequential requests to one MD reuse P's channels instead of opening new ones.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pdd.router.errors import UpstreamError
+
+pytestmark = [pytest.mark.unit, pytest.mark.virtual_clock]
+
+MAX_TOKENS = 24
+#: One way across the line to MD: long enough that P's prefill is done, and its KV on the
+#: way, before MD's answer is back (as across a real WAN), so the prediction is used.
+SLOW_LINE_S = 0.2
+
+
+def channels_accepted(vdp, name: str) -> int:
+    """Authenticated channels the worker's data servers have accepted so far."""
+    instance = vdp.cluster[name].instance
+    return sum(s.stats.authenticated for s in (instance.data, instance.wan) if s is not None)
+
+
+async def warm_md(vdp, prompt: list[int], tag: str) -> None:
+    """Leave the whole prompt in MD's radix cache (a P-MD request MD finishes)."""
+    plan = vdp.cluster.plan(tag, prompt, "P-MD", vdp.sampling(0, MAX_TOKENS), main_hit_tokens=0)
+    await vdp.run_all([plan])
+
+
+async def test_a_right_prediction_sends_exactly_the_miss(vdp) -> None:
+    prompt = vdp.prompts(1, seed=81, lo=90, hi=91)[0]
+    expected = await vdp.reference([prompt], MAX_TOKENS, "ph-right")
+    delta = vdp.counters("p", "md")
+    plan = vdp.cluster.plan(
+        "ph-right-0", prompt, "P-MD", vdp.sampling(0, MAX_TOKENS), main_hit_tokens=0
+    )
+    [result] = await vdp.run_all([plan])
+    assert result.token_ids == expected[0] and result.sources == ["md"] * MAX_TOKENS
+    assert delta("p", "pdd_wan_bytes") == len(prompt) * vdp.kv_bytes_per_token
+    assert delta("md", "pdd_prefix_hit_tokens") == 0
+    await vdp.assert_quiescent()
+
+
+async def test_md_holding_less_than_predicted_gets_the_gap(vdp) -> None:
+    """The router believed MD held the whole prompt; it holds nothing (cold): P sends
+    nothing from the prediction, then the gap [0, n) once MD's answer says so."""
+    prompt = vdp.prompts(1, seed=82, lo=90, hi=91)[0]
+    expected = await vdp.reference([prompt], MAX_TOKENS, "ph-high")
+    vdp.cluster.wan_path("md").delay_s = SLOW_LINE_S
+    delta = vdp.counters("p", "md")
+    plan = vdp.cluster.plan(
+        "ph-high-0", prompt, "P-MD", vdp.sampling(0, MAX_TOKENS), main_hit_tokens=len(prompt) - 1
+    )
+    [result] = await vdp.run_all([plan])
+    assert result.token_ids == expected[0] and result.sources == ["md"] * MAX_TOKENS
+    assert delta("p", "pdd_wan_bytes") == len(prompt) * vdp.kv_bytes_per_token
+    assert delta("p", "pdd_transfer_failures") == 0
+    await vdp.assert_quiescent()
+
+
+async def test_md_holding_more_than_predicted_skips_what_it_holds(vdp) -> None:
+    """MD holds most of the prompt, the prediction says nothing: MD imports none of the
+    overlap (its cached blocks are never overwritten) and streams mono's tokens."""
+    prompt = vdp.prompts(1, seed=83, lo=90, hi=91)[0]
+    expected = await vdp.reference([prompt], MAX_TOKENS, "ph-low")
+    await warm_md(vdp, prompt, "ph-low-warm")
+    vdp.cluster.wan_path("md").delay_s = SLOW_LINE_S
+    delta = vdp.counters("p", "md")
+    plan = vdp.cluster.plan(
+        "ph-low-0", prompt, "P-MD", vdp.sampling(0, MAX_TOKENS), main_hit_tokens=0
+    )
+    [result] = await vdp.run_all([plan])
+    hit = result.events[0].md_hit_tokens
+    assert result.token_ids == expected[0] and hit is not None and hit > 0
+    assert delta("md", "pdd_prefix_hit_tokens") == hit
+    # P sent it all before MD's answer came back (the line's delay), MD kept its own.
+    assert delta("p", "pdd_wan_bytes") == len(prompt) * vdp.kv_bytes_per_token
+    await vdp.assert_quiescent()
+
+
+async def test_sequential_requests_reuse_ps_channels_to_md(vdp) -> None:
+    prompts = vdp.prompts(4, seed=84, lo=60, hi=61)
+    expected = await vdp.reference(prompts, MAX_TOKENS, "ph-pool")
+    results = []
+    for i, prompt in enumerate(prompts):
+        if i == 1:
+            opened = channels_accepted(vdp, "md")  # the first request's, and a spare
+        plan = vdp.cluster.plan(
+            f"ph-pool-{i}", prompt, "P-MD", vdp.sampling(i, MAX_TOKENS), main_hit_tokens=0
+        )
+        results += await vdp.run_all([plan])
+    assert [r.token_ids for r in results] == expected
+    assert channels_accepted(vdp, "md") == opened
+    assert vdp.cluster["p"].role.wan_pool.idle("md") >= 1
+    await vdp.assert_quiescent()
+
+
+async def test_a_cut_line_drops_the_kept_channels_and_p_reconnects_after(vdp) -> None:
+    """A kept channel is no shortcut past a cut: the request still fails at once naming
+    MD; once the line is back, P opens new channels and P-MD serves again."""
+    prompts = vdp.prompts(3, seed=85, lo=60, hi=61)
+    expected = await vdp.reference(prompts, MAX_TOKENS, "ph-cut")
+
+    def plan(i: int):
+        return vdp.cluster.plan(
+            f"ph-cut-{i}", prompts[i], "P-MD", vdp.sampling(i, MAX_TOKENS), main_hit_tokens=0
+        )
+
+    [first] = await vdp.run_all([plan(0)])
+    assert first.token_ids == expected[0]
+    link = vdp.cluster["md"].link
+    link.partition(True)
+    with pytest.raises(UpstreamError, match="p could not send the KV to md"):
+        await vdp.run_all([plan(1)])
+    link.partition(False)
+    [last] = await vdp.run_all([plan(2)])
+    assert last.token_ids == expected[2] and last.sources[-1] == "md"
+    await vdp.assert_quiescent()
