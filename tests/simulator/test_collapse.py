@@ -37,10 +37,13 @@ def test_with_the_drc_off_the_relays_overload_and_latency_runs_away(report: dict
     assert off["relay_overload_share"] > 0.3
     assert off["relay_fallbacks"] > 0  # requests that needed a relay and found none
     assert off["ttft_p99"] > 10 * on["ttft_p99"]
-    # Overload builds over time: the relays are full for most of the second half.
+    # Overload lasts: through the second half the relays never get below 85% busy (a
+    # snapshot may catch a slot just freed, so "full at every sample" is too strict), and
+    # requests keep finding no relay.
     samples = after_warmup(report, "drc-off")
     late = samples[len(samples) // 2 :]
-    assert sum(s["relays_saturated"] for s in late) / len(late) > 0.5
+    assert min(s["relay_utilization"] for s in late) > 0.85
+    assert late[-1]["relay_fallbacks"] > late[0]["relay_fallbacks"]
 
 
 def test_low_hit_traffic_ending_at_the_relays_overloads_them(report: dict) -> None:

@@ -83,7 +83,9 @@ class SamplingFields(_StrictRequest):
     top_k: int = Field(default=-1, ge=-1)
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int = Field(default=1, ge=1, le=128)
+    #: Each sample is a routed request of its own; 16 bounds what one call can ask of the
+    #: fleet (OpenAI takes up to 128).
+    n: int = Field(default=1, ge=1, le=16)
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False

@@ -100,14 +100,15 @@ class OpenAIServing:
                 param="max_tokens",
             )
         default = min(config.default_max_tokens, limit or config.default_max_tokens)
-        if max_tokens is not None and request.min_tokens > max_tokens:
+        if request.min_tokens > (max_tokens or default):
             raise InvalidRequestError(
-                f"min_tokens {request.min_tokens} is more than max_tokens {max_tokens}",
+                f"min_tokens {request.min_tokens} is more than max_tokens "
+                f"{max_tokens or default}" + ("" if max_tokens else " (the default)"),
                 param="min_tokens",
             )
         self._check_token_ids(request)
         return SamplingSpec(
-            max_tokens=max_tokens or max(default, request.min_tokens),
+            max_tokens=max_tokens or default,
             temperature=request.temperature,
             top_k=max(0, request.top_k),
             top_p=request.top_p,
