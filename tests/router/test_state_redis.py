@@ -241,3 +241,22 @@ async def test_a_black_holed_redis_never_delays_start_or_reads():
         hole.close()
         for writer in accepted:
             writer.close()
+
+
+async def test_close_returns_when_the_writers_cancel_lands_on_a_wake_up(redis_url):
+    """A write wakes the idle writer and close() cancels it a few loop turns later. When
+    the cancel lands after the wake-up completed but before the writer resumed, Python's
+    ``wait_for`` returns the wake-up and drops the cancel; a writer that relied on the
+    cancel alone ran on, and close() never returned. Each number of turns puts the cancel
+    at another point of that hand-over."""
+    for turns in range(8):
+        prefix = f"t-{uuid.uuid4().hex}:"
+        store = SharedStore(redis_url, f"r-{uuid.uuid4().hex}", ttl_s=60, prefix=prefix)
+        await store.start()
+        await until(lambda: store._wake._waiters, "the writer waits for work")  # noqa: B023
+        store.add_inflight("md0", 1)
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        closing = asyncio.create_task(store.close())
+        done, _ = await asyncio.wait({closing}, timeout=30)  # a hang's backstop, not a timing
+        assert closing in done, f"close() did not return (cancel {turns} turns after a write)"

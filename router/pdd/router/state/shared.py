@@ -116,6 +116,7 @@ class SharedStore:
         self._clock = clock
         self._others_due = -float("inf")  # when the others' counts are to be read again
         self._task: asyncio.Task | None = None
+        self._closing = False
 
     @property
     def index(self) -> IndexStore:
@@ -179,6 +180,11 @@ class SharedStore:
         self._task = asyncio.create_task(self._run(), name="redis-writer")
 
     async def close(self) -> None:
+        """Stop the writer, then the client. The flag ends the writer's loop even when the
+        cancel is lost: ``wait_for`` can swallow a cancel that lands as its own timeout
+        fires, and the loop would then run on (seen as a close that never returned)."""
+        self._closing = True
+        self._wake.set()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -205,7 +211,7 @@ class SharedStore:
             return None
 
     async def _run(self) -> None:
-        while True:
+        while not self._closing:
             if self._up:
                 await self._flush()
                 with contextlib.suppress(TimeoutError):
@@ -217,7 +223,7 @@ class SharedStore:
     async def _flush(self) -> None:
         """Send the queued writes in order, then the heartbeat when it is due."""
         self._wake.clear()
-        while self._writes and self._up:
+        while self._writes and self._up and not self._closing:
             await self._call(self._writes.popleft(), _BACKGROUND_DEADLINE_S)
         if not self._writes:
             self._settled.set()
