@@ -112,16 +112,21 @@ async def stack(request, tmp_path) -> AsyncIterator[tuple[str, RouterRuntime, op
 
 
 async def forced_call(client: openai.AsyncOpenAI, stream: bool, **kwargs):
-    """The one choice's message and finish reason, non-streaming or as the SDK's stream
-    accumulator builds them."""
+    """The one choice (its message and finish reason), non-streaming or as the SDK's
+    stream accumulator builds it; a stream must carry the call in several chunks (the
+    name first, then the arguments as they are written)."""
     common = {"messages": [USER], "tools": TOOLS, "max_tokens": 120, "temperature": 1.0}
     if not stream:
         response = await client.chat.completions.create(**common, **kwargs)
         return response.choices[0]
+    call_chunks = 0
     async with client.chat.completions.stream(**common, **kwargs) as events:
-        async for _ in events:
-            pass
-        return (await events.get_final_completion()).choices[0]
+        async for event in events:
+            if event.type == "chunk" and event.chunk.choices:
+                call_chunks += bool(event.chunk.choices[0].delta.tool_calls)
+        choice = (await events.get_final_completion()).choices[0]
+    assert call_chunks > 2
+    return choice
 
 
 async def test_a_forced_call_comes_back_as_tool_calls(stack) -> None:
