@@ -78,6 +78,14 @@ def test_bad_values_are_refused() -> None:
         SamplingSpec(max_tokens=0)
     with pytest.raises(ValidationError):
         PipelinePlan(request_id="r", prompt_ids=[], pipeline="mono", main=endpoint("m"))
+    with pytest.raises(ValidationError):
+        SamplingSpec(prior_output_tokens=-1)
+    resumed = SamplingSpec(prior_output_tokens=2)
+    PipelinePlan(request_id="r", prompt_ids=[1, 2, 3], sampling=resumed, main=endpoint("m"),
+                 pipeline="mono")  # fmt: skip
+    with pytest.raises(ValidationError, match="prior_output_tokens"):  # no prompt left
+        PipelinePlan(request_id="r", prompt_ids=[1, 2], sampling=resumed, main=endpoint("m"),
+                     pipeline="mono")  # fmt: skip
     load = dict(
         instance_id="i",
         role="relay",

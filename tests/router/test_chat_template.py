@@ -1,7 +1,8 @@
 """Chat templates render exactly as transformers renders them.
 
-The templates in chat_templates/ are real-looking: Llama-3 style, Qwen2.5 style ChatML
-with tools, and a strict one that relies on trim_blocks/lstrip_blocks, loop controls,
+The templates in chat_templates/ are real-looking: Llama-3 style, Llama-3.1 style with
+JSON tool calls, Qwen2.5 style ChatML with tools, Qwen3 style (tools and ``<think>`` in
+the assistant history), and a strict one that relies on trim_blocks/lstrip_blocks, loop controls,
 the generation tag and raise_exception.
 """
 
@@ -12,8 +13,10 @@ import jinja2
 import pytest
 from transformers import AutoTokenizer
 
+from pdd.common.vocabulary import ToolCallFormat
 from pdd.router.chat_template import ChatTemplate, ChatTemplateError, render_plain
 from pdd.router.tokenization import load_prompt_tokenizer
+from pdd.router.tool_calls import detect_format
 
 pytestmark = pytest.mark.unit
 
@@ -21,6 +24,8 @@ TEMPLATES = Path(__file__).parent / "chat_templates"
 LLAMA3 = (TEMPLATES / "llama3.jinja").read_text()
 QWEN = (TEMPLATES / "qwen.jinja").read_text()
 STRICT = (TEMPLATES / "strict.jinja").read_text()
+QWEN3 = (TEMPLATES / "qwen3.jinja").read_text()
+LLAMA31 = (TEMPLATES / "llama31.jinja").read_text()
 
 CONVERSATION = [
     {"role": "system", "content": "You are terse."},
@@ -57,6 +62,24 @@ CASES = [
     ("llama3", LLAMA3, "<|begin_of_text|>", "<|eot_id|>"),
     ("qwen", QWEN, None, "<|im_end|>"),
     ("strict", STRICT, "<|begin_of_text|>", "<|eot_id|>"),
+    ("qwen3", QWEN3, None, "<|im_end|>"),
+    ("llama31", LLAMA31, "<|begin_of_text|>", "<|eot_id|>"),
+]
+#: Qwen3's assistant history: the reasoning of turns before the last user query is
+#: dropped, that of the turns after it (a tool loop) is kept in ``<think>``.
+THINKING_CONVERSATION = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "weather in Paris?"},
+    {"role": "assistant", "content": "<think>\nold reasoning\n</think>\n\nIt is sunny."},
+    {"role": "user", "content": "and in Rome?"},
+    {
+        "role": "assistant",
+        "content": "<think>\nI should call the tool.\n</think>\n\n",
+        "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}
+        ],
+    },
+    {"role": "tool", "content": "rainy"},
 ]
 
 
@@ -88,6 +111,32 @@ def test_tools_and_tool_calls_equal_transformers(write_checkpoint):
     )
     assert "<tools>" in expected and '"Paris"' in expected
     assert ours.template.render(TOOL_CONVERSATION, True, tools=TOOLS) == expected
+
+
+@pytest.mark.parametrize(
+    ("template", "bos", "conversation", "shows"),
+    [
+        (QWEN3, None, THINKING_CONVERSATION, "<think>\nI should call the tool.\n</think>"),
+        (QWEN3, None, TOOL_CONVERSATION, "<tool_response>\nsunny\n</tool_response>"),
+        (LLAMA31, "<|begin_of_text|>", TOOL_CONVERSATION[:3], '"parameters": {"city": "Paris"}'),
+    ],
+    ids=["qwen3-thinking", "qwen3-tools", "llama31-tools"],
+)
+def test_qwen3_and_llama31_tool_conversations_equal_transformers(
+    write_checkpoint, template, bos, conversation, shows
+):
+    eos = "<|im_end|>" if bos is None else "<|eot_id|>"
+    ours, hf = _pair(write_checkpoint, template, bos, eos)
+    for kwargs in ({}, {"enable_thinking": False}):
+        expected = hf.apply_chat_template(
+            conversation, tools=TOOLS, tokenize=False, add_generation_prompt=True, **kwargs
+        )
+        assert shows in expected
+        assert ours.template.render(conversation, True, tools=TOOLS, **kwargs) == expected
+    if template is QWEN3:
+        assert "old reasoning" not in expected  # before the last query: dropped
+    fmt = ToolCallFormat.HERMES if template is QWEN3 else ToolCallFormat.LLAMA3_JSON
+    assert detect_format(template) is fmt  # what the router reads the output with
 
 
 def test_tojson_does_not_html_escape():

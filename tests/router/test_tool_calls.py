@@ -147,25 +147,87 @@ LLAMA_TWO = (
 )
 
 
+LLAMA_CALLS = [
+    LLAMA_TWO,
+    ' \n{"name": "get_weather", "parameters": {"city": "Paris", "days": [1, {"x": "}"}]}}',
+    '{"parameters": {"q": "a \\"name\\": \\"x\\" {"}, "name": "search"}',  # name after args
+    '{"name": "ping"};{"name": "b", "arguments": "{\\"k\\": 2}"}',  # none; a JSON string
+    '<|python_tag|> {"name": "f\\u00e9", "parameters": {"name": "inner", "n": [[], {}]}} ;\n',
+]
+
+
+def every_split(text: str) -> list[list[str]]:
+    """One character at a time, in two pieces at every cut, and in three pieces at every
+    pair of cuts a few characters apart (a tag, key or brace straddling two deltas)."""
+    threes = [
+        [text[:i], text[i:j], text[j:]]
+        for i in range(len(text) + 1)
+        for j in range(i, min(len(text), i + 6) + 1)
+    ]
+    return splits(text) + threes
+
+
+@pytest.mark.parametrize("text", LLAMA_CALLS)
+def test_llama3_json_stream_equals_the_whole_parse_in_any_split(text) -> None:
+    parsed = parse_tool_calls(LLAMA3, text)
+    assert parsed.content is None and parsed.calls
+    expected = [(c.name, json.loads(c.arguments)) for c in parsed.calls]
+    for pieces in every_split(text):
+        content, calls = streamed(LLAMA3, pieces)
+        assert content == "" and decoded(calls) == expected, pieces
+
+
 def test_llama3_json_calls_with_parameters_or_arguments() -> None:
     parsed = parse_tool_calls(LLAMA3, LLAMA_TWO)
-    assert parsed.content is None
     assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [
         WEATHER,
         ("get_time", {"tz": "CET"}),
     ]
-    for pieces in splits(LLAMA_TWO)[:: max(1, len(LLAMA_TWO) // 20)]:
-        assert decoded(streamed(LLAMA3, pieces)[1]) == [WEATHER, ("get_time", {"tz": "CET"})]
 
 
-@pytest.mark.parametrize(
-    "text", ["The weather is fine.", '{"city": "Paris"}', '{"name": "f", "parameters": {} trailing']
-)
+def test_llama3_json_name_and_arguments_stream_as_they_arrive() -> None:
+    stream = tool_call_stream(LLAMA3)
+    assert stream.feed('<|python_tag|>{"name": "get_wea') == []
+    [start] = stream.feed('ther", "parameters": ')
+    assert isinstance(start, CallStart) and start.index == 0 and start.name == "get_weather"
+    assert stream.feed('{"city": "Pa') == [ArgumentsDelta(0, '{"city": "Pa')]
+    assert stream.feed('ris"}') == [ArgumentsDelta(0, 'ris"}')]
+    assert stream.feed("}; ") == []  # the call object's own brace and the separator
+    second, brace = stream.feed('{"name": "get_time", "arguments": {')
+    assert isinstance(second, CallStart) and second.index == 1 and brace == ArgumentsDelta(1, "{")
+    assert stream.feed('"tz": "CET"}}') == [ArgumentsDelta(1, '"tz": "CET"}')]
+    assert stream.finish() == [] and stream.calls == 2
+
+
+LLAMA3_NO_CALL = [
+    "The weather is fine.",
+    '{"city": "Paris"}',
+    '  {"city": {"name": "Paris"}} and more',
+    "<|python_tag|>",
+    "<|python_tag|>print(1)",
+    ' \n{"na\\qme": "f", "parameters": {}}',
+]
+
+
+@pytest.mark.parametrize("text", [*LLAMA3_NO_CALL, '{"name": "f", "parameters": {} trailing'])
 def test_llama3_json_anything_else_is_content(text) -> None:
     assert parse_tool_calls(LLAMA3, text).content == text
     assert parse_tool_calls(LLAMA3, text).calls == []
-    for pieces in splits(text):
-        assert streamed(LLAMA3, pieces) == (text, [])
+
+
+@pytest.mark.parametrize("text", LLAMA3_NO_CALL)
+def test_llama3_json_stream_of_an_output_without_a_call_is_its_text(text) -> None:
+    for pieces in every_split(text):
+        assert streamed(LLAMA3, pieces) == (text, []), pieces
+
+
+def test_llama3_json_a_call_already_sent_is_kept_when_the_format_breaks_after_it() -> None:
+    """A stream cannot take back a call: text that breaks the format after a call's name
+    streams after it (the whole-output parse makes all of it content)."""
+    for pieces in every_split('{"name": "f", "parameters": {"a": 1}} trailing'):
+        assert streamed(LLAMA3, pieces) == ("trailing", [{"name": "f", "arguments": '{"a": 1}'}])
+    for pieces in splits('{"name": "f", "parameters": {"a": '):  # cut off by max_tokens
+        assert streamed(LLAMA3, pieces) == ("", [{"name": "f", "arguments": '{"a": '}])
 
 
 def test_detect_format_from_the_template() -> None:

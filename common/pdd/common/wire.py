@@ -89,8 +89,8 @@ class GuidedDecoding(_Wire):
     naming one of ``tools`` with arguments valid against its parameters; exactly one call
     when ``single_call`` (a named ``tool_choice``), else one or more (``"required"``).
 
-    ``emitted_ids``: output the client already has from an earlier attempt; a resumed
-    request carries it at the end of its prompt, and the grammar starts after it.
+    A resumed request's grammar starts after the output already sent, which its prompt
+    carries (``SamplingSpec.prior_output_tokens``).
     """
 
     kind: Literal["json_object", "json_schema", "tool_calls"]
@@ -98,7 +98,6 @@ class GuidedDecoding(_Wire):
     tools: tuple[GuidedTool, ...] = ()
     tool_call_format: ToolCallFormat = ToolCallFormat.HERMES
     single_call: bool = True
-    emitted_ids: tuple[int, ...] = ()
 
     @model_validator(mode="after")
     def _complete(self) -> GuidedDecoding:
@@ -139,6 +138,14 @@ class SamplingSpec(_Wire):
     #: ``(token id, bias)`` pairs, bias in [-100, 100].
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = Field(default=None, ge=0, le=20)
+    #: The prompt's last ``prior_output_tokens`` tokens are this request's own output from
+    #: an earlier attempt (the router resumes a request that failed mid-stream with prompt
+    #: = prompt + the tokens already sent). Whatever depends on the output history counts
+    #: them as output: frequency/presence penalties, ``min_tokens`` and the grammar, so the
+    #: resumed output is the unbroken one token for token (a seeded draw depends on the
+    #: position in the whole sequence, which the resume keeps). ``max_tokens`` counts only
+    #: the tokens this attempt adds.
+    prior_output_tokens: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _valid_bias(self) -> SamplingSpec:
@@ -179,6 +186,16 @@ class PipelinePlan(_Wire):
         missing = [s for s in PIPELINE_STAGES[self.pipeline] if getattr(self, s) is None]
         if missing:
             raise ValueError(f"pipeline {self.pipeline} needs endpoints for: {', '.join(missing)}")
+        return self
+
+    @model_validator(mode="after")
+    def _prior_output_in_prompt(self) -> PipelinePlan:
+        if self.sampling.prior_output_tokens >= len(self.prompt_ids):
+            raise ValueError(
+                f"sampling.prior_output_tokens ({self.sampling.prior_output_tokens}) must be "
+                f"less than the prompt's {len(self.prompt_ids)} tokens: the prompt is the "
+                "request's prompt followed by its earlier output"
+            )
         return self
 
     @property

@@ -144,9 +144,9 @@ class Generation:
         up to ``MAX_RECOVERIES`` times, invisibly to the client: before the first token by
         routing the request again without them (``redispatch``); after it by resuming on
         other instances from the prompt plus the tokens already sent (``resume``), so the
-        stream goes on at the next position, none repeated and none missing (greedy
-        output is the same as without the failure; a seeded sample continues on a new
-        random stream)."""
+        stream goes on at the next position, none repeated and none missing (the new
+        instances count the tokens sent as output, so greedy and seeded output is the
+        same as without the failure)."""
         failed: set[str] = set()
         try:
             for attempt in itertools.count(1):

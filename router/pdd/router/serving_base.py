@@ -182,17 +182,16 @@ class OpenAIServing:
         ) -> Attempt:
             """Route the prompt, or, to resume, the prompt plus the tokens already sent
             with what is left of ``max_tokens``: the new instances prefill the known tokens
-            and go on from the next position."""
+            and go on from the next position. They count the tokens sent as output
+            (``prior_output_tokens``: penalties, ``min_tokens``, the grammar), so the
+            resumed output is the one an unbroken request makes."""
             prompt = [*prompt_ids, *emitted]
             left = sampling.model_copy(
                 update={
                     "max_tokens": sampling.max_tokens - len(emitted),
-                    "min_tokens": max(0, sampling.min_tokens - len(emitted)),
+                    "prior_output_tokens": len(emitted),
                 }
             )
-            if guided is not None and emitted:  # the grammar goes on after what was sent
-                resumed = guided.model_copy(update={"emitted_ids": tuple(emitted)})
-                left = left.model_copy(update={"guided": resumed})
             route = await self.runtime.dispatcher.route(prompt, left.max_tokens, exclude)
             lease = Lease.of(route, self.runtime.store, self.runtime.link_estimator)
             attempt_id = request_id if attempt == 0 else f"{request_id}-r{attempt}"

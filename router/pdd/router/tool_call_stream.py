@@ -9,9 +9,10 @@ Hermes (``<tool_call>`` blocks): text outside the blocks streams as content, exc
 tail that may be the start of ``<tool_call>`` (held back until the next text decides,
 so no tag fragment ever reaches the client as content); inside a block the arguments
 stream as the model writes them, holding back only what may be the call object's own
-closing brace. Llama-3 JSON: an output that starts with ``{`` (or ``<|python_tag|>``)
-is a call and is parsed when it ends (its calls come out then, arguments in one
-piece); any other output streams as content.
+closing brace. Llama-3 JSON (``;``-separated call objects, maybe after
+``<|python_tag|>``): each object is read as it arrives, so a call starts as soon as its
+``name`` is known and its arguments object streams as the model writes it; an output
+that shows no call streams as content.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from pdd.router.tool_calls import (
     LLAMA3_PYTHON_TAG,
     call_from_object,
     new_call_id,
-    parse_llama3_json,
 )
 
 
@@ -198,36 +198,189 @@ class HermesStream:
             events.append(ArgumentsDelta(call.index, parsed.arguments))
 
 
+@dataclass
+class _ObjectScan:
+    """The top level of one JSON object as far as it has been read, one character at a
+    time: where its ``name`` and arguments values are, and where it ends. Strings (and
+    their escapes) and nesting are tracked, so a brace or a ``"name"`` key inside the
+    arguments or inside a string is never taken for the call's own."""
+
+    start: int  # the object's "{" in the output
+    depth: int = 1
+    in_string: bool = False
+    escaped: bool = False
+    string_start: int = 0
+    want: str = "key"  # at depth 1: key, colon, value, or after (a value began)
+    key: str | None = None
+    name: str | None = None
+    args_start: int | None = None  # the arguments object's "{", when they are an object
+    args_end: int | None = None
+    end: int | None = None  # one past the object's closing "}"
+
+    def scan(self, text: str, at: int) -> None:
+        """Read ``text[at]``."""
+        c = text[at]
+        if self.in_string:
+            if self.escaped:
+                self.escaped = False
+            elif c == "\\":
+                self.escaped = True
+            elif c == '"':
+                self.in_string = False
+                if self.depth == 1:
+                    self._string_read(_json_string(text[self.string_start : at + 1]))
+            return
+        if self.depth == 1 and self.want == "value" and not c.isspace():
+            self._value_starts(c, at)
+        if c == '"':
+            self.in_string, self.string_start = True, at
+        elif c in "{[":
+            self.depth += 1
+        elif c in "}]":
+            self.depth -= 1
+            if self.depth == 1 and self.args_start is not None and self.args_end is None:
+                self.args_end = at + 1
+            if self.depth == 0:
+                self.end = at + 1
+        elif self.depth == 1 and c == ":" and self.want == "colon":
+            self.want = "value"
+        elif self.depth == 1 and c == ",":
+            self.want = "key"
+
+    def _value_starts(self, c: str, at: int) -> None:
+        self.want = "after"
+        if c == "{" and self.key in _ARGUMENT_KEYS and self.args_start is None:
+            self.args_start = at
+
+    def _string_read(self, value: str | None) -> None:
+        if self.want == "key":
+            self.key, self.want = value, "colon"
+        elif self.want == "after" and self.key == "name" and self.name is None:
+            self.name = value
+
+
+def _json_string(literal: str) -> str | None:
+    """A JSON string literal's value; None for a broken one (a bad escape), which names
+    nothing and leaves the object to the whole-object check."""
+    try:
+        value = json.loads(literal)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, str) else None
+
+
+_ARGUMENT_KEYS = ("arguments", "parameters")
+_SEPARATORS = " \t\r\n;"
+
+
 class Llama3JsonStream:
+    """Llama-3 JSON calls as they are written: a call starts once its object's ``name``
+    has been read, and its arguments object streams as it arrives (arguments written
+    as a JSON string, or not at all, are sent when the object closes).
+
+    The output is undecided until it shows a call: leading space and ``<|python_tag|>``
+    are held, and an output that turns out not to be calls (no ``{`` first, an object
+    that closes without naming a function) goes out whole as content, as the
+    non-streaming parse reads it. A call already sent cannot be taken back: text that
+    breaks the format after one (a stray word, a cut-off object) streams as content
+    after it, where the whole-output parse would call all of it content (as vLLM's
+    streaming parsers do too). A grammar-forced call is always whole.
+    """
+
     def __init__(self) -> None:
         self.calls = 0
         self._text = ""
-        self._is_call: bool | None = None  # decided by the first non-space character
+        self._pos = 0  # the next character to read
+        #: lead (space, python tag), tagged (after the tag), object, gap (between), content
+        self._phase = "lead"
+        self._object: _ObjectScan | None = None
+        self._started = False  # the current object's call was sent
+        self._args_sent = 0  # of the current call's arguments object
 
     def feed(self, text: str) -> list[StreamEvent]:
-        if self._is_call is False:
+        if self._phase == "content":
             return [ContentDelta(text)] if text else []
         self._text += text
-        head = self._text.lstrip()
-        if not head or LLAMA3_PYTHON_TAG.startswith(head):
-            return []  # too early to tell
-        self._is_call = head.startswith(("{", LLAMA3_PYTHON_TAG))
-        if self._is_call:
-            return []
-        out, self._text = self._text, ""
-        return [ContentDelta(out)]
+        events: list[StreamEvent] = []
+        while self._pos < len(self._text) and self._phase != "content":
+            if self._phase == "object":
+                self._read_object(events)
+            elif not self._between_objects(events):
+                break  # a partial python tag: wait for more
+        return events
 
     def finish(self) -> list[StreamEvent]:
-        if not self._is_call:
-            return [ContentDelta(self._text)] if self._text else []
-        parsed = parse_llama3_json(self._text)
-        if not parsed.calls:
-            return [ContentDelta(self._text)]
+        """The output ended: held text that showed no call is content; a cut-off object
+        whose call was sent stays as far as it came."""
         events: list[StreamEvent] = []
-        for index, call in enumerate(parsed.calls):
-            events += [CallStart(index, call.id, call.name), ArgumentsDelta(index, call.arguments)]
-        self.calls = len(parsed.calls)
+        if self._phase in ("lead", "tagged") and self._text:
+            self._to_content(0, events)
+        elif self._phase == "object" and not self._started:
+            assert self._object is not None
+            self._to_content(self._object.start, events)
         return events
+
+    def _between_objects(self, events: list[StreamEvent]) -> bool:
+        """Before the first object, or after one: skip what may separate calls; returns
+        False while the text may still be the python tag."""
+        text, at = self._text, self._pos
+        allowed = _SEPARATORS if self._phase == "gap" else _SEPARATORS.replace(";", "")
+        while at < len(text) and text[at] in allowed:
+            at += 1
+        self._pos = at
+        rest = text[at:]
+        if self._phase == "lead" and at < len(text) and LLAMA3_PYTHON_TAG.startswith(rest):
+            return False
+        if self._phase == "lead" and rest.startswith(LLAMA3_PYTHON_TAG):
+            self._pos = at + len(LLAMA3_PYTHON_TAG)
+            self._phase = "tagged"
+        elif rest.startswith("{"):
+            self._object, self._started, self._args_sent = _ObjectScan(at), False, 0
+            self._phase, self._pos = "object", at + 1
+        elif rest:
+            self._to_content(at, events)
+        return True
+
+    def _read_object(self, events: list[StreamEvent]) -> None:
+        """Read what has arrived of the current object and send what it makes known."""
+        scan = self._object
+        assert scan is not None
+        while self._pos < len(self._text) and scan.end is None:
+            scan.scan(self._text, self._pos)
+            self._pos += 1
+        if scan.name is not None and not self._started:
+            self._started = True
+            events.append(CallStart(self.calls, new_call_id(), scan.name))
+            self.calls += 1
+        if self._started and scan.args_start is not None:
+            end = scan.args_end if scan.args_end is not None else self._pos
+            piece = self._text[scan.args_start + self._args_sent : end]
+            if piece:
+                events.append(ArgumentsDelta(self.calls - 1, piece))
+                self._args_sent += len(piece)
+        if scan.end is not None:
+            self._close(scan, events)
+
+    def _close(self, scan: _ObjectScan, events: list[StreamEvent]) -> None:
+        """The object closed: arguments not streamed go out whole; an object that named
+        no function makes the output content."""
+        self._phase = "gap"
+        if not self._started:
+            self._to_content(scan.start, events)
+        elif scan.args_start is None:
+            try:
+                call = call_from_object(json.loads(self._text[scan.start : scan.end]))
+            except json.JSONDecodeError:
+                call = None
+            events.append(ArgumentsDelta(self.calls - 1, call.arguments if call else "{}"))
+
+    def _to_content(self, at: int, events: list[StreamEvent]) -> None:
+        """The rest is content: all of the output while no call was sent, else from
+        ``at``, where the format broke."""
+        text = self._text[0 if self.calls == 0 else at :]
+        if text:
+            events.append(ContentDelta(text))
+        self._phase = "content"
 
 
 def tool_call_stream(fmt: ToolCallFormat) -> ToolCallStream:

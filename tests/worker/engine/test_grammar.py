@@ -125,12 +125,25 @@ def test_a_named_llama3_call_is_one_bare_object(engine) -> None:
 
 def test_a_resumed_request_starts_after_what_was_emitted(engine) -> None:
     sent = text_ids('{"name":"ab",')
-    state = compiler(engine).start(SCHEMA.model_copy(update={"emitted_ids": tuple(sent)}))
+    state = compiler(engine).start(SCHEMA, sent)
     assert allowed_bytes(state) == {ord('"')}
     state.advance(text_ids('"age":1,"pet":"cat"}'))  # output positions count from 0
     assert state.complete
     with pytest.raises(GrammarRequestError, match="sent so far"):
-        compiler(engine).start(SCHEMA.model_copy(update={"emitted_ids": (ord("["),)}))
+        compiler(engine).start(SCHEMA, [ord("[")])
+
+
+def test_a_resumed_request_reads_its_prior_output_from_the_prompt(engine) -> None:
+    """The engine starts the grammar after the prompt's last ``prior_output_tokens``."""
+    sent = text_ids('{"name":"ab","age":')
+    params = SamplingParams(max_tokens=30, guided=SCHEMA, prior_output_tokens=len(sent))
+    rid = engine.add_request(text_ids("person: ") + sent, params)
+    [out] = engine.step()
+    assert out.request_id == rid and out.new_token_ids[0] in b"0123456789"
+    broken = SamplingParams(guided=SCHEMA, prior_output_tokens=1)
+    with pytest.raises(GrammarRequestError, match="sent so far"):
+        engine.add_request(text_ids("person: ["), broken)
+    engine.abort(rid)
 
 
 def test_handed_over_tokens_advance_the_grammar_before_the_next_pick(engine) -> None:
@@ -164,6 +177,6 @@ def test_a_broken_handed_over_token_fails_the_request_with_the_reason(engine) ->
 def test_compiled_grammars_are_cached_by_spec(engine) -> None:
     c = compiler(engine)
     c.start(SCHEMA)
-    c.start(SCHEMA.model_copy(update={"emitted_ids": (ord("{"),)}))
+    c.start(SCHEMA, [ord("{")])
     c.start(GuidedDecoding(kind="json_object"))
     assert c.num_compiled == 2

@@ -9,6 +9,7 @@ import torch
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
 from pdd.worker.engine import Engine
+from pdd.worker.engine.request import RequestError
 from pdd.worker.engine.sampling import (
     LOGPROB_FLOOR,
     InvalidSamplingParamsError,
@@ -99,6 +100,26 @@ def test_min_tokens_masks_eos_and_stop_tokens_until_reached() -> None:
     assert ignoring[0, 3] == 50.0  # EOS is no stop under ignore_eos: not masked
 
 
+def test_prior_output_in_the_prompt_counts_as_output() -> None:
+    """A resumed request carries its earlier output at the end of its prompt: penalties
+    and ``min_tokens`` read the same history as the unbroken request."""
+    logits = _logits(5)
+    logits[0, 3] = 50.0  # EOS would win
+    unbroken = Hist([5, 5, 6], [6, 8, 8, 3])
+    resumed = Hist([5, 5, 6, 6, 8], [8, 3])
+    for kw in (
+        {"frequency_penalty": 0.7, "presence_penalty": -1.2, "repetition_penalty": 1.4},
+        {"min_tokens": 5, "presence_penalty": 0.3},
+    ):
+        whole = process_logits(logits, [SamplingParams(**kw)], [unbroken], EOS)
+        again = process_logits(
+            logits, [SamplingParams(**kw, prior_output_tokens=2)], [resumed], EOS
+        )
+        torch.testing.assert_close(again, whole)
+        as_prompt = process_logits(logits, [SamplingParams(**kw)], [resumed], EOS)
+        assert not torch.equal(as_prompt, whole)  # without the field, the history differs
+
+
 def test_logprobs_are_the_log_softmax_with_the_top_alternatives() -> None:
     logits = _logits(4, rows=3)
     params = [SamplingParams(logprobs=3), SamplingParams(), SamplingParams(logprobs=0)]
@@ -131,6 +152,7 @@ def test_masked_logprobs_are_floored_not_minus_infinity() -> None:
         ({"min_tokens": -1}, "min_tokens"),
         ({"logprobs": 21}, "logprobs"),
         ({"logit_bias": ((1, 101.0),)}, "logit_bias"),
+        ({"prior_output_tokens": -1}, "prior_output_tokens"),
     ],
 )
 def test_out_of_range_values_name_the_field(kwargs: dict, field: str) -> None:
@@ -157,6 +179,38 @@ def test_engine_applies_penalties_and_reports_logprobs(tiny) -> None:
     assert len(logprobs) == 12
     assert all(lp.logprob <= 0 and len(lp.top) == 2 for lp in logprobs)
     assert all(lp.top[0].logprob >= lp.logprob for lp in logprobs)  # greedy: the top is picked
+
+
+STEERED = {"frequency_penalty": 1.5, "presence_penalty": 0.5, "min_tokens": 18,
+           "stop_token_ids": (7,), "logit_bias": ((7, 6.0),)}  # fmt: skip
+
+
+@pytest.mark.parametrize("repetition", [1.0, 1.3])
+@pytest.mark.parametrize("seeded", [False, True])
+@pytest.mark.parametrize("broken_at", [1, 5, 13])
+def test_a_resumed_request_continues_the_unbroken_output(
+    tiny, repetition, seeded, broken_at
+) -> None:
+    """What the router's resume sends an engine (prompt + the tokens already sent, the
+    count in ``prior_output_tokens``, what is left of ``max_tokens``) makes the rest of
+    the unbroken output, token for token, under penalties, ``min_tokens`` and a seed.
+    (Greedy with frequency/presence alone is the case that fails when the tokens sent are
+    counted as prompt; a repetition penalty covers prompt and output alike.)"""
+    engine = Engine(tiny, block_size=4, num_blocks=256)
+    prompt = list(range(40, 60))
+    sampled = {"temperature": 0.9, "top_p": 0.95, "seed": 7} if seeded else {}
+    steered = {**STEERED, "repetition_penalty": repetition}
+    [whole] = engine.generate([prompt], SamplingParams(max_tokens=20, **sampled, **steered))
+    [plain] = engine.generate([prompt], SamplingParams(max_tokens=20, **sampled))
+    assert whole != plain and len(whole) >= 18  # the options change the output
+    sent = whole[:broken_at]
+    resumed = SamplingParams(
+        max_tokens=20 - broken_at, prior_output_tokens=broken_at, **sampled, **steered
+    )
+    [rest] = engine.generate([prompt + sent], resumed)
+    assert sent + rest == whole
+    with pytest.raises(RequestError, match="prior_output_tokens"):
+        engine.add_request(prompt, SamplingParams(prior_output_tokens=len(prompt)))
 
 
 def test_requests_without_options_take_the_plain_path(tiny, monkeypatch) -> None:

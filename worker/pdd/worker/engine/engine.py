@@ -553,13 +553,22 @@ class Engine:
         self.limits.check_params(params)
         if request_id is not None and request_id in self._requests:
             raise RequestError(f"request id {request_id!r} is already in use; pick a unique id")
+        prior = params.prior_output_tokens
+        if prior >= len(prompt):
+            raise RequestError(
+                f"prior_output_tokens ({prior}) must be less than the prompt's {len(prompt)} "
+                "tokens: they are the prompt's last tokens, after the request's own prompt"
+            )
+        grammar = None
+        if params.guided is not None:  # a resumed request's grammar goes on after its output
+            grammar = self.grammars.start(params.guided, prompt[len(prompt) - prior :])
         return Request(
             request_id=request_id if request_id is not None else f"req-{next(self._ids)}",
             prompt_ids=prompt,
             params=params,
             seed=params.seed if params.seed is not None else secrets.randbits(63),
             hold_kv=hold_kv,
-            grammar=self.grammars.start(params.guided) if params.guided is not None else None,
+            grammar=grammar,
         )
 
     def _get(self, request_id: str) -> Request:

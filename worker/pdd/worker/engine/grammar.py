@@ -88,10 +88,11 @@ class GrammarCompiler:
         """Grammars compiled and kept (one per distinct spec, at most ``CACHE_SIZE``)."""
         return len(self._cache)
 
-    def start(self, spec: GuidedDecoding) -> GrammarState:
-        """A matcher at the start of ``spec``'s output (after its ``emitted_ids``);
-        ``GrammarRequestError`` if it cannot compile or the emitted tokens break it."""
-        key = spec.model_dump_json(exclude={"emitted_ids"})
+    def start(self, spec: GuidedDecoding, prior_output: Sequence[int] = ()) -> GrammarState:
+        """A matcher at the start of ``spec``'s output, after ``prior_output`` (a resumed
+        request's output from its earlier attempt, carried in its prompt);
+        ``GrammarRequestError`` if it cannot compile or the prior output breaks it."""
+        key = spec.model_dump_json()
         matcher = self._cache.get(key)
         if matcher is None:
             matcher = self._compile(spec)
@@ -101,12 +102,12 @@ class GrammarCompiler:
         self._cache.move_to_end(key)
         state = GrammarState(matcher.deep_copy(), self.vocab_size)
         try:
-            state.advance(spec.emitted_ids)
+            state.advance(prior_output)
         except GrammarStateError as e:
             raise GrammarRequestError(
                 f"the output sent so far does not fit the grammar: {e}"
             ) from None
-        state.consumed = 0  # the emitted tokens are in the prompt, not the output
+        state.consumed = 0  # the prior output is in the prompt, not in output_ids
         return state
 
     def _compile(self, spec: GuidedDecoding) -> llguidance.LLMatcher:

@@ -79,6 +79,10 @@ class SamplingParams:
     #: None: no logprobs; n: the picked token's and the n most likely (0 <= n <= 20).
     logprobs: int | None = None
     guided: GuidedDecoding | None = None  # structured output: the grammar the output obeys
+    #: The prompt's last this-many tokens are the request's output from an earlier attempt
+    #: (a resumed request): penalties, ``min_tokens`` and the grammar count them as output
+    #: (``output_history``); ``max_tokens`` counts only the tokens sampled from here.
+    prior_output_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -111,6 +115,10 @@ class SamplingParams:
             )
         if self.min_tokens < 0:
             raise InvalidSamplingParamsError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if self.prior_output_tokens < 0:
+            raise InvalidSamplingParamsError(
+                f"prior_output_tokens must be >= 0, got {self.prior_output_tokens}"
+            )
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise InvalidSamplingParamsError(
                 f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}"
@@ -186,6 +194,16 @@ class History(Protocol):
     def output_ids(self) -> list[int]: ...
 
 
+def output_history(params: SamplingParams, history: History) -> list[int]:
+    """The request's whole output so far: an earlier attempt's output, which a resumed
+    request carries at the end of its prompt (``prior_output_tokens``), then this one's.
+    What counts output tokens reads this, so a resume changes none of it."""
+    prior = params.prior_output_tokens
+    if not prior:
+        return history.output_ids
+    return history.prompt_ids[len(history.prompt_ids) - prior :] + history.output_ids
+
+
 def process_logits(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
@@ -227,7 +245,7 @@ def _mask_until_min_tokens(
 ) -> None:
     """Stop tokens cannot be picked before ``min_tokens`` are out (EOS unless ignored)."""
     for row, (p, h) in enumerate(zip(params, histories, strict=True)):
-        if len(h.output_ids) < p.min_tokens:
+        if p.min_tokens and len(output_history(p, h)) < p.min_tokens:
             stops = list(p.stop_token_ids) + ([] if p.ignore_eos else list(eos_token_ids))
             if stops:
                 logits[row, stops] = float("-inf")
@@ -237,10 +255,12 @@ def apply_penalties(
     logits: torch.Tensor, params: Sequence[SamplingParams], histories: Sequence[History]
 ) -> torch.Tensor:
     """Repetition (prompt + output), then frequency and presence (output) penalties, as
-    tensor ops over the whole batch of rows (the token counts are built by scatter)."""
+    tensor ops over the whole batch of rows (the token counts are built by scatter). A
+    resumed request's earlier output is output here, not prompt (``output_history``)."""
     vocab = logits.shape[1]
     device = logits.device
-    counts = _token_counts([h.output_ids for h in histories], vocab, device)
+    outputs = [output_history(p, h) for p, h in zip(params, histories, strict=True)]
+    counts = _token_counts(outputs, vocab, device)
     rep = torch.tensor([p.repetition_penalty for p in params], device=device).unsqueeze(1)
     if bool((rep != 1).any()):
         seen = (counts > 0) | (_token_counts([h.prompt_ids for h in histories], vocab, device) > 0)

@@ -119,6 +119,7 @@ def sampling_params(plan: PipelinePlan, max_tokens: int | None = None) -> Sampli
         logit_bias=s.logit_bias,
         logprobs=s.logprobs,
         guided=s.guided,
+        prior_output_tokens=s.prior_output_tokens,
     )
 
 
