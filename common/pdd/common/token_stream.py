@@ -86,11 +86,12 @@ class TokenStreamMerger:
             return []
         known = self._known(event)
         if known is not None:
-            if not event.finished or known.finished or event.seq < self.next_seq - 1:
-                self.duplicates += 1
-                return []
-            if event.seq == self.next_seq - 1:
+            finishes = event.finished and not known.finished
+            if finishes and event.seq == self.next_seq - 1:
                 return [self._finish_released(event)]
+            if not finishes or event.seq < self.next_seq:
+                self.duplicates += 1  # the same token again (or a finish behind later tokens)
+                return []
         if self._finished_at is not None and event.seq > self._finished_at:
             return []  # a source kept going after another one finished the request
         self._pending[event.seq] = event  # new, or the finish of a position not released yet
