@@ -76,6 +76,8 @@ async def timed(plan: PipelinePlan, client: WorkerClient) -> Timed:
     start = last = time.monotonic()
     first, gap, ids = 0.0, 0.0, []
     async for event in relay_tokens(plan, client, 600.0):
+        if not event.is_token:  # the finish event that may follow the last token
+            continue
         now = time.monotonic()
         first = first or now - start
         gap, last = max(gap, now - last), now

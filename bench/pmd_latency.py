@@ -98,8 +98,9 @@ async def timed(plan: PipelinePlan, client: WorkerClient, cluster: LocalCluster)
     start = time.monotonic()
     stamps, ids = [], []
     async for event in relay_tokens(plan, client, 120.0):
-        stamps.append(time.monotonic() - start)
-        ids.append(event.token_id)
+        if event.is_token:  # not the finish event that may follow the last token
+            stamps.append(time.monotonic() - start)
+            ids.append(event.token_id)
     await asyncio.to_thread(cluster.wait_quiescent, 60.0)  # low load: one at a time
     gap = stamps[1] - stamps[0] if len(stamps) > 1 else 0.0
     return Timed(ids, stamps[0], gap, kv_wire_bytes(cluster) - before)

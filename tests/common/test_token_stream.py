@@ -98,8 +98,23 @@ def test_a_finish_on_an_already_released_token_ends_the_stream_without_a_repeat(
     merger.accept(ev(0, 1, "rld"))
     merger.accept(ev(1, 2, "md"))
     assert not merger.finished
-    assert merger.accept(ev(1, 2, "md", finished=True)) == []
+    [finish] = merger.accept(ev(1, 2, "md", finished=True))
+    assert not finish.is_token and finish.finished and finish.finish_reason == "length"
+    assert finish.seq == 2  # the end comes after the two positions released
     assert merger.finished and merger.token_ids == [1, 2] and merger.duplicates == 0
+    assert merger.accept(ev(1, 2, "md", finished=True)) == []  # a finish is told once
+    assert merger.accept(ev(2, 3, "rld")) == []  # nothing after the finish
+    assert merger.token_ids == [1, 2]
+
+
+def test_a_finish_on_a_position_not_yet_released_ends_the_stream_there() -> None:
+    merger = TokenStreamMerger("r")
+    merger.accept(ev(1, 2, "md"))
+    merger.accept(ev(2, 3, "md"))
+    assert merger.accept(ev(1, 2, "md", finished=True)) == []  # position 0 still missing
+    released = merger.accept(ev(0, 1, "rld"))
+    assert [(e.seq, e.finished) for e in released] == [(0, False), (1, True)]
+    assert merger.finished and merger.token_ids == [1, 2]
 
 
 def test_an_error_that_names_another_instance_blames_that_one() -> None:

@@ -31,7 +31,10 @@ class TokenStreamMerger:
     ``gaps`` lists positions still missing below the highest one seen. A
     resend of the last released token marked ``finished`` only finishes the
     stream (an instance learns that a request ended after streaming its last
-    token); it is not released again.
+    token: MD streams the first token P handed it before its engine has checked
+    whether that token ends the request); it is not released again, but
+    ``accept`` returns a finish event for it (a status event, ``finished`` and no
+    token), so the consumer learns the finish reason without a token twice.
     """
 
     request_id: str
@@ -81,32 +84,46 @@ class TokenStreamMerger:
                 if event.culprit is not None:
                     self.culprits[event.source] = event.culprit
             return []
-        if self._is_known(event):
-            return []
+        known = self._known(event)
+        if known is not None:
+            finishes = event.finished and not known.finished
+            if finishes and event.seq == self.next_seq - 1:
+                return [self._finish_released(event)]
+            if not finishes or event.seq < self.next_seq:
+                self.duplicates += 1  # the same token again (or a finish behind later tokens)
+                return []
         if self._finished_at is not None and event.seq > self._finished_at:
             return []  # a source kept going after another one finished the request
-        self._pending[event.seq] = event
+        self._pending[event.seq] = event  # new, or the finish of a position not released yet
         if event.finished:
             self._finished_at = event.seq
         return self._release()
 
-    def _is_known(self, event: TokenEvent) -> bool:
-        """True for a position already held; raises when the token differs."""
+    def _known(self, event: TokenEvent) -> TokenEvent | None:
+        """The event already held for this position, if any; raises when the token differs."""
         known = (
             self.emitted[event.seq] if event.seq < self.next_seq else self._pending.get(event.seq)
         )
-        if known is None:
-            return False
-        if known.token_id != event.token_id:
+        if known is not None and known.token_id != event.token_id:
             raise TokenConflictError(
                 f"request {self.request_id}: position {event.seq} is token {known.token_id} from "
                 f"{known.source} but {event.token_id} from {event.source}; the instances diverged"
             )
-        if event.finished and not known.finished and event.seq == self.next_seq - 1:
-            self.emitted[-1] = event  # the finish of a token already released: no new token
-            return True
-        self.duplicates += 1
-        return True
+        return known
+
+    def _finish_released(self, event: TokenEvent) -> TokenEvent:
+        """``event`` finishes the last released position, which went out unfinished: the
+        stream ends there, told by a finish event (a status event: no new token)."""
+        self.emitted[-1] = event
+        self._finished_at = event.seq
+        self._pending.clear()  # a source kept going after the finish
+        return TokenEvent(
+            request_id=self.request_id,
+            seq=self.next_seq,
+            source=event.source,
+            finished=True,
+            finish_reason=event.finish_reason,
+        )
 
     def _release(self) -> list[TokenEvent]:
         ready: list[TokenEvent] = []

@@ -233,7 +233,11 @@ class TokenEvent(_Wire):
     A token event has ``token_id`` set and ``seq`` = its output position
     (0-based). A status event (``token_id`` None) says a source stopped early:
     ``error`` set means it failed (the merger records it and the router routes
-    around it); ``seq`` is then the next position it would have produced.
+    around it); ``seq`` is then the next position it would have produced. The
+    merged stream (``TokenStreamMerger``) has one more: ``finished`` without a
+    token, the request's end after ``seq`` positions, where the last token went
+    out before its instance knew it was the last (MD streams P's first token the
+    moment it has it, before its engine has checked that token).
 
     Two prefix-cache facts ride on token events, for the router's usage report
     and its prefix index (measured, where the index only estimates):

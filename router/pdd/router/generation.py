@@ -200,6 +200,9 @@ class Generation:
                 self.plan, rt.client, rt.config.request_timeout_s, on_link_fault=self._link_fault
             )
             async for event in events:
+                if not event.is_token:  # the finish of a token that went out unfinished
+                    yield self._finish("", False, event.finish_reason)
+                    return
                 now = time.monotonic()
                 self.past_prefill.set()
                 if last is None:
@@ -222,21 +225,26 @@ class Generation:
                     self.logprobs.append((event.token_id, event.logprobs))  # type: ignore[arg-type]
                     self._unsent_logprobs += 1
                 text, stopped = self._stops.feed(detok.push(event.token_id))  # type: ignore[arg-type]
-                if event.finished and not stopped:
-                    tail, stopped = self._stops.feed(detok.finish())
-                    text += tail
                 if stopped or event.finished:
-                    self.finish_reason = "stop" if stopped else (event.finish_reason or "stop")
-                    yield TextDelta(
-                        text + ("" if stopped else self._stops.flush()),
-                        self.finish_reason,
-                        self._take_logprobs(),
-                    )
+                    yield self._finish(text, stopped, event.finish_reason)
                     return
                 if text:
                     yield TextDelta(text, logprobs=self._take_logprobs())
         finally:
             self._lease.release_all()
+
+    def _finish(self, text: str, stopped: bool, reason: FinishReason | None) -> TextDelta:
+        """The last delta: ``text`` (the last token's, cut at a stop string if
+        ``stopped``), then what the detokenizer and the stop-string matcher still hold."""
+        if not stopped:
+            tail, stopped = self._stops.feed(self._detok.finish())
+            text += tail
+        self.finish_reason = "stop" if stopped else (reason or "stop")
+        return TextDelta(
+            text + ("" if stopped else self._stops.flush()),
+            self.finish_reason,
+            self._take_logprobs(),
+        )
 
     def _take_logprobs(self) -> tuple[TokenLogprobEntry, ...]:
         """The entries no delta has carried yet."""

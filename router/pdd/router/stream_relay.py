@@ -52,6 +52,8 @@ async def relay_tokens(
     on_link_fault: LinkFaultListener | None = None,
 ) -> AsyncIterator[TokenEvent]:
     """Start ``plan`` and yield its merged tokens; raises ``UpstreamError`` on failure.
+    The last event is finished: a token, or a finish event with no token where the
+    last token went out before its instance knew it was the last (``TokenEvent``).
 
     ``merger``, when given, is the one used, so its counters (``duplicates``, ``errors``)
     can be read afterwards.

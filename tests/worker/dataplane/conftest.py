@@ -87,12 +87,22 @@ class Run:
     errors: dict[str, str] = field(default_factory=dict)
 
     @property
+    def tokens(self) -> list[TokenEvent]:
+        """The token events (the last may be followed by a finish event without a token)."""
+        return [e for e in self.events if e.is_token]
+
+    @property
     def token_ids(self) -> list[int]:
-        return [e.token_id for e in self.events]  # type: ignore[misc]
+        return [e.token_id for e in self.tokens]  # type: ignore[misc]
 
     @property
     def sources(self) -> list[str]:
-        return [e.source for e in self.events]
+        return [e.source for e in self.tokens]
+
+    @property
+    def finishes(self) -> list[str | None]:
+        """The finish reason of every event that ends the stream (one, in a whole run)."""
+        return [e.finish_reason for e in self.events if e.finished]
 
 
 class DataPlane:

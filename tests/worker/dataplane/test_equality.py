@@ -117,7 +117,7 @@ async def test_steered_sampling_and_logprobs_equal_mono(dp, pipeline: str, hando
     assert [r.token_ids for r in results] == [r.token_ids for r in reference]
     for got, want in zip(results, reference, strict=True):
         assert got.duplicates == 0 and not got.errors
-        for g, w in zip(got.events, want.events, strict=True):
+        for g, w in zip(got.tokens, want.tokens, strict=True):
             assert g.logprobs is not None and w.logprobs is not None
             assert g.logprobs.logprob == pytest.approx(w.logprobs.logprob, abs=1e-4)
             assert [t.token_id for t in g.logprobs.top] == [t.token_id for t in w.logprobs.top]

@@ -194,7 +194,7 @@ async def handoff_under_cut(vdp, monkeypatch, tag: str, msg_type: MsgType, final
     to_rld.heal()
     assert cut_after, f"the handoff never sent a {msg_type.name} frame"
     assert result.token_ids == expected[0]  # every position once, mono's token at each
-    assert [e.seq for e in result.events] == list(range(MAX_TOKENS))
+    assert [e.seq for e in result.tokens] == list(range(MAX_TOKENS))
     await vdp.assert_quiescent()
     return result
 

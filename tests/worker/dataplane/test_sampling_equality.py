@@ -53,7 +53,7 @@ async def test_steered_output_and_logprobs_equal_mono(vdp) -> None:
         assert [r.token_ids for r in results] == [r.token_ids for r in reference], pipeline
         for got, want in zip(results, reference, strict=True):
             assert got.duplicates == 0 and not got.errors
-            assert_same_logprobs(got.events, want.events)
+            assert_same_logprobs(got.tokens, want.tokens)
             assert got.sources[-1] == "md"
             if pipeline == "P-RLD-MD":
                 assert got.sources[0] == "rld" and got.sources.index("md") > RELAYED

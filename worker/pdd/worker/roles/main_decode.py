@@ -122,10 +122,14 @@ class MainDecodeRole(RoleBase):
         return entry.session
 
     async def _start(self, rid: str, entry: MainRequest, ids: list[int], emit_from: int) -> None:
-        """Resume after ``ids`` and stream from ``emit_from`` (the handed tokens go out
-        with the resume's first output, which carries the finish where they end it)."""
+        """Resume after ``ids`` and stream from ``emit_from``: the handed tokens at once
+        (P-MD's first token reaches the client now, not after the engine's current step
+        and the resume's). Whether they end the request only the engine decides (stop
+        ids, EOS, max_tokens, the grammar); if they do, the resume's output re-sends the
+        last one marked finished, and the merger turns that into the stream's finish."""
         session = self._new_session(rid, entry, ids, emit_from)
         self.runner.subscribe(rid, session.on_output)
+        session.flush()
         await self.runner.call(lambda e: e.resume(rid, ids))
 
     async def _handoff_from_relay(
