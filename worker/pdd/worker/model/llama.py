@@ -13,7 +13,15 @@ from torch import nn
 from pdd.worker.model.batch import ForwardBatch, InvalidBatchError
 from pdd.worker.model.config import ModelConfig
 from pdd.worker.model.kv_cache import PagedKVCache
-from pdd.worker.model.layers import DecoderLayer, LayerInputs, RMSNorm, additive_mask
+from pdd.worker.model.layers import (
+    DecoderLayer,
+    LayerInputs,
+    Linear,
+    RMSNorm,
+    additive_mask,
+    pack_weight,
+    packed_linear,
+)
 from pdd.worker.model.rope import RotaryEmbedding
 
 
@@ -48,8 +56,9 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = (
             None
             if config.tie_word_embeddings
-            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            else Linear(config.hidden_size, config.vocab_size, bias=False)
         )
+        self._packed_head: torch.Tensor | None = None
         self.rotary = RotaryEmbedding(config, device)
 
     @torch.inference_mode()
@@ -76,5 +85,20 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.model.layers:
             h = layer(h, inputs)
         h = self.model.norm(h.index_select(0, batch.logits_indices))
-        head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(h, head).float()
+        if self._packed_head is not None:
+            return packed_linear(h, self._packed_head).float()
+        if self.lm_head is not None:
+            return self.lm_head(h).float()
+        return F.linear(h, self.model.embed_tokens.weight).float()
+
+    def pack_weights(self) -> None:
+        """Prepack every projection and the LM head for oneDNN (see ``layers.Linear``).
+
+        Only for bf16 on a CPU (``layers.can_pack``); a tied head gets its own packed
+        copy of the embedding matrix, which the embedding lookup keeps reading plain.
+        """
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.pack()
+        if self.lm_head is None:
+            self._packed_head = pack_weight(self.model.embed_tokens.weight)

@@ -23,6 +23,7 @@ from pdd.worker.model.errors import (
     TokenizerMissingError,
 )
 from pdd.worker.model.kv_cache import KVLayout
+from pdd.worker.model.layers import can_pack
 from pdd.worker.model.llama import LlamaForCausalLM
 from pdd.worker.model.weights import (
     SafetensorsCheckpoint,
@@ -78,6 +79,7 @@ def load_model(
         torch_dtype = resolve_dtype(dtype, config, device)
         model = _empty_model(config, device)
         init_random_weights(model, TINY_SEED, torch_dtype, device)
+        _pack(model, torch_dtype, device)
         return LoadedModel(model, config, ByteTokenizer(), torch_dtype, device)
     directory = Path(source)
     if not directory.is_dir():
@@ -93,7 +95,15 @@ def load_model(
     model = _empty_model(config, device)
     with SafetensorsCheckpoint(directory) as ckpt:
         load_checkpoint_weights(model, ckpt, torch_dtype, device)
+    _pack(model, torch_dtype, device)
     return LoadedModel(model, config, tokenizer, torch_dtype, device)
+
+
+def _pack(model: LlamaForCausalLM, dtype: torch.dtype, device: torch.device) -> None:
+    """Prepack the projections where that pays (bf16 on the CPU): the weights' memory
+    is then held twice, plain (the parameters) and packed (what the matmuls read)."""
+    if can_pack(device, dtype):
+        model.pack_weights()
 
 
 class IdsOnlyTokenizer:

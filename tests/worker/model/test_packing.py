@@ -1,0 +1,68 @@
+"""oneDNN-prepacked projections (bf16 on the CPU): same numbers, packed only where it pays."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pdd.worker.model.batch import ForwardBatch, SeqInput
+from pdd.worker.model.kv_cache import PagedKVCache
+from pdd.worker.model.layers import Linear, can_pack
+from pdd.worker.model.loader import load_model
+
+pytestmark = pytest.mark.unit
+
+needs_bf16 = pytest.mark.skipif(
+    not can_pack(torch.device("cpu"), torch.bfloat16), reason="oneDNN without bf16 on this CPU"
+)
+
+
+@needs_bf16
+@pytest.mark.parametrize("rows", [1, 7, 64])
+def test_packed_linear_is_bitwise_f_linear(rows: int) -> None:
+    torch.manual_seed(0)
+    layer = Linear(96, 160, bias=True).to(torch.bfloat16)
+    x = torch.randn(rows, 96, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        plain = layer(x)
+        layer.pack()
+        assert torch.equal(layer(x), plain)
+        assert torch.equal(plain, F.linear(x, layer.weight, layer.bias))
+
+
+@needs_bf16
+def test_bf16_cpu_model_is_packed_and_logits_unchanged() -> None:
+    loaded = load_model("tiny", dtype="bfloat16")
+    linears = [m for m in loaded.model.modules() if isinstance(m, Linear)]
+    assert linears and all(m.packed is not None for m in linears)
+    tied = loaded.model.lm_head is None  # a tied head packs its own copy of the embedding
+    assert (loaded.model._packed_head is not None) == tied
+    hidden = torch.randn(3, loaded.config.hidden_size, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        packed = linears[0](hidden)
+        linears[0].packed = None
+        assert torch.equal(packed, linears[0](hidden))
+
+
+def test_fp32_and_non_cpu_are_not_packed() -> None:
+    loaded = load_model("tiny", dtype="float32")
+    assert all(m.packed is None for m in loaded.model.modules() if isinstance(m, Linear))
+    assert not can_pack(torch.device("cuda"), torch.bfloat16)
+    assert not can_pack(torch.device("cpu"), torch.float32)
+
+
+@needs_bf16
+def test_tied_head_packs_the_embedding_with_the_same_logits(hf_checkpoint) -> None:
+    loaded = load_model(str(hf_checkpoint("qwen2", tie_word_embeddings=True)), dtype="bfloat16")
+    model = loaded.model
+    assert model.lm_head is None and model._packed_head is not None
+    ids = list(range(3, 40))
+    kv = PagedKVCache(loaded.kv_layout(16), 4, "cpu")
+    batch = ForwardBatch.build([SeqInput(ids, 0, [0, 1, 2], all_logits=True)], 16, "cpu")
+    packed = model(batch, kv)
+    for m in model.modules():
+        if isinstance(m, Linear):
+            m.packed = None
+    model._packed_head = None
+    assert torch.equal(packed, model(batch, kv))
