@@ -1,14 +1,14 @@
 """Engine benchmark: our engine against transformers ``generate``, side by side.
 
     python bench/engine.py [--model tiny|llama-200m|DIR] [--dtype D] [--device cpu|cuda]
-        [--baseline vllm --vllm-python PY] [--kv-gib N] [--json OUT]
+        [--baseline transformers|vllm ...] [--vllm-python PY] [--kv-gib N] [--json OUT]
 
 Both sides run the SAME weights in the same dtype on the same device. For the
 ``tiny`` preset the engine's seeded weights are copied into a transformers
 ``LlamaForCausalLM`` (after a greedy parity check); a checkpoint directory is
 loaded by both; a preset (``llama-200m``) is written once as a checkpoint under
-``--checkpoint-root`` and loaded like one. Timed figures are the best of ``--repeats`` rounds that
-alternate between the two sides, so both see the same (shared) machine load.
+``--checkpoint-root`` and loaded like one. Timed figures are the best of ``--repeats``
+rounds that alternate between the sides, so all see the same (shared) machine load.
 Figures:
 
 (a) throughput on a mixed workload (32 requests, prompts 16-512 tokens, outputs
@@ -21,8 +21,9 @@ Figures:
     step, and divided by a 100-token prefill;
 (d) KV bytes per token of the tiny preset and the test checkpoints' configs.
 
-``--baseline vllm`` adds vLLM to (a) and (b), run by another interpreter
-(``--vllm-python``, a virtual environment with vLLM; bench/vllm_baseline.py) on the same
+``--baseline`` picks who (a) and (b) time ours against: transformers (the default),
+vLLM, or both (``--baseline transformers --baseline vllm``). vLLM runs in another
+interpreter (``--vllm-python``, a virtual environment with vLLM; bench/vllm_baseline.py) on the same
 checkpoint, dtype, prompts (token ids), output lengths, batch limits, KV budget and
 thread count, in the same alternating rounds; it also prints how many of vLLM's greedy
 tokens equal ours (exact in float32). Where that interpreter cannot import vLLM the vLLM
@@ -94,6 +95,7 @@ def preset_checkpoint(name: str, root: Path) -> Path:
     return directory
 
 
+BASELINES = ("transformers", "vllm")
 TEST_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
@@ -116,9 +118,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--baseline",
         action="append",
-        choices=["vllm"],
-        default=[],
-        help="also run this engine (transformers always runs: it is the parity reference)",
+        choices=BASELINES,
+        help="time this engine against ours; repeat for several (default: transformers, "
+        "which also checks greedy parity on one short request in any case)",
     )
     p.add_argument(
         "--vllm-python",
@@ -127,6 +129,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = p.parse_args(argv)
+    args.baseline = args.baseline or ["transformers"]
     if args.kv_gib < 1:
         p.error(f"--kv-gib must be >= 1, got {args.kv_gib}")
     return args
@@ -260,21 +263,23 @@ def hf_throughput(model: torch.nn.Module, reqs: list[tuple[list[int], int]], dev
 
 def throughput_rounds(
     engine: Engine,
-    hf: torch.nn.Module,
+    hf: torch.nn.Module | None,
     reqs: list[tuple[list[int], int]],
     repeats: int,
     vllm: VllmBaseline | None = None,
 ) -> dict:
-    """Best tok/s of each side over ``repeats`` alternating rounds (ours, transformers,
-    vLLM), and vLLM's greedy agreement with ours (both sides are deterministic)."""
+    """Best tok/s of each side over ``repeats`` alternating rounds (ours, transformers
+    unless ``hf`` is None, vLLM unless ``vllm`` is), and vLLM's greedy agreement with ours
+    (both sides are deterministic)."""
     engine.generate([reqs[0][0][:16]], SamplingParams(max_tokens=4))  # warm-up
-    hf_generate(hf, [reqs[0][0][:16]], 4)
+    if hf is not None:
+        hf_generate(hf, [reqs[0][0][:16]], 4)
     tokens = sum(n for _, n in reqs)
     best: dict = {"ours": 0.0, "transformers": {}}
     for _ in range(repeats):
         tps, ours_out = ours_throughput(engine, reqs)
         best["ours"] = max(best["ours"], tps)
-        for name, tps in hf_throughput(hf, reqs, engine.device).items():
+        for name, tps in hf_throughput(hf, reqs, engine.device).items() if hf else ():
             best["transformers"][name] = max(best["transformers"].get(name, 0.0), tps)
         if vllm is not None:
             seconds, vllm_out = vllm.generate([p for p, _ in reqs], [n for _, n in reqs])
@@ -307,7 +312,7 @@ def vllm_decode_rate(vllm: VllmBaseline, prompt: list[int], new: int) -> float:
 
 def decode_rounds(
     engine: Engine,
-    hf: torch.nn.Module,
+    hf: torch.nn.Module | None,
     prompt: list[int],
     new: int,
     repeats: int,
@@ -317,10 +322,13 @@ def decode_rounds(
     ours = theirs = theirs_vllm = 0.0
     for _ in range(repeats):
         ours = max(ours, ours_decode_rate(engine, prompt, new))
-        theirs = max(theirs, hf_decode_rate(hf, prompt, new, engine.device))
+        if hf is not None:
+            theirs = max(theirs, hf_decode_rate(hf, prompt, new, engine.device))
         if vllm is not None:
             theirs_vllm = max(theirs_vllm, vllm_decode_rate(vllm, prompt, new))
-    figures = {"ours": ours, "transformers": theirs, "ratio": ours / theirs}
+    figures = {"ours": ours}
+    if hf is not None:
+        figures |= {"transformers": theirs, "ratio": ours / theirs}
     if vllm is not None:
         figures |= {"vllm": theirs_vllm, "ratio_vllm": ours / theirs_vllm}
     return figures
@@ -447,18 +455,22 @@ def run(
     engine.reset_prefix_cache()
 
     reqs = workload(args.requests, c.vocab_size, max_len, args.seed)
-    best = throughput_rounds(engine, hf, reqs, args.repeats, vllm)
+    timed_hf = hf if "transformers" in args.baseline else None
+    best = throughput_rounds(engine, timed_hf, reqs, args.repeats, vllm)
     ours_tps, hf_tps = best["ours"], best["transformers"]
-    best_hf = max(hf_tps, key=hf_tps.get)
     throughput = {
         "requests": args.requests,
         "generated_tokens": sum(n for _, n in reqs),
         "ours": ours_tps,
-        "transformers": hf_tps,
-        "transformers_best": best_hf,
-        "speedup_vs": {name: ours_tps / tps for name, tps in hf_tps.items()},
-        "speedup_vs_best": ours_tps / hf_tps[best_hf],
     }
+    if hf_tps:
+        best_hf = max(hf_tps, key=hf_tps.get)
+        throughput |= {
+            "transformers": hf_tps,
+            "transformers_best": best_hf,
+            "speedup_vs": {name: ours_tps / tps for name, tps in hf_tps.items()},
+            "speedup_vs_best": ours_tps / hf_tps[best_hf],
+        }
     if vllm is not None:
         throughput |= {
             "vllm": best["vllm"],
@@ -475,7 +487,7 @@ def run(
         "repeats": args.repeats,
         "greedy_parity_with_transformers": parity_ok,
         "a_throughput_tok_s": throughput,
-        "b_decode_tok_s": decode_rounds(engine, hf, prompt, 128, args.repeats, vllm),
+        "b_decode_tok_s": decode_rounds(engine, timed_hf, prompt, 128, args.repeats, vllm),
         "c_extend": extend_ratios(engine, context=min(512, max_len // 2)),
         "d_kv_bytes_per_token": kv_bytes_per_token(),
     }
@@ -490,18 +502,21 @@ def print_table(f: dict) -> None:
     print(f"greedy parity with transformers: {f['greedy_parity_with_transformers']}")
     print(f"(a) mixed workload, {a['requests']} requests, {a['generated_tokens']} generated tokens")
     print(f"    {'ours':<45} {a['ours']:10.1f} tok/s")
-    for name, tps in a["transformers"].items():
+    for name, tps in a.get("transformers", {}).items():
         speedup = a["speedup_vs"][name]
         print(f"    {'transformers ' + name:<45} {tps:10.1f} tok/s  (ours {speedup:.2f}x)")
-    print(
-        f"    speedup vs best transformers ({a['transformers_best']}): {a['speedup_vs_best']:.2f}x"
-    )
+    if "transformers" in a:
+        best, speedup = a["transformers_best"], a["speedup_vs_best"]
+        print(f"    speedup vs best transformers ({best}): {speedup:.2f}x")
     if "vllm" in a:
         name = f"vLLM {f['vllm']['versions']['vllm']}"
         print(f"    {name:<45} {a['vllm']:10.1f} tok/s  (ours {a['ours_over_vllm']:.2f}x)")
-    print(f"(b) single-request decode: ours {b['ours']:.1f} tok/s, ", end="")
-    print(f"transformers {b['transformers']:.1f} tok/s ({b['ratio']:.2f}x)", end="")
-    print(f", vLLM {b['vllm']:.1f} tok/s ({b['ratio_vllm']:.2f}x)" if "vllm" in b else "")
+    decode = [f"ours {b['ours']:.1f} tok/s"]
+    if "transformers" in b:
+        decode.append(f"transformers {b['transformers']:.1f} tok/s ({b['ratio']:.2f}x)")
+    if "vllm" in b:
+        decode.append(f"vLLM {b['vllm']:.1f} tok/s ({b['ratio_vllm']:.2f}x)")
+    print("(b) single-request decode: " + ", ".join(decode))
     print(
         f"(c) extend 100 tokens after {c['context_tokens']}: {c['extend_100_ms']:.2f} ms = "
         f"{c['extend_over_decode']:.2f} decode steps ({c['decode_step_ms']:.2f} ms) = "

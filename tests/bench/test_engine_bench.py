@@ -31,15 +31,17 @@ engine_bench = _load("engine")
 vllm_baseline = _load("vllm_baseline")
 
 
-def test_defaults_run_no_vllm_and_read_the_interpreter_from_the_environment(monkeypatch):
+def test_transformers_is_the_default_baseline_and_vllm_is_asked_for(monkeypatch):
     monkeypatch.setenv("PDD_VLLM_PYTHON", "/opt/vllm/bin/python")
     args = engine_bench.parse_args([])
-    assert args.baseline == []
+    assert args.baseline == ["transformers"]
     assert args.vllm_python == "/opt/vllm/bin/python"
     assert args.kv_gib == 1
     args = engine_bench.parse_args(["--baseline", "vllm", "--vllm-python", "/x/python"])
     assert args.baseline == ["vllm"]
     assert args.vllm_python == "/x/python"
+    both = engine_bench.parse_args(["--baseline", "transformers", "--baseline", "vllm"])
+    assert both.baseline == ["transformers", "vllm"]
 
 
 @pytest.mark.parametrize("argv", [["--baseline", "sglang"], ["--kv-gib", "0"]])
@@ -85,17 +87,17 @@ def test_agreement_counts_tokens_up_to_each_request_s_first_difference():
     }
 
 
-def _figures(with_vllm: bool) -> dict:
-    throughput = {
-        "requests": 32,
-        "generated_tokens": 4471,
-        "ours": 200.0,
-        "transformers": {"one_by_one": 50.0, "padded_batches_of_8": 80.0},
-        "transformers_best": "padded_batches_of_8",
-        "speedup_vs": {"one_by_one": 4.0, "padded_batches_of_8": 2.5},
-        "speedup_vs_best": 2.5,
-    }
-    decode = {"ours": 20.0, "transformers": 10.0, "ratio": 2.0}
+def _figures(with_vllm: bool, with_transformers: bool = True) -> dict:
+    throughput = {"requests": 32, "generated_tokens": 4471, "ours": 200.0}
+    decode = {"ours": 20.0}
+    if with_transformers:
+        throughput |= {
+            "transformers": {"one_by_one": 50.0, "padded_batches_of_8": 80.0},
+            "transformers_best": "padded_batches_of_8",
+            "speedup_vs": {"one_by_one": 4.0, "padded_batches_of_8": 2.5},
+            "speedup_vs_best": 2.5,
+        }
+        decode |= {"transformers": 10.0, "ratio": 2.0}
     vllm: dict = {"skipped": "not asked for (--baseline vllm)"}
     if with_vllm:
         agreement = {"equal_tokens": 4471, "tokens": 4471, "identical_requests": 32, "requests": 32}
@@ -140,3 +142,10 @@ def test_without_vllm_the_table_says_it_was_skipped(capsys):
     out = capsys.readouterr().out
     assert "vLLM 0" not in out and "vLLM baseline skipped: not asked for" in out
     assert "transformers 10.0 tok/s (2.00x)\n" in out
+
+
+def test_vllm_alone_prints_no_transformers_figures(capsys):
+    engine_bench.print_table(_figures(with_vllm=True, with_transformers=False))
+    out = capsys.readouterr().out
+    assert "transformers" not in out.replace("greedy parity with transformers", "")
+    assert "(b) single-request decode: ours 20.0 tok/s, vLLM 25.0 tok/s (0.80x)" in out
