@@ -283,6 +283,8 @@ def throughput_rounds(
             best["transformers"][name] = max(best["transformers"].get(name, 0.0), tps)
         if vllm is not None:
             seconds, vllm_out = vllm.generate([p for p, _ in reqs], [n for _, n in reqs])
+            if list(map(len, vllm_out)) != [n for _, n in reqs]:  # else its tok/s would lie
+                raise RuntimeError("vLLM returned other output lengths than were asked for")
             best["vllm"] = max(best.get("vllm", 0.0), tokens / seconds)
             best["vllm_agreement"] = token_agreement(ours_out, vllm_out)
     return best
