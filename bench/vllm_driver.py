@@ -62,7 +62,7 @@ def main() -> None:
     import torch
     import vllm
 
-    reply({"ready": True, "vllm": vllm.__version__, "torch": torch.__version__})
+    reply({"vllm": vllm.__version__, "torch": torch.__version__})  # ready
     for line in sys.stdin:
         command = json.loads(line)
         if command["op"] == "quit":
