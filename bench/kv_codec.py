@@ -89,6 +89,7 @@ def quality(
     num_prompts: int, max_tokens: int, kinds: list[str], train_steps: int
 ) -> list[dict[str, Any]]:
     checkpoints = _test_checkpoints()
+    vocab = checkpoints.BASE_CONFIG["vocab_size"]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for kind in kinds:
@@ -96,11 +97,11 @@ def quality(
             for arch in ARCHS:
                 if kind == "trained":
                     path = checkpoints.train_hf_checkpoint(Path(tmp), arch, steps=train_steps)
-                    prompts = checkpoints.corpus_prompts(320, num_prompts)
+                    prompts = checkpoints.corpus_prompts(vocab, num_prompts)
                 else:
                     path = checkpoints.write_hf_checkpoint(Path(tmp), arch)
                     prompts = [
-                        [rng.randrange(2, 320) for _ in range(rng.randrange(60, 120))]
+                        [rng.randrange(2, vocab) for _ in range(rng.randrange(60, 120))]
                         for _ in range(num_prompts)
                     ]
                 loaded = load_model(str(path), "float32")

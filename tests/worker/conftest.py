@@ -64,6 +64,12 @@ def trained_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[st
 
 
 @pytest.fixture(scope="session")
+def corpus_prompts() -> list[list[int]]:
+    """Four prompts of 60-120 tokens from the corpus the trained checkpoints learned."""
+    return checkpoints.corpus_prompts(checkpoints.BASE_CONFIG["vocab_size"], 4)
+
+
+@pytest.fixture(scope="session")
 def tiny() -> LoadedModel:
     """The built-in tiny model, loaded once (engines may share a ``LoadedModel``)."""
     return load_model("tiny")
