@@ -8,6 +8,7 @@ transformers 5 writes it, single or sharded safetensors, a tokenizer.json).
 from __future__ import annotations
 
 import math
+import random
 from pathlib import Path
 from typing import Any
 
@@ -106,21 +107,17 @@ class SyntheticCorpus:
     """
 
     def __init__(self, vocab_size: int, seed: int = 0, phrases: int = 96) -> None:
-        import random
-
-        self._rng = random.Random(seed)
+        rng = random.Random(seed)
         words = range(_FIRST_WORD_ID, vocab_size)
         self.phrases = [
-            [self._rng.choice(words) for _ in range(self._rng.randint(2, 8))]
-            for _ in range(phrases)
+            [rng.choice(words) for _ in range(rng.randint(2, 8))] for _ in range(phrases)
         ]
         # Each phrase's likely successors: 6 phrases with Zipf weights 1, 1/2, ... 1/6.
-        self.successors = [self._rng.sample(range(phrases), 6) for _ in range(phrases)]
+        self.successors = [rng.sample(range(phrases), 6) for _ in range(phrases)]
 
     def sample(self, length: int, seed: int) -> list[int]:
-        """One sequence of exactly ``length`` ids (deterministic in ``seed``)."""
-        import random
-
+        """One sequence of exactly ``length`` ids (deterministic in ``seed``, which must be
+        non-negative: ``random.Random`` seeds -n and n alike)."""
         rng = random.Random(seed)
         out: list[int] = []
         used: list[int] = []
@@ -142,7 +139,7 @@ def train_hf_checkpoint(
     """A small ``arch`` checkpoint trained ``steps`` steps on ``SyntheticCorpus``.
 
     Same shape as ``write_hf_checkpoint`` (transformers' own init, float32), trained on
-    the CPU in seconds, so its next-token distributions are peaked the way a trained
+    the CPU in about a minute, so its next-token distributions are peaked the way a trained
     model's are and its top two logits are rarely tied (what a lossy KV codec's
     greedy agreement depends on). Deterministic in ``seed`` on one machine.
     """
@@ -171,10 +168,12 @@ def train_hf_checkpoint(
     return out
 
 
-def corpus_prompts(vocab_size: int, count: int, seed: int = 0) -> list[list[int]]:
-    """``count`` prompts of 60-120 tokens from the corpus a trained checkpoint learned,
-    drawn from seeds its training never used."""
-    import random
+#: Sample seeds from here on are the prompts'; training draws ``steps * 8`` below it.
+_HELD_OUT_SEED = 10**9
 
-    corpus, rng = SyntheticCorpus(vocab_size, 0), random.Random(seed)
-    return [corpus.sample(rng.randrange(60, 120), seed=-1 - seed * 1000 - i) for i in range(count)]
+
+def corpus_prompts(vocab_size: int, count: int, seed: int = 0) -> list[list[int]]:
+    """``count`` prompts of 60-120 tokens from the corpus ``train_hf_checkpoint(...,
+    seed=seed)`` learned, sampled with seeds its training never used (held out)."""
+    corpus, rng = SyntheticCorpus(vocab_size, seed), random.Random(seed)
+    return [corpus.sample(rng.randrange(60, 120), seed=_HELD_OUT_SEED + i) for i in range(count)]

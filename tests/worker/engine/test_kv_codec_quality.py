@@ -62,8 +62,9 @@ def test_int8_keeps_99_percent_free_running_on_trained_checkpoints(
     assert q.free_agreement >= 0.99
     assert q.forced_agreement >= 0.99
     assert 0 < q.kl <= BOUNDS["int8"][1]
-    # Trained margins are wide: the codec's gap shift stays far below the closest 1%.
-    assert q.gap_shift_rms < q.margin_quantile(0.01) / 4
+    # Trained distributions are peaked: nine positions in ten have a top-2 margin more
+    # than ten times the RMS change int8 makes to that gap (measured: 49-199 times).
+    assert q.gap_shift_rms < q.margin_quantile(0.1) / 10
 
 
 @pytest.mark.parametrize("codec", ["fp8", "int4"])
