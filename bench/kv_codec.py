@@ -1,18 +1,25 @@
 """The WAN KV codecs: bytes, speed on this CPU, and quality on transformers-written checkpoints.
 
-    python bench/kv_codec.py [--prompts 4] [--max-tokens 64] [--threads 2] [--json OUT]
+    python bench/kv_codec.py [--prompts 4] [--max-tokens 64] [--train-steps 200]
+                             [--threads 2] [--json OUT]
 
-Two tables:
+Three tables:
 
 * **size and speed** for real model shapes in bfloat16 (Llama-3-8B, Qwen2-7B,
   Qwen3-8B), one chunk of 256 tokens: the coded bytes as a fraction of the exact
   KV, and encode / decode time per MB of exact KV (what P and MD spend per MB on the
   engine's device, here the CPU);
-* **quality** on the random-weight Llama / Qwen2 / Qwen3 checkpoints the tests write
-  (tests/worker/checkpoints.py, float32), greedy, ``--max-tokens`` per prompt:
+* **quality** on two kinds of Llama / Qwen2 / Qwen3 checkpoints the tests write
+  (tests/worker/checkpoints.py, float32): ``random`` weights (random token prompts)
+  and ``trained`` ones (``--train-steps`` on the synthetic corpus, seconds to minutes
+  on this CPU; prompts from that corpus), greedy, ``--max-tokens`` per prompt:
   next-token logit error (max / mean abs), KL(exact || coded) averaged over the
   generated positions, teacher-forced and free-running token agreement (see
-  ``pdd.worker.engine.kv_codec_quality``).
+  ``pdd.worker.engine.kv_codec_quality``);
+* **flips**: per checkpoint and codec, the exact top-1 minus top-2 logit margins over
+  all teacher-forced positions (1%, 10%, 50% quantiles), the RMS of the codec's change
+  of that gap, and for every teacher-forced flip its margin, the share of positions
+  with a smaller margin, its gap shift and its largest logit error.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import random
 import statistics
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -31,19 +39,22 @@ import torch
 
 from pdd.common.kv_codec import KV_CODECS, chunk_wire_bytes
 from pdd.worker.engine.kv_codec import decode, encode, fp8_supported
-from pdd.worker.engine.kv_codec_quality import measure
+from pdd.worker.engine.kv_codec_quality import CodecQuality, measure
 from pdd.worker.model.loader import load_model
 
 #: (layers, KV heads, head dim) of real checkpoints, from their config.json.
 SHAPES = {"llama-3-8b": (32, 8, 128), "qwen2-7b": (28, 4, 128), "qwen3-8b": (36, 8, 128)}
 CHUNK_TOKENS = 256
 ARCHS = ("llama", "qwen2", "qwen3")
+KINDS = ("random", "trained")
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--train-steps", type=int, default=200, help="training of the trained kind")
+    p.add_argument("--kinds", default=",".join(KINDS), help="checkpoint kinds to measure")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per codec and shape")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", type=Path)
@@ -74,28 +85,43 @@ def size_and_speed(repeats: int) -> list[dict[str, Any]]:
     return rows
 
 
-def quality(num_prompts: int, max_tokens: int) -> list[dict[str, Any]]:
+def quality(
+    num_prompts: int, max_tokens: int, kinds: list[str], train_steps: int
+) -> list[dict[str, Any]]:
     checkpoints = _test_checkpoints()
-    rng = random.Random(0)
+    vocab = checkpoints.BASE_CONFIG["vocab_size"]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for arch in ARCHS:
-            loaded = load_model(str(checkpoints.write_hf_checkpoint(Path(tmp), arch)), "float32")
-            prompts = [
-                [rng.randrange(2, 320) for _ in range(rng.randrange(60, 120))]
-                for _ in range(num_prompts)
-            ]
-            for codec in codecs():
-                if codec == "none":
-                    continue
-                q = measure(loaded, prompts, codec, max_tokens)  # type: ignore[arg-type]
-                rows.append({
-                    "arch": arch, "codec": codec, "next_max_abs": q.next_max_abs,
-                    "next_mean_abs": q.next_mean_abs, "kl": q.kl,
-                    "forced_agreement": q.forced_agreement, "free_agreement": q.free_agreement,
-                    "tokens": q.total, "flip_margins": list(q.flip_margins),
-                })  # fmt: skip
+        for kind in kinds:
+            rng = random.Random(0)
+            for arch in ARCHS:
+                if kind == "trained":
+                    path = checkpoints.train_hf_checkpoint(Path(tmp), arch, steps=train_steps)
+                    prompts = checkpoints.corpus_prompts(vocab, num_prompts)
+                else:
+                    path = checkpoints.write_hf_checkpoint(Path(tmp), arch)
+                    prompts = [
+                        [rng.randrange(2, vocab) for _ in range(rng.randrange(60, 120))]
+                        for _ in range(num_prompts)
+                    ]
+                loaded = load_model(str(path), "float32")
+                for codec in codecs():
+                    if codec != "none":
+                        q = measure(loaded, prompts, codec, max_tokens)  # type: ignore[arg-type]
+                        rows.append(_quality_row(kind, arch, codec, q))
     return rows
+
+
+def _quality_row(kind: str, arch: str, codec: str, q: CodecQuality) -> dict[str, Any]:
+    return {
+        "kind": kind, "arch": arch, "codec": codec, "next_max_abs": q.next_max_abs,
+        "next_mean_abs": q.next_mean_abs, "kl": q.kl, "forced_agreement": q.forced_agreement,
+        "free_agreement": q.free_agreement, "tokens": q.total,
+        "flip_margins": list(q.flip_margins),
+        "margin_quantiles": [q.margin_quantile(f) for f in (0.01, 0.1, 0.5)],
+        "gap_shift_rms": q.gap_shift_rms,
+        "forced_flips": [asdict(f) for f in q.forced_flips],
+    }  # fmt: skip
 
 
 def _test_checkpoints() -> Any:
@@ -132,14 +158,27 @@ def main() -> None:
     for r in sizes:
         print(f"{r['shape']:<12} {r['codec']:<6} {r['ratio']:>6.3f}x "
               f"{r['encode_ms_per_mb']:>13.2f} {r['decode_ms_per_mb']:>13.2f}")  # fmt: skip
-    qual = quality(args.prompts, args.max_tokens)
+    qual = quality(args.prompts, args.max_tokens, args.kinds.split(","), args.train_steps)
     print(f"\nquality: {args.prompts} prompts x {args.max_tokens} greedy tokens per checkpoint")
-    print(f"{'arch':<6} {'codec':<6} {'max|dlogit|':>11} {'mean|dlogit|':>12} {'KL nats':>9} "
-          f"{'forced':>7} {'free':>7}  flips (exact top-2 margin there)")  # fmt: skip
+    print(f"{'kind':<8} {'arch':<6} {'codec':<6} {'max|dlogit|':>11} {'mean|dlogit|':>12} "
+          f"{'KL nats':>9} {'forced':>7} {'free':>7}  "
+          "free-run flips (exact top-2 margin there)")  # fmt: skip
     for r in qual:
-        print(f"{r['arch']:<6} {r['codec']:<6} {r['next_max_abs']:>11.4f} "
+        print(f"{r['kind']:<8} {r['arch']:<6} {r['codec']:<6} {r['next_max_abs']:>11.4f} "
               f"{r['next_mean_abs']:>12.5f} {r['kl']:>9.2e} {100 * r['forced_agreement']:>6.1f}% "
               f"{100 * r['free_agreement']:>6.1f}%  {_margins(r['flip_margins'])}")  # fmt: skip
+    print("\nteacher-forced flips: exact top-2 margin vs all positions' margins, gap shift")
+    print(f"{'kind':<8} {'arch':<6} {'codec':<6} {'margin p1':>10} {'p10':>8} {'p50':>8} "
+          f"{'gap shift rms':>13}  "
+          "flips: margin (share of positions below) gap shift / max|dlogit|")  # fmt: skip
+    for r in qual:
+        p1, p10, p50 = r["margin_quantiles"]
+        flips = "; ".join(
+            f"{f['margin']:.4f} ({100 * f['rank']:.1f}%) {f['gap_shift']:+.4f}/{f['max_abs']:.4f}"
+            for f in r["forced_flips"]
+        )
+        print(f"{r['kind']:<8} {r['arch']:<6} {r['codec']:<6} {p1:>10.4f} {p10:>8.4f} {p50:>8.4f} "
+              f"{r['gap_shift_rms']:>13.5f}  {flips or 'none'}")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps({"size_and_speed": sizes, "quality": qual}, indent=2))
 

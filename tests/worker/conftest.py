@@ -49,6 +49,27 @@ def hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pat
 
 
 @pytest.fixture(scope="session")
+def trained_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Factory: ``trained_checkpoint("llama") -> Path``, a checkpoint trained on the
+    synthetic corpus (``checkpoints.train_hf_checkpoint``), trained once per session
+    (about a minute of CPU each: slow-tier tests only). Tests must not modify it."""
+    trained: dict[str, Path] = {}
+
+    def make(arch: str) -> Path:
+        if arch not in trained:
+            trained[arch] = checkpoints.train_hf_checkpoint(tmp_path_factory.mktemp(arch), arch)
+        return trained[arch]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def corpus_prompts() -> list[list[int]]:
+    """Four prompts of 60-120 tokens from the corpus the trained checkpoints learned."""
+    return checkpoints.corpus_prompts(checkpoints.BASE_CONFIG["vocab_size"], 4)
+
+
+@pytest.fixture(scope="session")
 def tiny() -> LoadedModel:
     """The built-in tiny model, loaded once (engines may share a ``LoadedModel``)."""
     return load_model("tiny")

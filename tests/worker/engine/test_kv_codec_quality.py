@@ -8,6 +8,10 @@ free-running agreement is reported by bench/kv_codec.py, not asserted: on these
 random-weight models one near-tie changes every token after it. What is asserted is
 that int8's free runs (the engine's own export and import) leave the exact one only
 at near-ties: a broken coded transfer would flip clear decisions too.
+
+On checkpoints trained on the synthetic corpus (``tests/worker/checkpoints.py``),
+whose top two logits are rarely tied, int8 must keep 99% of the tokens free-running
+too: the issue's bar, on the P -> MD path itself.
 """
 
 from __future__ import annotations
@@ -46,6 +50,21 @@ def test_int8_keeps_99_percent_of_greedy_tokens(
 ) -> None:
     q = check(load_model(str(hf_checkpoint(arch)), dtype="float32"), "int8")
     assert all(margin < NEAR_TIE for margin in q.flip_margins)
+
+
+@pytest.mark.timeout(1800)  # trains its checkpoint: a minute of CPU, 12 when loaded
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_int8_keeps_99_percent_free_running_on_trained_checkpoints(
+    trained_checkpoint: Callable[[str], Path], corpus_prompts: list[list[int]], arch: str
+) -> None:
+    loaded = load_model(str(trained_checkpoint(arch)), dtype="float32")
+    q = measure(loaded, corpus_prompts, "int8", MAX_TOKENS)
+    assert q.free_agreement >= 0.99
+    assert q.forced_agreement >= 0.99
+    assert 0 < q.kl <= BOUNDS["int8"][1]
+    # Trained distributions are peaked: nine positions in ten have a top-2 margin more
+    # than ten times the RMS change int8 makes to that gap (measured: 49-199 times).
+    assert q.gap_shift_rms < q.margin_quantile(0.1) / 10
 
 
 @pytest.mark.parametrize("codec", ["fp8", "int4"])

@@ -14,11 +14,16 @@ generates get exact KV of its own computing):
   everything after it, so this is the strict view; small random-weight models,
   whose top two logits are often close, flip easily here;
 * flip margins: where a free run first leaves the exact one, how far apart the exact
-  top two logits were there (a flip at a near-tie, not a codec that went wrong).
+  top two logits were there (a flip at a near-tie, not a codec that went wrong);
+* teacher-forced flips against the margins of every position: at each position the
+  exact top-1 minus top-2 logit (the margin) and how far the codec moved that gap
+  (the gap shift). A flip needs a shift larger than the margin, so whether flips are
+  "near-ties" is read off these two distributions rather than assumed.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -36,6 +41,16 @@ BLOCK_SIZE = 16
 
 
 @dataclass(frozen=True)
+class ForcedFlip:
+    """A teacher-forced position where the coded side picks another token than exact."""
+
+    margin: float  # exact top-1 minus top-2 logit there
+    gap_shift: float  # coded minus exact value of that same gap (negative: narrowed)
+    max_abs: float  # largest absolute logit error the codec made there
+    rank: float  # share of all positions whose exact margin is smaller
+
+
+@dataclass(frozen=True)
 class CodecQuality:
     """One codec on a set of prompts."""
 
@@ -46,6 +61,9 @@ class CodecQuality:
     free_matching: int  # free-running positions equal to the exact transfer's
     total: int  # generated positions (per view)
     flip_margins: tuple[float, ...]  # exact top-1 minus top-2 logit where a free run left
+    margins: tuple[float, ...]  # exact top-1 minus top-2 logit at every forced position
+    gap_shifts: tuple[float, ...]  # the codec's change of that gap at every forced position
+    forced_flips: tuple[ForcedFlip, ...]
 
     @property
     def forced_agreement(self) -> float:
@@ -55,6 +73,16 @@ class CodecQuality:
     def free_agreement(self) -> float:
         return self.free_matching / self.total
 
+    @property
+    def gap_shift_rms(self) -> float:
+        """RMS of the codec's change of the exact top-2 gap (what decides a near-tie)."""
+        return (sum(g * g for g in self.gap_shifts) / len(self.gap_shifts)) ** 0.5
+
+    def margin_quantile(self, q: float) -> float:
+        """The ``q`` quantile (0-1) of the exact top-2 margins over forced positions."""
+        ordered = sorted(self.margins)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
 
 def measure(
     loaded: LoadedModel, prompts: Sequence[Sequence[int]], codec: KVCodec, max_tokens: int
@@ -63,6 +91,9 @@ def measure(
     next_max = next_mean = kl = 0.0
     forced = free = 0
     flip_margins: list[float] = []
+    margins: list[float] = []
+    shifts: list[float] = []
+    flips: list[tuple[float, float, float]] = []
     for prompt in prompts:
         exact_run = transferred_generation(loaded, prompt, "none", max_tokens)
         exact, coded = _forced_logits(loaded, prompt, exact_run, codec)
@@ -72,6 +103,11 @@ def measure(
         p_log, q_log = exact.log_softmax(-1), coded.log_softmax(-1)
         kl += (p_log.exp() * (p_log - q_log)).sum(-1).mean().item() / len(prompts)
         forced += int((exact.argmax(-1) == coded.argmax(-1)).sum().item())
+        margin, shift, flipped = _gaps(exact, coded)
+        margins += margin.tolist()
+        shifts += shift.tolist()
+        worst = (coded - exact).abs().amax(-1)
+        flips += [(margin[i].item(), shift[i].item(), worst[i].item()) for i in flipped]
         coded_run = transferred_generation(loaded, prompt, codec, max_tokens)
         same = [a == b for a, b in zip(exact_run, coded_run, strict=True)]
         free += sum(same)
@@ -79,7 +115,24 @@ def measure(
             top = exact[same.index(False)].topk(2).values
             flip_margins.append((top[0] - top[1]).item())
     total = len(prompts) * max_tokens
-    return CodecQuality(next_max, next_mean, kl, forced, free, total, tuple(flip_margins))
+    ranked = sorted(margins)
+    forced_flips = tuple(
+        ForcedFlip(m, g, w, bisect.bisect_left(ranked, m) / len(ranked)) for m, g, w in flips
+    )
+    return CodecQuality(
+        next_max, next_mean, kl, forced, free, total, tuple(flip_margins), tuple(margins),
+        tuple(shifts), forced_flips,
+    )  # fmt: skip
+
+
+def _gaps(exact: torch.Tensor, coded: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Per position: the exact top-2 margin, the codec's change of that same gap (the
+    two tokens exact ranks first and second), and the positions whose argmax differs."""
+    top = exact.topk(2)
+    margin = top.values[:, 0] - top.values[:, 1]
+    coded_gap = coded.gather(-1, top.indices[:, :1]) - coded.gather(-1, top.indices[:, 1:])
+    flipped = (exact.argmax(-1) != coded.argmax(-1)).nonzero().flatten().tolist()
+    return margin, coded_gap.squeeze(-1) - margin, flipped
 
 
 def transferred_generation(
