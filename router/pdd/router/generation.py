@@ -197,8 +197,9 @@ class Generation:
         last: float | None = None
         try:
             events = relay_tokens(
-                self.plan, rt.client, rt.config.request_timeout_s, on_link_fault=self._link_fault
-            )
+                self.plan, rt.client, rt.config.request_timeout_s,
+                on_link_fault=self._link_fault, on_kv_shipped=self._kv_shipped,
+            )  # fmt: skip
             async for event in events:
                 now = time.monotonic()
                 self.past_prefill.set()
@@ -250,7 +251,15 @@ class Generation:
             self.plan.prefill.instance_id,
             self.route.prefill_tokens,
             now - self._lease.dispatched_at,
+            self.route.relay_active,
         )
+
+    def _kv_shipped(self) -> None:
+        """P closed its report stream unfailed: MD imported the KV. The transfer's time
+        is a goodput sample even where a relay's hand-off would come much later. (The
+        line's health still waits for MD to stream: P closes cleanly after failures that
+        say nothing about the line too.)"""
+        self._lease.kv_landed(time.monotonic(), timed_by_p=True)
 
     def _link_fault(self, report: TokenEvent) -> None:
         """P could not send this request's KV over the WAN: the line is in doubt."""

@@ -42,6 +42,9 @@ class _StreamEnd:
 
 #: Told of each transfer P reports failed on the WAN line (``TokenEvent.link_fault``).
 LinkFaultListener = Callable[[TokenEvent], None]
+#: Told when P's report stream closed without a failure: P has MD's "imported" for the
+#: KV it sent (P closes it once every path ended), so this times the transfer itself.
+KVShippedListener = Callable[[], None]
 
 
 async def relay_tokens(
@@ -50,6 +53,7 @@ async def relay_tokens(
     timeout_s: float,
     merger: TokenStreamMerger | None = None,
     on_link_fault: LinkFaultListener | None = None,
+    on_kv_shipped: KVShippedListener | None = None,
 ) -> AsyncIterator[TokenEvent]:
     """Start ``plan`` and yield its merged tokens; raises ``UpstreamError`` on failure.
 
@@ -75,7 +79,8 @@ async def relay_tokens(
             ) from exc
         deadline = asyncio.get_running_loop().time() + timeout_s
         streams = len(plan.decode_sources)
-        async for event in _merged(plan, client, queue, merger, streams, deadline, on_link_fault):
+        listeners = (on_link_fault, on_kv_shipped)
+        async for event in _merged(plan, client, queue, merger, streams, deadline, listeners):
             yield event
     finally:
         for task in readers:
@@ -91,7 +96,7 @@ async def _merged(
     merger: TokenStreamMerger,
     open_streams: int,
     deadline: float,
-    on_link_fault: LinkFaultListener | None,
+    listeners: tuple[LinkFaultListener | None, KVShippedListener | None],
 ) -> AsyncIterator[TokenEvent]:
     """Yields released tokens; the deadline is checked per wait, never across a yield.
     ``open_streams`` counts the decode sources only: P's report stream may end any time.
@@ -103,6 +108,8 @@ async def _merged(
     closed (not broken) clears the blame too: P was alive to the end."""
     p = plan.prefill.instance_id if plan.prefill is not None and plan.ships_kv_over_wan else None
     p_open = p is not None
+    on_link_fault, on_kv_shipped = listeners
+    faulted = False
     while not merger.finished:
         if open_streams == 0 and not (p_open and p in merger.failed):
             raise UpstreamError(
@@ -123,7 +130,10 @@ async def _merged(
                 p_open = False
                 if item.broken is None:  # P finished its part alive: the line failed, not P
                     _clear_blame(merger, p)
+                    if not faulted and on_kv_shipped is not None:
+                        on_kv_shipped()
             elif item.link_fault is not None:
+                faulted = True
                 if on_link_fault is not None:
                     on_link_fault(item)
                 await _kv_cannot_cross(plan, client, item, merger)
