@@ -94,3 +94,19 @@ def test_a_slow_prefill_measured_on_one_p_counts_in_its_estimate():
     for _ in range(10):
         estimator.prefill_seen("p0", 600, seconds=0.6)  # 1,000 tokens/s, not 10,000
     assert choose(estimator, 600) == Pipeline.P_RLD_MD
+
+
+@pytest.mark.parametrize("timed_by_p", [False, True])
+def test_a_relayed_transfer_is_learnt_slow_only_when_p_timed_it(timed_by_p):
+    """A relayed request's MD streams after the hand-off, which also waits for the relay:
+    that time cannot show the line slow. P's report (MD imported the KV) can."""
+    store, estimator = LocalStore(60.0), LinkEstimator(LINK, 10_000)
+    route = Route(
+        Pipeline.P_RLD_MD, "r", "c", prefill=ep("p0"), relay=ep("rld0"), main=ep("md0"),
+        kv_bytes=600 * KVB, prefill_tokens=100,
+    )  # fmt: skip
+    lease = Lease.of(route, store, estimator)
+    lease.kv_landed(lease.dispatched_at + 3.0, timed_by_p=timed_by_p)  # 10x the declared time
+    learnt = estimator.link().effective_gbps
+    assert learnt < 0.05 if timed_by_p else learnt == 0.05
+    assert estimator.backlog == Backlog()
