@@ -148,6 +148,21 @@ def test_a_prefills_fixed_cost_is_not_read_as_a_slow_p():
     assert e.prefill_tokens_per_s("p0") == pytest.approx(1000, rel=0.01)
 
 
+def test_p_timed_transfers_are_the_line_alone():
+    """P's time from its first chunk to MD's "imported" holds one RTT and the line: a
+    1 MB transfer in 0.03 + 1.0 s is a 10x slower line, whatever the prefill took; one
+    too small to show the line is no sample; the transfer is settled either way."""
+    e = estimator()
+    for _ in range(40):
+        t = e.commit(MB, "p0", 5000, now=0.0)  # 5 s of prefill at the prior: not in P's time
+        e.shipped(t, MB, seconds=0.03 + MB * 8 / 0.008e9)
+    assert e.link().effective_gbps == pytest.approx(0.008, rel=0.01)
+    assert e.backlog == Backlog()
+    t = e.commit(1000, "p0", 0, now=0.0)
+    e.shipped(t, 1000, seconds=5.0)  # 1 KB: the round trip and MD's import, not the line
+    assert e.goodput_samples == 40 and e.backlog == Backlog()
+
+
 def test_a_busy_relays_time_is_its_queue_not_a_slow_p():
     """The relay's first token from a relay already serving 4 requests came 0.4 s late:
     that is the relay's queue (0.1 s a request ahead), not P's prefill."""
@@ -170,6 +185,8 @@ def test_a_frozen_view_counts_the_backlog_and_learns_nothing():
     e.landed(t, now=60.0)
     e.prefill_seen("p0", 1000, seconds=60.0)
     e.prefill_seen("p0", 1000, seconds=60.0, relay_active=3)
+    e.shipped(e.commit(MB, "p0", 0, now=0.0), MB, seconds=60.0)
     assert e.link().measured_goodput_gbps is None and e.relay_slot_s == 0.0
+    assert e.backlog == Backlog()
     assert e.link().effective_gbps == 0.08
     assert e.prefill_rates() == {} and e.prefill_tokens_per_s("p0") == 1000

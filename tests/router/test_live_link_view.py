@@ -8,7 +8,7 @@ import pytest
 from pdd.common.cost_model import LinkState
 from pdd.common.link_estimator import Backlog, LinkEstimator
 from pdd.common.vocabulary import Pipeline, Role
-from pdd.common.wire import Endpoint
+from pdd.common.wire import Endpoint, KVShipment
 from pdd.router.dispatch import WAN_BACKLOG_KIB, WAN_TRANSFERS, Lease, Route
 from pdd.router.fleet import Fleet
 from pdd.router.instance_choice import InstanceLoad
@@ -99,14 +99,20 @@ def test_a_slow_prefill_measured_on_one_p_counts_in_its_estimate():
 @pytest.mark.parametrize("timed_by_p", [False, True])
 def test_a_relayed_transfer_is_learnt_slow_only_when_p_timed_it(timed_by_p):
     """A relayed request's MD streams after the hand-off, which also waits for the relay:
-    that time cannot show the line slow. P's report (MD imported the KV) can."""
+    that time cannot show the line slow. P's report (MD imported the KV, in 2.5 s on a
+    line that should take 0.2 s) can."""
     store, estimator = LocalStore(60.0), LinkEstimator(LINK, 10_000)
     route = Route(
         Pipeline.P_RLD_MD, "r", "c", prefill=ep("p0"), relay=ep("rld0"), main=ep("md0"),
         kv_bytes=600 * KVB, prefill_tokens=100,
     )  # fmt: skip
     lease = Lease.of(route, store, estimator)
-    lease.kv_landed(lease.dispatched_at + 3.0, timed_by_p=timed_by_p)  # 10x the declared time
+    if timed_by_p:
+        lease.kv_shipped(KVShipment(kv_bytes=600 * KVB, seconds=2.5))
+    else:
+        lease.kv_landed(lease.dispatched_at + 3.0)
     learnt = estimator.link().effective_gbps
     assert learnt < 0.05 if timed_by_p else learnt == 0.05
-    assert estimator.backlog == Backlog()
+    assert estimator.backlog == Backlog() and counts(store) == {"p0": 1, "rld0": 1, "md0": 1}
+    lease.kv_landed(lease.dispatched_at + 3.0)  # MD streams after P's report: nothing twice
+    assert estimator.goodput_samples == int(timed_by_p)

@@ -1,8 +1,8 @@
-"""P's report stream as ``relay_tokens`` reads it: closing unfailed means MD has the KV.
+"""P's reports as ``relay_tokens`` reads them: a transfer MD imported, timed at P, or
+one that failed on the line.
 
-Scripted worker streams (no sockets): MD streams the tokens, P's stream carries only
-its reports. The router times a transfer by P's close (``on_kv_shipped``) only where P
-reported no failure on the line.
+Scripted worker streams (no sockets): a decode source streams the tokens, P's stream
+carries only its reports, and each report reaches its listener.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from pdd.common.vocabulary import LinkFault
-from pdd.common.wire import Endpoint, PipelinePlan, TokenEvent
+from pdd.common.wire import Endpoint, KVShipment, PipelinePlan, TokenEvent
 from pdd.router.stream_relay import relay_tokens
 
 pytestmark = pytest.mark.unit
@@ -63,27 +63,30 @@ class Workers:
 
 async def run(
     p_events: list[TokenEvent], pipeline: str = "P-MD", speaker: str = "md"
-) -> tuple[int, list[TokenEvent]]:
-    """Read the request to its end (or its failure): times told of a shipment, faults."""
-    shipped: list[None] = []
+) -> tuple[list[KVShipment], list[TokenEvent]]:
+    """Read the request to its end: the shipments and the faults P reported."""
+    shipped: list[KVShipment] = []
     faults: list[TokenEvent] = []
     events = relay_tokens(
         plan(pipeline), Workers(p_events, speaker), 10.0,  # type: ignore[arg-type]
-        on_link_fault=faults.append, on_kv_shipped=lambda: shipped.append(None),
+        on_link_fault=faults.append, on_kv_shipped=shipped.append,
     )  # fmt: skip
     assert [e.seq async for e in events] == [0, 1]
-    return len(shipped), faults
+    return shipped, faults
 
 
-async def test_p_closing_its_reports_unfailed_times_the_transfer() -> None:
-    shipped, faults = await run([])
-    assert shipped == 1 and faults == []
+async def test_p_reports_the_kv_imported_with_the_lines_time() -> None:
+    shipment = KVShipment(kv_bytes=4096, seconds=0.25)
+    report = TokenEvent(request_id="r", seq=0, source="p", kv_shipped=shipment)
+    shipped, faults = await run([report], "P-RLD-MD", speaker="rld")
+    assert shipped == [shipment] and faults == []
+    assert await run([]) == ([], [])  # no report: nothing learnt from P's stream ending
 
 
-async def test_a_transfer_p_reported_failed_is_no_shipment() -> None:
+async def test_a_transfer_p_reports_failed_is_a_fault_not_a_shipment() -> None:
     fault = TokenEvent(
         request_id="r", seq=0, source="p", error="cut", culprit="md",
         link_fault=LinkFault.STALLED,
     )  # fmt: skip
     shipped, faults = await run([fault], "P-RLD-MD", speaker="rld")  # the relay finishes it
-    assert shipped == 0 and faults == [fault]
+    assert shipped == [] and faults == [fault]

@@ -26,9 +26,14 @@ What it keeps, and where each number comes from:
   transfer's first token from MD also waits for the hand-off, whose token IDs cross
   the line once more: one more RTT comes off its sample. Even so, the hand-off waits
   for the relay's step loop too, so such a time only bounds the line's from above
-  (``upper_bound``): it may show the line faster than believed, never slower. P's
-  report stream closing cleanly (P has MD's "imported") times the transfer itself,
-  relayed or not: a two-sided sample, taken where it comes first.
+  (``upper_bound``): it may show the line faster than believed, never slower.
+- **P's timing** (``shipped``): P reports on its stream when MD imported the KV, with
+  the seconds from its first chunk on the line to MD's "imported" (``KVShipment``).
+  That time holds no prefill, no P queue and no hand-off: less one RTT (the chunks
+  one way, the answer back), it is the line's for the transfer's bytes plus those it
+  queued behind. It comes for relayed transfers too, before their hand-off, so the
+  view follows the line while the router relays; where MD streams first, the
+  router's own timing (above) is the sample instead.
 - **RTT**: the declared value. The router has no round trip of its own on the line;
   the sampled goodput absorbs extra delay on top of it.
 - **Prefill throughput per P instance**: the configured rate is the prior; a request
@@ -189,6 +194,18 @@ class LinkEstimator:
         sample = max(floor, line_s / queued)
         if upper_bound and sample >= self._spb:
             return  # the relay's wait, not the line, may be what made it this slow
+        self._spb += GAIN * (sample - self._spb)
+        self.goodput_samples += 1
+
+    def shipped(self, transfer: Transfer, kv_bytes: int, seconds: float) -> None:
+        """P timed the transfer: ``kv_bytes`` from its first chunk on the line to MD's
+        "imported" in ``seconds`` (see the module docstring). Settles it."""
+        self.settle(transfer)
+        queued = kv_bytes + transfer.ahead_bytes
+        if self.frozen or queued * self._spb < MIN_SAMPLE_S:
+            return  # too small to show the line beside the round trip and MD's import
+        floor = _seconds_per_byte(self.prior.declared_gbps * MAX_OVER_DECLARED)
+        sample = max(floor, (seconds - self.prior.rtt_s) / queued)
         self._spb += GAIN * (sample - self._spb)
         self.goodput_samples += 1
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pdd.common.cost_model import LinkState
 from pdd.common.link_estimator import Backlog, LinkEstimator, Transfer
 from pdd.common.vocabulary import Pipeline, Role
-from pdd.common.wire import Endpoint, PipelinePlan, SamplingSpec
+from pdd.common.wire import Endpoint, KVShipment, PipelinePlan, SamplingSpec
 from pdd.router.config import RouterConfig
 from pdd.router.errors import NotReadyError, SaturatedError
 from pdd.router.instance_choice import choose_main_decode, choose_prefill
@@ -157,15 +157,21 @@ class Lease:
         if n is not None:
             self.store.add_inflight(instance_id, -n)
 
-    def kv_landed(self, now: float, timed_by_p: bool = False) -> None:
-        """MD has the KV (it streams, or ``timed_by_p``: P has MD's "imported"). The line's
-        counts let go and the estimator learns; MD's first token after a relay's hand-off
-        only bounds the line's time from above."""
+    def kv_landed(self, now: float) -> None:
+        """MD streams: it has the KV. The line's counts let go and the estimator learns
+        (from MD's first token after a relay's hand-off, only that the line is faster)."""
         self.release(WAN_TRANSFERS)
         self.release(WAN_BACKLOG_KIB)
         if self.transfer is not None and self.estimator is not None:
-            bound = self.transfer.relayed and not timed_by_p
-            self.estimator.landed(self.transfer, now, upper_bound=bound)
+            self.estimator.landed(self.transfer, now, upper_bound=self.transfer.relayed)
+            self.transfer = None
+
+    def kv_shipped(self, shipment: KVShipment) -> None:
+        """P reports MD imported the KV, timed at P: as ``kv_landed``, with P's time."""
+        self.release(WAN_TRANSFERS)
+        self.release(WAN_BACKLOG_KIB)
+        if self.transfer is not None and self.estimator is not None:
+            self.estimator.shipped(self.transfer, shipment.kv_bytes, shipment.seconds)
             self.transfer = None
 
     def release_all(self) -> None:

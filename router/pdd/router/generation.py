@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from pdd.common.openai_protocol import UsageInfo
 from pdd.common.vocabulary import FinishReason
-from pdd.common.wire import PipelinePlan, TokenEvent, TokenLogprobs
+from pdd.common.wire import KVShipment, PipelinePlan, TokenEvent, TokenLogprobs
 from pdd.router.detokenize import IncrementalDetokenizer, StopStrings
 from pdd.router.dispatch import Lease, Route
 from pdd.router.errors import UpstreamError
@@ -254,12 +254,12 @@ class Generation:
             self.route.relay_active,
         )
 
-    def _kv_shipped(self) -> None:
-        """P closed its report stream unfailed: MD imported the KV. The transfer's time
-        is a goodput sample even where a relay's hand-off would come much later. (The
-        line's health still waits for MD to stream: P closes cleanly after failures that
-        say nothing about the line too.)"""
-        self._lease.kv_landed(time.monotonic(), timed_by_p=True)
+    def _kv_shipped(self, shipment: KVShipment) -> None:
+        """P reports MD imported the KV, with the line's time for it: the goodput sample
+        and the proof that the line works, even where a relay's hand-off (MD's first
+        token) would come much later, or never (the relay finishes first)."""
+        self._lease.kv_shipped(shipment)
+        self.runtime.link_health.delivered(self.route.link_ticket)
 
     def _link_fault(self, report: TokenEvent) -> None:
         """P could not send this request's KV over the WAN: the line is in doubt."""

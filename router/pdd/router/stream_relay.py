@@ -24,7 +24,7 @@ from typing import Any
 from pdd.common.grammar import GRAMMAR_ERROR_TYPE
 from pdd.common.token_stream import TokenStreamMerger
 from pdd.common.vocabulary import Pipeline
-from pdd.common.wire import Endpoint, PipelinePlan, TokenEvent
+from pdd.common.wire import Endpoint, KVShipment, PipelinePlan, TokenEvent
 from pdd.router.errors import InvalidRequestError, UpstreamError
 from pdd.router.worker_client import WorkerCallError, WorkerClient
 
@@ -42,9 +42,8 @@ class _StreamEnd:
 
 #: Told of each transfer P reports failed on the WAN line (``TokenEvent.link_fault``).
 LinkFaultListener = Callable[[TokenEvent], None]
-#: Told when P's report stream closed without a failure: P has MD's "imported" for the
-#: KV it sent (P closes it once every path ended), so this times the transfer itself.
-KVShippedListener = Callable[[], None]
+#: Told of P's report that MD imported its KV, timed at P (``TokenEvent.kv_shipped``).
+KVShippedListener = Callable[[KVShipment], None]
 
 
 async def relay_tokens(
@@ -109,7 +108,6 @@ async def _merged(
     p = plan.prefill.instance_id if plan.prefill is not None and plan.ships_kv_over_wan else None
     p_open = p is not None
     on_link_fault, on_kv_shipped = listeners
-    faulted = False
     while not merger.finished:
         if open_streams == 0 and not (p_open and p in merger.failed):
             raise UpstreamError(
@@ -125,15 +123,15 @@ async def _merged(
                 f"request {plan.request_id} did not finish in time ({merger.next_seq} tokens)"
             ) from None
         if item.source == p:
-            # P's reports: only a failed transfer to MD matters, and its stream's end.
+            # P's reports: a transfer to MD that failed or was imported, and its stream's end.
             if isinstance(item, _StreamEnd):
                 p_open = False
                 if item.broken is None:  # P finished its part alive: the line failed, not P
                     _clear_blame(merger, p)
-                    if not faulted and on_kv_shipped is not None:
-                        on_kv_shipped()
+            elif item.kv_shipped is not None:
+                if on_kv_shipped is not None:
+                    on_kv_shipped(item.kv_shipped)
             elif item.link_fault is not None:
-                faulted = True
                 if on_link_fault is not None:
                     on_link_fault(item)
                 await _kv_cannot_cross(plan, client, item, merger)
