@@ -7,6 +7,7 @@ from pdd.common.link_estimator import (
     GAIN,
     MAX_OVER_DECLARED,
     MIN_PREFILL_SAMPLE_TOKENS,
+    MIN_SHIPPED_SAMPLE_S,
     Backlog,
     LinkEstimator,
 )
@@ -158,8 +159,9 @@ def test_p_timed_transfers_are_the_line_alone():
         e.shipped(t, MB, seconds=0.03 + MB * 8 / 0.008e9)
     assert e.link().effective_gbps == pytest.approx(0.008, rel=0.01)
     assert e.backlog == Backlog()
-    t = e.commit(1000, "p0", 0, now=0.0)
-    e.shipped(t, 1000, seconds=5.0)  # 1 KB: the round trip and MD's import, not the line
+    small = int(MIN_SHIPPED_SAMPLE_S * 0.008e9 / 8 * 0.9)  # under 10 ms at the estimate
+    t = e.commit(small, "p0", 0, now=0.0)
+    e.shipped(t, small, seconds=5.0)  # the round trip and MD's import, not the line
     assert e.goodput_samples == 40 and e.backlog == Backlog()
 
 

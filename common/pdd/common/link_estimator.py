@@ -33,7 +33,9 @@ What it keeps, and where each number comes from:
   one way, the answer back), it is the line's for the transfer's bytes plus those it
   queued behind. It comes for relayed transfers too, before their hand-off, so the
   view follows the line while the router relays; where MD streams first, the
-  router's own timing (above) is the sample instead.
+  router's own timing (above) is the sample instead. A transfer the estimate puts
+  under ``MIN_SHIPPED_SAMPLE_S`` (10 ms: half the router's threshold, as the time
+  holds less beside the line) is none.
 - **RTT**: the declared value. The router has no round trip of its own on the line;
   the sampled goodput absorbs extra delay on top of it.
 - **Prefill throughput per P instance**: the configured rate is the prior; a request
@@ -69,6 +71,9 @@ GAIN = 0.25
 #: A transfer whose serialization the current estimate puts under this is no goodput
 #: sample: the router's timing of it is prefill, MD's step and scheduling, not the line.
 MIN_SAMPLE_S = 0.02
+#: The same for a transfer P timed (``shipped``): its time holds only one RTT (jitter
+#: included) and MD's import beside the line, so smaller transfers show the line.
+MIN_SHIPPED_SAMPLE_S = 0.01
 #: The fastest a sample may put the line, as a multiple of the declared rate.
 MAX_OVER_DECLARED = 4.0
 #: A prefill under this many tokens is no throughput sample (fixed costs dominate it).
@@ -202,7 +207,7 @@ class LinkEstimator:
         "imported" in ``seconds`` (see the module docstring). Settles it."""
         self.settle(transfer)
         queued = kv_bytes + transfer.ahead_bytes
-        if self.frozen or queued * self._spb < MIN_SAMPLE_S:
+        if self.frozen or queued * self._spb < MIN_SHIPPED_SAMPLE_S:
             return  # too small to show the line beside the round trip and MD's import
         floor = _seconds_per_byte(self.prior.declared_gbps * MAX_OVER_DECLARED)
         sample = max(floor, (seconds - self.prior.rtt_s) / queued)
