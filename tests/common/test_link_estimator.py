@@ -7,7 +7,7 @@ from pdd.common.link_estimator import (
     GAIN,
     MAX_OVER_DECLARED,
     MIN_PREFILL_SAMPLE_TOKENS,
-    MIN_SHIPPED_SAMPLE_S,
+    MIN_SAMPLE_S,
     Backlog,
     LinkEstimator,
 )
@@ -149,20 +149,26 @@ def test_a_prefills_fixed_cost_is_not_read_as_a_slow_p():
     assert e.prefill_tokens_per_s("p0") == pytest.approx(1000, rel=0.01)
 
 
-def test_p_timed_transfers_are_the_line_alone():
-    """P's time from its first chunk to MD's "imported" holds one RTT and the line: a
-    1 MB transfer in 0.03 + 1.0 s is a 10x slower line, whatever the prefill took; one
-    too small to show the line is no sample; the transfer is settled either way."""
+def test_p_timed_transfers_only_show_a_line_faster_than_believed():
+    """P's time from its first chunk to MD's "imported" holds one RTT, the line and the
+    engines' export and import waits: a slow one says nothing (CPU starvation looks
+    the same), a fast one proves the line faster, whatever the prefill took. One too
+    small to show the line is no sample; the transfer is settled either way."""
     e = estimator()
+    t = e.commit(MB, "p0", 0, now=0.0)
+    e.landed(t, now=0.03 + 10 * MB * 8 / 0.08e9)  # the router's timing: a 10x slower line
+    slow = e.link().effective_gbps
+    t = e.commit(MB, "p0", 5000, now=10.0)  # 5 s of prefill at the prior: not in P's time
+    e.shipped(t, MB, seconds=0.03 + 100 * MB * 8 / 0.08e9)
+    assert e.link().effective_gbps == slow and e.backlog == Backlog()
     for _ in range(40):
-        t = e.commit(MB, "p0", 5000, now=0.0)  # 5 s of prefill at the prior: not in P's time
-        e.shipped(t, MB, seconds=0.03 + MB * 8 / 0.008e9)
-    assert e.link().effective_gbps == pytest.approx(0.008, rel=0.01)
-    assert e.backlog == Backlog()
-    small = int(MIN_SHIPPED_SAMPLE_S * 0.008e9 / 8 * 0.9)  # under 10 ms at the estimate
-    t = e.commit(small, "p0", 0, now=0.0)
-    e.shipped(t, small, seconds=5.0)  # the round trip and MD's import, not the line
-    assert e.goodput_samples == 40 and e.backlog == Backlog()
+        t = e.commit(MB, "p0", 5000, now=20.0)
+        e.shipped(t, MB, seconds=0.03 + MB * 8 / 0.08e9)
+    assert e.link().effective_gbps == pytest.approx(0.08, rel=0.01)
+    assert e.goodput_samples == 41
+    small = int(MIN_SAMPLE_S * 0.08e9 / 8 * 0.9)  # under 20 ms at the estimate
+    e.shipped(e.commit(small, "p0", 0, now=30.0), small, seconds=0.0)
+    assert e.goodput_samples == 41 and e.backlog == Backlog()
 
 
 def test_a_busy_relays_time_is_its_queue_not_a_slow_p():

@@ -29,13 +29,13 @@ What it keeps, and where each number comes from:
   (``upper_bound``): it may show the line faster than believed, never slower.
 - **P's timing** (``shipped``): P reports on its stream when MD imported the KV, with
   the seconds from its first chunk on the line to MD's "imported" (``KVShipment``).
-  That time holds no prefill, no P queue and no hand-off: less one RTT (the chunks
-  one way, the answer back), it is the line's for the transfer's bytes plus those it
-  queued behind. It comes for relayed transfers too, before their hand-off, so the
-  view follows the line while the router relays; where MD streams first, the
-  router's own timing (above) is the sample instead. A transfer the estimate puts
-  under ``MIN_SHIPPED_SAMPLE_S`` (10 ms: half the router's threshold, as the time
-  holds less beside the line) is none.
+  That time holds no prefill, no P queue and no hand-off; less one RTT (the chunks
+  one way, the answer back) it is the line's, plus P's engine exporting each chunk
+  and MD's engine importing it. On a CPU-starved machine those waits are long (a
+  benchmark at load average 25 learnt the line 10x slower than it was from them), so
+  this time too only bounds the line's from above: it shows a line faster than
+  believed (a recovery, while the router relays and MD has not streamed yet), never
+  slower. It comes for relayed transfers too, before their hand-off.
 - **RTT**: the declared value. The router has no round trip of its own on the line;
   the sampled goodput absorbs extra delay on top of it.
 - **Prefill throughput per P instance**: the configured rate is the prior; a request
@@ -71,9 +71,6 @@ GAIN = 0.25
 #: A transfer whose serialization the current estimate puts under this is no goodput
 #: sample: the router's timing of it is prefill, MD's step and scheduling, not the line.
 MIN_SAMPLE_S = 0.02
-#: The same for a transfer P timed (``shipped``): its time holds only one RTT (jitter
-#: included) and MD's import beside the line, so smaller transfers show the line.
-MIN_SHIPPED_SAMPLE_S = 0.01
 #: The fastest a sample may put the line, as a multiple of the declared rate.
 MAX_OVER_DECLARED = 4.0
 #: A prefill under this many tokens is no throughput sample (fixed costs dominate it).
@@ -204,13 +201,16 @@ class LinkEstimator:
 
     def shipped(self, transfer: Transfer, kv_bytes: int, seconds: float) -> None:
         """P timed the transfer: ``kv_bytes`` from its first chunk on the line to MD's
-        "imported" in ``seconds`` (see the module docstring). Settles it."""
+        "imported" in ``seconds``, an upper bound on the line's time (see the module
+        docstring). Settles it."""
         self.settle(transfer)
         queued = kv_bytes + transfer.ahead_bytes
-        if self.frozen or queued * self._spb < MIN_SHIPPED_SAMPLE_S:
-            return  # too small to show the line beside the round trip and MD's import
+        if self.frozen or queued * self._spb < MIN_SAMPLE_S:
+            return  # too small to show the line beside the round trip's jitter
         floor = _seconds_per_byte(self.prior.declared_gbps * MAX_OVER_DECLARED)
         sample = max(floor, (seconds - self.prior.rtt_s) / queued)
+        if sample >= self._spb:
+            return  # P's and MD's engines, not the line, may be what made it this slow
         self._spb += GAIN * (sample - self._spb)
         self.goodput_samples += 1
 
