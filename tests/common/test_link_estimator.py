@@ -166,9 +166,12 @@ def test_p_timed_transfers_only_show_a_line_faster_than_believed():
         e.shipped(t, MB, seconds=0.03 + MB * 8 / 0.08e9)
     assert e.link().effective_gbps == pytest.approx(0.08, rel=0.01)
     assert e.goodput_samples == 41
+    t = e.commit(MB, "p0", 0, now=25.0)
+    e.shipped(t, MB, seconds=0.03)  # no faster than declared, however quick
+    assert e.link().effective_gbps == pytest.approx(0.08, rel=0.01)
     small = int(MIN_SAMPLE_S * 0.08e9 / 8 * 0.9)  # under 20 ms at the estimate
     e.shipped(e.commit(small, "p0", 0, now=30.0), small, seconds=0.0)
-    assert e.goodput_samples == 41 and e.backlog == Backlog()
+    assert e.goodput_samples == 42 and e.backlog == Backlog()
 
 
 def test_a_busy_relays_time_is_its_queue_not_a_slow_p():

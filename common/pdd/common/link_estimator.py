@@ -35,7 +35,10 @@ What it keeps, and where each number comes from:
   benchmark at load average 25 learnt the line 10x slower than it was from them), so
   this time too only bounds the line's from above: it shows a line faster than
   believed (a recovery, while the router relays and MD has not streamed yet), never
-  slower. It comes for relayed transfers too, before their hand-off.
+  slower, and never faster than declared. It comes for relayed transfers too, before
+  their hand-off. Only the transfer's own bytes count: the backlog it was committed
+  behind may have crossed before P's first chunk (counted, it made the line look 2x
+  faster than declared in a benchmark).
 - **RTT**: the declared value. The router has no round trip of its own on the line;
   the sampled goodput absorbs extra delay on top of it.
 - **Prefill throughput per P instance**: the configured rate is the prior; a request
@@ -204,11 +207,13 @@ class LinkEstimator:
         "imported" in ``seconds``, an upper bound on the line's time (see the module
         docstring). Settles it."""
         self.settle(transfer)
-        queued = kv_bytes + transfer.ahead_bytes
-        if self.frozen or queued * self._spb < MIN_SAMPLE_S:
+        if self.frozen or kv_bytes * self._spb < MIN_SAMPLE_S:
             return  # too small to show the line beside the round trip's jitter
-        floor = _seconds_per_byte(self.prior.declared_gbps * MAX_OVER_DECLARED)
-        sample = max(floor, (seconds - self.prior.rtt_s) / queued)
+        # Only the transfer's own bytes: what it queued behind at dispatch may have
+        # crossed before P's first chunk, and counting it would make the line look fast.
+        # No faster than declared either: a bound cannot show more than the line has.
+        floor = _seconds_per_byte(self.prior.declared_gbps)
+        sample = max(floor, (seconds - self.prior.rtt_s) / kv_bytes)
         if sample >= self._spb:
             return  # P's and MD's engines, not the line, may be what made it this slow
         self._spb += GAIN * (sample - self._spb)
