@@ -7,6 +7,7 @@ from pdd.common.link_estimator import (
     GAIN,
     MAX_OVER_DECLARED,
     MIN_PREFILL_SAMPLE_TOKENS,
+    MIN_SAMPLE_S,
     Backlog,
     LinkEstimator,
 )
@@ -107,8 +108,24 @@ def test_the_fixed_cost_small_transfers_show_is_not_charged_to_the_line():
     assert e.link().effective_gbps == pytest.approx(0.08, rel=0.01)
     # A relayed transfer's MD waits for the hand-off too: one more RTT off its sample.
     t = e.commit(MB, "p0", 0, now=200.0, relayed=True)
-    e.landed(t, now=200.0 + 2 * 0.03 + 0.12 + MB * 8 / 0.08e9)
-    assert e.link().effective_gbps == pytest.approx(0.08, rel=0.01)
+    e.landed(t, now=200.0 + 2 * 0.03 + 0.12 + 0.5 * MB * 8 / 0.08e9, upper_bound=True)
+    assert e.link().effective_gbps > 0.08
+
+
+def test_a_hand_off_time_only_shows_a_line_faster_than_believed():
+    """MD's first token after a relay's hand-off also waits for the relay: a slow one says
+    nothing about the line (the estimate stays), a fast one proves the line faster."""
+    e = estimator()
+    t = e.commit(MB, "p0", 0, now=0.0)
+    e.landed(t, now=0.03 + 10 * MB * 8 / 0.08e9)  # a 10x slower line, timed two-sided
+    slow = e.link().effective_gbps
+    assert slow < 0.08
+    t = e.commit(MB, "p0", 0, now=10.0, relayed=True)
+    e.landed(t, now=10.0 + 2 * 0.03 + 100 * MB * 8 / 0.08e9, upper_bound=True)
+    assert e.link().effective_gbps == slow and e.goodput_samples == 1
+    t = e.commit(MB, "p0", 0, now=30.0, relayed=True)
+    e.landed(t, now=30.0 + 2 * 0.03 + MB * 8 / 0.08e9, upper_bound=True)
+    assert e.link().effective_gbps > slow and e.goodput_samples == 2
 
 
 def test_prefill_throughput_per_instance():
@@ -132,12 +149,55 @@ def test_a_prefills_fixed_cost_is_not_read_as_a_slow_p():
     assert e.prefill_tokens_per_s("p0") == pytest.approx(1000, rel=0.01)
 
 
+def test_p_timed_transfers_only_show_a_line_faster_than_believed():
+    """P's time from its first chunk to MD's "imported" holds one RTT, the line and the
+    engines' export and import waits: a slow one says nothing (CPU starvation looks
+    the same), a fast one proves the line faster, whatever the prefill took. One too
+    small to show the line is no sample; the transfer is settled either way."""
+    e = estimator()
+    t = e.commit(MB, "p0", 0, now=0.0)
+    e.landed(t, now=0.03 + 10 * MB * 8 / 0.08e9)  # the router's timing: a 10x slower line
+    slow = e.link().effective_gbps
+    t = e.commit(MB, "p0", 5000, now=10.0)  # 5 s of prefill at the prior: not in P's time
+    e.shipped(t, MB, seconds=0.03 + 100 * MB * 8 / 0.08e9)
+    assert e.link().effective_gbps == slow and e.backlog == Backlog()
+    for _ in range(40):
+        t = e.commit(MB, "p0", 5000, now=20.0)
+        e.shipped(t, MB, seconds=0.03 + MB * 8 / 0.08e9)
+    assert e.link().effective_gbps == pytest.approx(0.08, rel=0.01)
+    assert e.goodput_samples == 41
+    t = e.commit(MB, "p0", 0, now=25.0)
+    e.shipped(t, MB, seconds=0.03)  # no faster than declared, however quick
+    assert e.link().effective_gbps == pytest.approx(0.08, rel=0.01)
+    small = int(MIN_SAMPLE_S * 0.08e9 / 8 * 0.9)  # under 20 ms at the estimate
+    e.shipped(e.commit(small, "p0", 0, now=30.0), small, seconds=0.0)
+    assert e.goodput_samples == 42 and e.backlog == Backlog()
+
+
+def test_a_busy_relays_time_is_its_queue_not_a_slow_p():
+    """The relay's first token from a relay already serving 4 requests came 0.4 s late:
+    that is the relay's queue (0.1 s a request ahead), not P's prefill."""
+    e = estimator()
+    for _ in range(40):
+        e.prefill_seen("p0", 1000, seconds=1.0 + 0.4, relay_active=4)
+    assert e.prefill_tokens_per_s("p0") == pytest.approx(1000)
+    assert e.relay_slot_s == pytest.approx(0.1, rel=0.01)
+    # An idle relay's time is P's again; a relay faster than the estimate is no queue.
+    e.prefill_seen("p0", 1000, seconds=2.0)
+    assert e.prefill_tokens_per_s("p0") < 1000
+    e.prefill_seen("p0", 1000, seconds=0.1, relay_active=2)
+    assert e.relay_slot_s == pytest.approx(0.1 * (1 - GAIN), rel=0.01)
+
+
 def test_a_frozen_view_counts_the_backlog_and_learns_nothing():
     e = estimator(frozen=True)
     t = e.commit(MB, "p0", 100, now=0.0)
     assert e.link().backlog_bytes == MB
     e.landed(t, now=60.0)
     e.prefill_seen("p0", 1000, seconds=60.0)
-    assert e.link().measured_goodput_gbps is None
+    e.prefill_seen("p0", 1000, seconds=60.0, relay_active=3)
+    e.shipped(e.commit(MB, "p0", 0, now=0.0), MB, seconds=60.0)
+    assert e.link().measured_goodput_gbps is None and e.relay_slot_s == 0.0
+    assert e.backlog == Backlog()
     assert e.link().effective_gbps == 0.08
     assert e.prefill_rates() == {} and e.prefill_tokens_per_s("p0") == 1000

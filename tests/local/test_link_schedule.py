@@ -9,16 +9,19 @@ import json
 import httpx
 import pytest
 
-from pdd.local import bench, link_schedule
+from pdd.local import bench, link_schedule, plots
 from pdd.local.link_schedule import (
     LinkSchedule,
     LinkScheduleError,
+    LinkViewSampler,
     Phase,
     parse_schedule,
     phase_summaries,
     phase_table,
 )
+from pdd.local.probes import flatten
 from pdd.local.replay import Outcome
+from pdd.local.report import ModeRun
 from pdd.testing import virtual_time
 from pdd.wan.admin import handle
 from pdd.wan.link import WanLink
@@ -164,3 +167,46 @@ def test_requests_are_reported_in_the_phase_they_were_sent_in():
     table = phase_table({"pdd": [before, during]})
     assert "| 10-end s | cut | pdd | 2 | 1 | 1.000 | 1.000 | P-MD:0.25 P-RLD-MD:0.75 |" in table
     json.dumps([before, during])  # results.json takes it as is
+
+
+ROUTER_METRICS = """\
+pdd_router_link_goodput_gbps{link="wan"} 0.005
+pdd_router_link_backlog_bytes{link="wan"} 2048
+pdd_router_relay_slot_seconds 0.04
+pdd_router_prefill_tokens_per_s{instance="p0"} 900
+pdd_router_prefill_tokens_per_s{instance="p1"} 1200
+"""
+
+
+def test_the_router_link_view_is_sampled_beside_the_replay_and_plotted(tmp_path):
+    """On the virtual clock: one sample each half second until stopped, what the router's
+    gauges say (the slowest P's rate; no measured rate reads as None), and a plot."""
+    scrapes = [flatten(ROUTER_METRICS), {"pdd_router_relay_slot_seconds": 0.0}]
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        t0, stop = loop.time(), asyncio.Event()
+
+        async def read():
+            return scrapes[min(len(sampler.series), 1)]
+
+        sampler = LinkViewSampler(read)
+        task = asyncio.create_task(sampler.run(lambda: loop.time() - t0, stop))
+        await asyncio.sleep(1.2)
+        stop.set()
+        await task
+        return sampler.series
+
+    series = virtual_time.run(main())
+    assert [v["t"] for v in series] == [0.0, 0.5, 1.0]
+    first, later = series[0], series[1]
+    assert (first["goodput_gbps"], first["backlog_bytes"]) == (0.005, 2048)
+    assert (first["relay_slot_s"], first["prefill_tokens_per_s"]) == (0.04, 900)
+    assert later["prefill_tokens_per_s"] is None and later["goodput_gbps"] == 0
+    ran = [{"phase": {"start_s": 0.0, "gbps": 0.05}, "began_s": 0.0, "ended_s": 0.5},
+           {"phase": {"start_s": 0.5, "gbps": None}, "began_s": 0.5, "ended_s": None}]  # fmt: skip
+    run = ModeRun("pdd", [], 1.2, link_phases=ran, link_view=series)
+    paths = plots.write_all({}, [run], tmp_path)
+    assert tmp_path / "link_view_over_time.png" in paths
+    assert (tmp_path / "link_view_over_time.png").stat().st_size > 0
+    json.dumps(series)  # results.json takes it as is

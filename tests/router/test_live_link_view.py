@@ -8,7 +8,7 @@ import pytest
 from pdd.common.cost_model import LinkState
 from pdd.common.link_estimator import Backlog, LinkEstimator
 from pdd.common.vocabulary import Pipeline, Role
-from pdd.common.wire import Endpoint
+from pdd.common.wire import Endpoint, KVShipment
 from pdd.router.dispatch import WAN_BACKLOG_KIB, WAN_TRANSFERS, Lease, Route
 from pdd.router.fleet import Fleet
 from pdd.router.instance_choice import InstanceLoad
@@ -94,3 +94,26 @@ def test_a_slow_prefill_measured_on_one_p_counts_in_its_estimate():
     for _ in range(10):
         estimator.prefill_seen("p0", 600, seconds=0.6)  # 1,000 tokens/s, not 10,000
     assert choose(estimator, 600) == Pipeline.P_RLD_MD
+
+
+def test_a_relayed_transfer_times_a_recovery_not_a_collapse():
+    """A relayed request's KV is timed by MD's first token after the hand-off, or by
+    P's report: both also hold waits that are not the line's (the relay's step loop,
+    the engines), so a slow time teaches nothing and a fast one shows the line back."""
+    store, estimator = LocalStore(60.0), LinkEstimator(LINK, 10_000)
+    route = Route(
+        Pipeline.P_RLD_MD, "r", "c", prefill=ep("p0"), relay=ep("rld0"), main=ep("md0"),
+        kv_bytes=600 * KVB, prefill_tokens=100,
+    )  # fmt: skip
+    slow = Lease.of(route, store, estimator)
+    slow.kv_shipped(KVShipment(kv_bytes=600 * KVB, seconds=2.5))  # 10x the declared time
+    slow.kv_landed(slow.dispatched_at + 3.0)  # MD streams after P's report: nothing twice
+    assert estimator.link().effective_gbps == 0.05 and estimator.goodput_samples == 0
+    assert estimator.backlog == Backlog() and counts(store) == {"p0": 1, "rld0": 1, "md0": 1}
+    learnt = Lease.of(p_md_route(600 * KVB), store, estimator)
+    learnt.kv_landed(learnt.dispatched_at + 0.01 + 0.03 + 2.0)  # P-MD: a 10x slower line
+    collapsed = estimator.link().effective_gbps
+    assert collapsed < 0.05
+    back = Lease.of(route, store, estimator)
+    back.kv_shipped(KVShipment(kv_bytes=600 * KVB, seconds=0.03 + 0.2))  # the declared rate
+    assert estimator.link().effective_gbps > collapsed

@@ -294,3 +294,26 @@ def test_a_doubted_line_leaves_the_other_rules_alone():
     anomalous = req(64_000, output=100)
     d = decide(anomalous, {}, fleet(), SLOW, QUIET, CONFIG, link_doubt=DOUBT)
     assert d.pipeline == Pipeline.P_RLD
+
+
+def test_a_relay_whose_queue_outlasts_the_transfer_is_not_chosen():
+    """The relay hides the transfer, not the prefill (3 s here, which breaks the budget on
+    either path): with 4 requests on the relay at 0.5 s each, its queue (2 s) outlasts the
+    0.43 s transfer, so the request stays on P-MD; at 0.05 s each (0.2 s) relaying is
+    sooner."""
+    n, hits = 30_000, {"md0": 20_000}
+    transfer = wan_transfer_seconds(10_000, KVB, SLOW)
+    busy = fleet(rld=("rld0", 4, 8))
+    stays = decide(req(n), hits, busy, SLOW, QUIET, CONFIG, relay_slot_s=0.5)
+    assert isinstance(stays, Decision) and stays.pipeline == Pipeline.P_MD
+    assert stays.estimate.md_first_token_s > CONFIG.ttft_budget_s
+    assert stays.estimate.relay_queue_s == pytest.approx(2.0)
+    assert stays.estimate.transfer_s == pytest.approx(transfer) and transfer < 2.0
+    assert "relay's queue" in stays.reason
+    assert reason_code(stays, req(n), CONFIG) == "relay_not_sooner"
+    relays = decide(req(n), hits, busy, SLOW, QUIET, CONFIG, relay_slot_s=0.05)
+    assert isinstance(relays, Decision) and relays.pipeline == Pipeline.P_RLD_MD
+    assert relays.instances.relay == "rld0" and relays.estimate.relay_active == 4
+    # An idle relay has no queue, whatever a request ahead would cost.
+    idle = decide(req(n), hits, fleet(), SLOW, QUIET, CONFIG, relay_slot_s=5.0)
+    assert isinstance(idle, Decision) and idle.pipeline == Pipeline.P_RLD_MD

@@ -24,7 +24,21 @@ What it keeps, and where each number comes from:
   round trips, MD's step, P's queue beyond the estimate), averaged the same way and
   taken out of the goodput samples, so the line is not charged for it. A relayed
   transfer's first token from MD also waits for the hand-off, whose token IDs cross
-  the line once more: one more RTT comes off its sample.
+  the line once more: one more RTT comes off its sample. Even so, the hand-off waits
+  for the relay's step loop too, so such a time only bounds the line's from above
+  (``upper_bound``): it may show the line faster than believed, never slower.
+- **P's timing** (``shipped``): P reports on its stream when MD imported the KV, with
+  the seconds from its first chunk on the line to MD's "imported" (``KVShipment``).
+  That time holds no prefill, no P queue and no hand-off; less one RTT (the chunks
+  one way, the answer back) it is the line's, plus P's engine exporting each chunk
+  and MD's engine importing it. On a CPU-starved machine those waits are long (a
+  benchmark at load average 25 learnt the line 10x slower than it was from them), so
+  this time too only bounds the line's from above: it shows a line faster than
+  believed (a recovery, while the router relays and MD has not streamed yet), never
+  slower, and never faster than declared. It comes for relayed transfers too, before
+  their hand-off. Only the transfer's own bytes count: the backlog it was committed
+  behind may have crossed before P's first chunk (counted, it made the line look 2x
+  faster than declared in a benchmark).
 - **RTT**: the declared value. The router has no round trip of its own on the line;
   the sampled goodput absorbs extra delay on top of it.
 - **Prefill throughput per P instance**: the configured rate is the prior; a request
@@ -33,6 +47,15 @@ What it keeps, and where each number comes from:
   seconds also hold a fixed cost (the hop to the relay, its first step, the HTTP
   calls): prefills under ``MIN_PREFILL_SAMPLE_TOKENS`` measure it per P, and it comes
   off the larger ones' samples, so a small miss does not read as a slow P.
+  Only a request dispatched to an idle relay samples P: on a busy relay those seconds
+  also hold the relay's own queue, which is not P's and which the relay's estimate
+  carries instead (next item). Without that split, a loaded relay reads as a slow P,
+  every P-MD estimate grows, more requests relay, and the relay loads further.
+- **The relay's queue**: the seconds each request already on the relay adds to a new
+  relayed request's first token, sampled from the requests dispatched to a busy relay
+  (their time beyond P's estimated prefill, per request ahead of them). The policy
+  charges it to P-RLD-MD (``relay_slot_s`` x the relay's active requests) and relays
+  only where that is less than the transfer the relay hides.
 
 ``frozen`` keeps the view at the declared values (``--static-link-view``): the backlog
 is still counted (the router's own bookkeeping, not a measurement), nothing is learnt.
@@ -99,6 +122,7 @@ class LinkEstimator:
         self.goodput_samples = 0
         #: The P-MD path's measured fixed cost beyond prefill and one RTT (seconds).
         self.overhead_s = 0.0
+        self._relay_slot_s = 0.0
 
     @property
     def backlog(self) -> Backlog:
@@ -125,6 +149,12 @@ class LinkEstimator:
         spt = self._prefill_spt.get(instance_id, self._prefill_prior_spt)
         return 1.0 / (self._prefill_prior_spt if self.frozen else spt)
 
+    @property
+    def relay_slot_s(self) -> float:
+        """Seconds each request already on a relay adds to a new relayed request's first
+        token (0 when frozen or not yet measured)."""
+        return 0.0 if self.frozen else self._relay_slot_s
+
     def prefill_rates(self) -> Mapping[str, float]:
         """Measured prefill tokens/s per P instance (empty when frozen or none measured)."""
         if self.frozen:
@@ -147,31 +177,62 @@ class LinkEstimator:
         request ended first)."""
         self._own = Backlog(self._own.bytes - transfer.nbytes, self._own.transfers - 1)
 
-    def landed(self, transfer: Transfer, now: float) -> None:
-        """MD has the transfer's KV (it streams): settle it and learn from its timing."""
+    def landed(self, transfer: Transfer, now: float, upper_bound: bool = False) -> None:
+        """MD has the transfer's KV: settle it and learn from its timing. ``upper_bound``:
+        the time also holds a wait of unknown length (a relayed request's hand-off), so
+        it can only show the line faster than the estimate."""
         self.settle(transfer)
         if self.frozen:
             return
         queued = transfer.nbytes + transfer.ahead_bytes
         prefill_s = transfer.prefill_tokens / self.prefill_tokens_per_s(transfer.prefill_id)
-        rtts = 2 if transfer.relayed else 1
+        rtts = 2 if upper_bound else 1
         beyond = now - transfer.committed_at - prefill_s - rtts * self.prior.rtt_s
         if queued * self._spb < MIN_SAMPLE_S:
-            if not transfer.relayed:  # the fixed cost of the plain P-MD path
+            if not upper_bound:  # the path's fixed cost, beyond prefill and one RTT
                 self.overhead_s += GAIN * (max(0.0, beyond) - self.overhead_s)
             return
         line_s = beyond - self.overhead_s
         # A time at or under zero is timing noise (P was faster than estimated), not an
         # infinitely fast line: no sample goes past MAX_OVER_DECLARED x the declared rate.
         floor = _seconds_per_byte(self.prior.declared_gbps * MAX_OVER_DECLARED)
-        self._spb += GAIN * (max(floor, line_s / queued) - self._spb)
+        sample = max(floor, line_s / queued)
+        if upper_bound and sample >= self._spb:
+            return  # the relay's wait, not the line, may be what made it this slow
+        self._spb += GAIN * (sample - self._spb)
         self.goodput_samples += 1
 
-    def prefill_seen(self, instance_id: str, tokens: int, seconds: float) -> None:
-        """P computed ``tokens`` in ``seconds`` from dispatch (its queue included)."""
+    def shipped(self, transfer: Transfer, kv_bytes: int, seconds: float) -> None:
+        """P timed the transfer: ``kv_bytes`` from its first chunk on the line to MD's
+        "imported" in ``seconds``, an upper bound on the line's time (see the module
+        docstring). Settles it."""
+        self.settle(transfer)
+        if self.frozen or kv_bytes * self._spb < MIN_SAMPLE_S:
+            return  # too small to show the line beside the round trip's jitter
+        # Only the transfer's own bytes: what it queued behind at dispatch may have
+        # crossed before P's first chunk, and counting it would make the line look fast.
+        # No faster than declared either: a bound cannot show more than the line has.
+        floor = _seconds_per_byte(self.prior.declared_gbps)
+        sample = max(floor, (seconds - self.prior.rtt_s) / kv_bytes)
+        if sample >= self._spb:
+            return  # P's and MD's engines, not the line, may be what made it this slow
+        self._spb += GAIN * (sample - self._spb)
+        self.goodput_samples += 1
+
+    def prefill_seen(
+        self, instance_id: str, tokens: int, seconds: float, relay_active: int = 0
+    ) -> None:
+        """The relay streamed P's first token ``seconds`` after dispatch (P's queue and
+        ``tokens`` of prefill included), with ``relay_active`` other requests on the relay
+        at dispatch: an idle relay's time samples P, a busy one's the relay's queue."""
         if self.frozen or seconds <= 0:
             return
         fixed = self._prefill_fixed_s.get(instance_id, 0.0)
+        if relay_active > 0:
+            expected = fixed + tokens / self.prefill_tokens_per_s(instance_id)
+            sample = max(0.0, seconds - expected) / relay_active
+            self._relay_slot_s += GAIN * (sample - self._relay_slot_s)
+            return
         if tokens < MIN_PREFILL_SAMPLE_TOKENS:
             self._prefill_fixed_s[instance_id] = fixed + GAIN * (seconds - fixed)
             return

@@ -227,6 +227,16 @@ class TokenLogprobs(_Wire):
     top: tuple[TopLogprob, ...] = ()
 
 
+class KVShipment(_Wire):
+    """P's report that MD imported the KV it sent across the WAN: ``kv_bytes`` of KV
+    (uncoded: the unit the router's estimate counts in), ``seconds`` from P's first
+    chunk on the line to MD's "imported". The router's goodput sample, timed where no
+    prefill, P queue or relay hand-off is in it."""
+
+    kv_bytes: int = Field(ge=0)
+    seconds: float = Field(ge=0)
+
+
 class TokenEvent(_Wire):
     """One line of a token stream.
 
@@ -262,6 +272,8 @@ class TokenEvent(_Wire):
     #: main decode), and how. P reports it at once, so the router need not wait for MD's
     #: transfer timeout to learn that MD will never get the request.
     link_fault: LinkFault | None = None
+    #: A status event on P's stream (no token, no error): MD has P's KV (``KVShipment``).
+    kv_shipped: KVShipment | None = None
     cached_tokens: int | None = Field(default=None, ge=0)
     md_hit_tokens: int | None = Field(default=None, ge=0)
     #: On token events of a request that asked for logprobs (``SamplingSpec.logprobs``).

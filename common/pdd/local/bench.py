@@ -38,7 +38,7 @@ from pdd.common.vocabulary import Role
 from pdd.local import link_schedule, plots, quiescence, report
 from pdd.local.chaos import Chaos, ChaosError, ChaosEvent, ChaosTarget, plan
 from pdd.local.cluster import free_port
-from pdd.local.link_schedule import LinkSchedule, LinkScheduleError, Phase
+from pdd.local.link_schedule import LinkSchedule, LinkScheduleError, LinkViewSampler, Phase
 from pdd.local.probes import Probes, WanSampler, delta, summed
 from pdd.local.replay import Outcome, Replayer, ReplayTarget
 from pdd.local.scale_down import ScaleDown, ScaleDownError, parse_roles, pick_victims
@@ -417,7 +417,7 @@ async def measure(
         disorder = None
         if chaos is not None:
             disorder = asyncio.create_task(chaos.run(lambda: time.monotonic() - replayer.t0))
-        schedule, timing = None, None
+        schedule, timing, view = None, None, None
         if timetable is not None:
             phases, admin_urls, router_url = timetable
             schedule = LinkSchedule(
@@ -426,6 +426,8 @@ async def measure(
                 link_schedule.router_pipelines(client, router_url),
             )
             timing = asyncio.create_task(schedule.run(lambda: time.monotonic() - replayer.t0))
+            view = LinkViewSampler(link_schedule.router_samples(client, router_url))
+            viewing = asyncio.create_task(view.run(lambda: time.monotonic() - replayer.t0, stop))
         try:
             outcomes = await replayer.run(workload)
         finally:
@@ -438,6 +440,8 @@ async def measure(
         wall = time.monotonic() - t0
         stop.set()
         await sampling
+        if view is not None:
+            await viewing
         router1, workers1 = await probes.metrics(client, last=workers0)
         wan1 = await probes.wan_bytes(client)
     if bar is not None:
@@ -451,6 +455,7 @@ async def measure(
         workers=delta(summed(workers0), summed(workers1)),
         wan_series=sampler.series,
         link_phases=link_schedule.document(schedule.ran) if schedule is not None else None,
+        link_view=view.series if view is not None else [],
     )
 
 
@@ -502,6 +507,7 @@ def _document(
             for run in runs
             if run.link_phases is not None
         },
+        "link_view": {run.mode: run.link_view for run in runs if run.link_view},
         "modes": summaries,
     }
 

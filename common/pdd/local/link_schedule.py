@@ -13,21 +13,26 @@ of finished requests, a schedule is wall-clock time: the point is what the route
 
 At each phase change the router's pipeline counters are read, so each phase's pipeline
 mix is what the router chose during it; requests belong to the phase they were sent in.
+Every half second the router's own view of the line is read too (``LinkViewSampler``:
+the goodput, backlog, relay queue and prefill rate it decides on), to see what it
+learnt and how fast.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import os
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
 
 from pdd.common.stats import percentile
-from pdd.local.probes import by_label, flatten
+from pdd.local.probes import Samples, by_label, flatten
 from pdd.local.replay import Outcome
 
 #: The value that cuts the line in a schedule entry.
@@ -168,17 +173,62 @@ def admin_apply(client: httpx.AsyncClient, admin_urls: Sequence[str]) -> Apply:
     return apply
 
 
-def router_pipelines(client: httpx.AsyncClient, router_url: str) -> ReadPipelines:
-    """The router's requests per pipeline, from its ``/metrics``."""
+ReadSamples = Callable[[], Awaitable[Samples]]
 
-    async def read() -> dict[str, float]:
+
+def router_samples(client: httpx.AsyncClient, router_url: str) -> ReadSamples:
+    """The router's ``/metrics``, flattened (empty when it does not answer)."""
+
+    async def read() -> Samples:
         try:
-            text = (await client.get(f"{router_url}/metrics")).text
+            return flatten((await client.get(f"{router_url}/metrics")).text)
         except httpx.HTTPError:
             return {}
-        return by_label(flatten(text), "pdd_router_requests_total", "pipeline")
 
     return read
+
+
+def router_pipelines(client: httpx.AsyncClient, router_url: str) -> ReadPipelines:
+    """The router's requests per pipeline, from its ``/metrics``."""
+    samples = router_samples(client, router_url)
+
+    async def read() -> dict[str, float]:
+        return by_label(await samples(), "pdd_router_requests_total", "pipeline")
+
+    return read
+
+
+def link_view(samples: Samples) -> dict[str, float | None]:
+    """The router's view of the line in one scrape (``pdd.common.link_estimator``): the
+    goodput and backlog it decides on, what a request on the relay adds to a relayed
+    first token, the slowest P's prefill rate (None: none measured, the prior holds);
+    and this machine's 1-minute load average, which these times depend on."""
+    rates = by_label(samples, "pdd_router_prefill_tokens_per_s", "instance")
+    return {
+        "goodput_gbps": sum(by_label(samples, "pdd_router_link_goodput_gbps", "link").values()),
+        "backlog_bytes": sum(by_label(samples, "pdd_router_link_backlog_bytes", "link").values()),
+        "relay_slot_s": samples.get("pdd_router_relay_slot_seconds", 0.0),
+        "prefill_tokens_per_s": min(rates.values(), default=None),
+        "load_1m": os.getloadavg()[0],
+    }
+
+
+@dataclass
+class LinkViewSampler:
+    """Reads the router's link view every ``interval_s`` until stopped: ``series`` holds
+    ``{"t": seconds since the replay began, **link_view}``."""
+
+    read: ReadSamples
+    interval_s: float = 0.5
+    series: list[dict[str, float | None]] = field(default_factory=list)
+
+    async def run(self, since_start: Callable[[], float], stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            samples = await self.read()
+            if samples:
+                self.series.append({"t": round(since_start(), 3), **link_view(samples)})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.interval_s)
 
 
 def document(ran: Sequence[PhaseRun]) -> list[dict[str, Any]]:

@@ -62,6 +62,8 @@ class ModeRun:
     kv_codec: str = "none"
     #: ``--link-schedule``: the phases as they ran (``link_schedule.document``).
     link_phases: list[dict[str, Any]] | None = None
+    #: ``--link-schedule``: the router's link view over the run (``LinkViewSampler``).
+    link_view: list[dict[str, float | None]] = field(default_factory=list)
 
 
 def _ratio(num: float, den: float) -> float | None:

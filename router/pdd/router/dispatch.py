@@ -22,12 +22,19 @@ from dataclasses import dataclass, field, replace
 from pdd.common.cost_model import LinkState
 from pdd.common.link_estimator import Backlog, LinkEstimator, Transfer
 from pdd.common.vocabulary import Pipeline, Role
-from pdd.common.wire import Endpoint, PipelinePlan, SamplingSpec
+from pdd.common.wire import Endpoint, KVShipment, PipelinePlan, SamplingSpec
 from pdd.router.config import RouterConfig
 from pdd.router.errors import NotReadyError, SaturatedError
 from pdd.router.instance_choice import choose_main_decode, choose_prefill
 from pdd.router.link_health import LinkHealth
-from pdd.router.policy import Decision, PolicyConfig, RequestFeatures, Saturated, decide
+from pdd.router.policy import (
+    Decision,
+    PolicyConfig,
+    RequestFeatures,
+    Saturated,
+    decide,
+    relay_not_sooner,
+)
 from pdd.router.policy import is_anomalous as _is_anomalous
 from pdd.router.prefix_index import PrefixIndex
 from pdd.router.recent_traffic import RecentTraffic
@@ -67,6 +74,9 @@ class Route:
     prefill_tokens: int = 0
     #: The line's backlog (every replica's) when this route was chosen.
     backlog: Backlog = field(default_factory=Backlog)
+    #: Requests already on the relay when this route was chosen: the link estimator
+    #: reads the relay's first token as P's time only when there were none.
+    relay_active: int = 0
 
     @property
     def endpoints(self) -> list[Endpoint]:
@@ -148,11 +158,20 @@ class Lease:
             self.store.add_inflight(instance_id, -n)
 
     def kv_landed(self, now: float) -> None:
-        """MD streams: it has the KV. The line's counts let go and the estimator learns."""
+        """MD streams: it has the KV. The line's counts let go and the estimator learns
+        (from MD's first token after a relay's hand-off, only that the line is faster)."""
         self.release(WAN_TRANSFERS)
         self.release(WAN_BACKLOG_KIB)
         if self.transfer is not None and self.estimator is not None:
-            self.estimator.landed(self.transfer, now)
+            self.estimator.landed(self.transfer, now, upper_bound=self.transfer.relayed)
+            self.transfer = None
+
+    def kv_shipped(self, shipment: KVShipment) -> None:
+        """P reports MD imported the KV, timed at P: as ``kv_landed``, with P's time."""
+        self.release(WAN_TRANSFERS)
+        self.release(WAN_BACKLOG_KIB)
+        if self.transfer is not None and self.estimator is not None:
+            self.estimator.shipped(self.transfer, shipment.kv_bytes, shipment.seconds)
             self.transfer = None
 
     def release_all(self) -> None:
@@ -177,7 +196,9 @@ def reason_code(
     if link_doubted and fits and decision.pipeline == Pipeline.P_RLD_MD:
         return "link_doubted"
     if decision.pipeline == Pipeline.P_MD:
-        return "fits_ttft_budget" if fits else "relays_saturated"
+        if fits:
+            return "fits_ttft_budget"
+        return "relay_not_sooner" if relay_not_sooner(decision.estimate) else "relays_saturated"
     if decision.pipeline == Pipeline.P_RLD:
         return "anomalous"
     return "anomalous_capped" if _is_anomalous(features, policy) else "transfer_exceeds_budget"
@@ -255,7 +276,7 @@ class Dispatcher:
         doubt = self._link_health.doubt()
         result = decide(
             features, hits, self._view.fleet, link, traffic, self._policy, retry, doubt,
-            self._estimator.prefill_rates(),
+            self._estimator.prefill_rates(), self._estimator.relay_slot_s,
         )  # fmt: skip
         if isinstance(result, Saturated):
             raise SaturatedError(result.reason, result.retry_after_s)
@@ -270,6 +291,7 @@ class Dispatcher:
             main=self._endpoint(a.main_decode) if a.main_decode else None,
             p_hit_tokens=result.estimate.p_hit_tokens,
             md_hit_tokens=result.estimate.md_hit_tokens,
+            relay_active=result.estimate.relay_active,
         )
 
     def _route_mono(self, features: RequestFeatures, hits: dict[str, int]) -> Route:

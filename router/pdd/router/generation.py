@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from pdd.common.openai_protocol import UsageInfo
 from pdd.common.vocabulary import FinishReason
-from pdd.common.wire import PipelinePlan, TokenEvent, TokenLogprobs
+from pdd.common.wire import KVShipment, PipelinePlan, TokenEvent, TokenLogprobs
 from pdd.router.detokenize import IncrementalDetokenizer, StopStrings
 from pdd.router.dispatch import Lease, Route
 from pdd.router.errors import UpstreamError
@@ -197,8 +197,9 @@ class Generation:
         last: float | None = None
         try:
             events = relay_tokens(
-                self.plan, rt.client, rt.config.request_timeout_s, on_link_fault=self._link_fault
-            )
+                self.plan, rt.client, rt.config.request_timeout_s,
+                on_link_fault=self._link_fault, on_kv_shipped=self._kv_shipped,
+            )  # fmt: skip
             async for event in events:
                 if not event.is_token:  # the finish of a token that went out unfinished
                     yield self._finish("", False, event.finish_reason)
@@ -258,7 +259,15 @@ class Generation:
             self.plan.prefill.instance_id,
             self.route.prefill_tokens,
             now - self._lease.dispatched_at,
+            self.route.relay_active,
         )
+
+    def _kv_shipped(self, shipment: KVShipment) -> None:
+        """P reports MD imported the KV, with the line's time for it: the goodput sample
+        and the proof that the line works, even where a relay's hand-off (MD's first
+        token) would come much later, or never (the relay finishes first)."""
+        self._lease.kv_shipped(shipment)
+        self.runtime.link_health.delivered(self.route.link_ticket)
 
     def _link_fault(self, report: TokenEvent) -> None:
         """P could not send this request's KV over the WAN: the line is in doubt."""

@@ -14,7 +14,8 @@ It is fed by what P reports on its stream when a request's KV could not cross
 While the line is not healthy the policy does not choose P-MD (a relay goes on the
 route, so the request completes either way), and each such P-RLD-MD request *is*
 the probe: its KV crosses the very path that failed, with the relay as the net. The
-first one that lands (MD streams a token) proves the line again. MD's ``/health``
+first one that lands (P reports MD imported it, or MD streams a token) proves the
+line again. MD's ``/health``
 would not: the router's HTTP calls to MD need not take the line the KV takes.
 
 A success only counts for a transfer routed after the last failure (its *ticket*),

@@ -89,6 +89,17 @@ class RouterMetrics:
             ["link"],
             registry=r,
         )
+        self.relay_slot = Gauge(
+            "pdd_router_relay_slot_seconds",
+            "What each request already on a relay adds to a relayed first token (measured)",
+            registry=r,
+        )
+        self.prefill_rate = Gauge(
+            "pdd_router_prefill_tokens_per_s",
+            "P's prefill throughput the router decides on (measured, or the configured prior)",
+            ["instance"],
+            registry=r,
+        )
         self.instances_ready = Gauge(
             "pdd_router_instances_ready", "Workers answering their polls", ["role"], registry=r
         )

@@ -15,7 +15,11 @@ The rules, in order (the technique's "only two pipelines, plus one filter"):
    declared output below ``anomalous_output_tokens_below``) whose transfer does not
    fit, while relay-only traffic stays under its caps (share of recent requests and
    input tokens/s), so it can never absorb normal traffic.
-3. **P-RLD-MD** when the transfer does not fit and a relay has room.
+3. **P-RLD-MD** when the transfer does not fit, a relay has room and the relay's own
+   queue costs its first token less than the transfer costs MD's. The relay hides the
+   WAN transfer, not P's prefill (both paths wait for that), so relaying pays only
+   while the relay's queue is shorter than the transfer; past that it would only load
+   the relay further (``relay_slot_s``, measured by the link estimator).
 4. **P-MD** anyway when every relay is saturated, saying so in the reason.
 
 A **retry** (the router recovering a request a worker failed) keeps a relay on the
@@ -34,7 +38,7 @@ No available P (or no available MD when the request must end at MD) is a typed
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from pdd.common.block_hash import ROOT_HASH, hash_block
@@ -116,6 +120,10 @@ class Estimate:
     md_hit_tokens: int
     prefill_s: float
     transfer_s: float
+    #: Requests on the chosen relay, and what its queue adds to a relayed first token
+    #: (0: no relay, or none measured).
+    relay_active: int = 0
+    relay_queue_s: float = 0.0
 
     @property
     def md_first_token_s(self) -> float:
@@ -155,6 +163,7 @@ def decide(
     retry: bool = False,
     link_doubt: str | None = None,
     prefill_rates: Mapping[str, float] | None = None,
+    relay_slot_s: float = 0.0,
 ) -> Decision | Saturated:
     """Choose P and MD, estimate MD's first token, then pick the pipeline.
 
@@ -163,6 +172,8 @@ def decide(
     ``link_doubt``: why the WAN line is not trusted now (None: it is).
     ``prefill_rates``: measured prefill tokens/s per P instance (the config's rate for
     one not in it).
+    ``relay_slot_s``: seconds each request already on the relay adds to a relayed
+    request's first token (the link estimator's ``relay_slot_s``; 0: none measured).
     """
     n = request.input_tokens
     p = choose_prefill(fleet, hits, n, config.weights)
@@ -172,6 +183,9 @@ def decide(
     relay = choose_relay(fleet)
     rate = (prefill_rates or {}).get(p.instance_id, config.prefill_tokens_per_s)
     estimate = _estimate(request, hits.get(p.instance_id, 0), md, hits, link, config, rate)
+    if relay is not None:
+        queue_s = relay_slot_s * relay.active
+        estimate = replace(estimate, relay_active=relay.active, relay_queue_s=queue_s)
     if retry and relay is not None:
         pipeline, reason = retry_pipeline(md is not None)
     else:
@@ -227,8 +241,21 @@ def choose_pipeline(
         cap = relay_only_cap_reason(request, traffic, config)
         if cap is None:
             return Pipeline.P_RLD, f"{slow}; anomalous (long input, short output): P-RLD"
+    else:
+        cap = None
+    if relay_not_sooner(estimate):
+        return Pipeline.P_MD, (
+            f"{slow}, but the relay's queue ({estimate.relay_queue_s:.2f}s) would cost more than "
+            f"the transfer it hides ({estimate.transfer_s:.2f}s): P-MD"
+        )
+    if cap is not None:
         return Pipeline.P_RLD_MD, f"{slow}; anomalous but {cap}: relaying"
     return Pipeline.P_RLD_MD, f"{slow}: relaying while the KV crosses the WAN"
+
+
+def relay_not_sooner(estimate: Estimate) -> bool:
+    """The relay's queue costs at least the WAN transfer it would hide."""
+    return estimate.relay_queue_s > 0 and estimate.relay_queue_s >= estimate.transfer_s
 
 
 def retry_pipeline(md_available: bool) -> tuple[Pipeline, str]:

@@ -135,5 +135,8 @@ class RouterRuntime:
         view = self.link_estimator.link()
         self.metrics.link_goodput.labels(WAN_LINK).set(view.effective_gbps)
         self.metrics.link_backlog.labels(WAN_LINK).set(view.backlog_bytes)
+        self.metrics.relay_slot.set(self.link_estimator.relay_slot_s)
+        for instance, rate in self.link_estimator.prefill_rates().items():
+            self.metrics.prefill_rate.labels(instance).set(rate)
         for role in Role:
             self.metrics.instances_ready.labels(role).set(len(self.registry.ready(role)))

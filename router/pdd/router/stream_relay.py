@@ -24,7 +24,7 @@ from typing import Any
 from pdd.common.grammar import GRAMMAR_ERROR_TYPE
 from pdd.common.token_stream import TokenStreamMerger
 from pdd.common.vocabulary import Pipeline
-from pdd.common.wire import Endpoint, PipelinePlan, TokenEvent
+from pdd.common.wire import Endpoint, KVShipment, PipelinePlan, TokenEvent
 from pdd.router.errors import InvalidRequestError, UpstreamError
 from pdd.router.worker_client import WorkerCallError, WorkerClient
 
@@ -42,6 +42,8 @@ class _StreamEnd:
 
 #: Told of each transfer P reports failed on the WAN line (``TokenEvent.link_fault``).
 LinkFaultListener = Callable[[TokenEvent], None]
+#: Told of P's report that MD imported its KV, timed at P (``TokenEvent.kv_shipped``).
+KVShippedListener = Callable[[KVShipment], None]
 
 
 async def relay_tokens(
@@ -50,6 +52,7 @@ async def relay_tokens(
     timeout_s: float,
     merger: TokenStreamMerger | None = None,
     on_link_fault: LinkFaultListener | None = None,
+    on_kv_shipped: KVShippedListener | None = None,
 ) -> AsyncIterator[TokenEvent]:
     """Start ``plan`` and yield its merged tokens; raises ``UpstreamError`` on failure.
     The last event is finished: a token, or a finish event with no token where the
@@ -77,7 +80,8 @@ async def relay_tokens(
             ) from exc
         deadline = asyncio.get_running_loop().time() + timeout_s
         streams = len(plan.decode_sources)
-        async for event in _merged(plan, client, queue, merger, streams, deadline, on_link_fault):
+        listeners = (on_link_fault, on_kv_shipped)
+        async for event in _merged(plan, client, queue, merger, streams, deadline, listeners):
             yield event
     finally:
         for task in readers:
@@ -93,7 +97,7 @@ async def _merged(
     merger: TokenStreamMerger,
     open_streams: int,
     deadline: float,
-    on_link_fault: LinkFaultListener | None,
+    listeners: tuple[LinkFaultListener | None, KVShippedListener | None],
 ) -> AsyncIterator[TokenEvent]:
     """Yields released tokens; the deadline is checked per wait, never across a yield.
     ``open_streams`` counts the decode sources only: P's report stream may end any time.
@@ -105,6 +109,7 @@ async def _merged(
     closed (not broken) clears the blame too: P was alive to the end."""
     p = plan.prefill.instance_id if plan.prefill is not None and plan.ships_kv_over_wan else None
     p_open = p is not None
+    on_link_fault, on_kv_shipped = listeners
     while not merger.finished:
         if open_streams == 0 and not (p_open and p in merger.failed):
             raise UpstreamError(
@@ -120,11 +125,14 @@ async def _merged(
                 f"request {plan.request_id} did not finish in time ({merger.next_seq} tokens)"
             ) from None
         if item.source == p:
-            # P's reports: only a failed transfer to MD matters, and its stream's end.
+            # P's reports: a transfer to MD that failed or was imported, and its stream's end.
             if isinstance(item, _StreamEnd):
                 p_open = False
                 if item.broken is None:  # P finished its part alive: the line failed, not P
                     _clear_blame(merger, p)
+            elif item.kv_shipped is not None:
+                if on_kv_shipped is not None:
+                    on_kv_shipped(item.kv_shipped)
             elif item.link_fault is not None:
                 if on_link_fault is not None:
                     on_link_fault(item)

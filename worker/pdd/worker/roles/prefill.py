@@ -33,7 +33,7 @@ from typing import Any
 
 from pdd.common.kv_codec import NO_CODEC, KVCodec, chunk_wire_bytes, handshake_name
 from pdd.common.vocabulary import LinkFault, Pipeline, Role
-from pdd.common.wire import Endpoint, PipelinePlan, TokenLogprobs
+from pdd.common.wire import Endpoint, KVShipment, PipelinePlan, TokenEvent, TokenLogprobs
 from pdd.worker.engine.request import RequestOutput
 from pdd.worker.roles.base import RoleBase, sampling_params
 from pdd.worker.roles.protocol import ProtocolError, expect_meta, int_field, send_meta
@@ -94,6 +94,19 @@ def link_fault_of(exc: BaseException, handshake: bool) -> LinkFault | None:
     if isinstance(exc, TransferTimeout | ProtocolError):
         return LinkFault.UNREACHABLE if handshake else LinkFault.STALLED
     return None
+
+
+class _ShipClock:
+    """One transfer's timing at P: when its first chunk went on the line, KV bytes sent."""
+
+    def __init__(self) -> None:
+        self.first_sent_at: float | None = None
+        self.kv_bytes = 0
+
+    def sending(self, tokens: int, bytes_per_token: int) -> None:
+        if self.first_sent_at is None:
+            self.first_sent_at = asyncio.get_running_loop().time()
+        self.kv_bytes += tokens * bytes_per_token
 
 
 def with_seed(plan: PipelinePlan) -> PipelinePlan:
@@ -273,10 +286,11 @@ class PrefillRole(RoleBase):
         try:
             start = _known(answer)
             start = min(predicted or 0, n) if start is None else start
-            await self._send_kv(rid, target, channel, start, n, answer, codec)
+            clock = _ShipClock()
+            await self._send_kv(rid, target, channel, start, n, answer, codec, clock)
             hit = await asyncio.shield(answer)
             if hit < start:  # MD holds less than predicted: it lacks [hit, start)
-                await self._send_kv(rid, target, channel, hit, start, answer, codec)
+                await self._send_kv(rid, target, channel, hit, start, answer, codec, clock)
             logprobs = prefilled.first_logprobs
             done = {
                 "first_token": prefilled.first_token,
@@ -285,6 +299,8 @@ class PrefillRole(RoleBase):
             }
             await channel.send(MsgType.KV_DONE, request_key(rid), encode_json(done))
             await expect_meta(channel, "imported")
+            if target.wan:
+                self._shipped(plan, clock)
         except Exception as exc:
             if not answer.done() and not channel.is_open:
                 await asyncio.wait({answer})  # a failed channel fails it at once
@@ -308,9 +324,10 @@ class PrefillRole(RoleBase):
 
     async def _send_kv(
         self, rid: str, target: Target, channel: Channel, start: int, end: int,
-        answer: asyncio.Future[int], codec: KVCodec,
+        answer: asyncio.Future[int], codec: KVCodec, clock: _ShipClock,
     ) -> None:  # fmt: skip
-        """KV chunks of ``[start, end)``, skipping those the receiver's answer says it holds."""
+        """KV chunks of ``[start, end)``, skipping those the receiver's answer says it holds;
+        ``clock`` notes when the first went on the line and the KV bytes sent."""
         if start >= end:
             return
         key = request_key(rid)
@@ -328,10 +345,25 @@ class PrefillRole(RoleBase):
             if held is not None and last <= held:
                 channel.commit(-len(blob))  # announced, never sent: off the backlog
                 continue
+            clock.sending(last - first, self._bytes_per_token)
             await channel.send(MsgType.KV_CHUNK, key, blob)
             counter.inc((last - first) * self._bytes_per_token)
             if target.wan:
                 self.metrics.wan_kv_wire_bytes.inc(len(blob))
+
+    def _shipped(self, plan: PipelinePlan, clock: _ShipClock) -> None:
+        """Tell the router on P's stream that MD imported the KV, and how long the line
+        took: its goodput sample, free of the prefill and queues its own timing holds."""
+        if clock.first_sent_at is None:
+            return  # MD held it all: nothing crossed, nothing to time
+        shipment = KVShipment(
+            kv_bytes=clock.kv_bytes,
+            seconds=asyncio.get_running_loop().time() - clock.first_sent_at,
+        )
+        report = TokenEvent(
+            request_id=plan.request_id, seq=0, source=self.hub.source, kv_shipped=shipment
+        )
+        self.hub.get(plan.request_id).push(report)
 
     def _failed(
         self, plan: PipelinePlan, target: Target, verb: str, exc: BaseException, handshake: bool
