@@ -22,13 +22,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
+import httpx
+import openai
+
 from pdd.common.kv_codec import NO_CODEC, KVCodec
+from pdd.common.vocabulary import Role
 from pdd.common.wire import Endpoint, StateReport
 from pdd.local.cluster import LinkSpec, PlanBuilder, WorkerSpec
 from pdd.local.probes import flatten
+from pdd.router.app import create_app
+from pdd.router.config import RouterConfig, WorkerRef
+from pdd.router.runtime import RouterRuntime
 from pdd.router.worker_client import WorkerClient
 from pdd.testing.asgi import StreamingASGITransport
 from pdd.testing.waiting import WaitTimeout, until
@@ -118,6 +125,43 @@ class InProcessCluster(PlanBuilder):
     def client(self) -> WorkerClient:
         """The router's worker client, reaching the workers' apps in-process."""
         return WorkerClient(self.secret, timeout_s=30.0, transport=self.http)
+
+    @contextlib.asynccontextmanager
+    async def router(
+        self, workers: Sequence[tuple[Role, str]], **config: object
+    ) -> AsyncIterator[RouterRuntime]:
+        """A router over the named workers. It polls them once at start; the hour between
+        polls keeps any later poll from deciding anything in a test."""
+        refs = tuple(WorkerRef(role, self[name].url, name) for role, name in workers)
+        settings = RouterConfig(
+            workers=refs,
+            secret=self.secret,
+            block_size=self.block_size,
+            poll_interval_s=3600.0,
+            **config,  # type: ignore[arg-type]
+        )
+        runtime = RouterRuntime(settings, client=self.client())
+        await runtime.start()
+        try:
+            yield runtime
+        finally:
+            await runtime.close()
+
+    @contextlib.asynccontextmanager
+    async def openai_client(
+        self, runtime: RouterRuntime, host: str
+    ) -> AsyncIterator[openai.AsyncOpenAI]:
+        """The official openai SDK's async client, talking to ``runtime``'s app served
+        in-process as ``host``."""
+        self.http.apps[host] = create_app(runtime)
+        http = httpx.AsyncClient(transport=self.http, timeout=60.0)
+        client = openai.AsyncOpenAI(
+            base_url=f"http://{host}/v1", api_key="none", http_client=http, max_retries=0
+        )
+        try:
+            yield client
+        finally:
+            await client.close()
 
     def wan_path(self, name: str) -> LinkFaults:
         """The faults of the path from the other datacenter to ``name``'s WAN link."""

@@ -15,15 +15,13 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 
 import pytest
 
 from pdd.common.openai_protocol import CompletionRequest
 from pdd.common.vocabulary import Role
 from pdd.common.wire import GuidedDecoding, SamplingSpec
-from pdd.router.config import RouterConfig, WorkerRef
 from pdd.router.runtime import RouterRuntime
 from pdd.router.serving_completions import OpenAIServingCompletion
 
@@ -132,22 +130,9 @@ async def test_a_first_token_that_completes_the_grammar_finishes_once_with_stop(
 # --- through the router's serving layer: text, stop strings, n, usage ---------------------
 
 
-@asynccontextmanager
-async def p_md_router(vdp) -> AsyncIterator[RouterRuntime]:
+def p_md_router(vdp) -> AbstractAsyncContextManager[RouterRuntime]:
     """A router over P and MD only (no relay): every request it routes is P-MD."""
-    refs = tuple(
-        WorkerRef(role, vdp.cluster[name].url, name)
-        for role, name in ((Role.PREFILL, "p"), (Role.MAIN, "md"))
-    )
-    config = RouterConfig(
-        workers=refs, secret=vdp.cluster.secret, block_size=vdp.block_size, poll_interval_s=3600.0
-    )
-    runtime = RouterRuntime(config, client=vdp.cluster.client())
-    await runtime.start()
-    try:
-        yield runtime
-    finally:
-        await runtime.close()
+    return vdp.cluster.router(((Role.PREFILL, "p"), (Role.MAIN, "md")))
 
 
 def x_first(runtime: RouterRuntime, prompt: list[int], **fields) -> CompletionRequest:

@@ -11,15 +11,13 @@ The requests are greedy and compared with the colocated ``mono`` instance.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 
 import pytest
 
 from pdd.common.openai_protocol import CompletionRequest
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.local.probes import flatten
-from pdd.router.config import RouterConfig, WorkerRef
 from pdd.router.generation import Generation
 from pdd.router.link_health import LinkCondition
 from pdd.router.runtime import RouterRuntime
@@ -32,23 +30,10 @@ MAX_TOKENS = 40
 TRICKLE_GBPS = 1e-5  # the KV stays in flight for minutes
 
 
-@asynccontextmanager
-async def router(vdp) -> AsyncIterator[RouterRuntime]:
+def router(vdp) -> AbstractAsyncContextManager[RouterRuntime]:
     """A router over P, RLD and MD; it polls once at start (no poll decides anything)."""
-    cluster = vdp.cluster
-    refs = tuple(
-        WorkerRef(role, cluster[name].url, name)
-        for role, name in ((Role.PREFILL, "p"), (Role.RELAY, "rld"), (Role.MAIN, "md"))
-    )
-    config = RouterConfig(
-        workers=refs, secret=cluster.secret, block_size=vdp.block_size, poll_interval_s=3600.0
-    )
-    runtime = RouterRuntime(config, client=cluster.client())
-    await runtime.start()
-    try:
-        yield runtime
-    finally:
-        await runtime.close()
+    workers = ((Role.PREFILL, "p"), (Role.RELAY, "rld"), (Role.MAIN, "md"))
+    return vdp.cluster.router(workers)
 
 
 async def complete(runtime: RouterRuntime, prompt: list[int]) -> Generation:

@@ -17,14 +17,11 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
 from pdd.common.vocabulary import Role, ToolCallFormat
 from pdd.local.cluster import LinkSpec, WorkerSpec
-from pdd.router.app import create_app
-from pdd.router.config import RouterConfig, WorkerRef
 from pdd.router.runtime import RouterRuntime
 from pdd.worker.model.loader import load_model
 
@@ -89,26 +86,12 @@ async def stack(request, tmp_path) -> AsyncIterator[tuple[str, RouterRuntime, op
     async with inprocess.InProcessCluster(
         model, specs, LinkSpec(gbps=1.0, rtt_ms=4.0), block_size=BLOCK, num_blocks=256
     ) as cluster:
-        refs = tuple(
-            WorkerRef(role, cluster[name].url, name)
-            for role, name in ((Role.PREFILL, "p"), (Role.RELAY, "rld"), (Role.MAIN, "md"))
-        )
-        config = RouterConfig(
-            model=str(checkpoint), workers=refs, secret=cluster.secret, block_size=BLOCK,
-            poll_interval_s=3600.0,
-        )  # fmt: skip
-        runtime = RouterRuntime(config, client=cluster.client())
-        await runtime.start()
-        cluster.http.apps[ROUTER] = create_app(runtime)
-        http = httpx.AsyncClient(transport=cluster.http, timeout=60.0)
-        client = openai.AsyncOpenAI(
-            base_url=f"http://{ROUTER}/v1", api_key="none", http_client=http, max_retries=0
-        )
-        try:
+        workers = ((Role.PREFILL, "p"), (Role.RELAY, "rld"), (Role.MAIN, "md"))
+        async with (
+            cluster.router(workers, model=str(checkpoint)) as runtime,
+            cluster.openai_client(runtime, ROUTER) as client,
+        ):
             yield request.param, runtime, client
-        finally:
-            await client.close()
-            await runtime.close()
 
 
 async def forced_call(client: openai.AsyncOpenAI, stream: bool, **kwargs):

@@ -22,7 +22,6 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
@@ -31,8 +30,6 @@ from pdd.common.openai_protocol import CompletionRequest
 from pdd.common.vocabulary import Role
 from pdd.local.cluster import LinkSpec, WorkerSpec
 from pdd.router import generation
-from pdd.router.app import create_app
-from pdd.router.config import RouterConfig, WorkerRef
 from pdd.router.runtime import RouterRuntime
 from pdd.router.serving_base import OpenAIServing
 from pdd.router.stream_relay import relay_tokens
@@ -94,26 +91,12 @@ async def stack(qwen_dir: Path) -> AsyncIterator[tuple[RouterRuntime, openai.Asy
     async with inprocess.InProcessCluster(
         model, specs, link, block_size=BLOCK, num_blocks=256
     ) as cluster:
-        refs = tuple(
-            WorkerRef(role, cluster[name].url, name)
-            for role, name in ((Role.PREFILL, "p"), (Role.RELAY, "rld"), (Role.MAIN, "md"))
-        )
-        config = RouterConfig(
-            model=str(qwen_dir), workers=refs, secret=cluster.secret, block_size=BLOCK,
-            poll_interval_s=3600.0,
-        )  # fmt: skip
-        runtime = RouterRuntime(config, client=cluster.client())
-        await runtime.start()
-        cluster.http.apps[ROUTER] = create_app(runtime)
-        http = httpx.AsyncClient(transport=cluster.http, timeout=60.0)
-        client = openai.AsyncOpenAI(
-            base_url=f"http://{ROUTER}/v1", api_key="none", http_client=http, max_retries=0
-        )
-        try:
+        workers = ((Role.PREFILL, "p"), (Role.RELAY, "rld"), (Role.MAIN, "md"))
+        async with (
+            cluster.router(workers, model=str(qwen_dir)) as runtime,
+            cluster.openai_client(runtime, ROUTER) as client,
+        ):
             yield runtime, client
-        finally:
-            await client.close()
-            await runtime.close()
 
 
 def script_output(monkeypatch: pytest.MonkeyPatch, token_ids: list[int]) -> None:

@@ -11,8 +11,7 @@ with frequency/presence penalties is the case that forks when they are counted a
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
@@ -20,7 +19,6 @@ import pytest
 from pdd.common.openai_protocol import CompletionRequest
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.local.probes import flatten
-from pdd.router.config import RouterConfig, WorkerRef
 from pdd.router.generation import Generation
 from pdd.router.runtime import RouterRuntime
 from pdd.router.serving_base import OpenAIServing
@@ -36,23 +34,10 @@ SEEDED: dict[str, Any] = {"temperature": 0.9, "top_p": 0.95, "seed": 11,
                           "repetition_penalty": 1.2}  # fmt: skip
 
 
-@asynccontextmanager
-async def router(vdp) -> AsyncIterator[RouterRuntime]:
+def router(vdp) -> AbstractAsyncContextManager[RouterRuntime]:
     """A router over P, RLD and the victim MD; it polls once at start."""
-    cluster = vdp.cluster
-    refs = tuple(
-        WorkerRef(role, cluster[name].url, name)
-        for role, name in ((Role.PREFILL, "p"), (Role.RELAY, "rld"), (Role.MAIN, "md_v"))
-    )
-    config = RouterConfig(
-        workers=refs, secret=cluster.secret, block_size=vdp.block_size, poll_interval_s=3600.0
-    )
-    runtime = RouterRuntime(config, client=cluster.client())
-    await runtime.start()
-    try:
-        yield runtime
-    finally:
-        await runtime.close()
+    workers = ((Role.PREFILL, "p"), (Role.RELAY, "rld"), (Role.MAIN, "md_v"))
+    return vdp.cluster.router(workers)
 
 
 async def complete(
