@@ -44,17 +44,36 @@ SPECS = [
 SYSTEMS = {"mono": "mono", "pdd": "P-RLD-MD", "naive": "naive"}
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--conversations", type=int, default=16)
+def conversation_parser(
+    description: str, *, conversations: int, max_tokens: int, jitter_ms: float
+) -> argparse.ArgumentParser:
+    """The options of a two-turn conversation replay over the emulated WAN link (this
+    bench's and bench/pmd_latency.py's), with each bench's own defaults."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--conversations", type=int, default=conversations)
     p.add_argument("--prompt-tokens", type=int, default=400)
     p.add_argument("--turn2-tokens", type=int, default=40, help="new tokens in turn 2")
-    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--max-tokens", type=int, default=max_tokens)
     p.add_argument("--gbps", type=float, default=0.05)
     p.add_argument("--rtt-ms", type=float, default=30.0)
-    p.add_argument("--jitter-ms", type=float, default=5.0)
+    p.add_argument("--jitter-ms", type=float, default=jitter_ms)
     p.add_argument("--model", default="tiny")
     p.add_argument("--json", help="write the results here as JSON")
+    return p
+
+
+def start_cluster(
+    specs: list[WorkerSpec], logs: Path, args: argparse.Namespace, *extra: str
+) -> tuple[LocalCluster, LinkSpec]:
+    """The replay's workers (one torch thread each) on the emulated link the options set."""
+    link = LinkSpec(gbps=args.gbps, rtt_ms=args.rtt_ms, jitter_ms=args.jitter_ms)
+    common = ["--model", args.model, "--torch-threads", "1", "--num-blocks", "2048", *extra]
+    return LocalCluster.start(specs, logs, link, common_args=common), link
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    description = __doc__.splitlines()[0]
+    p = conversation_parser(description, conversations=16, max_tokens=48, jitter_ms=5.0)
     return p.parse_args(argv)
 
 
@@ -135,12 +154,8 @@ async def run_system(cluster: LocalCluster, system: str, args: argparse.Namespac
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    link = LinkSpec(gbps=args.gbps, rtt_ms=args.rtt_ms, jitter_ms=args.jitter_ms)
     with tempfile.TemporaryDirectory(prefix="pdd-bench-") as logs:
-        cluster = LocalCluster.start(
-            SPECS, Path(logs), link,
-            common_args=["--model", args.model, "--torch-threads", "1", "--num-blocks", "2048"],
-        )  # fmt: skip
+        cluster, _ = start_cluster(SPECS, Path(logs), args)
         try:
             results = [asyncio.run(run_system(cluster, s, args)) for s in SYSTEMS]
         finally:

@@ -41,6 +41,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline import conversation_parser, start_cluster  # bench/pipeline.py, beside this script
+
 from pdd.common.stats import percentile
 from pdd.common.wire import Endpoint, PipelinePlan, SamplingSpec
 from pdd.local.cluster import (
@@ -69,16 +71,8 @@ PREDICTS = "main_hit_tokens" in PipelinePlan.model_fields
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--conversations", type=int, default=20)
-    p.add_argument("--prompt-tokens", type=int, default=400)
-    p.add_argument("--turn2-tokens", type=int, default=40, help="new tokens in turn 2")
-    p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--gbps", type=float, default=0.05)
-    p.add_argument("--rtt-ms", type=float, default=30.0)
-    p.add_argument("--jitter-ms", type=float, default=0.0)
-    p.add_argument("--model", default="tiny")
-    p.add_argument("--json", help="write the results here as JSON")
+    description = __doc__.splitlines()[0]
+    p = conversation_parser(description, conversations=20, max_tokens=16, jitter_ms=0.0)
     return p.parse_args(argv)
 
 
@@ -207,13 +201,8 @@ def loadavg() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    link = LinkSpec(gbps=args.gbps, rtt_ms=args.rtt_ms, jitter_ms=args.jitter_ms)
     with tempfile.TemporaryDirectory(prefix="pdd-bench-") as logs:
-        cluster = LocalCluster.start(
-            SPECS, Path(logs), link,
-            common_args=["--model", args.model, "--torch-threads", "1", "--num-blocks", "2048",
-                         "--block-size", str(BLOCK_SIZE)],
-        )  # fmt: skip
+        cluster, link = start_cluster(SPECS, Path(logs), args, "--block-size", str(BLOCK_SIZE))
         line = None
         try:
             line, md_http = start_md_http_line(cluster, link, Path(logs))
