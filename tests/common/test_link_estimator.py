@@ -75,13 +75,77 @@ def test_one_sample_moves_the_estimate_by_the_gain():
     assert 8 / (e.link().effective_gbps * 1e9) == pytest.approx(spb + GAIN * (2 * spb - spb))
 
 
-def test_the_backlog_a_transfer_queued_behind_counts_in_its_sample():
-    """Behind 1 MB it takes twice as long as alone: that is the declared rate, not half."""
+def test_a_transfer_that_landed_behind_another_is_timed_from_that_landing():
+    """Two 1 MB transfers dispatched together cross one after the other: the second
+    landed a serialization after the first, which is the declared rate, not half."""
+    e = estimator()
+    first = e.commit(MB, "p0", 0, now=0.0)
+    second = e.commit(MB, "p0", 0, now=0.0)
+    e.landed(first, now=0.03 + MB * 8 / 0.08e9)
+    e.landed(second, now=0.03 + 2 * MB * 8 / 0.08e9)
+    assert e.goodput_samples == 2
+    assert e.link().effective_gbps == pytest.approx(0.08)
+
+
+def test_a_queue_on_a_throttled_line_is_learnt_at_the_lines_rate():
+    """The line drops to a tenth: 40 transfers queue on it, each landing one
+    serialization after the one before (plus a fixed 50 ms of MD's step and the
+    report, the same for every one). The estimate converges on the line's rate: the
+    backlog dispatched ahead of each was mostly on its way already, and counting it as
+    still queued read the line 2-3x faster than it was."""
+    e = estimator()
+    slow_s = MB * 8 / 0.008e9
+    transfers = [e.commit(MB, "p0", 0, now=0.1 * i) for i in range(40)]
+    for i, t in enumerate(transfers):
+        e.landed(t, now=0.03 + 0.05 + (i + 1) * slow_s)
+    assert e.link().effective_gbps == pytest.approx(0.008, rel=0.02)
+
+
+def test_a_commitment_still_unreported_does_not_make_the_line_look_fast():
+    """A 1 MB transfer committed at 0 has not been reported (its report was lost, or
+    its request still waits on P): one committed 10 s later and alone on the line
+    took the declared rate's time, and that is what is learnt."""
     e = estimator()
     e.commit(MB, "p0", 0, now=0.0)
-    t = e.commit(MB, "p0", 0, now=0.0)
+    t = e.commit(MB, "p0", 0, now=10.0)
+    e.landed(t, now=10.0 + 0.03 + MB * 8 / 0.08e9)
+    assert e.link().effective_gbps == pytest.approx(0.08)
+
+
+def test_other_replicas_backlog_still_counts_as_queued_ahead():
+    """With a shared backlog of another replica's 1 MB ahead, twice the serialization is
+    the declared rate: those landings are not seen here, so the bytes count whole."""
+    e = estimator()
+    t = e.commit(MB, "p0", 0, now=0.0, backlog=Backlog(MB, 1))
     e.landed(t, now=0.03 + 2 * MB * 8 / 0.08e9)
     assert e.link().effective_gbps == pytest.approx(0.08)
+
+
+def test_p_s_report_leaves_md_s_first_token_to_time_the_transfer():
+    """P reports MD imported the KV before MD's first token reaches the router: the
+    report settles the backlog (a slow P time is no sample), and the first token's
+    router-side time still teaches the 10x slower line."""
+    e = estimator()
+    t = e.commit(MB, "p0", 0, now=0.0)
+    e.shipped(t, MB, seconds=0.03 + 10 * MB * 8 / 0.08e9)
+    assert e.backlog == Backlog() and e.goodput_samples == 0
+    e.landed(t, now=0.03 + 10 * MB * 8 / 0.08e9, settled=True)
+    assert e.backlog == Backlog() and e.goodput_samples == 1
+    assert e.link().effective_gbps < 0.08 * 0.5
+
+
+def test_a_small_transfer_that_queued_is_no_fixed_cost_sample():
+    """A small transfer landing after a large one waited for the line: that wait is the
+    line's, so the path's fixed cost stays what the unqueued ones showed."""
+    e = estimator()
+    for i in range(30):
+        e.landed(e.commit(100, "p0", 0, now=float(i)), now=i + 0.03 + 0.05)
+    assert e.overhead_s == pytest.approx(0.05, rel=0.01)
+    large = e.commit(MB, "p0", 0, now=100.0)
+    small = e.commit(100, "p0", 0, now=100.0)
+    e.landed(large, now=100.0 + 0.03 + 0.05 + MB * 8 / 0.08e9)
+    e.landed(small, now=100.0 + 0.03 + 0.05 + MB * 8 / 0.08e9 + 0.001)
+    assert e.overhead_s == pytest.approx(0.05, rel=0.01)
 
 
 def test_small_transfers_are_no_samples_and_impossible_times_are_capped():

@@ -80,12 +80,25 @@ def test_a_line_learnt_ten_times_slower_sends_the_next_request_through_a_relay(f
     same request. A static view keeps P-MD."""
     estimator = LinkEstimator(LINK, 10_000, frozen=frozen)
     assert choose(estimator) == Pipeline.P_MD
-    now = 0.0
-    for _ in range(8):
-        lease = Lease.of(p_md_route(600 * KVB, 0), LocalStore(60.0), estimator)
-        now = lease.dispatched_at + 0.03 + 600 * KVB * 8 / 0.005e9
-        lease.kv_landed(now)
+    for i in range(8):  # one a second, each alone on the line
+        lease = Lease.of(p_md_route(600 * KVB, 0), LocalStore(60.0), estimator, now=float(i))
+        lease.kv_landed(i + 0.03 + 600 * KVB * 8 / 0.005e9)
     assert choose(estimator) == (Pipeline.P_MD if frozen else Pipeline.P_RLD_MD)
+
+
+def test_a_slow_line_is_learnt_when_p_reports_before_md_streams():
+    """P's report that MD imported the KV usually beats MD's first token to the router.
+    It lets go of the line's counts, and the first token still times the transfer: the
+    tenfold slower line is learnt and the request relayed, as when MD streams first."""
+    store, estimator = LocalStore(60.0), LinkEstimator(LINK, 10_000)
+    line_s = 600 * KVB * 8 / 0.005e9
+    for i in range(8):
+        lease = Lease.of(p_md_route(600 * KVB, 0), store, estimator, now=float(i))
+        lease.kv_shipped(KVShipment(kv_bytes=600 * KVB, seconds=0.03 + line_s))
+        assert estimator.backlog == Backlog()
+        lease.kv_landed(i + 0.03 + line_s + 0.01)
+    assert estimator.goodput_samples == 8
+    assert choose(estimator) == Pipeline.P_RLD_MD
 
 
 def test_a_slow_prefill_measured_on_one_p_counts_in_its_estimate():

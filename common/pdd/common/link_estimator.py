@@ -14,15 +14,23 @@ What it keeps, and where each number comes from:
 - **Goodput**: the declared rate is the prior; each transfer that lands is a sample,
   from the router's own bookkeeping: the seconds from dispatch to MD's first token,
   less P's estimated prefill, one RTT and the fixed costs, is what the line took for
-  the transfer's bytes plus those it queued behind at dispatch. Samples are averaged
-  as seconds per byte (an EWMA, gain ``GAIN``): a collapse shows after a few
-  transfers, and a recovery too, because relayed requests still ship their KV and
-  keep sampling.
+  the transfer's bytes. Where another transfer landed after this one was dispatched,
+  this one queued behind it, and the line took at most the time between the two
+  landings (both lag the line by the same round trip and MD step, so the lag
+  cancels): the sample is the smaller of the two. Queueing is thus measured, not
+  guessed from the backlog (a commitment leaves the backlog only when its report
+  comes back, well after its bytes crossed; counted as still queued, it read the
+  line 2-3x faster than it was in a benchmark's throttle). Other router replicas'
+  backlog, whose landings this estimator does not see, still counts whole. Samples
+  are averaged as seconds per byte (an EWMA, gain ``GAIN``): a collapse shows after
+  a few transfers, and a recovery too, because relayed requests still ship their KV
+  and keep sampling.
 - **Fixed costs**: a transfer too small to show the line (its expected serialization
   under ``MIN_SAMPLE_S`` at the current estimate) is no goodput sample; what its time
-  holds beyond the prefill and one RTT is the P-MD path's fixed cost (the handshake's
-  round trips, MD's step, P's queue beyond the estimate), averaged the same way and
-  taken out of the goodput samples, so the line is not charged for it. A relayed
+  holds beyond the prefill, one RTT and that serialization is the P-MD path's fixed
+  cost (MD's step, P's queue beyond the estimate), averaged the same way and taken
+  out of the goodput samples, so the line is not charged for it. Only a transfer that
+  queued behind none samples it: a queue is the line's, not a fixed cost. A relayed
   transfer's first token from MD also waits for the hand-off, whose token IDs cross
   the line once more: one more RTT comes off its sample. Even so, the hand-off waits
   for the relay's step loop too, so such a time only bounds the line's from above
@@ -38,7 +46,11 @@ What it keeps, and where each number comes from:
   slower, and never faster than declared. It comes for relayed transfers too, before
   their hand-off. Only the transfer's own bytes count: the backlog it was committed
   behind may have crossed before P's first chunk (counted, it made the line look 2x
-  faster than declared in a benchmark).
+  faster than declared in a benchmark). P's report takes the transfer off the
+  backlog, but MD's first token, usually a moment later, still times it from the
+  router's side: that time can show a slower line, P's cannot (when P's report took
+  the transfer whole, a throttled line was learnt from only the few transfers whose
+  first token beat P's report).
 - **RTT**: the declared value. The router has no round trip of its own on the line;
   the sampled goodput absorbs extra delay on top of it.
 - **Prefill throughput per P instance**: the configured rate is the prior; a request
@@ -99,8 +111,9 @@ class Transfer:
     #: The tokens P computes first (its miss), to take P's time out of the sample.
     prefill_tokens: int
     committed_at: float
-    #: Bytes the transfer was expected to queue behind when it was committed.
-    ahead_bytes: int
+    #: Other router replicas' bytes the transfer was expected to queue behind when it
+    #: was committed (a shared backlog's share that is not this estimator's own).
+    others_ahead_bytes: int
     #: A relay is on the route: MD's first token waits for the hand-off too.
     relayed: bool = False
 
@@ -123,6 +136,8 @@ class LinkEstimator:
         #: The P-MD path's measured fixed cost beyond prefill and one RTT (seconds).
         self.overhead_s = 0.0
         self._relay_slot_s = 0.0
+        #: When MD's first token last showed a transfer landed (not after a hand-off).
+        self._last_landed_at = float("-inf")
 
     @property
     def backlog(self) -> Backlog:
@@ -168,7 +183,10 @@ class LinkEstimator:
         """A route that ships ``nbytes`` of KV over the line was dispatched."""
         if nbytes < 0 or prefill_tokens < 0:
             raise ValueError("a transfer's bytes and prefill tokens must be >= 0")
-        ahead = queued_ahead_bytes(self.link(backlog), nbytes)
+        link = self.link(backlog)
+        own = self._own
+        others = Backlog(link.backlog_bytes - own.bytes, link.backlog_transfers - own.transfers)
+        ahead = queued_ahead_bytes(self.link(others), nbytes)
         self._own = Backlog(self._own.bytes + nbytes, self._own.transfers + 1)
         return Transfer(nbytes, prefill_id, prefill_tokens, now, ahead, relayed)
 
@@ -177,26 +195,40 @@ class LinkEstimator:
         request ended first)."""
         self._own = Backlog(self._own.bytes - transfer.nbytes, self._own.transfers - 1)
 
-    def landed(self, transfer: Transfer, now: float, upper_bound: bool = False) -> None:
+    def landed(
+        self, transfer: Transfer, now: float, upper_bound: bool = False, settled: bool = False
+    ) -> None:
         """MD has the transfer's KV: settle it and learn from its timing. ``upper_bound``:
         the time also holds a wait of unknown length (a relayed request's hand-off), so
-        it can only show the line faster than the estimate."""
-        self.settle(transfer)
+        it can only show the line faster than the estimate. ``settled``: P's report
+        (``shipped``) already took it off the backlog; the timing still counts here,
+        since P's time alone only ever shows the line faster."""
+        if not settled:
+            self.settle(transfer)
         if self.frozen:
             return
-        queued = transfer.nbytes + transfer.ahead_bytes
         prefill_s = transfer.prefill_tokens / self.prefill_tokens_per_s(transfer.prefill_id)
         rtts = 2 if upper_bound else 1
         beyond = now - transfer.committed_at - prefill_s - rtts * self.prior.rtt_s
-        if queued * self._spb < MIN_SAMPLE_S:
-            if not upper_bound:  # the path's fixed cost, beyond prefill and one RTT
-                self.overhead_s += GAIN * (max(0.0, beyond) - self.overhead_s)
+        # Landed behind another transfer (one landed since this one was committed): on
+        # a line that sends one transfer after another, it crossed in the time since
+        # that one landed; both landings lag the line alike, so the lag cancels.
+        queued = self._last_landed_at > transfer.committed_at
+        since_previous = now - self._last_landed_at
+        if not upper_bound:
+            self._last_landed_at = max(self._last_landed_at, now)
+        if transfer.nbytes * self._spb < MIN_SAMPLE_S:
+            if not upper_bound and not queued:  # the path's fixed cost: prefill, RTT aside
+                fixed = beyond - transfer.nbytes * self._spb
+                self.overhead_s += GAIN * (max(0.0, fixed) - self.overhead_s)
             return
         line_s = beyond - self.overhead_s
+        if queued and not upper_bound:
+            line_s = min(line_s, since_previous)
         # A time at or under zero is timing noise (P was faster than estimated), not an
         # infinitely fast line: no sample goes past MAX_OVER_DECLARED x the declared rate.
         floor = _seconds_per_byte(self.prior.declared_gbps * MAX_OVER_DECLARED)
-        sample = max(floor, line_s / queued)
+        sample = max(floor, line_s / (transfer.nbytes + transfer.others_ahead_bytes))
         if upper_bound and sample >= self._spb:
             return  # the relay's wait, not the line, may be what made it this slow
         self._spb += GAIN * (sample - self._spb)

@@ -128,12 +128,20 @@ class Lease:
     held: dict[str, int] = field(default_factory=dict)
     estimator: LinkEstimator | None = None
     transfer: Transfer | None = None
+    #: P reported the transfer imported: it is off the backlog, MD's first token still
+    #: times it (P's time alone only ever shows the line faster).
+    transfer_shipped: bool = False
     dispatched_at: float = field(default_factory=time.monotonic)
 
     @classmethod
-    def of(cls, route: Route, store: RouterStore, estimator: LinkEstimator) -> Lease:
-        """The lease of a route just chosen; a route that ships KV commits it to the line."""
+    def of(
+        cls, route: Route, store: RouterStore, estimator: LinkEstimator, now: float | None = None
+    ) -> Lease:
+        """The lease of a route just chosen (``now``: when; the monotonic clock by
+        default); a route that ships KV commits it to the line."""
         lease = cls(store, estimator=estimator)
+        if now is not None:
+            lease.dispatched_at = now
         lease.acquire(route.lease_keys, route.lease_amounts)
         if route.ships_kv and route.prefill is not None:
             lease.transfer = estimator.commit(
@@ -163,22 +171,27 @@ class Lease:
         self.release(WAN_TRANSFERS)
         self.release(WAN_BACKLOG_KIB)
         if self.transfer is not None and self.estimator is not None:
-            self.estimator.landed(self.transfer, now, upper_bound=self.transfer.relayed)
+            self.estimator.landed(
+                self.transfer, now, self.transfer.relayed, settled=self.transfer_shipped
+            )
             self.transfer = None
 
     def kv_shipped(self, shipment: KVShipment) -> None:
-        """P reports MD imported the KV, timed at P: as ``kv_landed``, with P's time."""
+        """P reports MD imported the KV, timed at P: the line's counts let go and the
+        estimator learns from P's time; MD's first token, if it comes later, still
+        times the transfer from the router's side (``kv_landed``)."""
         self.release(WAN_TRANSFERS)
         self.release(WAN_BACKLOG_KIB)
-        if self.transfer is not None and self.estimator is not None:
+        if self.transfer is not None and self.estimator is not None and not self.transfer_shipped:
             self.estimator.shipped(self.transfer, shipment.kv_bytes, shipment.seconds)
-            self.transfer = None
+            self.transfer_shipped = True
 
     def release_all(self) -> None:
         for i in list(self.held):
             self.release(i)
         if self.transfer is not None and self.estimator is not None:
-            self.estimator.settle(self.transfer)  # failed, or ended before it landed
+            if not self.transfer_shipped:
+                self.estimator.settle(self.transfer)  # failed, or ended before it landed
             self.transfer = None
 
 
