@@ -73,6 +73,36 @@ def test_summary_counts_errors_slo_pipelines_and_hits() -> None:
     assert (s["p_hit_ratio"], s["md_hit_ratio"]) == (0.9, 0.45)
 
 
+def summary(mode: str, ttft_p50: float, ttft_p99: float, wire: float | None) -> dict:
+    return {"mode": mode, "ttft_p50": ttft_p50, "ttft_p99": ttft_p99,
+            "kv_wan_wire_bytes_reported": wire, "completed": 100}  # fmt: skip
+
+
+def test_pdd_is_compared_with_naive_and_same_dc_against_the_floor() -> None:
+    """100 requests sent 6.25 MB of KV over a 0.05 Gbit/s, 30 ms line: 62.5 KB each on
+    average, 10 ms at the line's rate, so the floor is 40 ms and the target 50 ms."""
+    c = report.comparisons(
+        [summary("samedc", 0.04, 0.2, None), summary("naive", 0.9, 5.0, 40e6),
+         summary("pdd", 0.085, 0.5, 6.25e6)],
+        gbps=0.05, rtt_ms=30,
+    )  # fmt: skip
+    assert c["pdd_over_naive_ttft_p99"] == pytest.approx(0.1)
+    assert c["pdd_over_samedc_ttft_p99"] == pytest.approx(2.5)
+    assert c["pdd_minus_samedc_ttft_p50_s"] == pytest.approx(0.045)
+    assert c["pmd_floor_s"] == pytest.approx(0.040)
+    assert c["pmd_floor_plus_10ms_s"] == pytest.approx(0.050)
+    lines = report.comparison_lines(c)
+    assert lines[0] == "PDD / naive TTFT p99: 0.100"
+    assert "45.0 ms" in lines[2] and "floor + 10 ms = 50.0 ms" in lines[2]
+
+
+def test_only_the_comparisons_whose_modes_ran_are_made() -> None:
+    c = report.comparisons([summary("naive", 0.9, 5.0, 1e6), summary("pdd", 0.1, 0.5, 1e5)],
+                           gbps=0.05, rtt_ms=30)  # fmt: skip
+    assert set(c) == {"pdd_over_naive_ttft_p99"}
+    assert report.comparisons([summary("pdd", 0.1, 0.5, 1e5)], gbps=0.05, rtt_ms=30) == {}
+
+
 def test_outputs_are_compared_against_the_first_mode() -> None:
     ref = report.ModeRun("mono", [outcome("a", 0.1), outcome("b", 0.1)], 1.0)
     same = report.ModeRun("naive", [outcome("a", 0.3), outcome("b", 0.3)], 1.0)

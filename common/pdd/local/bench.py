@@ -229,6 +229,8 @@ def main(argv: list[str]) -> int:
     print(report.table(list(document["modes"].values())))
     for line in report.lossy_notes(list(document["modes"].values())):
         say(line)
+    for line in report.comparison_lines(document["comparisons"]):
+        say(line)
     if args.chaos:
         print(report.chaos_table(list(document["modes"].values())))
     if phases:
@@ -509,6 +511,7 @@ def _document(
         },
         "link_view": {run.mode: run.link_view for run in runs if run.link_view},
         "modes": summaries,
+        "comparisons": report.comparisons(list(summaries.values()), args.wan_gbps, args.wan_rtt_ms),
     }
 
 

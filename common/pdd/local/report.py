@@ -187,6 +187,49 @@ def lossy_notes(summaries: Sequence[dict[str, Any]]) -> list[str]:
     ]  # fmt: skip
 
 
+def comparisons(
+    summaries: Sequence[dict[str, Any]], gbps: float, rtt_ms: float
+) -> dict[str, float]:
+    """PDD against naive cross-datacenter PD and against same-datacenter PD, from one run.
+
+    The floor is what any P-MD request must pay over same-datacenter PD: one RTT (the KV
+    one way, the first token back) plus the mean KV bytes that crossed per request,
+    serialized at the line's rate. Figures whose modes did not run are left out."""
+    by_mode = {s["mode"]: s for s in summaries}
+    pdd, naive, samedc = by_mode.get("pdd"), by_mode.get("naive"), by_mode.get("samedc")
+    out: dict[str, float] = {}
+    if pdd and naive and pdd["ttft_p99"] and naive["ttft_p99"]:
+        out["pdd_over_naive_ttft_p99"] = pdd["ttft_p99"] / naive["ttft_p99"]
+    if pdd and samedc and pdd["ttft_p99"] and samedc["ttft_p99"]:
+        out["pdd_over_samedc_ttft_p99"] = pdd["ttft_p99"] / samedc["ttft_p99"]
+        out["pdd_minus_samedc_ttft_p50_s"] = pdd["ttft_p50"] - samedc["ttft_p50"]
+        sent = pdd["kv_wan_wire_bytes_reported"]
+        if sent is not None and pdd["completed"]:
+            floor = rtt_ms / 1000 + sent / pdd["completed"] * 8 / (gbps * 1e9)
+            out["pmd_floor_s"] = floor
+            out["pmd_floor_plus_10ms_s"] = floor + 0.010
+    return out
+
+
+def comparison_lines(c: dict[str, float]) -> list[str]:
+    """``comparisons`` as sentences, one per figure that ran."""
+    lines = []
+    if "pdd_over_naive_ttft_p99" in c:
+        lines.append(f"PDD / naive TTFT p99: {c['pdd_over_naive_ttft_p99']:.3f}")
+    if "pdd_over_samedc_ttft_p99" in c:
+        lines.append(f"PDD / same-DC TTFT p99: {c['pdd_over_samedc_ttft_p99']:.3f}")
+        diff_ms = 1000 * c["pdd_minus_samedc_ttft_p50_s"]
+        line = f"PDD - same-DC TTFT p50: {diff_ms:.1f} ms"
+        if "pmd_floor_s" in c:
+            line += (
+                f" (floor: 1 RTT + the mean KV crossing per request at the line's rate = "
+                f"{1000 * c['pmd_floor_s']:.1f} ms; floor + 10 ms = "
+                f"{1000 * c['pmd_floor_plus_10ms_s']:.1f} ms)"
+            )
+        lines.append(line)
+    return lines
+
+
 def _differing(run: ModeRun, reference: dict[str, str]) -> list[str]:
     return sorted(
         o.key for o in run.outcomes if o.ok and o.key in reference and o.text != reference[o.key]
