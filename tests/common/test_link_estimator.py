@@ -127,11 +127,26 @@ def test_p_s_report_leaves_md_s_first_token_to_time_the_transfer():
     router-side time still teaches the 10x slower line."""
     e = estimator()
     t = e.commit(MB, "p0", 0, now=0.0)
-    e.shipped(t, MB, seconds=0.03 + 10 * MB * 8 / 0.08e9)
+    shipped = e.shipped(t, MB, seconds=0.03 + 10 * MB * 8 / 0.08e9, now=0.03 + 10 * 0.1)
     assert e.backlog == Backlog() and e.goodput_samples == 0
-    e.landed(t, now=0.03 + 10 * MB * 8 / 0.08e9, settled=True)
+    e.landed(t, now=0.03 + 10 * MB * 8 / 0.08e9 + 0.02, shipped=shipped)
     assert e.backlog == Backlog() and e.goodput_samples == 1
     assert e.link().effective_gbps < 0.08 * 0.5
+
+
+def test_a_transfer_queued_behind_a_relayed_one_is_timed_from_p_s_report_of_it():
+    """A relayed request's KV crosses too, and P reports it: a P-MD transfer that queued
+    behind it crossed in the time since that report, not in the whole wait (reading
+    the wait as the line made it look many times slower under load). Each report and
+    first token lags the line by 10 ms."""
+    e = estimator()
+    serial = MB * 8 / 0.08e9
+    relayed = e.commit(MB, "p0", 0, now=0.0, relayed=True)
+    queued = e.commit(MB, "p0", 0, now=0.0)
+    e.shipped(relayed, MB, seconds=0.03 + serial, now=serial + 0.01)
+    shipped = e.shipped(queued, MB, seconds=0.03 + 2 * serial, now=2 * serial + 0.01)
+    e.landed(queued, now=2 * serial + 0.02, shipped=shipped)
+    assert e.link().effective_gbps == pytest.approx(0.08)
 
 
 def test_a_small_transfer_that_queued_is_no_fixed_cost_sample():
@@ -223,18 +238,18 @@ def test_p_timed_transfers_only_show_a_line_faster_than_believed():
     e.landed(t, now=0.03 + 10 * MB * 8 / 0.08e9)  # the router's timing: a 10x slower line
     slow = e.link().effective_gbps
     t = e.commit(MB, "p0", 5000, now=10.0)  # 5 s of prefill at the prior: not in P's time
-    e.shipped(t, MB, seconds=0.03 + 100 * MB * 8 / 0.08e9)
+    e.shipped(t, MB, seconds=0.03 + 100 * MB * 8 / 0.08e9, now=20.0)
     assert e.link().effective_gbps == slow and e.backlog == Backlog()
     for _ in range(40):
         t = e.commit(MB, "p0", 5000, now=20.0)
-        e.shipped(t, MB, seconds=0.03 + MB * 8 / 0.08e9)
+        e.shipped(t, MB, seconds=0.03 + MB * 8 / 0.08e9, now=21.0)
     assert e.link().effective_gbps == pytest.approx(0.08, rel=0.01)
     assert e.goodput_samples == 41
     t = e.commit(MB, "p0", 0, now=25.0)
-    e.shipped(t, MB, seconds=0.03)  # no faster than declared, however quick
+    e.shipped(t, MB, seconds=0.03, now=26.0)  # no faster than declared, however quick
     assert e.link().effective_gbps == pytest.approx(0.08, rel=0.01)
     small = int(MIN_SAMPLE_S * 0.08e9 / 8 * 0.9)  # under 20 ms at the estimate
-    e.shipped(e.commit(small, "p0", 0, now=30.0), small, seconds=0.0)
+    e.shipped(e.commit(small, "p0", 0, now=30.0), small, seconds=0.0, now=31.0)
     assert e.goodput_samples == 42 and e.backlog == Backlog()
 
 
@@ -260,7 +275,7 @@ def test_a_frozen_view_counts_the_backlog_and_learns_nothing():
     e.landed(t, now=60.0)
     e.prefill_seen("p0", 1000, seconds=60.0)
     e.prefill_seen("p0", 1000, seconds=60.0, relay_active=3)
-    e.shipped(e.commit(MB, "p0", 0, now=0.0), MB, seconds=60.0)
+    e.shipped(e.commit(MB, "p0", 0, now=0.0), MB, seconds=60.0, now=61.0)
     assert e.link().measured_goodput_gbps is None and e.relay_slot_s == 0.0
     assert e.backlog == Backlog()
     assert e.link().effective_gbps == 0.08

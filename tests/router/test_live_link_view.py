@@ -94,7 +94,7 @@ def test_a_slow_line_is_learnt_when_p_reports_before_md_streams():
     line_s = 600 * KVB * 8 / 0.005e9
     for i in range(8):
         lease = Lease.of(p_md_route(600 * KVB, 0), store, estimator, now=float(i))
-        lease.kv_shipped(KVShipment(kv_bytes=600 * KVB, seconds=0.03 + line_s))
+        lease.kv_shipped(KVShipment(kv_bytes=600 * KVB, seconds=0.03 + line_s), i + line_s)
         assert estimator.backlog == Backlog()
         lease.kv_landed(i + 0.03 + line_s + 0.01)
     assert estimator.goodput_samples == 8
@@ -118,15 +118,15 @@ def test_a_relayed_transfer_times_a_recovery_not_a_collapse():
         Pipeline.P_RLD_MD, "r", "c", prefill=ep("p0"), relay=ep("rld0"), main=ep("md0"),
         kv_bytes=600 * KVB, prefill_tokens=100,
     )  # fmt: skip
-    slow = Lease.of(route, store, estimator)
-    slow.kv_shipped(KVShipment(kv_bytes=600 * KVB, seconds=2.5))  # 10x the declared time
-    slow.kv_landed(slow.dispatched_at + 3.0)  # MD streams after P's report: nothing twice
+    slow = Lease.of(route, store, estimator, now=0.0)
+    slow.kv_shipped(KVShipment(kv_bytes=600 * KVB, seconds=2.5), 2.6)  # 10x the declared time
+    slow.kv_landed(3.0)  # MD streams after P's report: nothing twice
     assert estimator.link().effective_gbps == 0.05 and estimator.goodput_samples == 0
     assert estimator.backlog == Backlog() and counts(store) == {"p0": 1, "rld0": 1, "md0": 1}
-    learnt = Lease.of(p_md_route(600 * KVB), store, estimator)
-    learnt.kv_landed(learnt.dispatched_at + 0.01 + 0.03 + 2.0)  # P-MD: a 10x slower line
+    learnt = Lease.of(p_md_route(600 * KVB), store, estimator, now=10.0)
+    learnt.kv_landed(10.0 + 0.01 + 0.03 + 2.0)  # P-MD: a 10x slower line
     collapsed = estimator.link().effective_gbps
     assert collapsed < 0.05
-    back = Lease.of(route, store, estimator)
-    back.kv_shipped(KVShipment(kv_bytes=600 * KVB, seconds=0.03 + 0.2))  # the declared rate
+    back = Lease.of(route, store, estimator, now=20.0)
+    back.kv_shipped(KVShipment(kv_bytes=600 * KVB, seconds=0.03 + 0.2), 20.3)  # declared rate
     assert estimator.link().effective_gbps > collapsed

@@ -118,6 +118,16 @@ class Transfer:
     relayed: bool = False
 
 
+@dataclass(frozen=True)
+class Arrival:
+    """When the router first heard a transfer's KV had crossed (P's report, or MD's
+    first token where that came first), and when it had last heard that of any other
+    transfer before it: the line's clock that queueing is measured on."""
+
+    at: float
+    previous: float
+
+
 class LinkEstimator:
     """One WAN line's live view (see the module docstring)."""
 
@@ -136,8 +146,8 @@ class LinkEstimator:
         #: The P-MD path's measured fixed cost beyond prefill and one RTT (seconds).
         self.overhead_s = 0.0
         self._relay_slot_s = 0.0
-        #: When MD's first token last showed a transfer landed (not after a hand-off).
-        self._last_landed_at = float("-inf")
+        #: When the router last heard a transfer's KV had crossed (``Arrival``).
+        self._last_arrival_at = float("-inf")
 
     @property
     def backlog(self) -> Backlog:
@@ -195,28 +205,41 @@ class LinkEstimator:
         request ended first)."""
         self._own = Backlog(self._own.bytes - transfer.nbytes, self._own.transfers - 1)
 
+    def _arrived(self, at: float) -> Arrival:
+        arrival = Arrival(at, self._last_arrival_at)
+        self._last_arrival_at = max(self._last_arrival_at, at)
+        return arrival
+
     def landed(
-        self, transfer: Transfer, now: float, upper_bound: bool = False, settled: bool = False
+        self,
+        transfer: Transfer,
+        now: float,
+        upper_bound: bool = False,
+        shipped: Arrival | None = None,
     ) -> None:
         """MD has the transfer's KV: settle it and learn from its timing. ``upper_bound``:
         the time also holds a wait of unknown length (a relayed request's hand-off), so
-        it can only show the line faster than the estimate. ``settled``: P's report
-        (``shipped``) already took it off the backlog; the timing still counts here,
-        since P's time alone only ever shows the line faster."""
-        if not settled:
+        it can only show the line faster than the estimate. ``shipped``: what ``shipped``
+        returned where P's report came first: it already settled the transfer, and the
+        timing still counts here, since P's time alone only ever shows the line faster."""
+        if shipped is None:
             self.settle(transfer)
         if self.frozen:
             return
+        if shipped is not None:
+            arrival = shipped
+        elif upper_bound:  # MD's first token waited for the hand-off: not the line's clock
+            arrival = Arrival(now, self._last_arrival_at)
+        else:
+            arrival = self._arrived(now)
         prefill_s = transfer.prefill_tokens / self.prefill_tokens_per_s(transfer.prefill_id)
         rtts = 2 if upper_bound else 1
         beyond = now - transfer.committed_at - prefill_s - rtts * self.prior.rtt_s
         # Landed behind another transfer (one landed since this one was committed): on
         # a line that sends one transfer after another, it crossed in the time since
         # that one landed; both landings lag the line alike, so the lag cancels.
-        queued = self._last_landed_at > transfer.committed_at
-        since_previous = now - self._last_landed_at
-        if not upper_bound:
-            self._last_landed_at = max(self._last_landed_at, now)
+        queued = arrival.previous > transfer.committed_at
+        since_previous = arrival.at - arrival.previous
         if transfer.nbytes * self._spb < MIN_SAMPLE_S:
             if not upper_bound and not queued:  # the path's fixed cost: prefill, RTT aside
                 fixed = beyond - transfer.nbytes * self._spb
@@ -234,22 +257,24 @@ class LinkEstimator:
         self._spb += GAIN * (sample - self._spb)
         self.goodput_samples += 1
 
-    def shipped(self, transfer: Transfer, kv_bytes: int, seconds: float) -> None:
+    def shipped(self, transfer: Transfer, kv_bytes: int, seconds: float, now: float) -> Arrival:
         """P timed the transfer: ``kv_bytes`` from its first chunk on the line to MD's
         "imported" in ``seconds``, an upper bound on the line's time (see the module
-        docstring). Settles it."""
+        docstring), reported to the router at ``now``. Settles it; the ``Arrival``
+        returned goes to ``landed`` when MD's first token follows."""
         self.settle(transfer)
+        arrival = self._arrived(now)
         if self.frozen or kv_bytes * self._spb < MIN_SAMPLE_S:
-            return  # too small to show the line beside the round trip's jitter
+            return arrival  # too small to show the line beside the round trip's jitter
         # Only the transfer's own bytes: what it queued behind at dispatch may have
         # crossed before P's first chunk, and counting it would make the line look fast.
         # No faster than declared either: a bound cannot show more than the line has.
         floor = _seconds_per_byte(self.prior.declared_gbps)
         sample = max(floor, (seconds - self.prior.rtt_s) / kv_bytes)
-        if sample >= self._spb:
-            return  # P's and MD's engines, not the line, may be what made it this slow
-        self._spb += GAIN * (sample - self._spb)
-        self.goodput_samples += 1
+        if sample < self._spb:  # slower may be P's and MD's engines, not the line
+            self._spb += GAIN * (sample - self._spb)
+            self.goodput_samples += 1
+        return arrival
 
     def prefill_seen(
         self, instance_id: str, tokens: int, seconds: float, relay_active: int = 0

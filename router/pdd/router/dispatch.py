@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from pdd.common.cost_model import LinkState
-from pdd.common.link_estimator import Backlog, LinkEstimator, Transfer
+from pdd.common.link_estimator import Arrival, Backlog, LinkEstimator, Transfer
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.common.wire import Endpoint, KVShipment, PipelinePlan, SamplingSpec
 from pdd.router.config import RouterConfig
@@ -128,9 +128,10 @@ class Lease:
     held: dict[str, int] = field(default_factory=dict)
     estimator: LinkEstimator | None = None
     transfer: Transfer | None = None
-    #: P reported the transfer imported: it is off the backlog, MD's first token still
-    #: times it (P's time alone only ever shows the line faster).
-    transfer_shipped: bool = False
+    #: P reported the transfer imported (``LinkEstimator.shipped``): it is off the
+    #: backlog, and MD's first token still times it (P's time alone only ever shows
+    #: the line faster).
+    shipped: Arrival | None = None
     dispatched_at: float = field(default_factory=time.monotonic)
 
     @classmethod
@@ -171,26 +172,25 @@ class Lease:
         self.release(WAN_TRANSFERS)
         self.release(WAN_BACKLOG_KIB)
         if self.transfer is not None and self.estimator is not None:
-            self.estimator.landed(
-                self.transfer, now, self.transfer.relayed, settled=self.transfer_shipped
-            )
+            self.estimator.landed(self.transfer, now, self.transfer.relayed, self.shipped)
             self.transfer = None
 
-    def kv_shipped(self, shipment: KVShipment) -> None:
+    def kv_shipped(self, shipment: KVShipment, now: float) -> None:
         """P reports MD imported the KV, timed at P: the line's counts let go and the
         estimator learns from P's time; MD's first token, if it comes later, still
         times the transfer from the router's side (``kv_landed``)."""
         self.release(WAN_TRANSFERS)
         self.release(WAN_BACKLOG_KIB)
-        if self.transfer is not None and self.estimator is not None and not self.transfer_shipped:
-            self.estimator.shipped(self.transfer, shipment.kv_bytes, shipment.seconds)
-            self.transfer_shipped = True
+        if self.transfer is not None and self.estimator is not None and self.shipped is None:
+            self.shipped = self.estimator.shipped(
+                self.transfer, shipment.kv_bytes, shipment.seconds, now
+            )
 
     def release_all(self) -> None:
         for i in list(self.held):
             self.release(i)
         if self.transfer is not None and self.estimator is not None:
-            if not self.transfer_shipped:
+            if self.shipped is None:
                 self.estimator.settle(self.transfer)  # failed, or ended before it landed
             self.transfer = None
 

@@ -266,7 +266,7 @@ class Generation:
         """P reports MD imported the KV, with the line's time for it: the goodput sample
         and the proof that the line works, even where a relay's hand-off (MD's first
         token) would come much later, or never (the relay finishes first)."""
-        self._lease.kv_shipped(shipment)
+        self._lease.kv_shipped(shipment, time.monotonic())
         self.runtime.link_health.delivered(self.route.link_ticket)
 
     def _link_fault(self, report: TokenEvent) -> None:
