@@ -14,14 +14,17 @@ What it keeps, and where each number comes from:
 - **Goodput**: the declared rate is the prior; each transfer that lands is a sample,
   from the router's own bookkeeping: the seconds from dispatch to MD's first token,
   less P's estimated prefill, one RTT and the fixed costs, is what the line took for
-  the transfer's bytes. Where another transfer landed after this one was dispatched,
+  the transfer's bytes. Where another transfer arrived after this one was dispatched,
   this one queued behind it, and the line took at most the time between the two
-  landings (both lag the line by the same round trip and MD step, so the lag
-  cancels): the sample is the smaller of the two. Queueing is thus measured, not
+  arrivals (an arrival is the first the router heard of a transfer's KV crossing:
+  P's report, relayed or not, or MD's first token; both lag the line alike, so the
+  lag cancels): the sample is the smaller of the two. Queueing is thus measured, not
   guessed from the backlog (a commitment leaves the backlog only when its report
   comes back, well after its bytes crossed; counted as still queued, it read the
-  line 2-3x faster than it was in a benchmark's throttle). Other router replicas'
-  backlog, whose landings this estimator does not see, still counts whole. Samples
+  line 2-3x faster than it was in a benchmark's throttle; and a wait behind a relayed
+  transfer not counted as queueing read it many times slower under load). Other
+  router replicas' backlog, whose arrivals this estimator does not see, still counts
+  whole. Samples
   are averaged as seconds per byte (an EWMA, gain ``GAIN``): a collapse shows after
   a few transfers, and a recovery too, because relayed requests still ship their KV
   and keep sampling.
