@@ -21,13 +21,7 @@ pytestmark = pytest.mark.unit
 KVB = 2048
 #: The bench's default line: 0.05 Gbit/s, 30 ms.
 LINK = LinkState(declared_gbps=0.05, rtt_ms=30)
-#: The budget rules alone (no idle-relay rule): what the live view changes is the budget test.
-POLICY = PolicyConfig(
-    kv_bytes_per_token=KVB,
-    ttft_budget_s=0.5,
-    prefill_tokens_per_s=10_000,
-    idle_relay_min_transfer_s=None,
-)
+POLICY = PolicyConfig(kv_bytes_per_token=KVB, ttft_budget_s=0.5, prefill_tokens_per_s=10_000)
 FLEET = Fleet.of(
     [
         InstanceLoad("p0", Role.PREFILL, 0, 8),
