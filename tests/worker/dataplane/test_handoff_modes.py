@@ -144,6 +144,36 @@ async def test_p_md_caches_the_whole_conversation(vdp) -> None:
     await vdp.assert_quiescent()
 
 
+async def test_md_caches_the_answer_of_a_request_the_relay_finished(vdp) -> None:
+    """The relay finishes turn 1 while MD's KV is held on the line: MD computes the answer
+    from the relay's IDs, so turn 2 hits the whole conversation there, as after P-MD, and
+    only the new message's KV crosses the WAN."""
+    prompt = vdp.prompts(1, seed=43, lo=70, hi=71)[0]
+    out = await vdp.reference([prompt], 30, "rf1")
+    path = vdp.cluster.wan_path("md")
+
+    def release_once_the_relay_finished(event: TokenEvent) -> None:
+        if event.finished:
+            path.resume()
+
+    path.pause()
+    delta = vdp.counters("rld")
+    plan = vdp.cluster.plan("rf1-0", prompt, "P-RLD-MD", vdp.sampling(0, 30), handoff="one-shot")
+    (turn1,) = await vdp.run_all([plan], on_token=release_once_the_relay_finished)
+    assert turn1.token_ids == out[0] and set(turn1.sources) == {"rld"}
+    assert delta("rld", "pdd_handoff") == 0  # nothing was handed over: the relay finished it
+    await vdp.assert_quiescent()  # MD has taken the KV, asked the relay and computed
+
+    turn2 = prompt + out[0] + [7, 8, 9]
+    delta = vdp.counters("p", "md")
+    await vdp.run_all([vdp.cluster.plan("rf2-0", turn2, "P-MD", vdp.sampling(0, 4))])
+    bs = vdp.block_size
+    hit = delta("md", "pdd_prefix_hit_tokens")
+    assert hit == (len(prompt) + len(out[0])) // bs * bs > len(prompt)
+    assert delta("p", "pdd_wan_bytes") == (len(turn2) - hit) * vdp.kv_bytes_per_token
+    await vdp.assert_quiescent()
+
+
 async def test_cache_events_are_published_with_cursors(vdp) -> None:
     await vdp.run_all([vdp.cluster.plan("ev-0", vdp.prompts(1, seed=71)[0], "P-MD")])
     md = vdp.cluster["md"]

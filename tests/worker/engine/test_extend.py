@@ -110,6 +110,47 @@ def test_catch_up_handoff_holds_sampling_between_chunks(
     assert_no_leaks(engine)
 
 
+@pytest.mark.parametrize("attached", [True, False], ids=["after-import", "after-catch-up"])
+def test_a_request_finished_elsewhere_is_computed_and_cached_without_sampling(
+    tiny: LoadedModel, attached: bool, assert_no_leaks: Callable[[Engine], None]
+) -> None:
+    """MD's side of a request the relay ran to the end: the answer's KV is computed in one
+    pass, nothing is sampled, and the next turn hits the whole conversation."""
+    p = prompt(22, 3)
+    (reference,) = Engine(tiny, block_size=4, num_blocks=128).generate([p], params())
+    engine = Engine(tiny, block_size=4, num_blocks=128)
+    if attached:  # the KV came from P; the relay had finished before MD asked for its IDs
+        source = Engine(tiny, block_size=4, num_blocks=128)
+        sid = source.add_request(p, SamplingParams(max_tokens=1), hold_kv=True)
+        while source.has_unfinished():
+            source.step()
+        rid = "finished-elsewhere"
+        hit = engine.attach_request(p, params(), rid)
+        for chunk in source.export_kv(sid, hit, len(p)):
+            engine.import_kv(rid, chunk)
+        source.release(sid)
+        engine.finished_elsewhere(rid, reference)
+    else:  # a catch-up chunk was computed before the relay finished
+        rid = engine.add_request(p, params())
+        run_until_first_token(engine, [rid])
+        engine.extend(rid, reference[1:10], hold=True)
+        assert engine.step() == []
+        engine.finished_elsewhere(rid, reference[10:])
+    outs = engine.step()
+    assert [(o.request_id, o.new_token_ids, o.finished) for o in outs] == [(rid, [], True)]
+    assert not engine.has_unfinished()
+
+    next_turn = p + reference + [5, 6, 7]
+    nid = engine.add_request(next_turn, params())
+    (first,) = engine.step()  # the uncached tail fits one step's budget
+    engine.abort(nid)
+    whole = len(p) + len(reference)
+    assert first.num_cached_tokens == whole // 4 * 4  # not just the prompt's 20
+    (fresh,) = Engine(tiny, block_size=4, num_blocks=128).generate([next_turn], params())
+    assert first.new_token_ids == fresh[:1]  # the cached answer's KV is right
+    assert_no_leaks(engine)
+
+
 def test_extend_errors_leave_the_engine_serving(
     tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
 ) -> None:

@@ -249,6 +249,9 @@ class Engine:
             req = s.request
             completes = s.completes
             req.num_computed += s.num_tokens
+            if completes and req.cache_only:  # its KV is computed: nothing to sample
+                outputs.append(self._finish(req, FinishReason.STOP, []))
+                continue
             if not completes or req.hold_sampling:
                 continue
             req.unchunked = False
@@ -405,6 +408,23 @@ class Engine:
             req.num_computed -= 1
         req.unchunked = req.status is RequestStatus.RUNNING
         req.hold_sampling = hold
+
+    def finished_elsewhere(self, request_id: str, token_ids: Sequence[int]) -> None:
+        """Another instance ended the request (a relay ran it to the end): compute the KV
+        of the output ``token_ids`` not yet handed over in the next step, sample nothing,
+        and release it.
+
+        The release caches the whole conversation, prompt and answer, so the next turn
+        misses only what is new. Without it, each answer a relay finished would cross the
+        WAN again with the turn after it, and those bigger transfers make the router relay
+        more.
+        """
+        req = self._get(request_id)
+        if req.status is RequestStatus.AWAITING_KV:
+            self.resume(request_id, token_ids, hold=True)
+        else:
+            self.extend(request_id, token_ids, hold=True)
+        req.cache_only = True
 
     def export_kv(
         self, request_id: str, start: int, end: int, chunk_tokens: int = 256,

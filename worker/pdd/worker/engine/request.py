@@ -165,6 +165,7 @@ class Request:
     block_table: list[int] = field(default_factory=list)  # one pool reference held per entry
     prefix_handle: object | None = None  # locked prefix-cache node, released on free
     hold_sampling: bool = False  # catch-up handoff: compute handed-over tokens, do not sample yet
+    cache_only: bool = False  # finished elsewhere: compute the handed tokens, then release
     unchunked: bool = False  # an extend is pending: compute all uncomputed tokens in one pass
     finish_reason: FinishReason | None = None
     grammar: OutputGrammar | None = None  # structured output: the matcher over output_ids

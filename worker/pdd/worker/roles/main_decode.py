@@ -7,7 +7,8 @@ extend pass (``resume``/``extend``; catch-up chunks are computed with sampling
 held), acknowledges the final chunk, and streams from the first position the
 relay did not. If the relay is unreachable, the IDs the client already
 received (POSTed by the stream layer to ``/handoff``) serve instead. Finished
-sequences stay in MD's radix cache (the DRC), so the next turn hits.
+sequences stay in MD's radix cache (the DRC), so the next turn hits; that includes
+those the relay finished before the handoff, whose answers MD computes from the IDs.
 """
 
 from __future__ import annotations
@@ -147,11 +148,9 @@ class MainDecodeRole(RoleBase):
                 while True:
                     frame = await expect(channel, MsgType.TOKEN_IDS)
                     ids = decode_token_ids(frame.payload).ids
-                    if frame.flags & FLAG_FINISHED:  # the relay finished it; keep the KV cached
-                        self.runner.unsubscribe(rid)
-                        await self.abort_engine_request(rid)
-                        if entry.session is not None:
-                            entry.session.end_silently()
+                    if frame.flags & FLAG_FINISHED:  # the relay finished it
+                        rest = ids if started else [first_token, *ids]
+                        await self._cache_finished(rid, entry, rest)
                         return
                     final = bool(frame.flags & FLAG_FINAL)
                     if not started:
@@ -174,6 +173,20 @@ class MainDecodeRole(RoleBase):
         except TransportError as exc:
             log.warning("relay unreachable for %s (%s); waiting for the streamed ids", rid, exc)
             await self._start_from_posted(rid, entry, first_token, handed, started)
+
+    async def _cache_finished(self, rid: str, entry: MainRequest, rest: list[int]) -> None:
+        """The relay streamed the whole answer: stream nothing, but compute the KV of the
+        output it did not hand over (``rest``), so the DRC holds the whole conversation for
+        the next turn as it does after a P-MD request. If the engine cannot take the tokens,
+        only the prompt's KV stays cached."""
+        self.runner.unsubscribe(rid)
+        try:
+            await self.runner.call(lambda e: e.finished_elsewhere(rid, rest))
+        except RequestError as exc:
+            log.warning("cannot cache the answer of %s the relay finished: %s", rid, exc)
+            await self.abort_engine_request(rid)
+        if entry.session is not None:
+            entry.session.end_silently()
 
     async def _start_held(self, rid: str, entry: MainRequest, ids: list[int], hold: bool) -> None:
         """Resume with the handed IDs, streaming nothing until the handoff is final."""
