@@ -37,20 +37,40 @@ def index_claiming(md_blocks: int) -> PrefixIndex:
     return index
 
 
-def test_md_handshake_truth_replaces_a_stale_overestimate() -> None:
-    index = index_claiming(md_blocks=7)  # MD evicted most of it since; no event said so
+def test_md_streaming_means_the_whole_prompt_landed_whatever_it_held_before() -> None:
+    index = index_claiming(md_blocks=2)
     hits = MeasuredHits(index, plan())
-    hits.observe(event(0, "md", cached_tokens=0, md_hit_tokens=8))
-    assert index.match(index.hashes(PROMPT)) == {"md": 8}
+    hits.observe(event(0, "md", cached_tokens=0, md_hit_tokens=8))  # its handshake hit
+    assert index.match(index.hashes(PROMPT)) == {"md": 28}  # every full block is cached now
 
 
-def test_md_handshake_truth_fills_in_what_the_index_missed() -> None:
+def test_md_streaming_fills_in_what_the_index_missed() -> None:
     index = index_claiming(md_blocks=0)  # the store events were lost
     hits = MeasuredHits(index, plan("P-RLD-MD"))
     hits.observe(event(0, "rld", cached_tokens=12))
     assert index.match(index.hashes(PROMPT)) == {}
-    hits.observe(event(5, "md", md_hit_tokens=28))
+    hits.observe(event(5, "md", md_hit_tokens=12))
     assert index.match(index.hashes(PROMPT)) == {"md": 28}
+
+
+@pytest.mark.parametrize("pipeline", ["P-MD", "P-RLD-MD"])
+def test_an_answered_request_counts_prompt_and_answer_as_md_s(pipeline: str) -> None:
+    """The next turn (prompt + answer + a new message) is predicted to hit all of the
+    conversation on MD before MD's cache events could say so; the last output token has
+    no KV there."""
+    index = index_claiming(md_blocks=0)
+    hits = MeasuredHits(index, plan(pipeline), main_caches=True)
+    answer = [100 + i for i in range(11)]
+    hits.answered(answer)
+    next_turn = PROMPT + answer + [7, 7, 7]
+    assert index.match(index.hashes(next_turn)) == {"md": 40}  # 30 + 10 tokens, full blocks
+
+
+def test_an_answer_on_a_route_that_bypasses_md_s_cache_is_not_counted() -> None:
+    index = index_claiming(md_blocks=0)
+    hits = MeasuredHits(index, plan("naive"), main_caches=False)
+    hits.answered([100 + i for i in range(11)])
+    assert index.match(index.hashes(PROMPT)) == {}
 
 
 def test_cached_tokens_is_what_the_seq0_event_reports() -> None:

@@ -88,6 +88,11 @@ class Route:
         return self.prefill is not None and self.main is not None
 
     @property
+    def fills_main_cache(self) -> bool:
+        """MD keeps what P ships in its prefix cache (naive bypasses it)."""
+        return self.ships_kv and self.pipeline != Pipeline.NAIVE
+
+    @property
     def lease_keys(self) -> list[str]:
         """What this route counts in flight: its instances, and the link when it ships KV."""
         keys = [e.instance_id for e in self.endpoints]
@@ -268,6 +273,9 @@ class Dispatcher:
             else:
                 route = self._route_policy(features, hits, link, retry)
         n = len(prompt_ids)
+        if route.fills_main_cache:
+            assert route.main is not None  # a route that ships KV names MD
+            self._index.expect(route.main.instance_id, hashes)
         return replace(
             route,
             prompt_hashes=hashes,

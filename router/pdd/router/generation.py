@@ -12,8 +12,10 @@ could have absorbed. What the request learns of the WAN line (P's KV could not c
 MD streams, so it did) goes to the router's ``LinkHealth``.
 
 The workers measure what the router only estimated: the prefix hit P really had
-(reported to the client as ``cached_tokens``) and what MD really held at the
-handshake (fed back into the prefix index, correcting it).
+(reported to the client as ``cached_tokens``) and, once MD streams, that the prompt
+landed there. What MD caches (the prompt once its KV landed, then the answer) goes
+into the prefix index at once, before MD's own cache events could say so: the
+conversation's next turn often comes sooner.
 """
 
 from __future__ import annotations
@@ -63,13 +65,25 @@ class MeasuredHits:
     plan: PipelinePlan
     cached_tokens: int = 0  # prompt tokens the computing instance took from its cache
     prompt_hashes: Sequence[int] | None = None  # the route's, when known (saves re-hashing)
+    #: MD keeps this request's KV in its prefix cache (``Route.fills_main_cache``).
+    main_caches: bool = False
 
     def observe(self, event: TokenEvent) -> None:
         if event.cached_tokens is not None:
             self.cached_tokens = min(event.cached_tokens, len(self.plan.prompt_ids))
         if event.md_hit_tokens is not None and self.plan.main is not None:
+            # MD streams, so the whole prompt has landed there and is cached, whatever it
+            # held at the handshake (``md_hit_tokens``, the usage report's figure).
             hashes = self.prompt_hashes or self.index.hashes(self.plan.prompt_ids)
-            self.index.confirm(self.plan.main.instance_id, hashes, event.md_hit_tokens)
+            self.index.confirm(self.plan.main.instance_id, hashes, len(self.plan.prompt_ids))
+
+    def answered(self, output_ids: Sequence[int]) -> None:
+        """The request ended: MD caches the conversation so far, prompt and answer (it
+        decoded the answer, or computed it from the relay's IDs where the relay finished
+        it), and the next turn extends it; count it as held before MD's events say so."""
+        if self.main_caches and self.plan.main is not None:
+            tokens = [*self.plan.prompt_ids, *output_ids[:-1]]  # the last has no KV on MD
+            self.index.expect(self.plan.main.instance_id, self.index.hashes(tokens))
 
 
 @dataclass(frozen=True)
@@ -117,7 +131,10 @@ class Generation:
     def _use(self, attempt: Attempt) -> None:
         self.route, self.plan, self._lease = attempt.route, attempt.plan, attempt.lease
         self.hits = MeasuredHits(
-            self.runtime.index, attempt.plan, prompt_hashes=attempt.route.prompt_hashes
+            self.runtime.index,
+            attempt.plan,
+            prompt_hashes=attempt.route.prompt_hashes,
+            main_caches=attempt.route.fills_main_cache,
         )
 
     @property
@@ -240,6 +257,8 @@ class Generation:
         if not stopped:
             tail, stopped = self._stops.feed(self._detok.finish())
             text += tail
+        if not stopped and self.hits is self._first_hits:  # MD ran it to the end, unbroken
+            self.hits.answered(self._detok.ids)
         self.finish_reason = "stop" if stopped else (reason or "stop")
         return TextDelta(
             text + ("" if stopped else self._stops.flush()),

@@ -194,6 +194,14 @@ class PrefixIndex:
                 hits[instance] = depth * size
         return hits
 
+    def expect(self, instance: str, hashes: Sequence[int]) -> None:
+        """The router is sending these blocks' KV to ``instance``, which caches them as
+        they land: count them as held from now. A conversation's next turn can come
+        before the instance's cache events say so (or before the KV even landed), and
+        P sends MD's miss from this index's prediction; MD waits for KV already on its
+        way and asks for anything it still lacks, and its handshake corrects the index."""
+        self._store.add(instance, hashes, self._clock())
+
     def confirm(self, instance: str, hashes: Sequence[int], held_tokens: int) -> None:
         """Ground truth from a handshake or a response's ``cached_tokens``: the first
         ``held_tokens`` of the prompt are on ``instance`` and nothing past them is."""

@@ -7,11 +7,14 @@ then released: MD's KV arrives late, exactly the case PDD's relay exists for.
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 
 from pdd.common.handoff import choose_handoff_mode
 from pdd.common.wire import BlockStored, CacheEventsPage, TokenEvent
+from pdd.testing.waiting import until
 
 pytestmark = [pytest.mark.unit, pytest.mark.virtual_clock]
 
@@ -171,6 +174,46 @@ async def test_md_caches_the_answer_of_a_request_the_relay_finished(vdp) -> None
     hit = delta("md", "pdd_prefix_hit_tokens")
     assert hit == (len(prompt) + len(out[0])) // bs * bs > len(prompt)
     assert delta("p", "pdd_wan_bytes") == (len(turn2) - hit) * vdp.kv_bytes_per_token
+    await vdp.assert_quiescent()
+
+
+async def test_a_next_turn_waits_for_the_answer_md_is_computing(vdp) -> None:
+    """Turn 2 reaches MD while MD still learns turn 1's answer from the relay that
+    finished it. P sends only what the router predicts MD lacks (the new message): MD
+    waits for turn 1 to land before it attaches, so nothing is sent twice."""
+    prompt = vdp.prompts(1, seed=44, lo=70, hi=71)[0]
+    out = await vdp.reference([prompt], 30, "lw1")
+    turn2 = prompt + out[0] + [7, 8, 9]
+    expected = await vdp.reference([turn2], 4, "lw2")
+    to_md, to_relay = vdp.cluster.wan_path("md"), vdp.cluster.wan_path("rld")
+    md = vdp.cluster["md"].role
+    bs = vdp.block_size
+
+    def release_once_the_relay_finished(event: TokenEvent) -> None:
+        if event.finished:
+            to_md.resume()
+
+    to_md.pause()
+    to_relay.pause()  # MD's question to the relay (which IDs?) waits on the line
+    plan1 = vdp.cluster.plan("lw1-0", prompt, "P-RLD-MD", vdp.sampling(0, 30), handoff="one-shot")
+    (turn1,) = await vdp.run_all([plan1], on_token=release_once_the_relay_finished)
+    assert set(turn1.sources) == {"rld"}
+    prompt_blocks = len(prompt) // bs * bs
+    await until(
+        lambda: md.runner.engine.cached_prefix_tokens(turn2) == prompt_blocks,
+        "turn 1's prompt landed on MD",
+    )
+
+    delta = vdp.counters("p", "md")
+    predicted = (len(prompt) + len(out[0])) // bs * bs  # what the router counts as MD's
+    plan2 = vdp.cluster.plan("lw2-0", turn2, "P-MD", vdp.sampling(0, 4), main_hit_tokens=predicted)
+    turn2_run = asyncio.ensure_future(vdp.run_all([plan2]))
+    await until(lambda: "lw2-0" in md.requests, "turn 2 reached MD")
+    to_relay.resume()
+    (result,) = await turn2_run
+    assert result.token_ids == expected[0]
+    assert delta("md", "pdd_prefix_hit_tokens") == predicted
+    assert delta("p", "pdd_wan_bytes") == (len(turn2) - predicted) * vdp.kv_bytes_per_token
     await vdp.assert_quiescent()
 
 

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import pytest
 
+from pdd.common.openai_protocol import CompletionRequest
+from pdd.common.vocabulary import Pipeline, Role
 from pdd.router.errors import UpstreamError
+from pdd.router.generation import Generation
+from pdd.router.runtime import RouterRuntime
+from pdd.router.serving_base import OpenAIServing
 
 pytestmark = [pytest.mark.unit, pytest.mark.virtual_clock]
 
@@ -120,4 +125,33 @@ async def test_a_cut_line_drops_the_kept_channels_and_p_reconnects_after(vdp) ->
     link.partition(False)
     [last] = await vdp.run_all([plan(2)])
     assert last.token_ids == expected[2] and last.sources[-1] == "md"
+    await vdp.assert_quiescent()
+
+
+async def test_the_router_predicts_the_next_turn_from_what_md_was_sent(vdp) -> None:
+    """Through the router's own code, which polls MD's cache events only at start: it
+    counts what it sent MD (the prompt) and what MD then computed (the answer) as MD's, so
+    turn 2's prediction is the whole of turn 1 and only the new message crosses."""
+    prompt = vdp.prompts(1, seed=87, lo=90, hi=91)[0]
+    workers = ((Role.PREFILL, "p"), (Role.RELAY, "rld"), (Role.MAIN, "md"))
+
+    async def complete(runtime: RouterRuntime, prompt: list[int], max_tokens: int) -> Generation:
+        request = CompletionRequest(
+            model=runtime.config.served_name, prompt=prompt, max_tokens=max_tokens,
+            temperature=0.0, ignore_eos=True,
+        )  # fmt: skip
+        generation = await OpenAIServing(runtime).start(prompt, request, max_tokens, "prompt")
+        async for _ in generation.deltas():
+            pass
+        return generation
+
+    async with vdp.cluster.router(workers) as runtime:
+        turn1 = await complete(runtime, prompt, MAX_TOKENS)
+        assert turn1.route.pipeline == Pipeline.P_MD
+        turn2 = prompt + turn1.token_ids + [7, 8, 9]
+        delta = vdp.counters("p", "md")
+        second = await complete(runtime, turn2, 4)
+    held = (len(prompt) + MAX_TOKENS - 1) // vdp.block_size * vdp.block_size
+    assert second.route.md_hit_tokens == held == delta("md", "pdd_prefix_hit_tokens")
+    assert delta("p", "pdd_wan_bytes") == (len(turn2) - held) * vdp.kv_bytes_per_token
     await vdp.assert_quiescent()

@@ -426,6 +426,10 @@ class Engine:
             self.extend(request_id, token_ids, hold=True)
         req.cache_only = True
 
+    def cached_prefix_tokens(self, token_ids: Sequence[int]) -> int:
+        """Tokens of ``token_ids`` the prefix cache holds now (nothing is locked)."""
+        return self.cache.match_prefix(token_ids).num_tokens
+
     def export_kv(
         self, request_id: str, start: int, end: int, chunk_tokens: int = 256,
         codec: KVCodec = NO_CODEC,
@@ -491,6 +495,9 @@ class Engine:
         req.num_computed = import_chunk(
             self.kv, req.block_table, req.prompt_ids, held, chunk, self.fingerprint, codec
         )
+        # Cached as it lands, not when the request ends: the conversation's next turn may
+        # come while this one still waits for a relay's IDs, or decodes.
+        self.scheduler.cache_computed(req)
         return req.num_computed
 
     def resume(self, request_id: str, pending_token_ids: Sequence[int], hold: bool = False) -> None:

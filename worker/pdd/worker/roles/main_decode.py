@@ -24,6 +24,7 @@ from pdd.common.wire import PipelinePlan, TokenLogprobs
 from pdd.worker.engine.request import RequestError
 from pdd.worker.roles.base import NoSuchRequestError, RoleBase
 from pdd.worker.roles.kv_receiver import KVReceiveError, first_position_logprobs, receive_kv
+from pdd.worker.roles.landing import LandingKV
 from pdd.worker.roles.protocol import FLAG_FINAL, FLAG_FINISHED, expect, send_meta
 from pdd.worker.roles.session import DecodeSession
 from pdd.worker.transport import (
@@ -57,6 +58,9 @@ class MainDecodeRole(RoleBase):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.requests: dict[str, MainRequest] = {}
+        #: KV of earlier requests still on its way into the cache, which a later turn of
+        #: the same conversation waits for (fixed block size: safe off the engine thread).
+        self.landing = LandingKV(self.runner.engine.config.block_size)
         self.ops = {"prepare": self._on_prepare}
 
     def _entry(self, rid: str) -> MainRequest:
@@ -75,6 +79,8 @@ class MainDecodeRole(RoleBase):
         entry = self._entry(rid)
         use_cache = plan.pipeline != Pipeline.NAIVE
         try:
+            if use_cache:
+                await self._wait_for_landing_kv(rid, plan.prompt_ids)
             received = await receive_kv(
                 self, channel, plan, use_cache, msg.get("codec", NO_CODEC), self.settings.kv_codec
             )
@@ -86,6 +92,17 @@ class MainDecodeRole(RoleBase):
         entry.logprobs = first_position_logprobs(received)
         self.spawn(self._continue(plan, entry, received.first_token), f"main-{rid}")
         return True
+
+    async def _wait_for_landing_kv(self, rid: str, prompt_ids: list[int]) -> None:
+        """Let KV already on its way (an earlier turn's) land before attaching, so it is
+        not asked for again; bounded by half of P's wait for the answer to ``prepare``."""
+        self.landing.expect(rid, prompt_ids)
+
+        async def cached() -> int:
+            return await self.runner.call(lambda e: e.cached_prefix_tokens(prompt_ids))
+
+        timeout_s = self.settings.transport.connect_timeout_s / 2
+        await self.landing.wait_ahead(rid, prompt_ids, cached, timeout_s)
 
     async def _continue(self, plan: PipelinePlan, entry: MainRequest, first_token: int) -> None:
         rid = plan.request_id
@@ -150,7 +167,7 @@ class MainDecodeRole(RoleBase):
                     ids = decode_token_ids(frame.payload).ids
                     if frame.flags & FLAG_FINISHED:  # the relay finished it
                         rest = ids if started else [first_token, *ids]
-                        await self._cache_finished(rid, entry, rest)
+                        await self._cache_finished(plan, entry, rest)
                         return
                     final = bool(frame.flags & FLAG_FINAL)
                     if not started:
@@ -174,16 +191,23 @@ class MainDecodeRole(RoleBase):
             log.warning("relay unreachable for %s (%s); waiting for the streamed ids", rid, exc)
             await self._start_from_posted(rid, entry, first_token, handed, started)
 
-    async def _cache_finished(self, rid: str, entry: MainRequest, rest: list[int]) -> None:
+    async def _cache_finished(
+        self, plan: PipelinePlan, entry: MainRequest, rest: list[int]
+    ) -> None:
         """The relay streamed the whole answer: stream nothing, but compute the KV of the
         output it did not hand over (``rest``), so the DRC holds the whole conversation for
-        the next turn as it does after a P-MD request. If the engine cannot take the tokens,
-        only the prompt's KV stays cached."""
-        self.runner.unsubscribe(rid)
+        the next turn as it does after a P-MD request; that turn waits for it (``landing``).
+        If the engine cannot take the tokens, only the prompt's KV stays cached."""
+        rid = plan.request_id
+        handed = entry.session.output if entry.session is not None else []
+        self.landing.answered(rid, [*handed, *rest])
+        computed = asyncio.Event()
+        self.runner.subscribe(rid, lambda out: computed.set() if out.finished else None)
         try:
             await self.runner.call(lambda e: e.finished_elsewhere(rid, rest))
-        except RequestError as exc:
-            log.warning("cannot cache the answer of %s the relay finished: %s", rid, exc)
+            await asyncio.wait_for(computed.wait(), self.settings.transfer_timeout_s)
+        except (RequestError, TimeoutError) as exc:
+            log.warning("cannot cache the answer of %s the relay finished: %r", rid, exc)
             await self.abort_engine_request(rid)
         if entry.session is not None:
             entry.session.end_silently()
@@ -211,6 +235,7 @@ class MainDecodeRole(RoleBase):
         session.stream_from(len(posted))  # type: ignore[union-attr]
 
     def _end(self, rid: str, error: str | None = None, culprit: str | None = None) -> None:
+        self.landing.landed(rid)
         entry = self.requests.pop(rid, None)
         if error is not None:
             seq = entry.session.emitted if entry and entry.session else 0
