@@ -13,8 +13,8 @@ no synchronous client at all). Two paths, chosen for what each one costs a reque
   hung; then the call is abandoned (other requests and ``/health`` are served meanwhile:
   nothing blocks the loop), the store goes *down*, and every later request reads the
   local store at once, without touching Redis, until Redis is back.
-* **Writes** (index entries from the poll loop and from ``confirm``, lease counts,
-  expiry) land in the local store at once and are queued for Redis, sent in order by one
+* **Writes** (index entries from the poll loop, ``expect`` and ``confirm``, lease
+  counts, expiry) land in the local store at once and are queued for Redis, sent in order by one
   background task (write-behind): the request that causes them never waits. A full
   queue means Redis cannot keep up; the store goes down and re-seeds later, as after an
   outage. The price is that another replica sees a write one flush later (the task runs
