@@ -21,7 +21,13 @@ pytestmark = pytest.mark.unit
 KVB = 2048
 #: The bench's default line: 0.05 Gbit/s, 30 ms.
 LINK = LinkState(declared_gbps=0.05, rtt_ms=30)
-POLICY = PolicyConfig(kv_bytes_per_token=KVB, ttft_budget_s=0.5, prefill_tokens_per_s=10_000)
+#: The budget rules alone (no idle-relay rule): what the live view changes is the budget test.
+POLICY = PolicyConfig(
+    kv_bytes_per_token=KVB,
+    ttft_budget_s=0.5,
+    prefill_tokens_per_s=10_000,
+    idle_relay_min_transfer_s=None,
+)
 FLEET = Fleet.of(
     [
         InstanceLoad("p0", Role.PREFILL, 0, 8),

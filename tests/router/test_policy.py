@@ -23,7 +23,13 @@ from pdd.router.recent_traffic import TrafficWindow
 pytestmark = pytest.mark.unit
 
 KVB = 50_000
-CONFIG = PolicyConfig(kv_bytes_per_token=KVB, ttft_budget_s=2.0, prefill_tokens_per_s=10_000)
+#: The budget rules alone; the idle-relay rule has its own tests at the end.
+CONFIG = PolicyConfig(
+    kv_bytes_per_token=KVB,
+    ttft_budget_s=2.0,
+    prefill_tokens_per_s=10_000,
+    idle_relay_min_transfer_s=None,
+)
 FAST = LinkState(declared_gbps=100, rtt_ms=30)
 SLOW = LinkState(declared_gbps=10, rtt_ms=30)
 QUIET = TrafficWindow(window_s=60, requests=1000)  # plenty of room under the P-RLD cap
@@ -126,8 +132,8 @@ def test_bandwidth_change_flips_exactly_at_cost_model_threshold(measured):
 def test_ttft_budget_change_flips_at_cost_model_eta():
     hits = {"p0": 50_000, "md0": 40_000}
     eta = 14_000 / 10_000 + wan_transfer_seconds(24_000, KVB, FAST)
-    tight = PolicyConfig(kv_bytes_per_token=KVB, ttft_budget_s=eta * 0.999)
-    loose = PolicyConfig(kv_bytes_per_token=KVB, ttft_budget_s=eta * 1.001)
+    tight = replace(CONFIG, ttft_budget_s=eta * 0.999)
+    loose = replace(CONFIG, ttft_budget_s=eta * 1.001)
     assert run(req(64_000), hits, link=FAST, config=tight).pipeline == Pipeline.P_RLD_MD
     assert run(req(64_000), hits, link=FAST, config=loose).pipeline == Pipeline.P_MD
 
@@ -317,3 +323,40 @@ def test_a_relay_whose_queue_outlasts_the_transfer_is_not_chosen():
     # An idle relay has no queue, whatever a request ahead would cost.
     idle = decide(req(n), hits, fleet(), SLOW, QUIET, CONFIG, relay_slot_s=5.0)
     assert isinstance(idle, Decision) and idle.pipeline == Pipeline.P_RLD_MD
+
+
+IDLE = replace(CONFIG, idle_relay_min_transfer_s=0.1)
+
+
+#: 2,000 tokens of MD miss on the slow line: 0.03 + 2,000 x 50 kB at 10 Gbit/s = 0.11 s.
+HIDDEN = {"p0": 2000, "md0": 2000}
+
+
+def test_an_idle_relay_hides_a_transfer_that_fits_the_budget():
+    """0.2 s of prefill and a 0.11 s transfer fit the 2 s budget; an idle relay takes
+    the request all the same: its first token does not wait for the transfer."""
+    decision = run(req(4000), HIDDEN, config=IDLE)
+    assert decision.estimate.transfer_s == pytest.approx(0.03 + 2000 * KVB * 8 / 10e9)
+    assert decision.estimate.md_first_token_s < IDLE.ttft_budget_s
+    assert decision.pipeline == Pipeline.P_RLD_MD and "idle relay" in decision.reason
+    assert reason_code(decision, req(4000), IDLE) == "idle_relay"
+
+
+def test_a_relay_holding_a_request_is_not_idle():
+    busy = fleet(rld=("rld0", 1, 8))
+    decision = run(req(4000), HIDDEN, instances=busy, config=IDLE)
+    assert decision.pipeline == Pipeline.P_MD
+    assert reason_code(decision, req(4000), IDLE) == "fits_ttft_budget"
+
+
+def test_an_idle_relay_leaves_a_short_transfer_on_p_md():
+    """1,000 tokens of miss: 0.03 + 0.04 s, under the 0.1 s worth hiding."""
+    decision = run(req(4000), {"p0": 3000, "md0": 3000}, config=IDLE)
+    assert decision.estimate.transfer_s < 0.1
+    assert decision.pipeline == Pipeline.P_MD
+
+
+def test_the_idle_relay_rule_is_the_routers_default():
+    assert PolicyConfig.default_of("idle_relay_min_transfer_s") == 0.1
+    default = PolicyConfig(kv_bytes_per_token=KVB, ttft_budget_s=2.0, prefill_tokens_per_s=10_000)
+    assert run(req(4000), HIDDEN, config=default).pipeline == Pipeline.P_RLD_MD

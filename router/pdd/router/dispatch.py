@@ -213,6 +213,8 @@ def reason_code(
     fits = decision.estimate.md_first_token_s <= policy.ttft_budget_s
     if link_doubted and fits and decision.pipeline == Pipeline.P_RLD_MD:
         return "link_doubted"
+    if fits and decision.pipeline == Pipeline.P_RLD_MD:
+        return "idle_relay"
     if decision.pipeline == Pipeline.P_MD:
         if fits:
             return "fits_ttft_budget"

@@ -10,7 +10,13 @@ The rules, in order (the technique's "only two pipelines, plus one filter"):
 1. **P-MD** when the first token can come from MD in time:
    ``prefill(P's miss) + wan_transfer_seconds(MD's miss) <= ttft_budget_s``, on the
    live view of the line (``pdd.common.link_estimator``: measured goodput, the KV
-   already queued on it) and P's measured prefill throughput.
+   already queued on it) and P's measured prefill throughput. Except where a relay
+   sits **idle** and the transfer would take at least ``idle_relay_min_transfer_s``:
+   then P-RLD-MD, since the relay's first token does not wait for the transfer and
+   the relay would otherwise do nothing. A relay holding any request is not idle, so
+   under load this never takes relay capacity that a request over budget needs; at
+   light load it keeps the tail of new conversations (their whole KV crosses) near
+   same-datacenter PD's.
 2. **P-RLD** for anomalous traffic only (input >= ``anomalous_min_input_tokens`` and a
    declared output below ``anomalous_output_tokens_below``) whose transfer does not
    fit, while relay-only traffic stays under its caps (share of recent requests and
@@ -76,6 +82,9 @@ class PolicyConfig:
     relay_only_max_tokens_per_s: float | None = None
     #: Seconds a client should wait before retrying a saturated router.
     retry_after_s: float = 1.0
+    #: An idle relay takes a request that fits the budget when its WAN transfer would
+    #: take at least this long (rule 1); None: only requests over budget relay.
+    idle_relay_min_transfer_s: float | None = 0.1
     weights: ChoiceWeights = field(default_factory=ChoiceWeights)
 
     @classmethod
@@ -233,6 +242,11 @@ def choose_pipeline(
     budget = config.ttft_budget_s
     eta = estimate.md_first_token_s
     if eta <= budget:
+        if relay_available and idle_relay_hides(estimate, config):
+            return Pipeline.P_RLD_MD, (
+                f"MD's first token in {eta:.2f}s fits the {budget:.2f}s budget, but an idle "
+                f"relay hides its {estimate.transfer_s:.2f}s transfer: relaying"
+            )
         return Pipeline.P_MD, f"MD's first token in {eta:.2f}s fits the {budget:.2f}s budget"
     slow = f"MD's first token in {eta:.2f}s exceeds the {budget:.2f}s budget"
     if not relay_available:
@@ -251,6 +265,12 @@ def choose_pipeline(
     if cap is not None:
         return Pipeline.P_RLD_MD, f"{slow}; anomalous but {cap}: relaying"
     return Pipeline.P_RLD_MD, f"{slow}: relaying while the KV crosses the WAN"
+
+
+def idle_relay_hides(estimate: Estimate, config: PolicyConfig) -> bool:
+    """The chosen relay holds no request and the transfer is long enough to hide."""
+    least = config.idle_relay_min_transfer_s
+    return least is not None and estimate.relay_active == 0 and estimate.transfer_s >= least
 
 
 def relay_not_sooner(estimate: Estimate) -> bool:
