@@ -70,6 +70,18 @@ def test_a_request_that_ends_before_its_kv_lands_settles_it_unlearnt():
     assert estimator.goodput_samples == 0
 
 
+def test_a_request_the_relay_finished_keeps_its_kv_on_the_line_until_p_reports():
+    store, estimator = LocalStore(60.0), LinkEstimator(LINK, 10_000)
+    lease = Lease.of(p_md_route(300 * KVB), store, estimator, now=0.0)
+    lease.release_all(keep_line=True)  # the client has its answer; the KV still crosses
+    assert counts(store) == {WAN_TRANSFERS: 1, WAN_BACKLOG_KIB: 600}
+    assert estimator.backlog == Backlog(300 * KVB, 1)
+    lease.kv_shipped(KVShipment(kv_bytes=300 * KVB, seconds=0.5), now=3.0)
+    lease.release_line()  # P's reports are over
+    assert counts(store) == {} and estimator.backlog == Backlog()
+    assert lease.shipped is not None  # the report times the line's queue (an arrival)
+
+
 def choose(estimator: LinkEstimator, miss_tokens: int = 600) -> Pipeline:
     request = RequestFeatures(miss_tokens, 100, 1)
     result = decide(

@@ -15,6 +15,7 @@ import pytest
 from pdd.common.vocabulary import LinkFault
 from pdd.common.wire import Endpoint, KVShipment, PipelinePlan, TokenEvent
 from pdd.router.stream_relay import relay_tokens
+from pdd.testing.waiting import until
 
 pytestmark = pytest.mark.unit
 
@@ -90,3 +91,49 @@ async def test_a_transfer_p_reports_failed_is_a_fault_not_a_shipment() -> None:
     )  # fmt: skip
     shipped, faults = await run([fault], "P-RLD-MD", speaker="rld")  # the relay finishes it
     assert shipped == [] and faults == [fault]
+
+
+class LateReport(Workers):
+    """The relay streams its two tokens at once; P's report comes only once the test
+    releases it (the KV still crossing after the relay finished the request), and MD's
+    stream ends with no token."""
+
+    def __init__(self, report: TokenEvent) -> None:
+        super().__init__([report], "rld")
+        self.released = asyncio.Event()
+
+    async def stream(self, http_url: str, request_id: str) -> AsyncIterator[TokenEvent]:
+        if http_url == "http://p":
+            await self.released.wait()
+            yield self.p_events[0]
+            return
+        for seq in range(2 if http_url == "http://rld" else 0):
+            yield TokenEvent(request_id="r", seq=seq, token_id=5, source="rld", finished=seq == 1)
+
+
+async def test_a_report_after_the_relay_finished_is_still_read_then_the_line_let_go() -> None:
+    shipment = KVShipment(kv_bytes=4096, seconds=2.5)
+    workers = LateReport(TokenEvent(request_id="r", seq=0, source="p", kv_shipped=shipment))
+    shipped: list[KVShipment] = []
+    over: list[int] = []  # how many shipments had been reported when the reports ended
+    events = relay_tokens(
+        plan("P-RLD-MD"), workers, 10.0,  # type: ignore[arg-type]
+        on_kv_shipped=shipped.append, on_reports_over=lambda: over.append(len(shipped)),
+    )  # fmt: skip
+    assert [e.seq async for e in events] == [0, 1]  # the client has its answer
+    assert shipped == [] and over == []  # the KV is still on the line: nothing let go
+    workers.released.set()
+    await until(lambda: over, "P's reports are over")
+    assert shipped == [shipment] and over == [1]
+
+
+async def test_the_reports_are_over_once_when_p_reported_before_the_end() -> None:
+    shipment = KVShipment(kv_bytes=4096, seconds=0.25)
+    report = TokenEvent(request_id="r", seq=0, source="p", kv_shipped=shipment)
+    over: list[str] = []
+    events = relay_tokens(
+        plan("P-MD"), Workers([report], "md"), 10.0,  # type: ignore[arg-type]
+        on_reports_over=lambda: over.append("over"),
+    )  # fmt: skip
+    assert [e.seq async for e in events] == [0, 1]
+    assert over == ["over"]

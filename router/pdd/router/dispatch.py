@@ -191,13 +191,24 @@ class Lease:
                 self.transfer, shipment.kv_bytes, shipment.seconds, now
             )
 
-    def release_all(self) -> None:
-        for i in list(self.held):
-            self.release(i)
+    def release_line(self) -> None:
+        """The KV is across, failed, or no longer waited for: the line's counts let go
+        and a transfer nothing timed leaves the estimator's backlog."""
+        self.release(WAN_TRANSFERS)
+        self.release(WAN_BACKLOG_KIB)
         if self.transfer is not None and self.estimator is not None:
             if self.shipped is None:
                 self.estimator.settle(self.transfer)  # failed, or ended before it landed
             self.transfer = None
+
+    def release_all(self, keep_line: bool = False) -> None:
+        """Let go of everything, or, with ``keep_line``, of all but the line's share
+        (``release_line`` follows when P's report on the KV is in)."""
+        for i in list(self.held):
+            if not (keep_line and i in (WAN_TRANSFERS, WAN_BACKLOG_KIB)):
+                self.release(i)
+        if not keep_line:
+            self.release_line()
 
 
 def reason_code(

@@ -21,6 +21,7 @@ conversation's next turn often comes sooner.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -212,11 +213,14 @@ class Generation:
         detok = self._detok
         relay_id = self.plan.relay.instance_id if self.plan.relay else None
         last: float | None = None
+        lease, route = self._lease, self.route
+        events = relay_tokens(
+            self.plan, rt.client, rt.config.request_timeout_s,
+            on_link_fault=self._link_fault,
+            on_kv_shipped=functools.partial(self._kv_shipped, lease, route),
+            on_reports_over=lease.release_line,  # the KV may cross after the request ended
+        )  # fmt: skip
         try:
-            events = relay_tokens(
-                self.plan, rt.client, rt.config.request_timeout_s,
-                on_link_fault=self._link_fault, on_kv_shipped=self._kv_shipped,
-            )  # fmt: skip
             async for event in events:
                 if not event.is_token:  # the finish of a token that went out unfinished
                     yield self._finish("", False, event.finish_reason)
@@ -249,7 +253,8 @@ class Generation:
                 if text:
                     yield TextDelta(text, logprobs=self._take_logprobs())
         finally:
-            self._lease.release_all()
+            await events.aclose()  # its end lets go of the line, or waits for P's report
+            lease.release_all(keep_line=True)
 
     def _finish(self, text: str, stopped: bool, reason: FinishReason | None) -> TextDelta:
         """The last delta: ``text`` (the last token's, cut at a stop string if
@@ -281,12 +286,13 @@ class Generation:
             self.route.relay_active,
         )
 
-    def _kv_shipped(self, shipment: KVShipment) -> None:
+    def _kv_shipped(self, lease: Lease, route: Route, shipment: KVShipment) -> None:
         """P reports MD imported the KV, with the line's time for it: the goodput sample
         and the proof that the line works, even where a relay's hand-off (MD's first
-        token) would come much later, or never (the relay finishes first)."""
-        self._lease.kv_shipped(shipment, time.monotonic())
-        self.runtime.link_health.delivered(self.route.link_ticket)
+        token) would come much later, or never (the relay finishes first: the report
+        then comes after the request ended, for the attempt's own lease)."""
+        lease.kv_shipped(shipment, time.monotonic())
+        self.runtime.link_health.delivered(route.link_ticket)
 
     def _link_fault(self, report: TokenEvent) -> None:
         """P could not send this request's KV over the WAN: the line is in doubt."""

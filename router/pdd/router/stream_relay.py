@@ -7,9 +7,13 @@ is routed around (RLD gone before the handoff: hand MD the IDs the client alread
 has; MD gone: tell RLD to take over). Where P ships KV across the WAN, P's stream is
 read too: it reports at once a transfer to MD that failed on the line, so a relay on
 the route takes over, and a request without one fails now (naming MD, for the
-router's retry) rather than after MD's transfer timeout. Whenever the
-stream ends before the request finished (client disconnect, timeout, failure), the
-request is cancelled on every worker it touched, so their KV and locks are freed.
+router's retry) rather than after MD's transfer timeout; and it reports that MD
+imported the KV, timed at P. Where a relay finished the request before that report,
+P's stream is read on in the background until it comes (bounded by the request's
+deadline): the KV is still crossing the line, and the router counts it there until
+then. Whenever the stream ends before the request finished (client disconnect,
+timeout, failure), the request is cancelled on every worker it touched, so their KV
+and locks are freed.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ class _StreamEnd:
 LinkFaultListener = Callable[[TokenEvent], None]
 #: Told of P's report that MD imported its KV, timed at P (``TokenEvent.kv_shipped``).
 KVShippedListener = Callable[[KVShipment], None]
+#: Told once P's reports are over: its report came, its stream ended, or nobody waits.
+ReportsOverListener = Callable[[], None]
 
 
 async def relay_tokens(
@@ -53,10 +59,13 @@ async def relay_tokens(
     merger: TokenStreamMerger | None = None,
     on_link_fault: LinkFaultListener | None = None,
     on_kv_shipped: KVShippedListener | None = None,
+    on_reports_over: ReportsOverListener | None = None,
 ) -> AsyncIterator[TokenEvent]:
     """Start ``plan`` and yield its merged tokens; raises ``UpstreamError`` on failure.
     The last event is finished: a token, or a finish event with no token where the
     last token went out before its instance knew it was the last (``TokenEvent``).
+    ``on_reports_over`` is called exactly once, when the stream is closed or, where P's
+    report on a finished request's KV is still to come, once that wait is over.
 
     ``merger``, when given, is the one used, so its counters (``duplicates``, ``errors``)
     can be read afterwards.
@@ -67,6 +76,9 @@ async def relay_tokens(
         watched.append(plan.prefill)  # type: ignore[arg-type]  # its reports, no tokens
     readers = [asyncio.create_task(_read(client, ep, plan.request_id, queue)) for ep in watched]
     merger = merger or TokenStreamMerger(plan.request_id)
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    p_reported = asyncio.Event()  # P's report (or its stream's end) was read
+    listeners = (on_link_fault, on_kv_shipped)
     try:
         entry = plan.main if plan.pipeline == "mono" else plan.prefill
         assert entry is not None  # PipelinePlan's validator guarantees it
@@ -78,16 +90,20 @@ async def relay_tokens(
             raise UpstreamError(
                 f"{entry.instance_id} refused the request: {exc.detail}", (entry.instance_id,)
             ) from exc
-        deadline = asyncio.get_running_loop().time() + timeout_s
         streams = len(plan.decode_sources)
-        listeners = (on_link_fault, on_kv_shipped)
-        async for event in _merged(plan, client, queue, merger, streams, deadline, listeners):
+        merged = _merged(plan, client, queue, merger, streams, deadline, listeners, p_reported)
+        async for event in merged:
             yield event
     finally:
-        for task in readers:
+        awaits_p = merger.finished and plan.ships_kv_over_wan and not p_reported.is_set()
+        for task in readers[:-1] if awaits_p else readers:
             task.cancel()
         if not merger.finished:
             _spawn(_cancel_everywhere(plan, client))
+        if awaits_p:
+            _spawn(_p_report(plan, queue, deadline, listeners, readers[-1], on_reports_over))
+        elif on_reports_over is not None:
+            on_reports_over()
 
 
 async def _merged(
@@ -98,6 +114,7 @@ async def _merged(
     open_streams: int,
     deadline: float,
     listeners: tuple[LinkFaultListener | None, KVShippedListener | None],
+    p_reported: asyncio.Event,
 ) -> AsyncIterator[TokenEvent]:
     """Yields released tokens; the deadline is checked per wait, never across a yield.
     ``open_streams`` counts the decode sources only: P's report stream may end any time.
@@ -126,6 +143,7 @@ async def _merged(
             ) from None
         if item.source == p:
             # P's reports: a transfer to MD that failed or was imported, and its stream's end.
+            p_reported.set()
             if isinstance(item, _StreamEnd):
                 p_open = False
                 if item.broken is None:  # P finished its part alive: the line failed, not P
@@ -148,6 +166,44 @@ async def _merged(
             yield event
         if item.error is not None and not merger.finished:
             await _route_around(plan, client, item.source, merger)
+
+
+async def _p_report(
+    plan: PipelinePlan,
+    queue: asyncio.Queue[TokenEvent | _StreamEnd],
+    deadline: float,
+    listeners: tuple[LinkFaultListener | None, KVShippedListener | None],
+    reader: asyncio.Task,
+    on_reports_over: ReportsOverListener | None,
+) -> None:
+    """The client has its answer (a relay finished it) while P's KV for MD is still on
+    the line: wait for P's report on it (imported, or failed), or its stream's end, or
+    the request's deadline, and pass it on."""
+    assert plan.prefill is not None  # only plans that ship KV over the WAN wait
+    p = plan.prefill.instance_id
+    on_link_fault, on_kv_shipped = listeners
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            item = await asyncio.wait_for(queue.get(), max(0.0, deadline - loop.time()))
+            if item.source != p:
+                continue
+            if isinstance(item, _StreamEnd):
+                return
+            if item.kv_shipped is not None:
+                if on_kv_shipped is not None:
+                    on_kv_shipped(item.kv_shipped)
+                return
+            if item.link_fault is not None:
+                if on_link_fault is not None:
+                    on_link_fault(item)
+                return
+    except TimeoutError:
+        return
+    finally:
+        reader.cancel()
+        if on_reports_over is not None:
+            on_reports_over()
 
 
 def _clear_blame(merger: TokenStreamMerger, instance_id: str | None) -> None:
