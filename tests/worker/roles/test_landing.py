@@ -66,3 +66,17 @@ async def test_the_wait_ends_when_the_kv_landed_or_at_the_bound() -> None:
     await asyncio.wait_for(waiting, 60)
     landing.expect("t3", [*turn2, 4])
     await asyncio.wait_for(landing.wait_ahead("t3", [*turn2, 4], cached, timeout_s=0.0), 60)
+
+
+async def test_the_cache_is_not_asked_when_no_earlier_request_shares_a_block() -> None:
+    landing = LandingKV(BS)
+    landing.expect("a", [1, 2, 3, 4, 5])
+    landing.expect("b", [9, 9, 9, 9, 9])
+    asked: list[int] = []
+
+    async def cached() -> int:
+        asked.append(1)
+        return 0
+
+    await asyncio.wait_for(landing.wait_ahead("b", [9, 9, 9, 9, 9], cached, 3600), 60)
+    assert asked == []  # no round trip to the engine thread on the request's path

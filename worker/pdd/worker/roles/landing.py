@@ -81,10 +81,14 @@ class LandingKV:
         timeout_s: float,
     ) -> None:
         """Wait until no earlier request brings more of ``tokens`` than the cache holds
-        (``cached()`` asks it), or ``timeout_s`` passed: then attach with what is there."""
+        (``cached()`` asks it, only where an earlier request shares a block at all), or
+        ``timeout_s`` passed: then attach with what is there."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while events := self.ahead_of(request_id, tokens, await cached()):
+        while self.ahead_of(request_id, tokens, 0):
+            events = self.ahead_of(request_id, tokens, await cached())
+            if not events:
+                return
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return
