@@ -357,6 +357,6 @@ def test_an_idle_relay_leaves_a_short_transfer_on_p_md():
 
 
 def test_the_idle_relay_rule_is_the_routers_default():
-    assert PolicyConfig.default_of("idle_relay_min_transfer_s") == 0.1
+    assert PolicyConfig.default_of("idle_relay_min_transfer_s") == 0.05
     default = PolicyConfig(kv_bytes_per_token=KVB, ttft_budget_s=2.0, prefill_tokens_per_s=10_000)
     assert run(req(4000), HIDDEN, config=default).pipeline == Pipeline.P_RLD_MD

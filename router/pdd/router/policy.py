@@ -84,7 +84,7 @@ class PolicyConfig:
     retry_after_s: float = 1.0
     #: An idle relay takes a request that fits the budget when its WAN transfer would
     #: take at least this long (rule 1); None: only requests over budget relay.
-    idle_relay_min_transfer_s: float | None = 0.1
+    idle_relay_min_transfer_s: float | None = 0.05
     weights: ChoiceWeights = field(default_factory=ChoiceWeights)
 
     @classmethod
