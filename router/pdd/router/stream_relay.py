@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,7 +60,7 @@ async def relay_tokens(
     on_link_fault: LinkFaultListener | None = None,
     on_kv_shipped: KVShippedListener | None = None,
     on_reports_over: ReportsOverListener | None = None,
-) -> AsyncIterator[TokenEvent]:
+) -> AsyncGenerator[TokenEvent, None]:
     """Start ``plan`` and yield its merged tokens; raises ``UpstreamError`` on failure.
     The last event is finished: a token, or a finish event with no token where the
     last token went out before its instance knew it was the last (``TokenEvent``).
