@@ -37,12 +37,13 @@ def test_with_the_drc_off_the_relays_overload_and_latency_runs_away(report: dict
     assert off["relay_overload_share"] > 0.3
     assert off["relay_fallbacks"] > 0  # requests that needed a relay and found none
     assert off["ttft_p99"] > 10 * on["ttft_p99"]
-    # Overload lasts: through the second half the relays never get below 85% busy (a
-    # snapshot may catch a slot just freed, so "full at every sample" is too strict), and
-    # requests keep finding no relay.
+    # Overload lasts: through the second half the relays are over 85% busy in at least
+    # nine samples of ten (a snapshot may catch slots just freed, so "full at every
+    # sample" is too strict), and requests keep finding no relay.
     samples = after_warmup(report, "drc-off")
     late = samples[len(samples) // 2 :]
-    assert min(s["relay_utilization"] for s in late) > 0.85
+    busy = sorted(s["relay_utilization"] for s in late)
+    assert busy[len(busy) // 10] > 0.85
     assert late[-1]["relay_fallbacks"] > late[0]["relay_fallbacks"]
 
 

@@ -38,6 +38,14 @@ def small(wan_gbps: float = 100.0, handoff: str = "auto", **run) -> Scenario:
     )
 
 
+def budget_rules_only(s: Scenario) -> Scenario:
+    """The router without its idle-relay rule: P-MD whenever the transfer fits the budget
+    (an idle relay would otherwise take every transfer of 0.05 s or more)."""
+    return s.model_copy(
+        update={"router": s.router.model_copy(update={"idle_relay_min_transfer_s": None})}
+    )
+
+
 def request(key: str, blocks: range, output: int, think_s: float = 0.0) -> TraceRequest:
     ids = tuple(blocks)
     return TraceRequest(key, "t", ids, len(ids) * BLOCK, output, BLOCK, think_s)
@@ -68,7 +76,7 @@ def test_naive_ships_every_prompts_full_kv_and_keeps_no_history() -> None:
 
 
 def test_pdd_ships_only_mds_miss_and_turn_two_hits_the_drc() -> None:
-    run = simulate(small(), "pdd", two_turns())
+    run = simulate(budget_rules_only(small()), "pdd", two_turns())
     first, second = run.records
     assert (first.pipeline, second.pipeline) == ("P-MD", "P-MD")
     assert second.md_hit_tokens == 40 * BLOCK and second.p_hit_tokens == 40 * BLOCK
@@ -160,11 +168,21 @@ def test_a_transfer_committed_at_dispatch_queues_the_next_one_behind_it() -> Non
     while the first's KV is committed to the line (its P still prefilling, not a byte
     sent yet), queues behind it in the router's link estimator: it is relayed."""
     one = trace(conversation(request("a#0", range(8), 50)))
-    alone = simulate(small(wan_gbps=1.5), "pdd", one)  # 1.3 s estimated, 2 s budget
+    line = budget_rules_only(small(wan_gbps=1.5))
+    alone = simulate(line, "pdd", one)  # 1.3 s estimated, 2 s budget
     assert [r.pipeline for r in alone.records] == ["P-MD"]
     both = trace(
         conversation(request("a#0", range(8), 50), name="a"),
         conversation(request("b#0", range(100, 108), 50), start=0.001, name="b"),
     )
-    first, second = simulate(small(wan_gbps=1.5), "pdd", both).records
+    first, second = simulate(line, "pdd", both).records
     assert (first.pipeline, second.pipeline) == ("P-MD", "P-RLD-MD")
+
+
+def test_the_router_s_idle_relay_rule_runs_in_the_simulator_too() -> None:
+    """The simulator decides through the router's policy with the router's defaults: an
+    idle relay takes a transfer that fits the budget (1.3 s of 2 s) but is long enough
+    to hide, where the budget rules alone choose P-MD."""
+    one = trace(conversation(request("a#0", range(8), 50)))
+    (relayed,) = simulate(small(wan_gbps=1.5), "pdd", one).records
+    assert relayed.pipeline == "P-RLD-MD" and relayed.rld_tokens > 0

@@ -122,6 +122,7 @@ class Cluster:
             anomalous_min_input_tokens=r.anomalous_min_input_tokens,
             anomalous_output_tokens_below=r.anomalous_output_tokens_below,
             relay_only_max_share=r.relay_only_max_share,
+            idle_relay_min_transfer_s=r.idle_relay_min_transfer_s,
             retry_after_s=r.retry_after_s,
         )
 

@@ -111,6 +111,11 @@ class RouterSpec(_Spec):
         PolicyConfig.default_of("anomalous_output_tokens_below"), gt=0
     )
     relay_only_max_share: float = Field(PolicyConfig.default_of("relay_only_max_share"), ge=0, le=1)
+    idle_relay_min_transfer_s: float | None = Field(
+        PolicyConfig.default_of("idle_relay_min_transfer_s"),
+        gt=0,
+        description="an idle relay takes a transfer this long or longer; null: never",
+    )
     traffic_window_s: float = Field(60.0, gt=0)
     retry_after_s: float = Field(PolicyConfig.default_of("retry_after_s"), gt=0)
     max_retries: int = Field(30, ge=0, description="a request refused this often is lost")
