@@ -114,9 +114,23 @@ def test_a_new_transfer_queues_behind_the_backlog_at_most_its_own_size_per_trans
         LinkState(10, 30, backlog_bytes=-1)
 
 
-def test_wan_transfer_rejects_negative_tokens():
-    with pytest.raises(ValueError, match="miss_tokens"):
+def test_a_request_waits_for_all_of_the_kv_its_hit_counts_on():
+    """A small miss alone shares the line fairly with the transfers ahead; where the hit
+    it counts on is one of them, still crossing, it waits for that one whole."""
+    busy = LinkState(0.08, 30, backlog_bytes=10 * 10**6, backlog_transfers=1)  # 1 s of KV
+    fair = wan_transfer_seconds(10, 1000, busy)
+    assert fair == pytest.approx(0.03 + 2 * 10_000 * 8 / 0.08e9)
+    awaited = wan_transfer_seconds(10, 1000, busy, awaited_bytes=10 * 10**6)
+    assert awaited == pytest.approx(0.03 + (10_000 + 10 * 10**6) * 8 / 0.08e9)
+    # Awaiting less than the fair share costs nothing more.
+    assert wan_transfer_seconds(10, 1000, busy, awaited_bytes=5_000) == pytest.approx(fair)
+
+
+def test_wan_transfer_rejects_negative_counts():
+    with pytest.raises(ValueError, match=">= 0"):
         wan_transfer_seconds(-1, 10, LinkState(10, 1))
+    with pytest.raises(ValueError, match=">= 0"):
+        wan_transfer_seconds(1, 10, LinkState(10, 1), awaited_bytes=-1)
 
 
 @pytest.mark.parametrize(("a", "b"), [(MISS_SHAPE, MISS_SHAPE * 9), (2.0, 5.0), (0.5, 0.5)])

@@ -42,6 +42,23 @@ def test_commitments_are_the_backlog_until_they_land_or_settle():
     assert e.backlog == Backlog(0, 0)
 
 
+@pytest.mark.parametrize("frozen", [False, True])
+def test_a_transfer_is_awaited_by_prompts_sharing_its_blocks_on_its_md_until_it_lands(frozen):
+    e = estimator(frozen)
+    turn1 = e.commit(2 * MB, "p0", 100, now=0.0, main_id="md0", carried=[11, 12, 13])
+    e.commit(MB, "p0", 100, now=0.0, main_id="md1", carried=[21])
+    e.commit(MB, "p0", 100, now=0.0)  # names no blocks (the simulator's): awaited by none
+    # The next turn extends turn 1: it waits on md0 for all of turn 1's KV.
+    assert e.awaited_bytes([10, 11, 12, 13, 14]) == {"md0": 2 * MB}
+    assert e.awaited_bytes([10, 13, 21]) == {"md0": 2 * MB, "md1": MB}
+    assert e.awaited_bytes([10, 99]) == {}  # shares only what MD held before: nothing
+    e.landed(turn1, now=0.5)
+    assert e.awaited_bytes([10, 11, 12, 13, 14]) == {}
+    shipped = e.commit(MB, "p0", 100, now=1.0, main_id="md0", carried=[31])
+    e.shipped(shipped, MB, 0.2, now=1.3)  # P's report: MD imported it
+    assert e.awaited_bytes([31]) == {}
+
+
 def test_a_shared_backlog_replaces_the_own_one():
     e = estimator()
     e.commit(MB, "p0", 0, now=0.0)

@@ -119,6 +119,37 @@ def test_a_slow_line_is_learnt_when_p_reports_before_md_streams():
     assert choose(estimator) == Pipeline.P_RLD_MD
 
 
+def test_the_next_turn_relays_while_the_kv_its_hit_counts_on_still_crosses():
+    """Turn 1's 300 tokens of KV (0.6 MB, about 0.1 s on the declared line) are on their
+    way to md0, and the index already counts them as md0's. Turn 2 extends turn 1 and
+    misses 4 tokens: alone on the line that is one RTT, but md0 lets turn 1's KV land
+    before it attaches turn 2, so MD's first token waits for all of it, and an idle relay
+    hides that. Once P reports turn 1 imported, turn 2 goes P-MD."""
+    store, estimator = LocalStore(60.0), LinkEstimator(LINK, 10_000)
+    policy = PolicyConfig(kv_bytes_per_token=KVB, ttft_budget_s=0.5, prefill_tokens_per_s=10_000)
+    turn1_blocks = tuple(range(100, 119))
+    route = Route(
+        Pipeline.P_RLD_MD, "r", "c", prefill=ep("p0"), relay=ep("rld0"), main=ep("md0"),
+        kv_bytes=300 * KVB, prefill_tokens=300, carried_hashes=turn1_blocks,
+    )  # fmt: skip
+    turn1 = Lease.of(route, store, estimator, now=0.0)
+    turn1.release_all(keep_line=True)  # the relay finished turn 1; its KV still crosses
+    turn2 = RequestFeatures(304, 16, 1)
+    hashes = (*turn1_blocks, 119)
+
+    def pipeline() -> Pipeline:
+        result = decide(
+            turn2, {"md0": 300, "p0": 300}, FLEET, estimator.link(), TrafficWindow(60.0, 100),
+            policy, awaited_bytes=estimator.awaited_bytes(hashes),
+        )  # fmt: skip
+        return result.pipeline  # type: ignore[union-attr]
+
+    assert pipeline() == Pipeline.P_RLD_MD
+    turn1.kv_shipped(KVShipment(kv_bytes=300 * KVB, seconds=0.13), now=0.2)
+    turn1.release_line()
+    assert pipeline() == Pipeline.P_MD
+
+
 def test_a_slow_prefill_measured_on_one_p_counts_in_its_estimate():
     estimator = LinkEstimator(LINK, 10_000)
     assert choose(estimator, 600) == Pipeline.P_MD

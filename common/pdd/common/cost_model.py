@@ -146,13 +146,18 @@ def queued_ahead_bytes(link: LinkState, nbytes: int) -> int:
     return min(link.backlog_bytes, link.backlog_transfers * nbytes)
 
 
-def wan_transfer_seconds(miss_tokens: int, kv_bytes_per_token: int, link: LinkState) -> float:
+def wan_transfer_seconds(
+    miss_tokens: int, kv_bytes_per_token: int, link: LinkState, awaited_bytes: int = 0
+) -> float:
     """Seconds to ship ``miss_tokens`` tokens of KV over ``link``: one RTT, plus the
-    serialization of the miss and of the backlog it queues behind."""
-    if miss_tokens < 0:
-        raise ValueError(f"miss_tokens must be >= 0, got {miss_tokens}")
+    serialization of the miss and of the backlog it queues behind. ``awaited_bytes``:
+    KV still crossing to the same MD that the request's hit counts on (an earlier turn's
+    transfer, which MD lets land before it attaches): the request waits for all of it,
+    not for the fair share a transfer of its own size would."""
+    if miss_tokens < 0 or awaited_bytes < 0:
+        raise ValueError(f"token and byte counts must be >= 0: {miss_tokens}, {awaited_bytes}")
     nbytes = miss_tokens * kv_bytes_per_token
-    bits = (nbytes + queued_ahead_bytes(link, nbytes)) * _BITS_PER_BYTE
+    bits = (nbytes + max(queued_ahead_bytes(link, nbytes), awaited_bytes)) * _BITS_PER_BYTE
     return bits / (link.effective_gbps * _GIGA) + link.rtt_s
 
 

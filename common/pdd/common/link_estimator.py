@@ -11,6 +11,12 @@ What it keeps, and where each number comes from:
   KV), ``settle`` when the transfer failed or the request ended first (and where the
   simulator's KV lands: its line runs at exactly the declared rate, nothing to learn).
   A new transfer queues behind it (``cost_model.wan_transfer_seconds``).
+- **Awaited KV**: each committed transfer also names its MD and the prompt blocks it
+  carries there. A later request whose hit on that MD counts on any of them (the
+  conversation's next turn, sent while the last turn's KV still crosses) gets its
+  first token from MD only once all of that transfer landed, so its estimate waits
+  for the whole transfer, not for the fair share of the line its own few bytes would
+  get (``awaited_bytes``). Bookkeeping, like the backlog: the static view counts it too.
 - **Goodput**: the declared rate is the prior; each transfer that lands is a sample,
   from the router's own bookkeeping: the seconds from dispatch to MD's first token,
   less P's estimated prefill, one RTT and the fixed costs, is what the line took for
@@ -78,7 +84,7 @@ is still counted (the router's own bookkeeping, not a measurement), nothing is l
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from pdd.common.cost_model import LinkState, queued_ahead_bytes
@@ -119,6 +125,9 @@ class Transfer:
     others_ahead_bytes: int
     #: A relay is on the route: MD's first token waits for the hand-off too.
     relayed: bool = False
+    #: The MD the KV goes to, and the hashes of the prompt blocks it carries there.
+    main_id: str = ""
+    carried: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -151,6 +160,8 @@ class LinkEstimator:
         self._relay_slot_s = 0.0
         #: When the router last heard a transfer's KV had crossed (``Arrival``).
         self._last_arrival_at = float("-inf")
+        #: This estimator's commitments not yet settled, by identity.
+        self._in_flight: dict[int, Transfer] = {}
 
     @property
     def backlog(self) -> Backlog:
@@ -192,8 +203,10 @@ class LinkEstimator:
     def commit(
         self, nbytes: int, prefill_id: str, prefill_tokens: int, now: float,
         backlog: Backlog | None = None, relayed: bool = False,
+        main_id: str = "", carried: Iterable[int] = (),
     ) -> Transfer:  # fmt: skip
-        """A route that ships ``nbytes`` of KV over the line was dispatched."""
+        """A route that ships ``nbytes`` of KV over the line was dispatched, to
+        ``main_id`` with the prompt blocks ``carried`` (hashes)."""
         if nbytes < 0 or prefill_tokens < 0:
             raise ValueError("a transfer's bytes and prefill tokens must be >= 0")
         link = self.link(backlog)
@@ -201,12 +214,27 @@ class LinkEstimator:
         others = Backlog(link.backlog_bytes - own.bytes, link.backlog_transfers - own.transfers)
         ahead = queued_ahead_bytes(self.link(others), nbytes)
         self._own = Backlog(self._own.bytes + nbytes, self._own.transfers + 1)
-        return Transfer(nbytes, prefill_id, prefill_tokens, now, ahead, relayed)
+        transfer = Transfer(
+            nbytes, prefill_id, prefill_tokens, now, ahead, relayed, main_id, frozenset(carried)
+        )
+        self._in_flight[id(transfer)] = transfer
+        return transfer
 
     def settle(self, transfer: Transfer) -> None:
         """The transfer is off the line, with no timing to learn from (it failed, or its
         request ended first)."""
         self._own = Backlog(self._own.bytes - transfer.nbytes, self._own.transfers - 1)
+        self._in_flight.pop(id(transfer), None)
+
+    def awaited_bytes(self, hashes: Iterable[int]) -> dict[str, int]:
+        """Per MD, the bytes of the transfers still crossing to it that carry any of the
+        prompt blocks ``hashes``: what a request counting on them waits for."""
+        wanted = set(hashes)
+        awaited: dict[str, int] = {}
+        for t in self._in_flight.values():
+            if t.carried and not wanted.isdisjoint(t.carried):
+                awaited[t.main_id] = awaited.get(t.main_id, 0) + t.nbytes
+        return awaited
 
     def _arrived(self, at: float) -> Arrival:
         arrival = Arrival(at, self._last_arrival_at)

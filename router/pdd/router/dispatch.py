@@ -77,6 +77,9 @@ class Route:
     #: Requests already on the relay when this route was chosen: the link estimator
     #: reads the relay's first token as P's time only when there were none.
     relay_active: int = 0
+    #: The hashes of the prompt blocks P ships into MD's cache (past MD's hit): a later
+    #: request counting on them waits for this transfer (``LinkEstimator.awaited_bytes``).
+    carried_hashes: tuple[int, ...] = ()
 
     @property
     def endpoints(self) -> list[Endpoint]:
@@ -157,6 +160,8 @@ class Lease:
                 lease.dispatched_at,
                 route.backlog,
                 relayed=route.relay is not None,
+                main_id=route.main.instance_id if route.main is not None else "",
+                carried=route.carried_hashes,
             )
         return lease
 
@@ -284,14 +289,18 @@ class Dispatcher:
             elif self._config.force_pipeline == Pipeline.NAIVE:
                 route = self._route_naive(features, hits)
             else:
-                route = self._route_policy(features, hits, link, retry)
+                awaited = self._estimator.awaited_bytes(hashes)
+                route = self._route_policy(features, hits, link, retry, awaited)
         n = len(prompt_ids)
+        carried: tuple[int, ...] = ()
         if route.fills_main_cache:
             assert route.main is not None  # a route that ships KV names MD
             self._index.expect(route.main.instance_id, hashes)
+            carried = hashes[route.md_hit_tokens // self._config.block_size :]
         return replace(
             route,
             prompt_hashes=hashes,
+            carried_hashes=carried,
             link_ticket=self._link_health.ticket,
             kv_bytes=(n - route.md_hit_tokens) * self._policy.kv_bytes_per_token,
             prefill_tokens=n - route.p_hit_tokens,
@@ -304,13 +313,15 @@ class Dispatcher:
         hits: dict[str, int],
         link: LinkState,
         retry: bool = False,
+        awaited: dict[str, int] | None = None,
     ) -> Route:
-        """PDD: the pure policy picks the pipeline and instances."""
+        """PDD: the pure policy picks the pipeline and instances; ``awaited``: per MD, the
+        KV still crossing to it that the prompt's hit there counts on."""
         traffic = self._traffic.snapshot()
         doubt = self._link_health.doubt()
         result = decide(
             features, hits, self._view.fleet, link, traffic, self._policy, retry, doubt,
-            self._estimator.prefill_rates(), self._estimator.relay_slot_s,
+            self._estimator.prefill_rates(), self._estimator.relay_slot_s, awaited,
         )  # fmt: skip
         if isinstance(result, Saturated):
             raise SaturatedError(result.reason, result.retry_after_s)

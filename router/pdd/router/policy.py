@@ -10,7 +10,8 @@ The rules, in order (the technique's "only two pipelines, plus one filter"):
 1. **P-MD** when the first token can come from MD in time:
    ``prefill(P's miss) + wan_transfer_seconds(MD's miss) <= ttft_budget_s``, on the
    live view of the line (``pdd.common.link_estimator``: measured goodput, the KV
-   already queued on it) and P's measured prefill throughput. Except where a relay
+   already queued on it, all of an earlier transfer still crossing to MD that the
+   request's hit counts on) and P's measured prefill throughput. Except where a relay
    sits **idle** and the transfer would take at least ``idle_relay_min_transfer_s``:
    then P-RLD-MD, since the relay's first token does not wait for the transfer and
    the relay would otherwise do nothing. A relay holding any request is not idle, so
@@ -173,6 +174,7 @@ def decide(
     link_doubt: str | None = None,
     prefill_rates: Mapping[str, float] | None = None,
     relay_slot_s: float = 0.0,
+    awaited_bytes: Mapping[str, int] | None = None,
 ) -> Decision | Saturated:
     """Choose P and MD, estimate MD's first token, then pick the pipeline.
 
@@ -183,6 +185,8 @@ def decide(
     one not in it).
     ``relay_slot_s``: seconds each request already on the relay adds to a relayed
     request's first token (the link estimator's ``relay_slot_s``; 0: none measured).
+    ``awaited_bytes``: per MD, the KV still crossing to it that this prompt's hit there
+    counts on (the link estimator's ``awaited_bytes``).
     """
     n = request.input_tokens
     p = choose_prefill(fleet, hits, n, config.weights)
@@ -191,7 +195,8 @@ def decide(
     md = choose_main_decode(fleet, hits, n, request.affinity_key, config.weights)
     relay = choose_relay(fleet)
     rate = (prefill_rates or {}).get(p.instance_id, config.prefill_tokens_per_s)
-    estimate = _estimate(request, hits.get(p.instance_id, 0), md, hits, link, config, rate)
+    awaited = (awaited_bytes or {}).get(md.instance_id, 0) if md else 0
+    estimate = _estimate(request, hits.get(p.instance_id, 0), md, hits, link, config, rate, awaited)
     if relay is not None:
         queue_s = relay_slot_s * relay.active
         estimate = replace(estimate, relay_active=relay.active, relay_queue_s=queue_s)
@@ -219,15 +224,17 @@ def _estimate(
     link: LinkState,
     config: PolicyConfig,
     prefill_tokens_per_s: float,
+    awaited_bytes: int = 0,
 ) -> Estimate:
     n = request.input_tokens
     md_hit = min(hits.get(md.instance_id, 0), n) if md else 0
     p_hit = min(p_hit, n)
+    miss = n - md_hit
     return Estimate(
         p_hit_tokens=p_hit,
         md_hit_tokens=md_hit,
         prefill_s=(n - p_hit) / prefill_tokens_per_s,
-        transfer_s=wan_transfer_seconds(n - md_hit, config.kv_bytes_per_token, link),
+        transfer_s=wan_transfer_seconds(miss, config.kv_bytes_per_token, link, awaited_bytes),
     )
 
 
