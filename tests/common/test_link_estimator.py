@@ -6,6 +6,8 @@ from pdd.common.cost_model import LinkState, wan_transfer_seconds
 from pdd.common.link_estimator import (
     GAIN,
     MAX_OVER_DECLARED,
+    MAX_SLOWDOWN,
+    MIN_FIXED_SAMPLES,
     MIN_PREFILL_SAMPLE_TOKENS,
     MIN_SAMPLE_S,
     Backlog,
@@ -188,6 +190,47 @@ def test_small_transfers_are_no_samples_and_impossible_times_are_capped():
     t = e.commit(MB, "p0", 1000, now=0.0)  # lands before the prior prefill would be over
     e.landed(t, now=0.5)
     assert e.link().effective_gbps <= 0.08 * MAX_OVER_DECLARED
+
+
+def learnt_fixed_cost(e: LinkEstimator, fixed_s: float) -> None:
+    for i in range(MIN_FIXED_SAMPLES + 26):
+        e.landed(e.commit(100, "p0", 0, now=float(i)), now=i + 0.03 + fixed_s)
+    assert e.overhead_s == pytest.approx(fixed_s, rel=0.01)
+
+
+def test_a_throttle_is_learnt_from_transfers_too_small_to_time_at_the_estimate():
+    """100 KB takes 10 ms at the believed 10 MB/s, under MIN_SAMPLE_S: on time, such
+    transfers only measure the fixed cost. On a line ten times slower each lands 90 ms
+    late, past the fixed cost: that is the line, and a few of them teach it."""
+    e = estimator()
+    learnt_fixed_cost(e, 0.05)
+    kb100 = 100_000
+    for i in range(10):  # on time: the fixed cost, no goodput sample
+        e.landed(e.commit(kb100, "p0", 0, now=100.0 + i), now=100.0 + i + 0.03 + 0.05 + 0.01)
+    assert e.goodput_samples == 0 and e.overhead_s == pytest.approx(0.05, rel=0.01)
+    for i in range(12):  # the line runs at 1 MB/s: 0.1 s for each
+        e.landed(e.commit(kb100, "p0", 0, now=200.0 + i), now=200.0 + i + 0.03 + 0.05 + 0.1)
+    assert e.goodput_samples > 0
+    assert e.link().effective_gbps == pytest.approx(0.008, rel=0.1)
+
+
+def test_a_small_transfer_shows_no_slow_line_from_jitter_a_few_bytes_or_no_fixed_cost():
+    kb100 = 100_000
+    fresh = estimator()  # no fixed cost measured yet: a late transfer teaches only that
+    fresh.landed(fresh.commit(kb100, "p0", 0, now=0.0), now=0.03 + 0.2)
+    assert fresh.goodput_samples == 0
+    e = estimator()
+    learnt_fixed_cost(e, 0.05)
+    # 15 ms late, under MIN_SAMPLE_S: MD's step jittered, the line is as believed.
+    e.landed(e.commit(kb100, "p0", 0, now=100.0), now=100.0 + 0.03 + 0.05 + 0.01 + 0.015)
+    # A hundred bytes 0.2 s late: too few bytes to say anything of the line.
+    e.landed(e.commit(100, "p0", 0, now=101.0), now=101.0 + 0.03 + 0.05 + 0.2)
+    assert e.goodput_samples == 0 and e.link().effective_gbps == pytest.approx(0.08)
+    # A stall of a whole second on 100 KB: at most MAX_SLOWDOWN times the estimate.
+    e.landed(e.commit(kb100, "p0", 0, now=102.0), now=102.0 + 0.03 + 0.05 + 1.0)
+    spb = 1 / (0.08e9 / 8)
+    expected = 1 / (spb + GAIN * (MAX_SLOWDOWN * spb - spb)) * 8 / 1e9
+    assert e.link().effective_gbps == pytest.approx(expected)
 
 
 def test_the_fixed_cost_small_transfers_show_is_not_charged_to_the_line():

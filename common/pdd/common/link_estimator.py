@@ -38,7 +38,15 @@ What it keeps, and where each number comes from:
   under ``MIN_SAMPLE_S`` at the current estimate) is no goodput sample; what its time
   holds beyond the prefill, one RTT and that serialization is the P-MD path's fixed
   cost (MD's step, P's queue beyond the estimate), averaged the same way and taken
-  out of the goodput samples, so the line is not charged for it. Only a transfer that
+  out of the goodput samples, so the line is not charged for it. Unless it took
+  ``MIN_SAMPLE_S`` longer than that fixed cost and its serialization allow: then the
+  line is slower than believed, and the small transfer is a goodput sample after all
+  (once its bytes are worth timing, at least a tenth of ``MIN_SAMPLE_S`` at the
+  estimate, and no slower than ``MAX_SLOWDOWN`` times the estimate, so that one stall
+  of MD's step does not teach a collapse). Without this a line throttled while the
+  decode-side cache keeps misses small was never learnt: a benchmark's whole 60 s
+  10x throttle passed at the declared rate, its 30-60-token transfers each 80-180 ms
+  late. Only a transfer that
   queued behind none samples it: a queue is the line's, not a fixed cost. A relayed
   transfer's first token from MD also waits for the hand-off, whose token IDs cross
   the line once more: one more RTT comes off its sample. Even so, the hand-off waits
@@ -97,6 +105,10 @@ GAIN = 0.25
 MIN_SAMPLE_S = 0.02
 #: The fastest a sample may put the line, as a multiple of the declared rate.
 MAX_OVER_DECLARED = 4.0
+#: The slowest a small transfer's sample may put the line, as a multiple of the estimate.
+MAX_SLOWDOWN = 10.0
+#: Small transfers' fixed-cost samples needed before one can show a slow line.
+MIN_FIXED_SAMPLES = 4
 #: A prefill under this many tokens is no throughput sample (fixed costs dominate it).
 MIN_PREFILL_SAMPLE_TOKENS = 64
 _GIGA = 1e9
@@ -157,6 +169,7 @@ class LinkEstimator:
         self.goodput_samples = 0
         #: The P-MD path's measured fixed cost beyond prefill and one RTT (seconds).
         self.overhead_s = 0.0
+        self.overhead_samples = 0
         self._relay_slot_s = 0.0
         #: When the router last heard a transfer's KV had crossed (``Arrival``).
         self._last_arrival_at = float("-inf")
@@ -271,12 +284,17 @@ class LinkEstimator:
         # that one landed; both landings lag the line alike, so the lag cancels.
         queued = arrival.previous > transfer.committed_at
         since_previous = arrival.at - arrival.previous
-        if transfer.nbytes * self._spb < MIN_SAMPLE_S:
-            if not upper_bound and not queued:  # the path's fixed cost: prefill, RTT aside
-                fixed = beyond - transfer.nbytes * self._spb
-                self.overhead_s += GAIN * (max(0.0, fixed) - self.overhead_s)
-            return
+        serial_s = transfer.nbytes * self._spb
         line_s = beyond - self.overhead_s
+        if serial_s < MIN_SAMPLE_S:
+            if upper_bound or queued:
+                return
+            if not self._small_shows_slow_line(serial_s, line_s):
+                fixed = beyond - serial_s  # the path's fixed cost: prefill, RTT aside
+                self.overhead_s += GAIN * (max(0.0, fixed) - self.overhead_s)
+                self.overhead_samples += 1
+                return
+            line_s = min(line_s, MAX_SLOWDOWN * serial_s)
         if queued and not upper_bound:
             line_s = min(line_s, since_previous)
         # A time at or under zero is timing noise (P was faster than estimated), not an
@@ -287,6 +305,16 @@ class LinkEstimator:
             return  # the relay's wait, not the line, may be what made it this slow
         self._spb += GAIN * (sample - self._spb)
         self.goodput_samples += 1
+
+    def _small_shows_slow_line(self, serial_s: float, line_s: float) -> bool:
+        """A transfer too small to time the line at the estimate took ``MIN_SAMPLE_S``
+        longer on it than that estimate allows, with bytes enough to be worth timing and
+        the fixed cost known (see the module docstring)."""
+        return (
+            self.overhead_samples >= MIN_FIXED_SAMPLES
+            and serial_s >= MIN_SAMPLE_S / 10
+            and line_s - serial_s >= MIN_SAMPLE_S
+        )
 
     def shipped(self, transfer: Transfer, kv_bytes: int, seconds: float, now: float) -> Arrival:
         """P timed the transfer: ``kv_bytes`` from its first chunk on the line to MD's
