@@ -233,6 +233,22 @@ def test_a_small_transfer_shows_no_slow_line_from_jitter_a_few_bytes_or_no_fixed
     assert e.link().effective_gbps == pytest.approx(expected)
 
 
+def test_a_small_transfer_slowed_by_another_beside_it_shows_no_slow_line():
+    """A burst of new conversations: a small transfer shares the line with a large one
+    (committed before it, or after it), lands 90 ms late, and the line is as declared."""
+    e = estimator()
+    learnt_fixed_cost(e, 0.05)
+    kb100 = 100_000
+    large = e.commit(MB, "p0", 0, now=100.0)
+    small = e.commit(kb100, "p0", 0, now=100.0)
+    e.landed(small, now=100.0 + 0.03 + 0.05 + 0.1)
+    small = e.commit(kb100, "p0", 0, now=101.0)
+    e.settle(large)
+    e.commit(MB, "p0", 0, now=101.01)
+    e.landed(small, now=101.0 + 0.03 + 0.05 + 0.1)
+    assert e.goodput_samples == 0 and e.link().effective_gbps == pytest.approx(0.08)
+
+
 def test_the_fixed_cost_small_transfers_show_is_not_charged_to_the_line():
     """Every transfer pays 0.12 s beyond prefill and one RTT (the handshake's round
     trips, MD's step): the small ones measure it, and a 1 MB transfer that took its

@@ -39,11 +39,13 @@ What it keeps, and where each number comes from:
   holds beyond the prefill, one RTT and that serialization is the P-MD path's fixed
   cost (MD's step, P's queue beyond the estimate), averaged the same way and taken
   out of the goodput samples, so the line is not charged for it. Unless it took
-  ``MIN_SAMPLE_S`` longer than that fixed cost and its serialization allow: then the
-  line is slower than believed, and the small transfer is a goodput sample after all
-  (once its bytes are worth timing, at least a tenth of ``MIN_SAMPLE_S`` at the
-  estimate, and no slower than ``MAX_SLOWDOWN`` times the estimate, so that one stall
-  of MD's step does not teach a collapse). Without this a line throttled while the
+  ``MIN_SAMPLE_S`` longer than that fixed cost and its serialization allow, having had
+  the line to itself (nothing else committed from its dispatch to its landing: a large
+  transfer beside it slows it without the line being slow): then the line is slower
+  than believed, and the small transfer is a goodput sample after all (once its bytes
+  are worth timing, at least a tenth of ``MIN_SAMPLE_S`` at the estimate, and no
+  slower than ``MAX_SLOWDOWN`` times the estimate, so that one stall of MD's step does
+  not teach a collapse). Without this a line throttled while the
   decode-side cache keeps misses small was never learnt: a benchmark's whole 60 s
   10x throttle passed at the declared rate, its 30-60-token transfers each 80-180 ms
   late. Only a transfer that
@@ -140,6 +142,10 @@ class Transfer:
     #: The MD the KV goes to, and the hashes of the prompt blocks it carries there.
     main_id: str = ""
     carried: frozenset[int] = frozenset()
+    #: No other transfer was on the line when this one was committed, and ``serial``
+    #: counts the commitments up to this one: with none after it, it had the line alone.
+    alone: bool = False
+    serial: int = 0
 
 
 @dataclass(frozen=True)
@@ -175,6 +181,7 @@ class LinkEstimator:
         self._last_arrival_at = float("-inf")
         #: This estimator's commitments not yet settled, by identity.
         self._in_flight: dict[int, Transfer] = {}
+        self._commits = 0
 
     @property
     def backlog(self) -> Backlog:
@@ -227,9 +234,12 @@ class LinkEstimator:
         others = Backlog(link.backlog_bytes - own.bytes, link.backlog_transfers - own.transfers)
         ahead = queued_ahead_bytes(self.link(others), nbytes)
         self._own = Backlog(self._own.bytes + nbytes, self._own.transfers + 1)
+        self._commits += 1
+        alone = link.backlog_transfers == 0
         transfer = Transfer(
-            nbytes, prefill_id, prefill_tokens, now, ahead, relayed, main_id, frozenset(carried)
-        )
+            nbytes, prefill_id, prefill_tokens, now, ahead, relayed, main_id, frozenset(carried),
+            alone, self._commits,
+        )  # fmt: skip
         self._in_flight[id(transfer)] = transfer
         return transfer
 
@@ -289,7 +299,8 @@ class LinkEstimator:
         if serial_s < MIN_SAMPLE_S:
             if upper_bound or queued:
                 return
-            if not self._small_shows_slow_line(serial_s, line_s):
+            alone = transfer.alone and transfer.serial == self._commits
+            if not (alone and self._small_shows_slow_line(serial_s, line_s)):
                 fixed = beyond - serial_s  # the path's fixed cost: prefill, RTT aside
                 self.overhead_s += GAIN * (max(0.0, fixed) - self.overhead_s)
                 self.overhead_samples += 1

@@ -128,22 +128,27 @@ async def test_a_cut_line_drops_the_kept_channels_and_p_reconnects_after(vdp) ->
     await vdp.assert_quiescent()
 
 
+WORKERS = ((Role.PREFILL, "p"), (Role.RELAY, "rld"), (Role.MAIN, "md"))
+
+
+async def complete(runtime: RouterRuntime, prompt: list[int], max_tokens: int) -> Generation:
+    """One greedy completion through the router's serving code, read to its end."""
+    request = CompletionRequest(
+        model=runtime.config.served_name, prompt=prompt, max_tokens=max_tokens,
+        temperature=0.0, ignore_eos=True,
+    )  # fmt: skip
+    generation = await OpenAIServing(runtime).start(prompt, request, max_tokens, "prompt")
+    async for _ in generation.deltas():
+        pass
+    return generation
+
+
 async def test_the_router_predicts_the_next_turn_from_what_md_was_sent(vdp) -> None:
     """Through the router's own code, which polls MD's cache events only at start: it
     counts what it sent MD (the prompt) and what MD then computed (the answer) as MD's, so
     turn 2's prediction is the whole of turn 1 and only the new message crosses."""
     prompt = vdp.prompts(1, seed=87, lo=90, hi=91)[0]
-    workers = ((Role.PREFILL, "p"), (Role.RELAY, "rld"), (Role.MAIN, "md"))
-
-    async def complete(runtime: RouterRuntime, prompt: list[int], max_tokens: int) -> Generation:
-        request = CompletionRequest(
-            model=runtime.config.served_name, prompt=prompt, max_tokens=max_tokens,
-            temperature=0.0, ignore_eos=True,
-        )  # fmt: skip
-        generation = await OpenAIServing(runtime).start(prompt, request, max_tokens, "prompt")
-        async for _ in generation.deltas():
-            pass
-        return generation
+    workers = WORKERS
 
     async with vdp.cluster.router(workers) as runtime:
         turn1 = await complete(runtime, prompt, MAX_TOKENS)
@@ -155,3 +160,27 @@ async def test_the_router_predicts_the_next_turn_from_what_md_was_sent(vdp) -> N
     assert second.route.md_hit_tokens == held == delta("md", "pdd_prefix_hit_tokens")
     assert delta("p", "pdd_wan_bytes") == (len(turn2) - held) * vdp.kv_bytes_per_token
     await vdp.assert_quiescent()
+
+
+async def test_a_next_turn_sent_while_the_last_turns_kv_crosses_is_relayed(vdp) -> None:
+    """The relay finishes turn 1 while its KV (90 tokens, about 0.15 s on a 0.01 Gbit/s
+    line) is held on the line to MD. Turn 2 extends it by 3 tokens: alone, its 5-token
+    miss would cross in a few ms (P-MD). But the router counts turn 1 as MD's already,
+    and MD lets turn 1's KV land before it attaches turn 2, so MD's first token waits
+    for all of it: over the 0.1 s budget, so the router relays turn 2 as well, and the
+    client gets its tokens while the line is still held."""
+    prompt = vdp.prompts(1, seed=88, lo=90, hi=91)[0]
+    to_md = vdp.cluster.wan_path("md")
+    config = {"link_gbps": 0.01, "ttft_budget_s": 0.1}
+    async with vdp.cluster.router(WORKERS, **config) as runtime:
+        to_md.pause()
+        turn1 = await complete(runtime, prompt, 8)
+        assert turn1.route.pipeline == Pipeline.P_RLD_MD
+        turn2 = prompt + turn1.token_ids + [7, 8, 9]
+        (expected,) = await vdp.reference([turn2], 4, "aw2")
+        second = await complete(runtime, turn2, 4)
+        assert second.route.pipeline == Pipeline.P_RLD_MD, second.route.reason
+        assert second.route.md_hit_tokens == (len(turn2) - 4) // vdp.block_size * vdp.block_size
+        assert second.token_ids == expected
+        to_md.resume()
+        await vdp.assert_quiescent()
