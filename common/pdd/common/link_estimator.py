@@ -252,6 +252,8 @@ class LinkEstimator:
     def awaited_bytes(self, hashes: Iterable[int]) -> dict[str, int]:
         """Per MD, the bytes of the transfers still crossing to it that carry any of the
         prompt blocks ``hashes``: what a request counting on them waits for."""
+        if not self._in_flight:  # the common case on a quiet line: no set to build
+            return {}
         wanted = set(hashes)
         awaited: dict[str, int] = {}
         for t in self._in_flight.values():
