@@ -14,3 +14,6 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q -e '.[dev]'
   echo "$want" >"$stamp"
 fi
+# The paged decode attention kernel: C++ compiled for this CPU once (about 30 s), then
+# cached; where it cannot be built the engine attends through SDPA and says so here.
+.venv/bin/python -c "from pdd.worker.model.paged_attention import main; main()"

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from pdd.worker.engine import Engine
+from pdd.worker.model import paged_attention
 from pdd.worker.model.loader import LoadedModel, load_model
 
 # Loaded by path: with --import-mode=importlib the tests folder is not on sys.path.
@@ -21,6 +22,13 @@ _spec = importlib.util.spec_from_file_location(
 checkpoints = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(checkpoints)
 write_hf_checkpoint = checkpoints.write_hf_checkpoint
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _paged_attention_kernel_loaded() -> None:
+    """Load (or build) the CPU decode kernel before any unit test's process guard, so
+    whether the engine uses it never depends on which test loads a model first."""
+    paged_attention.load()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -61,8 +61,12 @@ class AttentionGroup:
     attention is exact (fresh prefills of one length).
 
     ``kv_spans`` replaces gathering for decode groups whose sequences each hold one
-    contiguous run of blocks: per sequence (first cache slot, key count), so attention
+    contiguous run of blocks: per sequence (first cache slot, key count), so SDPA
     reads the cache through views, one unpadded call per sequence.
+
+    ``kv_lens`` (keys per sequence) is set for CPU decode groups with a cached prefix,
+    which the paged decode kernel (``paged_attention.py``) reads in place through
+    ``block_tables``, set for them too; the other fields then serve the SDPA fallback.
     """
 
     start: int
@@ -74,6 +78,7 @@ class AttentionGroup:
     block_tables: torch.Tensor | None  # [num_seqs, blocks] long, padded with block 0
     attn_mask: torch.Tensor | None  # [num_seqs, 1, max_q, key_len] bool
     kv_spans: tuple[tuple[int, int], ...] | None = None
+    kv_lens: torch.Tensor | None = None  # [num_seqs] long
 
     @property
     def is_causal(self) -> bool:
@@ -222,16 +227,16 @@ def _attention_group(
     query_index = None
     if end - start != (b - a) * max_q:
         query_index = (seq_of_token[start:end] - a) * max_q + offset_in_seq[start:end]
-    on_cpu = torch.device(device).type == "cpu"
-    spans = _kv_spans(layout, a, b) if max_q == 1 and cached and on_cpu else None
+    cpu_decode = max_q == 1 and cached and torch.device(device).type == "cpu"
+    spans = _kv_spans(layout, a, b) if cpu_decode else None
     all_visible = max_q == 1 and min(kv_lens) == key_len
     plain_causal = not cached and query_index is None
     mask = None
     if not (all_visible or plain_causal or spans):
         mask = _attention_mask(torch.tensor(starts), torch.tensor(kv_lens), max_q, key_len)
     block_tables = None
-    if cached and not spans:
-        block_tables = tables[a:b, : -(-key_len // layout.block_size)]
+    if cached:
+        block_tables = tables[a:b, : -(-key_len // layout.block_size)].contiguous()
     return AttentionGroup(
         start=start,
         end=end,
@@ -242,6 +247,7 @@ def _attention_group(
         block_tables=None if block_tables is None else block_tables.to(device),
         attn_mask=None if mask is None else mask.to(device),
         kv_spans=spans,
+        kv_lens=_long_tensor(array("q", kv_lens)) if cpu_decode else None,
     )
 
 

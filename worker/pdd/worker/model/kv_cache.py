@@ -96,6 +96,14 @@ class PagedKVCache:
             )
         return blocks
 
+    @property
+    def block_size(self) -> int:
+        return self.layout.block_size
+
+    def layer(self, layer: int) -> torch.Tensor:
+        """One layer's K and V, [2, Hkv, slots, D] (contiguous): what the paged kernel reads."""
+        return self._kv[layer]
+
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store K/V [T, Hkv, D] of T tokens at flat slots ``block * block_size + offset``."""
         self.k[layer].index_copy_(1, slots, k.transpose(0, 1).to(self.layout.dtype))

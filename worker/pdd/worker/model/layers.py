@@ -16,6 +16,7 @@ from torch import nn
 from pdd.worker.model.batch import AttentionGroup, ForwardBatch
 from pdd.worker.model.config import ModelConfig
 from pdd.worker.model.kv_cache import PagedKVCache
+from pdd.worker.model.paged_attention import DecodeAttention
 from pdd.worker.model.rope import apply_rotary
 
 
@@ -24,13 +25,15 @@ class LayerInputs:
     """What every layer reads besides the hidden states, built once per forward.
 
     ``rope`` is the (cos, sin) of the batch positions; ``attn_biases`` holds each
-    attention group's mask made additive (see ``additive_mask``).
+    attention group's mask made additive (see ``additive_mask``); ``decode_attention``
+    is the paged CPU kernel where the model has one (see ``paged_attention.py``).
     """
 
     batch: ForwardBatch
     kv: PagedKVCache
     rope: tuple[torch.Tensor, torch.Tensor]
     attn_biases: tuple[torch.Tensor | None, ...]
+    decode_attention: DecodeAttention | None = None
 
 
 class RMSNorm(nn.Module):
@@ -126,7 +129,7 @@ class Attention(nn.Module):
             q, k = qk[:, :heads], qk[:, heads:]
         kv.write(self.layer_idx, batch.slot_mapping, k, v)
         outs = [
-            self._attend(g, bias, q, k, v, kv)
+            self._attend(g, bias, q, k, v, inputs)
             for g, bias in zip(batch.groups, inputs.attn_biases, strict=True)
         ]
         return self.o_proj(outs[0] if len(outs) == 1 else torch.cat(outs))
@@ -138,10 +141,21 @@ class Attention(nn.Module):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        kv: PagedKVCache,
+        inputs: LayerInputs,
     ) -> torch.Tensor:
         """One group's attention output [g.end - g.start, H * D]."""
-        q = q[g.start : g.end]
+        q, kv = q[g.start : g.end], inputs.kv
+        if g.kv_lens is not None and g.block_tables is not None and inputs.decode_attention:
+            heads = q.view(g.num_seqs, self.num_kv_heads, -1, self.head_dim)
+            out = inputs.decode_attention(
+                heads,
+                kv.layer(self.layer_idx),
+                g.block_tables,
+                g.kv_lens,
+                kv.block_size,
+                self.scale,
+            )
+            return out.view(g.num_seqs, -1)
         if g.kv_spans is not None:
             return self._attend_spans(g.kv_spans, q, kv)
         if g.block_tables is None:

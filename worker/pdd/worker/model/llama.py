@@ -22,6 +22,7 @@ from pdd.worker.model.layers import (
     pack_weight,
     packed_linear,
 )
+from pdd.worker.model.paged_attention import DecodeAttention
 from pdd.worker.model.rope import RotaryEmbedding
 
 
@@ -59,6 +60,8 @@ class LlamaForCausalLM(nn.Module):
             else Linear(config.hidden_size, config.vocab_size, bias=False)
         )
         self._packed_head: torch.Tensor | None = None
+        # The paged CPU decode kernel, chosen by the loader (None: SDPA throughout).
+        self.decode_attention: DecodeAttention | None = None
         self.rotary = RotaryEmbedding(config, device)
 
     @torch.inference_mode()
@@ -81,6 +84,7 @@ class LlamaForCausalLM(nn.Module):
             kv,
             self.rotary.cos_sin(batch.positions, h.dtype),
             tuple(additive_mask(g.attn_mask, h.dtype) for g in batch.groups),
+            self.decode_attention,
         )
         for layer in self.model.layers:
             h = layer(h, inputs)

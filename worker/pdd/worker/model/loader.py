@@ -25,6 +25,7 @@ from pdd.worker.model.errors import (
 from pdd.worker.model.kv_cache import KVLayout
 from pdd.worker.model.layers import can_pack
 from pdd.worker.model.llama import LlamaForCausalLM
+from pdd.worker.model.paged_attention import decode_attention_kernel
 from pdd.worker.model.weights import (
     SafetensorsCheckpoint,
     init_random_weights,
@@ -79,7 +80,7 @@ def load_model(
         torch_dtype = resolve_dtype(dtype, config, device)
         model = _empty_model(config, device)
         init_random_weights(model, TINY_SEED, torch_dtype, device)
-        _pack(model, torch_dtype, device)
+        _prepare_for_device(model, torch_dtype, device)
         return LoadedModel(model, config, ByteTokenizer(), torch_dtype, device)
     directory = Path(source)
     if not directory.is_dir():
@@ -95,15 +96,16 @@ def load_model(
     model = _empty_model(config, device)
     with SafetensorsCheckpoint(directory) as ckpt:
         load_checkpoint_weights(model, ckpt, torch_dtype, device)
-    _pack(model, torch_dtype, device)
+    _prepare_for_device(model, torch_dtype, device)
     return LoadedModel(model, config, tokenizer, torch_dtype, device)
 
 
-def _pack(model: LlamaForCausalLM, dtype: torch.dtype, device: torch.device) -> None:
-    """Prepack the projections where that pays (bf16 on the CPU): the weights' memory
-    is then held twice, plain (the parameters) and packed (what the matmuls read)."""
+def _prepare_for_device(model: LlamaForCausalLM, dtype: torch.dtype, device: torch.device) -> None:
+    """Prepack the projections where that pays (bf16 on the CPU: the weights' memory is
+    then held twice, plain and packed) and pick the paged decode kernel where it runs."""
     if can_pack(device, dtype):
         model.pack_weights()
+    model.decode_attention = decode_attention_kernel(device, dtype, model.config.head_dim)
 
 
 class IdsOnlyTokenizer:
