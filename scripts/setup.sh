@@ -14,6 +14,6 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q -e '.[dev]'
   echo "$want" >"$stamp"
 fi
-# The paged decode attention kernel: C++ compiled for this CPU once (about 30 s), then
-# cached; where it cannot be built the engine attends through SDPA and says so here.
-.venv/bin/python -c "from pdd.worker.model.paged_attention import main; main()"
+# The engine's CPU kernels: C++ compiled for this CPU once (about 40 s), then cached;
+# where they cannot be built the engine runs torch's ops and says so here.
+.venv/bin/python -c "from pdd.worker.model.cpu_kernels import main; main()"

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pdd.worker.engine import Engine
-from pdd.worker.model import paged_attention
+from pdd.worker.model import cpu_kernels
 from pdd.worker.model.loader import LoadedModel, load_model
 
 # Loaded by path: with --import-mode=importlib the tests folder is not on sys.path.
@@ -25,10 +25,10 @@ write_hf_checkpoint = checkpoints.write_hf_checkpoint
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _paged_attention_kernel_loaded() -> None:
-    """Load (or build) the CPU decode kernel before any unit test's process guard, so
-    whether the engine uses it never depends on which test loads a model first."""
-    paged_attention.load()
+def _cpu_kernels_loaded() -> None:
+    """Load (or build) the CPU kernels before any unit test's process guard, so whether
+    the engine uses them never depends on which test loads a model first."""
+    cpu_kernels.load()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -117,22 +117,25 @@ def test_long_decodes_over_consecutive_blocks_attend_over_cache_spans(monkeypatc
     runs = [SeqInput([1], 5, [3, 4, 9]), SeqInput([2], 8, [6, 7, 8])]  # 9: unused (6 keys)
     (g,) = ForwardBatch.build(runs, BS, "cpu").groups
     assert g.kv_spans == ((12, 6), (24, 9))  # (first slot, keys) per sequence
-    assert g.attn_mask is None
+    assert g.block_tables is None and g.attn_mask is None
     scattered = [runs[0], SeqInput([2], 8, [6, 8, 7])]
     (g,) = ForwardBatch.build(scattered, BS, "cpu").groups
     assert g.kv_spans is None and g.block_tables is not None  # one copy-free call is not enough
     accelerator = ForwardBatch.build(runs, BS, "meta").groups[0]  # a launch per sequence: no
     assert accelerator.kv_spans is None and accelerator.block_tables is not None
-    assert accelerator.kv_lens is None  # the paged decode kernel is CPU-only
     monkeypatch.setattr(batch_module, "SPAN_MIN_KEYS", 8)  # mean keys 7.5: too short
     assert ForwardBatch.build(runs, BS, "cpu").groups[0].kv_spans is None
 
 
-def test_cpu_decode_groups_carry_what_the_paged_kernel_reads() -> None:
-    """Keys per sequence and the used blocks (contiguous), whatever the spans decide."""
-    runs = [SeqInput([1], 5, [3, 4, 9]), SeqInput([2], 8, [6, 8, 7])]
-    (g,) = ForwardBatch.build(runs, BS, "cpu").groups
-    assert g.kv_lens.tolist() == [6, 9]
-    assert g.block_tables.tolist() == [[3, 4, 0], [6, 8, 7]] and g.block_tables.is_contiguous()
-    prefill = ForwardBatch.build([SeqInput([1, 2], 5, [3, 4, 9])], BS, "cpu").groups[0]
-    assert prefill.kv_lens is None  # more than one query: SDPA
+def test_cpu_batches_give_each_token_its_blocks_and_visible_keys() -> None:
+    """What the compiled kernel reads: per query token, in token order, its sequence's
+    blocks and position + 1 keys (causal within a chunk, everything before it)."""
+    runs = [SeqInput([7, 8, 9], 5, [3, 4, 9]), SeqInput([2], 8, [6, 8, 7])]
+    b = ForwardBatch.build(runs, BS, "cpu")
+    order = b.input_ids.tolist()  # the builder may reorder sequences
+    rows = {tok: i for i, tok in enumerate(order)}
+    assert [b.token_kv_lens[rows[t]].item() for t in (7, 8, 9, 2)] == [6, 7, 8, 9]
+    assert b.token_tables[rows[8]].tolist() == [3, 4, 0]  # padded with block 0
+    assert b.token_tables[rows[2]].tolist() == [6, 8, 7]
+    meta = ForwardBatch.build(runs, BS, "meta")  # an accelerator attends through SDPA
+    assert meta.token_tables is None and meta.token_kv_lens is None

@@ -63,10 +63,6 @@ class AttentionGroup:
     ``kv_spans`` replaces gathering for decode groups whose sequences each hold one
     contiguous run of blocks: per sequence (first cache slot, key count), so SDPA
     reads the cache through views, one unpadded call per sequence.
-
-    ``kv_lens`` (keys per sequence) is set for CPU decode groups with a cached prefix,
-    which the paged decode kernel (``paged_attention.py``) reads in place through
-    ``block_tables``, set for them too; the other fields then serve the SDPA fallback.
     """
 
     start: int
@@ -78,7 +74,6 @@ class AttentionGroup:
     block_tables: torch.Tensor | None  # [num_seqs, blocks] long, padded with block 0
     attn_mask: torch.Tensor | None  # [num_seqs, 1, max_q, key_len] bool
     kv_spans: tuple[tuple[int, int], ...] | None = None
-    kv_lens: torch.Tensor | None = None  # [num_seqs] long
 
     @property
     def is_causal(self) -> bool:
@@ -95,6 +90,12 @@ class ForwardBatch:
     sequences (to group similar lengths), so the token tensors are in group order, but
     ``logits_indices`` lists the returned tokens in the caller's sequence order and
     ``q_lens`` / ``kv_lens`` follow the caller's order too.
+
+    ``token_tables`` and ``token_kv_lens`` are built on the CPU, where the compiled
+    kernel (``cpu_kernels.py``) attends query token by query token over the paged
+    cache, the whole batch in one call: per token, its sequence's blocks and how many
+    keys it sees (its position + 1, which is the causal mask). The groups then serve
+    only the SDPA fallback.
     """
 
     input_ids: torch.Tensor  # [T] long
@@ -104,6 +105,8 @@ class ForwardBatch:
     groups: tuple[AttentionGroup, ...]  # covering [0, T) in order
     q_lens: tuple[int, ...]
     kv_lens: tuple[int, ...]
+    token_tables: torch.Tensor | None = None  # [T, blocks] long
+    token_kv_lens: torch.Tensor | None = None  # [T] long
 
     @property
     def batch_size(self) -> int:
@@ -151,6 +154,7 @@ class ForwardBatch:
         ids = array("q")
         for s in seqs:
             ids.extend(s.token_ids)
+        on_cpu = torch.device(device).type == "cpu"
         return cls(
             input_ids=_long_tensor(ids).to(device),
             positions=positions.to(device),
@@ -159,6 +163,8 @@ class ForwardBatch:
             groups=groups,
             q_lens=caller_q_lens,
             kv_lens=caller_kv_lens,
+            token_tables=tables[seq_of_token] if on_cpu else None,
+            token_kv_lens=positions + 1 if on_cpu else None,
         )
 
 
@@ -227,16 +233,16 @@ def _attention_group(
     query_index = None
     if end - start != (b - a) * max_q:
         query_index = (seq_of_token[start:end] - a) * max_q + offset_in_seq[start:end]
-    cpu_decode = max_q == 1 and cached and torch.device(device).type == "cpu"
-    spans = _kv_spans(layout, a, b) if cpu_decode else None
+    on_cpu = torch.device(device).type == "cpu"
+    spans = _kv_spans(layout, a, b) if max_q == 1 and cached and on_cpu else None
     all_visible = max_q == 1 and min(kv_lens) == key_len
     plain_causal = not cached and query_index is None
     mask = None
     if not (all_visible or plain_causal or spans):
         mask = _attention_mask(torch.tensor(starts), torch.tensor(kv_lens), max_q, key_len)
     block_tables = None
-    if cached:
-        block_tables = tables[a:b, : -(-key_len // layout.block_size)].contiguous()
+    if cached and not spans:
+        block_tables = tables[a:b, : -(-key_len // layout.block_size)]
     return AttentionGroup(
         start=start,
         end=end,
@@ -247,7 +253,6 @@ def _attention_group(
         block_tables=None if block_tables is None else block_tables.to(device),
         attn_mask=None if mask is None else mask.to(device),
         kv_spans=spans,
-        kv_lens=_long_tensor(array("q", kv_lens)) if cpu_decode else None,
     )
 
 

@@ -15,8 +15,8 @@ from torch import nn
 
 from pdd.worker.model.batch import AttentionGroup, ForwardBatch
 from pdd.worker.model.config import ModelConfig
+from pdd.worker.model.cpu_kernels import CpuKernels
 from pdd.worker.model.kv_cache import PagedKVCache
-from pdd.worker.model.paged_attention import DecodeAttention
 from pdd.worker.model.rope import apply_rotary
 
 
@@ -25,15 +25,15 @@ class LayerInputs:
     """What every layer reads besides the hidden states, built once per forward.
 
     ``rope`` is the (cos, sin) of the batch positions; ``attn_biases`` holds each
-    attention group's mask made additive (see ``additive_mask``); ``decode_attention``
-    is the paged CPU kernel where the model has one (see ``paged_attention.py``).
+    attention group's mask made additive (see ``additive_mask``); ``kernels`` are the
+    compiled CPU kernels where the model runs on them (see ``cpu_kernels.py``).
     """
 
     batch: ForwardBatch
     kv: PagedKVCache
     rope: tuple[torch.Tensor, torch.Tensor]
     attn_biases: tuple[torch.Tensor | None, ...]
-    decode_attention: DecodeAttention | None = None
+    kernels: CpuKernels | None = None
 
 
 class RMSNorm(nn.Module):
@@ -44,10 +44,25 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kernels: CpuKernels | None = None) -> torch.Tensor:
+        if kernels is not None and self._fits(x):
+            return kernels.rms_norm(x, self.weight, self.eps)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
+
+    def add(
+        self, x: torch.Tensor, residual: torch.Tensor, kernels: CpuKernels | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(RMSNorm(residual + x), residual + x): a pre-norm block's residual add and
+        its norm in one pass where the kernels run (``residual`` is then updated in place)."""
+        if kernels is not None and self._fits(x) and residual.is_contiguous():
+            return kernels.add_rms_norm(x, residual, self.weight, self.eps), residual
+        residual = residual + x
+        return self.forward(residual), residual
+
+    def _fits(self, x: torch.Tensor) -> bool:
+        return x.is_contiguous() and x.dtype == self.weight.dtype
 
 
 class Linear(nn.Linear):
@@ -117,9 +132,27 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, inputs: LayerInputs) -> torch.Tensor:
         """Attention output [T, hidden]."""
-        batch, kv, rope = inputs.batch, inputs.kv, inputs.rope
-        t, heads = x.shape[0], self.num_heads
-        qkv = self.qkv_proj(x).view(t, -1, self.head_dim)  # [T, H + 2 Hkv, D]
+        batch, kernels = inputs.batch, inputs.kernels
+        qkv = self.qkv_proj(x)  # [T, (H + 2 Hkv) * D]
+        if (
+            kernels is not None
+            and kernels.paged_attention is not None
+            and batch.token_tables is not None
+        ):
+            return self.o_proj(self._attend_paged(qkv, inputs, kernels))
+        q, k, v = self._rotate_and_cache(qkv, inputs)
+        outs = [
+            self._attend(g, bias, q, k, v, inputs)
+            for g, bias in zip(batch.groups, inputs.attn_biases, strict=True)
+        ]
+        return self.o_proj(outs[0] if len(outs) == 1 else torch.cat(outs))
+
+    def _rotate_and_cache(
+        self, qkv: torch.Tensor, inputs: LayerInputs
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q and k rotated, v: each [T, heads, D]; k and v also written to the cache."""
+        t, heads, rope = qkv.shape[0], self.num_heads, inputs.rope
+        qkv = qkv.view(t, -1, self.head_dim)  # [T, H + 2 Hkv, D]
         v = qkv[:, heads + self.num_kv_heads :]
         if self.q_norm is not None and self.k_norm is not None:
             q = apply_rotary(self.q_norm(qkv[:, :heads]), *rope)
@@ -127,12 +160,34 @@ class Attention(nn.Module):
         else:  # rotate q and k in one pass: half the kernel launches of a decode step's RoPE
             qk = apply_rotary(qkv[:, : heads + self.num_kv_heads], *rope)
             q, k = qk[:, :heads], qk[:, heads:]
-        kv.write(self.layer_idx, batch.slot_mapping, k, v)
-        outs = [
-            self._attend(g, bias, q, k, v, inputs)
-            for g, bias in zip(batch.groups, inputs.attn_biases, strict=True)
-        ]
-        return self.o_proj(outs[0] if len(outs) == 1 else torch.cat(outs))
+        inputs.kv.write(self.layer_idx, inputs.batch.slot_mapping, k, v)
+        return q, k, v
+
+    def _attend_paged(
+        self, qkv: torch.Tensor, inputs: LayerInputs, kernels: CpuKernels
+    ) -> torch.Tensor:
+        """Every query token over its sequence's cached keys, in one kernel call: [T, H * D].
+
+        Without q/k norms the RoPE and the cache write are one kernel too.
+        """
+        batch, kv, t = inputs.batch, inputs.kv, qkv.shape[0]
+        layer_kv = kv.layer(self.layer_idx)
+        if self.q_norm is None:
+            cos, sin = (part.view(t, -1) for part in inputs.rope)
+            q = kernels.rope_and_cache(qkv, cos, sin, layer_kv, batch.slot_mapping, self.num_heads)
+        else:
+            q = self._rotate_and_cache(qkv, inputs)[0]
+        assert kernels.paged_attention is not None  # the caller checked
+        assert batch.token_tables is not None and batch.token_kv_lens is not None  # on the CPU
+        out = kernels.paged_attention(
+            q.view(t, self.num_kv_heads, -1, self.head_dim),
+            layer_kv,
+            batch.token_tables,
+            batch.token_kv_lens,
+            kv.block_size,
+            self.scale,
+        )
+        return out.view(t, -1)
 
     def _attend(
         self,
@@ -143,19 +198,8 @@ class Attention(nn.Module):
         v: torch.Tensor,
         inputs: LayerInputs,
     ) -> torch.Tensor:
-        """One group's attention output [g.end - g.start, H * D]."""
+        """One group's attention output [g.end - g.start, H * D], through SDPA."""
         q, kv = q[g.start : g.end], inputs.kv
-        if g.kv_lens is not None and g.block_tables is not None and inputs.decode_attention:
-            heads = q.view(g.num_seqs, self.num_kv_heads, -1, self.head_dim)
-            out = inputs.decode_attention(
-                heads,
-                kv.layer(self.layer_idx),
-                g.block_tables,
-                g.kv_lens,
-                kv.block_size,
-                self.scale,
-            )
-            return out.view(g.num_seqs, -1)
         if g.kv_spans is not None:
             return self._attend_spans(g.kv_spans, q, kv)
         if g.block_tables is None:
@@ -210,13 +254,21 @@ class MLP(nn.Module):
         )
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+    def forward(self, x: torch.Tensor, kernels: CpuKernels | None = None) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)
+        if kernels is not None:
+            return self.down_proj(kernels.silu_and_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x)).
+
+    The residual stream travels beside the block's output, and each residual add is
+    done by the norm that follows it (the next layer's, or the model's final norm), so
+    on the CPU the add and the norm are one pass (``RMSNorm.add``).
+    """
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
@@ -225,9 +277,19 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, inputs: LayerInputs) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), inputs)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, inputs: LayerInputs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the MLP's output, the residual stream before it is added): the layer's
+        output is their sum. ``residual`` None: ``x`` is the embeddings."""
+        kernels = inputs.kernels
+        if residual is None:
+            h, residual = self.input_layernorm(x, kernels), x
+        else:
+            h, residual = self.input_layernorm.add(x, residual, kernels)
+        h = self.self_attn(h, inputs)
+        h, residual = self.post_attention_layernorm.add(h, residual, kernels)
+        return self.mlp(h, kernels), residual
 
 
 def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:

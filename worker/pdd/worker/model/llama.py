@@ -12,6 +12,7 @@ from torch import nn
 
 from pdd.worker.model.batch import ForwardBatch, InvalidBatchError
 from pdd.worker.model.config import ModelConfig
+from pdd.worker.model.cpu_kernels import CpuKernels
 from pdd.worker.model.kv_cache import PagedKVCache
 from pdd.worker.model.layers import (
     DecoderLayer,
@@ -22,7 +23,6 @@ from pdd.worker.model.layers import (
     pack_weight,
     packed_linear,
 )
-from pdd.worker.model.paged_attention import DecodeAttention
 from pdd.worker.model.rope import RotaryEmbedding
 
 
@@ -60,8 +60,8 @@ class LlamaForCausalLM(nn.Module):
             else Linear(config.hidden_size, config.vocab_size, bias=False)
         )
         self._packed_head: torch.Tensor | None = None
-        # The paged CPU decode kernel, chosen by the loader (None: SDPA throughout).
-        self.decode_attention: DecodeAttention | None = None
+        # The compiled CPU kernels, chosen by the loader (None: torch's ops throughout).
+        self.kernels: CpuKernels | None = None
         self.rotary = RotaryEmbedding(config, device)
 
     @torch.inference_mode()
@@ -83,17 +83,31 @@ class LlamaForCausalLM(nn.Module):
             batch,
             kv,
             self.rotary.cos_sin(batch.positions, h.dtype),
-            tuple(additive_mask(g.attn_mask, h.dtype) for g in batch.groups),
-            self.decode_attention,
+            self._attention_biases(batch, h.dtype),
+            self.kernels,
         )
+        residual = None
         for layer in self.model.layers:
-            h = layer(h, inputs)
-        h = self.model.norm(h.index_select(0, batch.logits_indices))
+            h, residual = layer(h, residual, inputs)
+        assert residual is not None  # a model has at least one layer
+        last = batch.logits_indices
+        h, _ = self.model.norm.add(
+            h.index_select(0, last), residual.index_select(0, last), self.kernels
+        )
         if self._packed_head is not None:
             return packed_linear(h, self._packed_head).float()
         if self.lm_head is not None:
             return self.lm_head(h).float()
         return F.linear(h, self.model.embed_tokens.weight).float()
+
+    def _attention_biases(
+        self, batch: ForwardBatch, dtype: torch.dtype
+    ) -> tuple[torch.Tensor | None, ...]:
+        """The groups' masks for SDPA; none where the paged kernel attends (it needs none)."""
+        paged = self.kernels.paged_attention if self.kernels is not None else None
+        if paged is not None and batch.token_tables is not None:
+            return tuple(None for _ in batch.groups)
+        return tuple(additive_mask(g.attn_mask, dtype) for g in batch.groups)
 
     def pack_weights(self) -> None:
         """Prepack every projection and the LM head for oneDNN (see ``layers.Linear``).

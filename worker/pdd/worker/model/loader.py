@@ -16,6 +16,7 @@ import torch
 
 from pdd.common.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from pdd.worker.model.config import ModelConfig, tiny_config
+from pdd.worker.model.cpu_kernels import kernels_for
 from pdd.worker.model.errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
@@ -25,7 +26,6 @@ from pdd.worker.model.errors import (
 from pdd.worker.model.kv_cache import KVLayout
 from pdd.worker.model.layers import can_pack
 from pdd.worker.model.llama import LlamaForCausalLM
-from pdd.worker.model.paged_attention import decode_attention_kernel
 from pdd.worker.model.weights import (
     SafetensorsCheckpoint,
     init_random_weights,
@@ -102,10 +102,10 @@ def load_model(
 
 def _prepare_for_device(model: LlamaForCausalLM, dtype: torch.dtype, device: torch.device) -> None:
     """Prepack the projections where that pays (bf16 on the CPU: the weights' memory is
-    then held twice, plain and packed) and pick the paged decode kernel where it runs."""
+    then held twice, plain and packed) and pick the compiled CPU kernels where they run."""
     if can_pack(device, dtype):
         model.pack_weights()
-    model.decode_attention = decode_attention_kernel(device, dtype, model.config.head_dim)
+    model.kernels = kernels_for(device, dtype, model.config.head_dim)
 
 
 class IdsOnlyTokenizer:

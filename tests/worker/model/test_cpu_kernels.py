@@ -1,0 +1,221 @@
+"""The compiled CPU kernels: exact attention over scattered blocks, fused row-wise ops
+that round as the eager ones do, batch-invariant, used by the model where they apply
+and torch's ops everywhere else."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pdd.worker.model import cpu_kernels as ck
+from pdd.worker.model import load_model
+from pdd.worker.model.batch import ForwardBatch, SeqInput
+from pdd.worker.model.kv_cache import PagedKVCache
+from pdd.worker.model.layers import MLP, RMSNorm
+
+pytestmark = pytest.mark.unit
+
+KERNEL = ck.load()
+needs_kernel = pytest.mark.skipif(
+    KERNEL is None,
+    reason="the CPU kernels cannot be built here (no C++ compiler or no AVX-512); "
+    "the engine uses torch's ops",
+)
+
+
+def _case(dtype: torch.dtype, head_dim: int, group: int, lens: list[int], block_size: int = 16):
+    """Queries, one cache layer with K and V in scattered blocks, tables and lengths."""
+    gen = torch.Generator().manual_seed(head_dim * 100 + group)
+    kv_heads, width = 2, -(-max(lens) // block_size)
+    num_blocks = len(lens) * width + 3
+    layer = torch.randn(2, kv_heads, num_blocks * block_size, head_dim, generator=gen)
+    blocks = torch.randperm(num_blocks, generator=gen)[: len(lens) * width]
+    tables = blocks.view(len(lens), width).contiguous()
+    q = torch.randn(len(lens), kv_heads, group, head_dim, generator=gen) * 2
+    return q.to(dtype), layer.to(dtype), tables, torch.tensor(lens), block_size
+
+
+def _reference(q, layer, tables, lens, block_size) -> torch.Tensor:
+    """Float64 attention per sequence over its own keys, gathered slot by slot."""
+    out = torch.empty(q.shape, dtype=torch.float64)
+    scale = q.shape[-1] ** -0.5
+    for b, n in enumerate(lens.tolist()):
+        pos = torch.arange(n)
+        slots = tables[b][pos // block_size] * block_size + pos % block_size
+        k, v = layer[0][:, slots].double(), layer[1][:, slots].double()
+        weights = torch.softmax(q[b].double() @ k.transpose(-1, -2) * scale, dim=-1)
+        out[b] = weights @ v
+    return out
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("head_dim", "group"), [(16, 1), (64, 4), (128, 7), (96, 2)])
+def test_matches_float64_attention_over_scattered_blocks(dtype, head_dim, group) -> None:
+    lens = [1, 15, 16, 17, 130]  # a lone key, block edges, several blocks
+    q, layer, tables, lens_t, bs = _case(dtype, head_dim, group, lens)
+    out = KERNEL.paged_attention(q, layer, tables, lens_t, bs, head_dim**-0.5)
+    assert out.dtype == dtype and out.shape == q.shape
+    tol = 1e-5 if dtype == torch.float32 else 8e-3  # bf16: the output's own rounding
+    torch.testing.assert_close(
+        out.double(), _reference(q, layer, tables, lens_t, bs), atol=tol, rtol=tol
+    )
+
+
+@needs_kernel
+def test_a_sequence_gets_the_same_bits_alone_or_in_a_batch() -> None:
+    """No reduction spans sequences, so batch composition cannot change a result (the
+    pipelines' token equality rests on that)."""
+    q, layer, tables, lens, bs = _case(torch.bfloat16, 64, 4, [40, 300, 7, 129])
+    together = KERNEL.paged_attention(q, layer, tables, lens, bs, 0.125)
+    for b in range(len(lens)):
+        alone = KERNEL.paged_attention(
+            q[b : b + 1], layer, tables[b : b + 1], lens[b : b + 1], bs, 0.125
+        )
+        assert torch.equal(alone[0], together[b])
+
+
+@needs_kernel
+def test_reads_queries_sliced_from_the_fused_projection() -> None:
+    """A decode step's queries are a strided slice of QKV; the kernel reads them as such."""
+    q, layer, tables, lens, bs = _case(torch.float32, 32, 2, [20, 33])
+    fused = torch.cat([q.flatten(1), torch.zeros(2, 64)], dim=1)  # [B, H*D + extra]
+    sliced = fused[:, : q[0].numel()].view(q.shape)
+    assert not sliced.is_contiguous()
+    expected = KERNEL.paged_attention(q, layer, tables, lens, bs, 0.2)
+    assert torch.equal(KERNEL.paged_attention(sliced, layer, tables, lens, bs, 0.2), expected)
+
+
+@needs_kernel
+def test_refuses_mismatched_inputs_with_a_reason() -> None:
+    q, layer, tables, lens, bs = _case(torch.float32, 32, 2, [20, 33])
+    with pytest.raises(RuntimeError, match="dtypes differ"):
+        KERNEL.paged_attention(q.bfloat16(), layer, tables, lens, bs, 0.2)
+    with pytest.raises(RuntimeError, match="int64"):
+        KERNEL.paged_attention(q, layer, tables.int(), lens, bs, 0.2)
+
+
+def test_apply_only_on_the_cpu_to_their_dtypes(monkeypatch) -> None:
+    cpu = torch.device("cpu")
+    assert ck.kernels_for(torch.device("cuda"), torch.bfloat16, 64) is None
+    assert ck.kernels_for(cpu, torch.float16, 64) is None
+    monkeypatch.setenv(ck.ENV_CHOICE, "off")
+    assert ck.kernels_for(cpu, torch.bfloat16, 64) is None
+    monkeypatch.delenv(ck.ENV_CHOICE)
+    kernels = ck.kernels_for(cpu, torch.bfloat16, 64)
+    if KERNEL is None:
+        assert kernels is None
+    else:
+        assert kernels.paged_attention is KERNEL.paged_attention
+        odd_head = ck.kernels_for(cpu, torch.bfloat16, 48)  # no such instantiation
+        assert odd_head.paged_attention is None and odd_head.rms_norm is KERNEL.rms_norm
+
+
+def test_the_build_directory_follows_the_source(monkeypatch, tmp_path) -> None:
+    """A changed kernel source is built afresh, never loaded from an older build."""
+    monkeypatch.setenv(ck.ENV_BUILD_DIR, str(tmp_path))
+    before = ck.build_directory()
+    source = tmp_path / "cpu_kernels.cpp"
+    source.write_text(ck.SOURCE.read_text() + "\n// changed\n")
+    monkeypatch.setattr(ck, "SOURCE", source)
+    assert ck.build_directory() != before and ck.build_directory().parent == tmp_path
+
+
+# --- row-wise ops: the eager modules with and without the kernels ---------------------
+ROW_SHAPES = [(1, 1024), (7, 40), (33, 16), (3, 5)]  # a decode row, masked tails, tiny rows
+
+
+def _kernels(dtype: torch.dtype) -> ck.CpuKernels:
+    return ck.kernels_for(torch.device("cpu"), dtype, 64)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", ROW_SHAPES)
+def test_rms_norm_and_its_residual_add_round_as_the_eager_ops(dtype, shape) -> None:
+    gen = torch.Generator().manual_seed(shape[0] * 31 + shape[1])
+    norm = RMSNorm(shape[1], 1e-6).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(shape[1], generator=gen) + 0.5)
+    x = (torch.randn(shape, generator=gen) * 3).to(dtype)
+    residual = torch.randn(shape, generator=gen).to(dtype)
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 1e-2}
+    torch.testing.assert_close(norm(x, _kernels(dtype)), norm(x), **tol)
+    eager_out, eager_sum = norm.add(x, residual.clone())
+    in_place = residual.clone()
+    out, total = norm.add(x, in_place, _kernels(dtype))
+    assert total is in_place and torch.equal(total, eager_sum)  # the add rounds as x + r
+    torch.testing.assert_close(out, eager_out, **tol)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_and_mul_rounds_as_the_eager_ops(dtype) -> None:
+    gen = torch.Generator().manual_seed(3)
+    gate_up = (torch.randn(9, 2 * 37, generator=gen) * 4).to(dtype)  # 37: a masked tail
+    gate, up = gate_up.split(37, dim=-1)
+    expected = torch.nn.functional.silu(gate) * up
+    tol = {"atol": 1e-6, "rtol": 1e-6} if dtype == torch.float32 else {"atol": 1e-2, "rtol": 8e-3}
+    torch.testing.assert_close(KERNEL.silu_and_mul(gate_up), expected, **tol)
+
+
+@needs_kernel
+def test_row_ops_give_a_row_the_same_bits_alone_or_in_a_batch() -> None:
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(64, 1024, generator=gen).bfloat16()
+    weight = torch.rand(1024, generator=gen).bfloat16()
+    together, gate_up = KERNEL.rms_norm(x, weight, 1e-5), torch.cat([x, x.flip(0)], dim=1)
+    products = KERNEL.silu_and_mul(gate_up)
+    for r in (0, 17, 63):
+        assert torch.equal(KERNEL.rms_norm(x[r : r + 1], weight, 1e-5)[0], together[r])
+        assert torch.equal(KERNEL.silu_and_mul(gate_up[r : r + 1])[0], products[r])
+
+
+@needs_kernel
+def test_mlp_runs_through_silu_and_mul() -> None:
+    config = load_model("tiny").config
+    mlp = MLP(config)
+    x = torch.randn(5, config.hidden_size)
+    torch.testing.assert_close(mlp(x, _kernels(torch.float32)), mlp(x), atol=1e-5, rtol=1e-5)
+
+
+# --- the whole model ---------------------------------------------------------------------
+def _decode_logits(loaded, kernels_on: bool) -> list[torch.Tensor]:
+    """Prefill three prompts, then decode 6 steps of all three together, greedily."""
+    model = loaded.model
+    model.kernels = (
+        ck.kernels_for(loaded.device, loaded.dtype, loaded.config.head_dim) if kernels_on else None
+    )
+    layout = loaded.kv_layout(16)
+    kv = PagedKVCache(layout, 64, "cpu")
+    prompts = [list(range(5, 40)), list(range(100, 103)), list(range(7, 90))]
+    tables = [list(range(i * 16, i * 16 + 12)) for i in range(3)]
+    logits = model(
+        ForwardBatch.build(
+            [SeqInput(p, 0, t) for p, t in zip(prompts, tables, strict=True)], 16, "cpu"
+        ),
+        kv,
+    )
+    seqs, steps = [list(p) for p in prompts], [logits]
+    for _ in range(6):
+        nxt = logits.argmax(-1).tolist()
+        batch = [SeqInput([n], len(s), t) for n, s, t in zip(nxt, seqs, tables, strict=True)]
+        for s, n in zip(seqs, nxt, strict=True):
+            s.append(n)
+        logits = model(ForwardBatch.build(batch, 16, "cpu"), kv)
+        steps.append(logits)
+    return steps
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_model_runs_through_the_kernels_as_through_torchs_ops(dtype: str) -> None:
+    loaded = load_model("tiny", dtype=dtype)
+    assert loaded.model.kernels is not None  # the loader chose them
+    assert loaded.model.kernels.paged_attention is KERNEL.paged_attention
+    with_kernels, eager = _decode_logits(loaded, True), _decode_logits(loaded, False)
+    tol = 1e-4 if dtype == "float32" else 5e-2
+    for a, b in zip(with_kernels, eager, strict=True):
+        torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+        if dtype == "float32":
+            assert torch.equal(a.argmax(-1), b.argmax(-1))
