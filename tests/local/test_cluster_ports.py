@@ -38,3 +38,13 @@ def test_a_worker_that_lost_its_port_is_started_again(taken_port, tmp_path, monk
         assert c["p"].proc.poll() is None
     finally:
         c.stop()
+
+
+def test_free_ports_lie_below_the_ephemeral_range_and_are_not_handed_out_twice() -> None:
+    """An outgoing connection cannot take a port we handed out before its process binds it."""
+    low, _ = local_cluster.ephemeral_range()
+    ports = [local_cluster.free_port() for _ in range(200)]
+    assert all(1024 <= p < low for p in ports)
+    assert len(set(ports)) == len(ports)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[-1]))  # and it was free

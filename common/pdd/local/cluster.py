@@ -9,6 +9,7 @@ traffic goes through an emulated line that a test can throttle or cut.
 
 from __future__ import annotations
 
+import random
 import socket
 import subprocess
 import time
@@ -68,10 +69,46 @@ def wan_link_argv(link: LinkSpec, routes: Sequence[tuple[str, str]], admin: str)
     return argv
 
 
+# Ports handed to processes that bind them later come from just below the kernel's
+# ephemeral range (ip_local_port_range), from which every outgoing connection on the
+# machine takes its local port: a port from inside it can be taken by anyone's
+# connect() between our check and the process's bind. Drawn at random (from the OS's
+# entropy: pytest-randomly seeds ``random`` alike in every pytest worker) and never
+# twice by one process, so two suites side by side rarely draw the same.
+LISTEN_PORTS_SPAN = 12000
+_draw = random.SystemRandom()
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port on HOST that was free a moment ago and lies outside the ephemeral range."""
+    top = ephemeral_range()[0]
+    low = max(1024, top - LISTEN_PORTS_SPAN)
+    if len(_handed_out) > (top - low) // 2:
+        _handed_out.clear()  # a long session: forget the oldest draws
+    for _ in range(100):
+        port = _draw.randrange(low, top)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((HOST, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    with socket.socket() as s:  # everything drawn was busy: let the kernel choose
         s.bind((HOST, 0))
         return s.getsockname()[1]
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' local ports (Linux; else its default)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 @dataclass

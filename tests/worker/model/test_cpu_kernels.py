@@ -10,8 +10,9 @@ import torch
 from pdd.worker.model import cpu_kernels as ck
 from pdd.worker.model import load_model
 from pdd.worker.model.batch import ForwardBatch, SeqInput
-from pdd.worker.model.kv_cache import PagedKVCache
+from pdd.worker.model.kv_cache import KVLayout, PagedKVCache
 from pdd.worker.model.layers import MLP, RMSNorm
+from pdd.worker.model.rope import apply_rotary
 
 pytestmark = pytest.mark.unit
 
@@ -169,6 +170,29 @@ def test_row_ops_give_a_row_the_same_bits_alone_or_in_a_batch() -> None:
     for r in (0, 17, 63):
         assert torch.equal(KERNEL.rms_norm(x[r : r + 1], weight, 1e-5)[0], together[r])
         assert torch.equal(KERNEL.silu_and_mul(gate_up[r : r + 1])[0], products[r])
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_rope_and_cache_rotates_and_writes_as_the_eager_ops(dtype, head_dim) -> None:
+    """Same bits as apply_rotary + PagedKVCache.write: q returned, k and v in the cache."""
+    gen = torch.Generator().manual_seed(head_dim)
+    t, heads, kv_heads = 6, 4, 2
+    qkv = torch.randn(t, (heads + 2 * kv_heads) * head_dim, generator=gen).to(dtype)
+    angles = torch.rand(t, 1, head_dim // 2, generator=gen) * 6
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    slots = torch.tensor([9, 2, 30, 31, 0, 17])
+    layout = KVLayout(1, kv_heads, head_dim, 8, dtype)
+    eager_kv, fused_kv = PagedKVCache(layout, 4, "cpu"), PagedKVCache(layout, 4, "cpu")
+    split = qkv.view(t, -1, head_dim)
+    rotated = apply_rotary(split[:, : heads + kv_heads], cos, sin)
+    eager_kv.write(0, slots, rotated[:, heads:], split[:, heads + kv_heads :])
+    q = KERNEL.rope_and_cache(
+        qkv, cos.view(t, -1), sin.view(t, -1), fused_kv.layer(0), slots, heads
+    )
+    assert torch.equal(q, rotated[:, :heads])
+    assert torch.equal(fused_kv.layer(0), eager_kv.layer(0))
 
 
 @needs_kernel
