@@ -127,15 +127,16 @@ def test_long_decodes_over_consecutive_blocks_attend_over_cache_spans(monkeypatc
     assert ForwardBatch.build(runs, BS, "cpu").groups[0].kv_spans is None
 
 
-def test_cpu_batches_give_each_token_its_blocks_and_visible_keys() -> None:
+def test_paged_batches_give_each_token_its_blocks_and_visible_keys() -> None:
     """What the compiled kernel reads: per query token, in token order, its sequence's
     blocks and position + 1 keys (causal within a chunk, everything before it)."""
     runs = [SeqInput([7, 8, 9], 5, [3, 4, 9]), SeqInput([2], 8, [6, 8, 7])]
-    b = ForwardBatch.build(runs, BS, "cpu")
-    order = b.input_ids.tolist()  # the builder may reorder sequences
-    rows = {tok: i for i, tok in enumerate(order)}
-    assert [b.token_kv_lens[rows[t]].item() for t in (7, 8, 9, 2)] == [6, 7, 8, 9]
-    assert b.token_tables[rows[8]].tolist() == [3, 4, 0]  # padded with block 0
-    assert b.token_tables[rows[2]].tolist() == [6, 8, 7]
-    meta = ForwardBatch.build(runs, BS, "meta")  # an accelerator attends through SDPA
-    assert meta.token_tables is None and meta.token_kv_lens is None
+    b = ForwardBatch.build(runs, BS, "cpu", paged=True)
+    assert b.input_ids.tolist() == [7, 8, 9, 2] and b.groups == ()  # no grouping, no reorder
+    assert b.token_kv_lens.tolist() == [6, 7, 8, 9]
+    assert b.token_tables.tolist() == [[3, 4, 0], [3, 4, 0], [3, 4, 0], [6, 8, 7]]
+    assert b.slot_mapping.tolist() == [4 * 4 + 1, 4 * 4 + 2, 4 * 4 + 3, 7 * 4 + 0]
+    grouped = ForwardBatch.build(runs, BS, "cpu")  # for SDPA
+    assert grouped.groups and grouped.token_tables is None and grouped.token_kv_lens is None
+    with pytest.raises(ValueError, match="CPU only"):
+        ForwardBatch.build(runs, BS, "meta", paged=True)

@@ -214,19 +214,15 @@ def _decode_logits(loaded, kernels_on: bool) -> list[torch.Tensor]:
     kv = PagedKVCache(layout, 64, "cpu")
     prompts = [list(range(5, 40)), list(range(100, 103)), list(range(7, 90))]
     tables = [list(range(i * 16, i * 16 + 12)) for i in range(3)]
-    logits = model(
-        ForwardBatch.build(
-            [SeqInput(p, 0, t) for p, t in zip(prompts, tables, strict=True)], 16, "cpu"
-        ),
-        kv,
-    )
+    first = [SeqInput(p, 0, t) for p, t in zip(prompts, tables, strict=True)]
+    logits = model(ForwardBatch.build(first, 16, "cpu", paged=kernels_on), kv)
     seqs, steps = [list(p) for p in prompts], [logits]
     for _ in range(6):
         nxt = logits.argmax(-1).tolist()
         batch = [SeqInput([n], len(s), t) for n, s, t in zip(nxt, seqs, tables, strict=True)]
         for s, n in zip(seqs, nxt, strict=True):
             s.append(n)
-        logits = model(ForwardBatch.build(batch, 16, "cpu"), kv)
+        logits = model(ForwardBatch.build(batch, 16, "cpu", paged=kernels_on), kv)
         steps.append(logits)
     return steps
 
@@ -243,3 +239,12 @@ def test_the_model_runs_through_the_kernels_as_through_torchs_ops(dtype: str) ->
         torch.testing.assert_close(a, b, atol=tol, rtol=tol)
         if dtype == "float32":
             assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+def test_a_paged_batch_needs_a_model_with_the_kernel() -> None:
+    loaded = load_model("tiny", dtype="float32")
+    loaded.model.kernels = None
+    kv = PagedKVCache(loaded.kv_layout(16), 4, "cpu")
+    batch = ForwardBatch.build([SeqInput([1, 2], 0, [0])], 16, "cpu", paged=True)
+    with pytest.raises(ValueError, match="paged CPU kernel"):
+        loaded.model(batch, kv)

@@ -228,7 +228,9 @@ class Engine:
         return logits
 
     def _run(self, seqs: list[SeqInput]) -> torch.Tensor:
-        batch = ForwardBatch.build(seqs, self.config.block_size, self.device)
+        kernels = self.loaded.model.kernels
+        paged = kernels is not None and kernels.paged_attention is not None
+        batch = ForwardBatch.build(seqs, self.config.block_size, self.device, paged=paged)
         return self.loaded.model(batch, self.kv)
 
     @staticmethod

@@ -91,18 +91,18 @@ class ForwardBatch:
     ``logits_indices`` lists the returned tokens in the caller's sequence order and
     ``q_lens`` / ``kv_lens`` follow the caller's order too.
 
-    ``token_tables`` and ``token_kv_lens`` are built on the CPU, where the compiled
-    kernel (``cpu_kernels.py``) attends query token by query token over the paged
-    cache, the whole batch in one call: per token, its sequence's blocks and how many
-    keys it sees (its position + 1, which is the causal mask). The groups then serve
-    only the SDPA fallback.
+    A batch built ``paged`` (for the compiled CPU kernel, ``cpu_kernels.py``, which
+    attends query token by query token over the paged cache, the whole batch in one
+    call) has ``token_tables`` and ``token_kv_lens`` instead of groups: per token, its
+    sequence's blocks and how many keys it sees (its position + 1, which is the causal
+    mask). Otherwise it has groups, which SDPA attends.
     """
 
     input_ids: torch.Tensor  # [T] long
     positions: torch.Tensor  # [T] long: position of each token in its sequence
     slot_mapping: torch.Tensor  # [T] long: flat cache slot to write each token's K/V
     logits_indices: torch.Tensor  # [N] long: tokens whose logits are returned
-    groups: tuple[AttentionGroup, ...]  # covering [0, T) in order
+    groups: tuple[AttentionGroup, ...]  # covering [0, T) in order; () when paged
     q_lens: tuple[int, ...]
     kv_lens: tuple[int, ...]
     token_tables: torch.Tensor | None = None  # [T, blocks] long
@@ -118,11 +118,22 @@ class ForwardBatch:
 
     @classmethod
     def build(
-        cls, seqs: Sequence[SeqInput], block_size: int, device: torch.device | str
+        cls,
+        seqs: Sequence[SeqInput],
+        block_size: int,
+        device: torch.device | str,
+        paged: bool = False,
     ) -> ForwardBatch:
-        """Validate the inputs and build every index tensor, on ``device``."""
+        """Validate the inputs and build every index tensor, on ``device``.
+
+        ``paged``: for a model that attends through the paged CPU kernel (its loader
+        chose ``cpu_kernels``): per-token tables instead of attention groups, which
+        also spares the grouping search (a per-step cost of its own).
+        """
         _validate(seqs, block_size)
-        order, bounds = _group_order(seqs)
+        if paged and torch.device(device).type != "cpu":
+            raise ValueError("the paged attention kernel runs on the CPU only")
+        order, bounds = (list(range(len(seqs))), []) if paged else _group_order(seqs)
         caller_q_lens = tuple(len(s.token_ids) for s in seqs)
         caller_kv_lens = tuple(s.start_pos + q for s, q in zip(seqs, caller_q_lens, strict=True))
         seqs = [seqs[i] for i in order]
@@ -154,7 +165,6 @@ class ForwardBatch:
         ids = array("q")
         for s in seqs:
             ids.extend(s.token_ids)
-        on_cpu = torch.device(device).type == "cpu"
         return cls(
             input_ids=_long_tensor(ids).to(device),
             positions=positions.to(device),
@@ -163,8 +173,8 @@ class ForwardBatch:
             groups=groups,
             q_lens=caller_q_lens,
             kv_lens=caller_kv_lens,
-            token_tables=tables[seq_of_token] if on_cpu else None,
-            token_kv_lens=positions + 1 if on_cpu else None,
+            token_tables=tables[seq_of_token] if paged else None,
+            token_kv_lens=positions + 1 if paged else None,
         )
 
 

@@ -132,14 +132,10 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, inputs: LayerInputs) -> torch.Tensor:
         """Attention output [T, hidden]."""
-        batch, kernels = inputs.batch, inputs.kernels
+        batch = inputs.batch
         qkv = self.qkv_proj(x)  # [T, (H + 2 Hkv) * D]
-        if (
-            kernels is not None
-            and kernels.paged_attention is not None
-            and batch.token_tables is not None
-        ):
-            return self.o_proj(self._attend_paged(qkv, inputs, kernels))
+        if batch.token_tables is not None:  # built for the paged kernel (the model checked)
+            return self.o_proj(self._attend_paged(qkv, inputs))
         q, k, v = self._rotate_and_cache(qkv, inputs)
         outs = [
             self._attend(g, bias, q, k, v, inputs)
@@ -163,22 +159,20 @@ class Attention(nn.Module):
         inputs.kv.write(self.layer_idx, inputs.batch.slot_mapping, k, v)
         return q, k, v
 
-    def _attend_paged(
-        self, qkv: torch.Tensor, inputs: LayerInputs, kernels: CpuKernels
-    ) -> torch.Tensor:
+    def _attend_paged(self, qkv: torch.Tensor, inputs: LayerInputs) -> torch.Tensor:
         """Every query token over its sequence's cached keys, in one kernel call: [T, H * D].
 
         Without q/k norms the RoPE and the cache write are one kernel too.
         """
-        batch, kv, t = inputs.batch, inputs.kv, qkv.shape[0]
+        batch, kv, kernels, t = inputs.batch, inputs.kv, inputs.kernels, qkv.shape[0]
+        assert kernels is not None and kernels.paged_attention is not None
+        assert batch.token_tables is not None and batch.token_kv_lens is not None
         layer_kv = kv.layer(self.layer_idx)
         if self.q_norm is None:
             cos, sin = (part.view(t, -1) for part in inputs.rope)
             q = kernels.rope_and_cache(qkv, cos, sin, layer_kv, batch.slot_mapping, self.num_heads)
         else:
             q = self._rotate_and_cache(qkv, inputs)[0]
-        assert kernels.paged_attention is not None  # the caller checked
-        assert batch.token_tables is not None and batch.token_kv_lens is not None  # on the CPU
         out = kernels.paged_attention(
             q.view(t, self.num_kv_heads, -1, self.head_dim),
             layer_kv,

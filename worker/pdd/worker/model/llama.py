@@ -78,12 +78,15 @@ class LlamaForCausalLM(nn.Module):
                 f"a sequence reaches {longest} tokens but the model's context window is "
                 f"{self.config.max_position_embeddings}; cap prompt + max_tokens to it"
             )
+        paged = self.kernels.paged_attention if self.kernels is not None else None
+        if batch.token_tables is not None and paged is None:
+            raise ValueError("a batch built paged needs a model with the paged CPU kernel")
         h = self.model.embed_tokens(batch.input_ids)
         inputs = LayerInputs(
             batch,
             kv,
             self.rotary.cos_sin(batch.positions, h.dtype),
-            self._attention_biases(batch, h.dtype),
+            tuple(additive_mask(g.attn_mask, h.dtype) for g in batch.groups),
             self.kernels,
         )
         residual = None
@@ -99,15 +102,6 @@ class LlamaForCausalLM(nn.Module):
         if self.lm_head is not None:
             return self.lm_head(h).float()
         return F.linear(h, self.model.embed_tokens.weight).float()
-
-    def _attention_biases(
-        self, batch: ForwardBatch, dtype: torch.dtype
-    ) -> tuple[torch.Tensor | None, ...]:
-        """The groups' masks for SDPA; none where the paged kernel attends (it needs none)."""
-        paged = self.kernels.paged_attention if self.kernels is not None else None
-        if paged is not None and batch.token_tables is not None:
-            return tuple(None for _ in batch.groups)
-        return tuple(additive_mask(g.attn_mask, dtype) for g in batch.groups)
 
     def pack_weights(self) -> None:
         """Prepack every projection and the LM head for oneDNN (see ``layers.Linear``).
