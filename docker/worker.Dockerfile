@@ -31,6 +31,12 @@ LABEL org.opencontainers.image.title="pdd-worker" \
       org.opencontainers.image.source="https://github.com/pdd-project/pdd" \
       org.opencontainers.image.version="0.1.0" \
       org.opencontainers.image.ref.name="ghcr.io/pdd-project/pdd-worker:0.1.0"
+# The CPU kernels (pdd/worker/model/cpu_kernels.cpp) are compiled for the CPU they run
+# on, so a worker on a CPU device builds them at its first start (about 40 s) into
+# ~/.cache/pdd/extensions; that takes a C++ compiler. Without one the worker runs
+# torch's ops (correct, slower). GPU workers never build them.
+RUN apt-get update && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/*
 RUN useradd --uid 10001 --user-group --create-home --home-dir /home/pdd pdd
 COPY --from=build /opt/pdd /opt/pdd
 ENV PATH=/opt/pdd/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
