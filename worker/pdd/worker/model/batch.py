@@ -156,12 +156,16 @@ class ForwardBatch:
             caller_seq = torch.tensor(order)[seq_of_token[logits_indices]]
             logits_indices = logits_indices[torch.argsort(caller_seq, stable=True)]
 
-        block_tables = [s.block_table for s in seqs]
-        layout = _Layout(q_lens, starts, kv_lens, first_token.tolist(), block_size, block_tables)
-        groups = tuple(
-            _attention_group(layout, a, b, tables, seq_of_token, offset_in_seq, device)
-            for a, b in bounds
-        )
+        groups: tuple[AttentionGroup, ...] = ()
+        if not paged:
+            tables_in_order = [s.block_table for s in seqs]
+            layout = _Layout(
+                q_lens, starts, kv_lens, first_token.tolist(), block_size, tables_in_order
+            )
+            groups = tuple(
+                _attention_group(layout, a, b, tables, seq_of_token, offset_in_seq, device)
+                for a, b in bounds
+            )
         ids = array("q")
         for s in seqs:
             ids.extend(s.token_ids)

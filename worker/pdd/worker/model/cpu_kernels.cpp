@@ -54,15 +54,19 @@ inline __m512 load16(const at::BFloat16* p) {
 
 inline void store16(float* p, __m512 x) { _mm512_storeu_ps(p, x); }
 
-inline void store16(at::BFloat16* p, __m512 x) {
-  // Round to nearest even, as c10::BFloat16's conversion does (NaN stays NaN).
+// x rounded to bf16 (nearest even, as c10::BFloat16's conversion does; NaN stays NaN),
+// as fp32 bit patterns whose low 16 bits are to be dropped.
+inline __m512i bf16_rounded_bits(__m512 x) {
   const __m512i bits = _mm512_castps_si512(x);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i bias = _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff));
-  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16);
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
   const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7fc0));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(rounded));
+  return _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7fc00000));
+}
+
+inline void store16(at::BFloat16* p, __m512 x) {
+  const __m512i top = _mm512_srli_epi32(bf16_rounded_bits(x), 16);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(top));
 }
 
 // One query head held in registers, dotted with key rows: an unreduced 16-lane fp32
@@ -276,15 +280,12 @@ inline void store_n(T* p, __m512 x, int64_t n) {
   store16(tmp, x);
   std::memcpy(p, tmp, n * sizeof(T));
 }
-// What storing x in T and reading it back gives (the eager ops' intermediate rounding):
-// for bf16, round to nearest even in the register (NaN is not expected here: the
-// inputs are activations, and the eager op would carry it the same way).
+// What storing x in T and reading it back gives (the eager ops' intermediate rounding),
+// without leaving the register.
 inline __m512 round_to(float*, __m512 x) { return x; }
 inline __m512 round_to(at::BFloat16*, __m512 x) {
-  const __m512i bits = _mm512_castps_si512(x);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-  return _mm512_castsi512_ps(_mm512_and_si512(rounded, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  return _mm512_castsi512_ps(_mm512_and_si512(bf16_rounded_bits(x), high));
 }
 
 // Apply f(chunk index, lanes) over a row of n elements, 16 at a time, the tail masked.
