@@ -58,6 +58,35 @@ def test_completion_logprobs_and_offsets(api):
     assert lp.text_offset == expected
 
 
+def test_tokens_named_by_id_match_the_tokens_named_by_text(api):
+    """``return_tokens_as_token_ids``: the same greedy tokens, each named by its id (the
+    tiny model's ids are bytes, so the id is the byte of its text), offsets unchanged."""
+    args = {"model": MODEL, "prompt": PROMPT, "max_tokens": 12, "temperature": 0.0, "logprobs": 2}
+    extra = {"ignore_eos": True}
+    by_text = api.completions.create(**args, extra_body=extra).choices[0]
+    by_id = api.completions.create(
+        **args, extra_body={**extra, "return_tokens_as_token_ids": True}
+    ).choices[0]
+    assert by_id.text == by_text.text
+    ids = [int(t.removeprefix("token_id:")) for t in by_id.logprobs.tokens]
+    assert all(t.startswith("token_id:") for t in by_id.logprobs.tokens)
+    assert bytes(ids).decode("utf-8", errors="replace") == by_text.text
+    assert by_id.logprobs.text_offset == by_text.logprobs.text_offset
+    assert all(k.startswith("token_id:") for top in by_id.logprobs.top_logprobs for k in top)
+    streamed = api.completions.create(
+        **args, stream=True, extra_body={**extra, "return_tokens_as_token_ids": True}
+    )
+    tokens = [t for c in streamed if c.choices and c.choices[0].logprobs
+              for t in c.choices[0].logprobs.tokens]  # fmt: skip
+    assert tokens == by_id.logprobs.tokens
+    chat = api.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=8, temperature=0.0, logprobs=True,
+        top_logprobs=1, extra_body={**extra, "return_tokens_as_token_ids": True},
+    )  # fmt: skip
+    for entry in chat.choices[0].logprobs.content:
+        assert entry.token == f"token_id:{entry.bytes[0]}"  # a byte token's id is its byte
+
+
 def test_penalties_and_bias_change_the_greedy_output(api):
     args = {"model": MODEL, "prompt": PROMPT, "max_tokens": 24, "temperature": 0.0}
     plain = api.completions.create(**args, extra_body={"ignore_eos": True}).choices[0].text

@@ -70,7 +70,9 @@ class StreamOptions(_Wire):
 
 
 class SamplingFields(_StrictRequest):
-    """Sampling fields shared by both endpoints (``top_k``, ``ignore_eos`` are extensions).
+    """Sampling fields shared by both endpoints (``top_k``, ``ignore_eos``,
+    ``repetition_penalty``, ``min_tokens``, ``stop_token_ids`` and
+    ``return_tokens_as_token_ids`` are vLLM's extensions).
 
     ``user``, ``metadata``, ``store`` and ``service_tier`` are accepted and change
     nothing: an end-user tag, a stored-completion tag, a request to store the
@@ -102,6 +104,8 @@ class SamplingFields(_StrictRequest):
     stop_token_ids: list[int] | None = None
     #: Token id (as a string, JSON keys are strings) -> bias in [-100, 100].
     logit_bias: dict[str, float] | None = None
+    #: Logprobs name each token ``token_id:<id>`` rather than by its text.
+    return_tokens_as_token_ids: bool = False
 
     @model_validator(mode="after")
     def _valid_logit_bias(self) -> SamplingFields:

@@ -89,7 +89,9 @@ class OpenAIServingChat(OpenAIServing):
     ) -> ChatChoiceLogprobs | None:
         if request.logprobs_count is None:
             return None
-        return chat_logprobs(self.runtime.tokenizer.tokenizer, entries)
+        return chat_logprobs(
+            self.runtime.tokenizer.tokenizer, entries, request.return_tokens_as_token_ids
+        )
 
     @staticmethod
     def _choice(

@@ -50,7 +50,9 @@ class OpenAIServingCompletion(OpenAIServing):
     ) -> CompletionLogprobs | None:
         if request.logprobs_count is None:
             return None
-        return completion_logprobs(self.runtime.tokenizer.tokenizer, entries, offset)
+        return completion_logprobs(
+            self.runtime.tokenizer.tokenizer, entries, offset, request.return_tokens_as_token_ids
+        )
 
     def _echo(self, request: CompletionRequest) -> str:
         if not request.echo:
