@@ -1,9 +1,9 @@
 """The WAN KV codecs: bytes, speed on this CPU, and quality on transformers-written checkpoints.
 
     python bench/kv_codec.py [--prompts 4] [--max-tokens 64] [--train-steps 200]
-                             [--threads 2] [--json OUT]
+                             [--threads 2] [--stack] [--json OUT]
 
-Three tables:
+Three tables, and a fourth with ``--stack``:
 
 * **size and speed** for real model shapes in bfloat16 (Llama-3-8B, Qwen2-7B,
   Qwen3-8B), one chunk of 256 tokens: the coded bytes as a fraction of the exact
@@ -19,7 +19,12 @@ Three tables:
 * **flips**: per checkpoint and codec, the exact top-1 minus top-2 logit margins over
   all teacher-forced positions (1%, 10%, 50% quantiles), the RMS of the codec's change
   of that gap, and for every teacher-forced flip its margin, the share of positions
-  with a smaller margin, its gap shift and its largest logit error.
+  with a smaller margin, its gap shift and its largest logit error;
+* **through the stack** (``--stack``): the same checkpoints end to end, as ``pdd up``
+  runs them (the operator's render, router, P, RLD, MD, the emulated WAN line): the
+  corpus prompts as token IDs through mono and through pdd with each codec
+  (``pdd.local.greedy_agreement``); per codec the greedy agreement with mono, the
+  pipelines the router chose, and the WAN KV bytes as sent against ``none``'s.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ from typing import Any
 import torch
 
 from pdd.common.kv_codec import KV_CODECS, chunk_wire_bytes
+from pdd.local.cluster import free_port
+from pdd.local.greedy_agreement import StackGreedy, run_greedy
+from pdd.local.topology import StackConfig
 from pdd.worker.engine.kv_codec import decode, encode, fp8_supported
 from pdd.worker.engine.kv_codec_quality import CodecQuality, measure
 from pdd.worker.model.loader import load_model
@@ -57,6 +65,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--kinds", default=",".join(KINDS), help="checkpoint kinds to measure")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per codec and shape")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--stack", action="store_true", help="also run the trained ones end to end")
     p.add_argument("--json", type=Path)
     return p.parse_args()
 
@@ -85,31 +94,82 @@ def size_and_speed(repeats: int) -> list[dict[str, Any]]:
     return rows
 
 
-def quality(
-    num_prompts: int, max_tokens: int, kinds: list[str], train_steps: int
-) -> list[dict[str, Any]]:
-    checkpoints = _test_checkpoints()
-    vocab = checkpoints.BASE_CONFIG["vocab_size"]
+class Checkpoints:
+    """The test checkpoints (tests/worker/checkpoints.py), each written or trained once,
+    with the prompts each kind is measured on."""
+
+    def __init__(self, root: Path, num_prompts: int, train_steps: int) -> None:
+        self.module = _test_checkpoints()
+        self.root, self.num_prompts, self.train_steps = root, num_prompts, train_steps
+        self.vocab = self.module.BASE_CONFIG["vocab_size"]
+        self._paths: dict[tuple[str, str], Path] = {}
+
+    def path(self, kind: str, arch: str) -> Path:
+        if (kind, arch) not in self._paths:
+            out = self.root / kind
+            out.mkdir(exist_ok=True)
+            self._paths[kind, arch] = (
+                self.module.train_hf_checkpoint(out, arch, steps=self.train_steps)
+                if kind == "trained"
+                else self.module.write_hf_checkpoint(out, arch)
+            )
+        return self._paths[kind, arch]
+
+    def prompts(self, kind: str) -> list[list[int]]:
+        """Held-out corpus samples for the trained kind, random token IDs for the other."""
+        if kind == "trained":
+            return self.module.corpus_prompts(self.vocab, self.num_prompts)
+        rng = random.Random(0)
+        return [
+            [rng.randrange(2, self.vocab) for _ in range(rng.randrange(60, 120))]
+            for _ in range(self.num_prompts)
+        ]
+
+
+def quality(ckpts: Checkpoints, max_tokens: int, kinds: list[str]) -> list[dict[str, Any]]:
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for kind in kinds:
-            rng = random.Random(0)
-            for arch in ARCHS:
-                if kind == "trained":
-                    path = checkpoints.train_hf_checkpoint(Path(tmp), arch, steps=train_steps)
-                    prompts = checkpoints.corpus_prompts(vocab, num_prompts)
-                else:
-                    path = checkpoints.write_hf_checkpoint(Path(tmp), arch)
-                    prompts = [
-                        [rng.randrange(2, vocab) for _ in range(rng.randrange(60, 120))]
-                        for _ in range(num_prompts)
-                    ]
-                loaded = load_model(str(path), "float32")
-                for codec in codecs():
-                    if codec != "none":
-                        q = measure(loaded, prompts, codec, max_tokens)  # type: ignore[arg-type]
-                        rows.append(_quality_row(kind, arch, codec, q))
+    for kind in kinds:
+        for arch in ARCHS:
+            loaded = load_model(str(ckpts.path(kind, arch)), "float32")
+            for codec in codecs():
+                if codec != "none":
+                    q = measure(loaded, ckpts.prompts(kind), codec, max_tokens)  # type: ignore[arg-type]
+                    rows.append(_quality_row(kind, arch, codec, q))
     return rows
+
+
+def through_stacks(
+    ckpts: Checkpoints, max_tokens: int, kinds: list[str], logs: Path
+) -> list[dict[str, Any]]:
+    """Per checkpoint: mono, then pdd with every codec, the same prompts."""
+    rows = []
+    for kind in kinds:
+        for arch in ARCHS:
+            runs: dict[str, StackGreedy] = {}
+            for mode, codec in [("mono", "none"), *(("pdd", c) for c in codecs())]:
+                config = StackConfig(
+                    mode=mode,  # type: ignore[arg-type]
+                    model=str(ckpts.path(kind, arch)),
+                    port=free_port(),
+                    log_dir=logs / f"{kind}-{arch}-{mode}-{codec}",
+                    kv_codec=codec,  # type: ignore[arg-type]
+                )
+                runs[mode if mode == "mono" else codec] = run_greedy(
+                    config, ckpts.prompts(kind), max_tokens, say=lambda _: None
+                )
+            rows += [_stack_row(kind, arch, codec, runs) for codec in codecs()]
+    return rows
+
+
+def _stack_row(kind: str, arch: str, codec: str, runs: dict[str, StackGreedy]) -> dict[str, Any]:
+    run, mono = runs[codec], runs["mono"]
+    return {
+        "kind": kind, "arch": arch, "codec": codec, "pipelines": dict(run.pipelines),
+        "agreement": run.agreement_with(mono),
+        "differing_outputs": run.outputs_differing_from(mono), "outputs": len(run.outputs),
+        "wan_kv_bytes": run.wan_kv_bytes, "wan_kv_wire_bytes": run.wan_kv_wire_bytes,
+        "vs_none": run.wan_kv_wire_bytes / runs["none"].wan_kv_wire_bytes,
+    }  # fmt: skip
 
 
 def _quality_row(kind: str, arch: str, codec: str, q: CodecQuality) -> dict[str, Any]:
@@ -158,7 +218,10 @@ def main() -> None:
     for r in sizes:
         print(f"{r['shape']:<12} {r['codec']:<6} {r['ratio']:>6.3f}x "
               f"{r['encode_ms_per_mb']:>13.2f} {r['decode_ms_per_mb']:>13.2f}")  # fmt: skip
-    qual = quality(args.prompts, args.max_tokens, args.kinds.split(","), args.train_steps)
+    tmp = tempfile.TemporaryDirectory()
+    ckpts = Checkpoints(Path(tmp.name), args.prompts, args.train_steps)
+    kinds = args.kinds.split(",")
+    qual = quality(ckpts, args.max_tokens, kinds)
     print(f"\nquality: {args.prompts} prompts x {args.max_tokens} greedy tokens per checkpoint")
     print(f"{'kind':<8} {'arch':<6} {'codec':<6} {'max|dlogit|':>11} {'mean|dlogit|':>12} "
           f"{'KL nats':>9} {'forced':>7} {'free':>7}  "
@@ -179,8 +242,23 @@ def main() -> None:
         )
         print(f"{r['kind']:<8} {r['arch']:<6} {r['codec']:<6} {p1:>10.4f} {p10:>8.4f} {p50:>8.4f} "
               f"{r['gap_shift_rms']:>13.5f}  {flips or 'none'}")  # fmt: skip
+    stacks = []
+    if args.stack:
+        stacks = through_stacks(ckpts, args.max_tokens, kinds, Path(tmp.name) / "logs")
+    if stacks:
+        print(f"\nthrough the stack: {args.prompts} prompts x {args.max_tokens} greedy "
+              "tokens, pdd against mono")  # fmt: skip
+        print(f"{'kind':<8} {'arch':<6} {'codec':<6} {'agree':>7} {'differ':>7} "
+              f"{'wire bytes':>11} {'vs none':>8}  pipelines")  # fmt: skip
+        for r in stacks:
+            pipes = ", ".join(f"{k} {v}" for k, v in sorted(r["pipelines"].items()))
+            print(f"{r['kind']:<8} {r['arch']:<6} {r['codec']:<6} {100 * r['agreement']:>6.2f}% "
+                  f"{r['differing_outputs']:>3}/{r['outputs']:<3} {r['wan_kv_wire_bytes']:>11,.0f} "
+                  f"{r['vs_none']:>7.3f}x  {pipes}")  # fmt: skip
+    tmp.cleanup()
     if args.json:
-        args.json.write_text(json.dumps({"size_and_speed": sizes, "quality": qual}, indent=2))
+        document = {"size_and_speed": sizes, "quality": qual, "through_the_stack": stacks}
+        args.json.write_text(json.dumps(document, indent=2))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from __future__ import annotations
 import csv
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,13 +161,22 @@ def agreement(runs: Sequence[ModeRun]) -> dict[str, float | None]:
     if not runs:
         return {}
     reference = {o.key: o.text for o in runs[0].outcomes if o.ok}
-    shares = {}
-    for run in runs:
-        pairs = [(o.text, reference[o.key]) for o in run.outcomes if o.ok and o.key in reference]
-        total = sum(max(len(a), len(b)) for a, b in pairs)
-        same = sum(x == y for a, b in pairs for x, y in zip(a, b, strict=False))
-        shares[run.mode] = same / total if total else None
-    return shares
+    return {
+        run.mode: share_of_equal_positions(
+            (o.text, reference[o.key]) for o in run.outcomes if o.ok and o.key in reference
+        )
+        for run in runs
+    }
+
+
+def share_of_equal_positions(pairs: Iterable[tuple[Sequence[Any], Sequence[Any]]]) -> float | None:
+    """Over pairs of outputs, the share of positions where both hold the same item; a
+    position only one of them reaches counts as a difference (None: no positions)."""
+    positions = same = 0
+    for a, b in pairs:
+        positions += max(len(a), len(b))
+        same += sum(x == y for x, y in zip(a, b, strict=False))
+    return same / positions if positions else None
 
 
 def lossy_notes(summaries: Sequence[dict[str, Any]]) -> list[str]:
