@@ -68,7 +68,7 @@ def test_the_default_modes_compare_the_live_view_with_a_static_one_and_naive():
     args = bench.build_parser().parse_args(["--link-schedule", "10:cut"])
     assert bench.parse_modes(args) == ["pdd", "pdd-static", "naive"]
     assert bench.base_mode("pdd-static") == "pdd"
-    assert bench.VARIANTS["pdd-static"][1] == ("--static-link-view",)
+    assert bench.VARIANTS["pdd-static"].router_args == ("--static-link-view",)
 
 
 def admin_client(link: WanLink) -> httpx.AsyncClient:

@@ -4,6 +4,7 @@
     pdd bench --trace path/to/claude-code --max-requests 400   # e.g. all 60 sessions
     pdd bench --chaos --chaos-seed 7 --prefill 2 --relay 2 --main 2   # mono,pdd
     pdd bench --link-schedule '20:0.005,50:0.05,60:cut,80:0.05'  # pdd,pdd-static,naive
+    pdd bench --modes mono,pdd,pdd-int8,pdd-int4 --max-requests 100   # WAN KV codecs
 
 Without ``--trace`` it replays the sample of recorded agentic sessions committed at
 ``bench/traces/claude-code/`` in the checkout; ``--trace`` takes any session folder or
@@ -28,12 +29,13 @@ import platform
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from pdd.common.kv_codec import KV_CODECS, NO_CODEC, KVCodec
 from pdd.common.vocabulary import Role
 from pdd.local import link_schedule, plots, quiescence, report
 from pdd.local.chaos import Chaos, ChaosError, ChaosEvent, ChaosTarget, plan
@@ -47,6 +49,7 @@ from pdd.local.topology import (
     CROSS_DATACENTER,
     MODES,
     Counts,
+    Mode,
     StackConfig,
     TopologyError,
     mode_workers,
@@ -69,9 +72,23 @@ SCALE_DOWN_WAIT_S = 60.0
 DEFAULT_MODES, DEFAULT_CHAOS_MODES = "naive,pdd", "mono,pdd"
 #: With ``--link-schedule``: the live link view against a frozen one and naive.
 DEFAULT_SCHEDULE_MODES = "pdd,pdd-static,naive"
-#: Labels that run a mode's stack with extra router flags: (the mode, the flags).
-VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "pdd-static": ("pdd", ("--static-link-view",)),
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A ``--modes`` label that runs a mode's stack with one thing changed."""
+
+    mode: Mode
+    router_args: tuple[str, ...] = ()
+    #: ``spec.wan.kvCodec`` for this label (None: ``--kv-codec``'s), so one run can put
+    #: a lossy codec beside the exact transfer (``--modes mono,pdd,pdd-int8``).
+    kv_codec: KVCodec | None = None
+
+
+#: Labels that run a variant of a mode's stack.
+VARIANTS: dict[str, Variant] = {
+    "pdd-static": Variant("pdd", router_args=("--static-link-view",)),
+    **{f"pdd-{codec}": Variant("pdd", kv_codec=codec) for codec in KV_CODECS if codec != NO_CODEC},
 }
 
 
@@ -240,7 +257,7 @@ def main(argv: list[str]) -> int:
 
 def base_mode(label: str) -> str:
     """The stack a ``--modes`` label runs (a variant's mode, or the label itself)."""
-    return VARIANTS[label][0] if label in VARIANTS else label
+    return VARIANTS[label].mode if label in VARIANTS else label
 
 
 def link_phases(args: argparse.Namespace) -> list[Phase]:
@@ -302,13 +319,8 @@ def _run_mode(
         model = info.model if info else Path(args.model).name
         target = ReplayTarget(args.url, model, args.request_timeout_s)
         return asyncio.run(measure(mode, workload, target, probes, not args.no_progress))
-    log_dir = (args.log_dir or out_dir / "logs") / mode
     say(f"== {mode}: bringing the stack up")
-    config = stack_config(args, base_mode(mode), free_port(), log_dir)
-    if mode in VARIANTS:
-        config = replace(config, router_args=config.router_args + VARIANTS[mode][1])
-    if config.ttft_budget_s is None:  # the router keeps P-MD while MD meets the SLO
-        config = replace(config, ttft_budget_s=args.slo_ttft_s)
+    config = mode_config(args, mode, (args.log_dir or out_dir / "logs") / mode)
     stack = LocalStack.start(config, say)
     try:
         target = ReplayTarget(stack.info.base_url, stack.info.model, args.request_timeout_s)
@@ -353,6 +365,22 @@ def _run_mode(
         return run
     finally:
         stack.stop()
+
+
+def mode_config(args: argparse.Namespace, label: str, log_dir: Path) -> StackConfig:
+    """The stack a ``--modes`` label runs, on a free port: ``pdd up``'s flags, then the
+    variant's change, and the SLO as the router's TTFT budget unless one was given."""
+    config = stack_config(args, base_mode(label), free_port(), log_dir)
+    if label in VARIANTS:
+        variant = VARIANTS[label]
+        config = replace(
+            config,
+            router_args=config.router_args + variant.router_args,
+            kv_codec=variant.kv_codec or config.kv_codec,
+        )
+    if config.ttft_budget_s is None:  # the router keeps P-MD while MD meets the SLO
+        config = replace(config, ttft_budget_s=args.slo_ttft_s)
+    return config
 
 
 def _scale_down(
