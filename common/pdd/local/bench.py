@@ -102,8 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("claude-code", "mooncake"), help="default: detected")
     p.add_argument(
         "--modes",
-        help=f"comma-separated, of {','.join(MODES)} "
-        f"(default {DEFAULT_MODES}; with --chaos {DEFAULT_CHAOS_MODES})",
+        help=f"comma-separated, of {','.join(MODES)} and the variants "
+        f"{','.join(VARIANTS)} (default {DEFAULT_MODES}; with --chaos {DEFAULT_CHAOS_MODES})",
     )
     p.add_argument("--url", help="replay against this running router instead (one mode)")
     p.add_argument("--stack", type=Path, help="stack.json of the --url stack, for its counters")
