@@ -65,7 +65,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--kinds", default=",".join(KINDS), help="checkpoint kinds to measure")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per codec and shape")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--stack", action="store_true", help="also run the trained ones end to end")
+    p.add_argument(
+        "--stack", action="store_true", help="also run the --kinds checkpoints through stacks"
+    )
     p.add_argument("--json", type=Path)
     return p.parse_args()
 
@@ -115,15 +117,19 @@ class Checkpoints:
             )
         return self._paths[kind, arch]
 
-    def prompts(self, kind: str) -> list[list[int]]:
-        """Held-out corpus samples for the trained kind, random token IDs for the other."""
+    def prompts(self, kind: str, arch: str) -> list[list[int]]:
+        """Held-out corpus samples for the trained kind (the same for every arch); random
+        token IDs for the other, drawn from one seeded stream in ``ARCHS`` order, so each
+        arch gets its own (as the documented figures were measured)."""
         if kind == "trained":
             return self.module.corpus_prompts(self.vocab, self.num_prompts)
         rng = random.Random(0)
-        return [
-            [rng.randrange(2, self.vocab) for _ in range(rng.randrange(60, 120))]
-            for _ in range(self.num_prompts)
-        ]
+        drawn = [
+            [[rng.randrange(2, self.vocab) for _ in range(rng.randrange(60, 120))]
+             for _ in range(self.num_prompts)]
+            for _ in range(ARCHS.index(arch) + 1)
+        ]  # fmt: skip
+        return drawn[-1]
 
 
 def quality(ckpts: Checkpoints, max_tokens: int, kinds: list[str]) -> list[dict[str, Any]]:
@@ -133,7 +139,7 @@ def quality(ckpts: Checkpoints, max_tokens: int, kinds: list[str]) -> list[dict[
             loaded = load_model(str(ckpts.path(kind, arch)), "float32")
             for codec in codecs():
                 if codec != "none":
-                    q = measure(loaded, ckpts.prompts(kind), codec, max_tokens)  # type: ignore[arg-type]
+                    q = measure(loaded, ckpts.prompts(kind, arch), codec, max_tokens)  # type: ignore[arg-type]
                     rows.append(_quality_row(kind, arch, codec, q))
     return rows
 
@@ -155,7 +161,7 @@ def through_stacks(
                     kv_codec=codec,  # type: ignore[arg-type]
                 )
                 runs[mode if mode == "mono" else codec] = run_greedy(
-                    config, ckpts.prompts(kind), max_tokens, say=lambda _: None
+                    config, ckpts.prompts(kind, arch), max_tokens, say=lambda _: None
                 )
             rows += [_stack_row(kind, arch, codec, runs) for codec in codecs()]
     return rows
