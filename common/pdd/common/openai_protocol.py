@@ -69,6 +69,10 @@ class StreamOptions(_Wire):
     include_usage: bool = False
 
 
+#: How logprobs name a token with ``return_tokens_as_token_ids``: ``token_id:<id>`` (vLLM's).
+TOKEN_ID_PREFIX = "token_id:"
+
+
 class SamplingFields(_StrictRequest):
     """Sampling fields shared by both endpoints (``top_k``, ``ignore_eos``,
     ``repetition_penalty``, ``min_tokens``, ``stop_token_ids`` and
@@ -104,7 +108,7 @@ class SamplingFields(_StrictRequest):
     stop_token_ids: list[int] | None = None
     #: Token id (as a string, JSON keys are strings) -> bias in [-100, 100].
     logit_bias: dict[str, float] | None = None
-    #: Logprobs name each token ``token_id:<id>`` rather than by its text.
+    #: Logprobs name each token ``TOKEN_ID_PREFIX`` + its id rather than by its text.
     return_tokens_as_token_ids: bool = False
 
     @model_validator(mode="after")

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from pdd.common.openai_protocol import TOKEN_ID_PREFIX
 from pdd.local import quiescence
 from pdd.local.probes import summed, total
 from pdd.local.report import share_of_equal_positions
 from pdd.local.stack import LocalStack, Say
 from pdd.local.topology import StackConfig
 
-TOKEN_ID_PREFIX = "token_id:"
 REQUEST_TIMEOUT_S = 300.0
 
 
@@ -32,10 +32,8 @@ REQUEST_TIMEOUT_S = 300.0
 class StackGreedy:
     """What one stack produced for the prompts, and what its workers counted."""
 
-    mode: str
-    kv_codec: str
     #: Per prompt, the generated token IDs.
-    outputs: list[list[int]]
+    outputs: list[list[int]] = field(default_factory=list)
     pipelines: Counter[str] = field(default_factory=Counter)
     #: ``pdd_wan_bytes_total`` (MD's miss at the engine's bytes per token) and
     #: ``pdd_wan_kv_wire_bytes_total`` (the chunks as sent), summed over the workers.
@@ -62,7 +60,7 @@ def run_greedy(
 
 
 async def _run(stack: LocalStack, prompts: Sequence[Sequence[int]], max_tokens: int) -> StackGreedy:
-    result = StackGreedy(stack.config.mode, stack.config.kv_codec, [])
+    result = StackGreedy()
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
         for prompt in prompts:
             body = {

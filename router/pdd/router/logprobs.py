@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pdd.common.openai_protocol import (
+    TOKEN_ID_PREFIX,
     ChatChoiceLogprobs,
     ChatTokenLogprob,
     ChatTopLogprob,
@@ -30,7 +31,7 @@ def _text(tokenizer: Tokenizer, token_id: int) -> str:
 
 
 def _name(tokenizer: Tokenizer, token_id: int, as_ids: bool) -> str:
-    return f"token_id:{token_id}" if as_ids else _text(tokenizer, token_id)
+    return f"{TOKEN_ID_PREFIX}{token_id}" if as_ids else _text(tokenizer, token_id)
 
 
 def _top(tokenizer: Tokenizer, token_id: int, logprob: float, as_ids: bool) -> ChatTopLogprob:
