@@ -368,3 +368,33 @@ def test_the_idle_relay_rule_is_the_routers_default():
     assert PolicyConfig.default_of("idle_relay_min_transfer_s") == 0.05
     default = PolicyConfig(kv_bytes_per_token=KVB, ttft_budget_s=2.0, prefill_tokens_per_s=10_000)
     assert run(req(4000), HIDDEN, config=default).pipeline == Pipeline.P_RLD_MD
+
+
+#: Under adaptive: the exact KV, int8 at about half, int4 at about a quarter.
+CODECS = (("none", KVB), ("int8", KVB // 2), ("int4", KVB // 4))
+ADAPTIVE = replace(CONFIG, adaptive_codecs=CODECS)
+
+
+@pytest.mark.parametrize(
+    ("gbps", "codec"),
+    [(10.0, "none"), (3.0, "int8"), (1.5, "int4"), (0.5, "int4")],
+)
+def test_adaptive_takes_the_least_lossy_codec_whose_transfer_fits(gbps, codec):
+    """20,000 tokens of MD miss, 0.2 s of prefill, a 2 s budget: at 10 Gbit/s the exact KV
+    (0.8 s) fits; at 3, only int8's half (1.33 s) does; at 1.5, only int4's quarter (1.33 s);
+    at 0.5 nothing does and the smallest goes (the relay hides what is left)."""
+    link = LinkState(declared_gbps=gbps, rtt_ms=30)
+    d = run(req(22_000), {"p0": 20_000, "md0": 2_000}, link=link, config=ADAPTIVE)
+    assert isinstance(d, Decision) and d.estimate.kv_codec == codec
+    bpt = dict(CODECS)[codec]
+    assert d.estimate.kv_bytes_per_token == bpt
+    assert d.estimate.transfer_s == pytest.approx(wan_transfer_seconds(20_000, bpt, link))
+    assert f"KV coded {codec}" in d.reason
+    fits = d.estimate.md_first_token_s <= ADAPTIVE.ttft_budget_s
+    assert d.pipeline == (Pipeline.P_MD if fits else Pipeline.P_RLD_MD)
+    assert fits == (gbps > 1.0)
+
+
+def test_a_fixed_codec_names_none_in_the_estimate():
+    d = run(req(22_000), {"p0": 20_000, "md0": 2_000})
+    assert d.estimate.kv_codec is None and "KV coded" not in d.reason

@@ -203,3 +203,22 @@ def test_p_streams_kv_while_it_prefills_so_the_slower_of_the_two_sets_ttft() -> 
     assert serial_s > prefill_only.ttft  # the line is the slower of the two
     assert streamed.ttft >= serial_s + slow.wan.rtt_ms / 1000
     assert streamed.ttft < serial_s + 0.5 * prefill_only.ttft  # far from their sum
+
+
+def test_adaptive_codes_the_kv_only_where_the_exact_transfer_misses_the_budget() -> None:
+    """``wan.kv_codec: adaptive``: on a line where turn 1's whole KV (20,480 tokens)
+    cannot make the budget exact, the router codes it (int8 or int4, at its bytes); turn
+    2's small miss crosses exact."""
+    s = budget_rules_only(small(wan_gbps=3.0))
+    s = s.model_copy(
+        update={
+            "wan": s.wan.model_copy(update={"kv_codec": "adaptive"}),
+            "router": s.router.model_copy(update={"ttft_budget_s": 2.0}),
+        }
+    )
+    first, second = simulate(s, "pdd", two_turns()).records
+    assert first.kv_codec in ("int8", "int4") and second.kv_codec == "none"
+    assert first.wan_bytes < 0.52 * 40 * BLOCK * KVB  # coded: about half the bytes or less
+    assert second.wan_bytes == 2 * BLOCK * KVB  # exact
+    fixed = simulate(budget_rules_only(small(wan_gbps=3.0)), "pdd", two_turns()).records[0]
+    assert fixed.kv_codec == "" and fixed.wan_bytes == 40 * BLOCK * KVB

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from pdd.common.kv_codec import NO_CODEC, KVCodec
+from pdd.common.kv_codec import NO_CODEC, KVCodecSetting
 
 #: Bumped when the document changes shape, so readers refuse what they do not understand.
 CONFIG_VERSION: Literal[2] = 2
@@ -92,7 +92,7 @@ class WanSection(_Section):
     declared_gbps: float = Field(gt=0)
     rtt_ms: float = Field(ge=0)
     #: How P codes the KV it sends MD across the WAN (the workers' ``--kv-codec``).
-    kv_codec: KVCodec = NO_CODEC
+    kv_codec: KVCodecSetting = NO_CODEC
 
 
 class SloSection(_Section):

@@ -21,10 +21,21 @@ from __future__ import annotations
 from typing import Literal, cast
 
 KVCodec = Literal["none", "fp8", "int8", "int4"]
-#: Every codec, lossless first; the CRD's ``spec.wan.kvCodec`` enum lists the same.
+#: Every codec, lossless first.
 KV_CODECS: tuple[KVCodec, ...] = ("none", "fp8", "int8", "int4")
 #: The exact codec: the KV crosses in the engine's own dtype.
 NO_CODEC: KVCodec = "none"
+
+#: What a deployment sets (``spec.wan.kvCodec``, ``--kv-codec``): one codec for every
+#: transfer, or ``adaptive``: the router picks one per transfer (``ADAPTIVE_CODECS``).
+KVCodecSetting = Literal["none", "fp8", "int8", "int4", "adaptive"]
+ADAPTIVE: KVCodecSetting = "adaptive"
+#: Every setting; the CRD's ``spec.wan.kvCodec`` enum lists the same.
+KV_CODEC_SETTINGS: tuple[KVCodecSetting, ...] = (*KV_CODECS, ADAPTIVE)
+#: What ``adaptive`` chooses from, least lossy first: the router takes the first whose
+#: transfer fits the TTFT budget at the live link estimate (the smallest where none
+#: does). fp8 is left out: int8 takes the same bytes and keeps more of the KV.
+ADAPTIVE_CODECS: tuple[KVCodec, ...] = ("none", "int8", "int4")
 
 #: The coded layout; bump it when the codes or scales change, so that a P and an MD of
 #: different builds name different codecs in the handshake instead of misreading bytes.
@@ -46,6 +57,31 @@ def parse_kv_codec(name: str) -> KVCodec:
     if name not in KV_CODECS:
         raise UnknownCodecError(f"unknown KV codec {name!r}; known: {', '.join(KV_CODECS)}")
     return cast(KVCodec, name)
+
+
+def parse_kv_codec_setting(name: str) -> KVCodecSetting:
+    """``name`` as a ``KVCodecSetting``, or an error listing the settings there are."""
+    if name not in KV_CODEC_SETTINGS:
+        raise UnknownCodecError(f"unknown KV codec {name!r}; known: {', '.join(KV_CODEC_SETTINGS)}")
+    return cast(KVCodecSetting, name)
+
+
+def default_codec(setting: KVCodecSetting) -> KVCodec:
+    """The codec a setting stands for where no transfer names one: the link is sized
+    for it, and P sends it when a plan does not say (adaptive: the exact one)."""
+    return NO_CODEC if setting == ADAPTIVE else cast(KVCodec, setting)
+
+
+def takes_codec(setting: KVCodecSetting, codec: KVCodec) -> bool:
+    """An MD set to ``setting`` decodes KV coded ``codec``: its own codec, or any the
+    router may choose under adaptive."""
+    return codec in ADAPTIVE_CODECS if setting == ADAPTIVE else codec == setting
+
+
+def codec_of_handshake(name: object) -> KVCodec | None:
+    """The codec a ``prepare`` names (``handshake_name``), None for one of another build
+    or none at all."""
+    return next((c for c in KV_CODECS if handshake_name(c) == name), None)
 
 
 def handshake_name(codec: KVCodec) -> str:

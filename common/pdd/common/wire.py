@@ -21,6 +21,7 @@ from pdd.common.cache_events import (  # torch-free pydantic models, re-exported
     BlockStored,
     CacheEvent,
 )
+from pdd.common.kv_codec import KVCodec
 from pdd.common.vocabulary import FinishReason, LinkFault, Pipeline, Role, ToolCallFormat
 
 __all__ = [
@@ -180,6 +181,9 @@ class PipelinePlan(_Wire):
     #: MD's answer; MD asks for what it lacks below it and skips what it holds above it.
     #: None: no prediction, P waits for MD's answer (see docs/dataplane.md).
     main_hit_tokens: int | None = Field(default=None, ge=0)
+    #: The codec P codes MD's KV with across the WAN, chosen by the router for this
+    #: request (``spec.wan.kvCodec: adaptive``); None: the deployment's codec.
+    kv_codec: KVCodec | None = None
 
     @model_validator(mode="after")
     def _stages_present(self) -> PipelinePlan:

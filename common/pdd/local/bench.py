@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from pdd.common.kv_codec import KV_CODECS, NO_CODEC, KVCodec
+from pdd.common.kv_codec import KV_CODEC_SETTINGS, KVCodecSetting
 from pdd.common.vocabulary import Role
 from pdd.local import link_schedule, plots, quiescence, report
 from pdd.local.chaos import Chaos, ChaosError, ChaosEvent, ChaosTarget, plan
@@ -81,14 +81,15 @@ class Variant:
     mode: Mode
     router_args: tuple[str, ...] = ()
     #: ``spec.wan.kvCodec`` for this label (None: ``--kv-codec``'s), so one run can put
-    #: a lossy codec beside the exact transfer (``--modes mono,pdd,pdd-int8``).
-    kv_codec: KVCodec | None = None
+    #: a lossy codec beside the exact transfer (``--modes mono,pdd,pdd-int8``), or the
+    #: adaptive choice beside fixed ones (``--kv-codec adaptive --modes pdd,pdd-none``).
+    kv_codec: KVCodecSetting | None = None
 
 
 #: Labels that run a variant of a mode's stack.
 VARIANTS: dict[str, Variant] = {
     "pdd-static": Variant("pdd", router_args=("--static-link-view",)),
-    **{f"pdd-{codec}": Variant("pdd", kv_codec=codec) for codec in KV_CODECS if codec != NO_CODEC},
+    **{f"pdd-{codec}": Variant("pdd", kv_codec=codec) for codec in KV_CODEC_SETTINGS},
 }
 
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from pdd.common.kv_codec import KV_CODECS, NO_CODEC
+from pdd.common.kv_codec import KV_CODEC_SETTINGS, NO_CODEC
 from pdd.local.cluster import LinkSpec
 from pdd.local.stack import LocalStack, StackStartError
 from pdd.local.topology import MODES, Counts, StackConfig, TopologyError
@@ -42,9 +42,11 @@ def add_stack_flags(p: argparse.ArgumentParser, default_log_dir: Path | None) ->
         "certificate are generated for the run)",
     )  # fmt: skip
     p.add_argument(
-        "--kv-codec", choices=KV_CODECS, default=NO_CODEC,
+        "--kv-codec", choices=KV_CODEC_SETTINGS, default=NO_CODEC,
         help="how P codes the KV it sends MD across the WAN (spec.wan.kvCodec); lossy but "
-        "for none, so outputs may differ slightly from mono's",
+        "for none, so outputs may differ slightly from mono's; adaptive: the router picks, "
+        "per request, the least lossy of none, int8, int4 whose transfer fits the TTFT "
+        "budget on the live link",
     )  # fmt: skip
     p.add_argument("--redis", help="redis://HOST:PORT/DB for the router (default: embedded)")
     p.add_argument("--ttft-budget-s", type=float, help="the router's TTFT budget for P-MD")

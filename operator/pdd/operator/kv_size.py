@@ -10,7 +10,7 @@ crosses the WAN is that KV as ``spec.wan.kvCodec`` codes it.
 from __future__ import annotations
 
 from pdd.common.cost_model import DTYPE_BYTES, kv_bytes_per_token
-from pdd.common.kv_codec import NO_CODEC, KVCodec
+from pdd.common.kv_codec import NO_CODEC, KVCodecSetting, default_codec
 from pdd.operator.spec import ModelSpec
 
 
@@ -26,12 +26,14 @@ def resolve_kv_bytes_per_token(model: ModelSpec) -> int | None:
     )
 
 
-def resolve_wan_kv_bytes_per_token(model: ModelSpec, codec: KVCodec) -> int | None:
-    """The bytes per token MD's miss takes on the WAN under ``codec`` (spec.wan.kvCodec).
+def resolve_wan_kv_bytes_per_token(model: ModelSpec, setting: KVCodecSetting) -> int | None:
+    """The bytes per token MD's miss takes on the WAN under ``setting`` (spec.wan.kvCodec;
+    adaptive: the exact codec's, the most a transfer takes, which the link is sized for).
 
     A codec's size depends on the shape (its scales are per head and channel), so a
     compressed link is sized from ``model.config``; None when the spec does not give it.
     """
+    codec = default_codec(setting)
     if codec == NO_CODEC:
         return resolve_kv_bytes_per_token(model)
     shape = model.config

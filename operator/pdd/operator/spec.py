@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from pdd.common.config_document import EngineSettings
-from pdd.common.kv_codec import NO_CODEC, KVCodec
+from pdd.common.kv_codec import NO_CODEC, KVCodecSetting
 
 
 class _Spec(BaseModel):
@@ -139,7 +139,7 @@ class Wan(_Spec):
     rtt_ms: float = Field(default=30.0, ge=0)
     tls: WanTls = Field(default_factory=WanTls)
     #: How P codes the KV it sends MD across the WAN (lossy but for ``none``).
-    kv_codec: KVCodec = NO_CODEC
+    kv_codec: KVCodecSetting = NO_CODEC
 
 
 class Workload(_Spec):

@@ -16,7 +16,14 @@ from typing import Any, Literal
 
 from pdd.common.config_document import ConfigDocument
 from pdd.common.cost_model import LinkState, kv_bytes_per_token, kv_bytes_per_token_from_hf_config
-from pdd.common.kv_codec import NO_CODEC, KVCodec
+from pdd.common.kv_codec import (
+    ADAPTIVE,
+    ADAPTIVE_CODECS,
+    NO_CODEC,
+    KVCodec,
+    KVCodecSetting,
+    default_codec,
+)
 from pdd.common.vocabulary import Role, ToolCallFormat
 from pdd.common.wan_tls import HTTPS_ROLES
 from pdd.router.tokenization import TINY_MODEL
@@ -84,7 +91,7 @@ class RouterConfig:
     #: KV bytes per token on the WAN; None: from the checkpoint's shape and ``kv_codec``.
     kv_bytes_per_token: int | None = None
     #: How P codes the KV it sends MD across the WAN (spec.wan.kvCodec).
-    kv_codec: KVCodec = NO_CODEC
+    kv_codec: KVCodecSetting = NO_CODEC
     block_size: int = 16
     host: str = "0.0.0.0"
     port: int = 8080
@@ -158,16 +165,39 @@ class RouterConfig:
     @property
     def resolved_kv_bytes_per_token(self) -> int:
         """KV bytes per token on the WAN: the flag, else the checkpoint's config.json (or
-        the tiny preset) coded with ``kv_codec``."""
+        the tiny preset) coded with ``kv_codec`` (adaptive: the exact codec's)."""
         if self.kv_bytes_per_token is not None:
             return self.kv_bytes_per_token
+        return self._coded_bytes_per_token(default_codec(self.kv_codec))
+
+    @property
+    def adaptive_codecs(self) -> tuple[tuple[KVCodec, int], ...]:
+        """Under ``--kv-codec adaptive``: each codec the router may choose, least lossy
+        first, with its KV bytes per token on the WAN (the exact codec's as resolved, the
+        lossy ones' from the model's shape, which sets their scales); else ()."""
+        if self.kv_codec != ADAPTIVE:
+            return ()
+        return tuple(
+            (
+                c,
+                self.resolved_kv_bytes_per_token
+                if c == NO_CODEC
+                else self._coded_bytes_per_token(c),
+            )
+            for c in ADAPTIVE_CODECS
+        )
+
+    def _coded_bytes_per_token(self, codec: KVCodec) -> int:
         if self.model == TINY_MODEL:
-            return kv_bytes_per_token(*TINY_KV_SHAPE, codec=self.kv_codec)
+            return kv_bytes_per_token(*TINY_KV_SHAPE, codec=codec)
         config_file = Path(self.model) / "config.json"
         if not config_file.is_file():
-            raise ConfigError(f"{config_file} not found: pass --kv-bytes-per-token")
+            raise ConfigError(
+                f"{config_file} not found: pass --kv-bytes-per-token"
+                + ("" if codec == NO_CODEC else f" (the {codec} codec's size needs the shape)")
+            )
         config = json.loads(config_file.read_text())
-        return kv_bytes_per_token_from_hf_config(config, codec=self.kv_codec)
+        return kv_bytes_per_token_from_hf_config(config, codec=codec)
 
 
 def read_secret(secret: str | None, secret_file: Path | None, env_name: str) -> str:

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from pdd.common.cost_model import LinkState
+from pdd.common.kv_codec import KVCodec
 from pdd.common.link_estimator import Arrival, Backlog, LinkEstimator, Transfer
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.common.wire import Endpoint, KVShipment, PipelinePlan, SamplingSpec
@@ -80,6 +81,10 @@ class Route:
     #: The hashes of the prompt blocks P ships into MD's cache (past MD's hit): a later
     #: request counting on them waits for this transfer (``LinkEstimator.awaited_bytes``).
     carried_hashes: tuple[int, ...] = ()
+    #: The codec the router chose for MD's KV (``spec.wan.kvCodec: adaptive``) and its
+    #: KV bytes per token on the WAN; None: the deployment's codec.
+    kv_codec: KVCodec | None = None
+    kv_bytes_per_token: int | None = None
 
     @property
     def endpoints(self) -> list[Endpoint]:
@@ -124,6 +129,7 @@ class Route:
             handoff=config.handoff,
             catchup_threshold=config.catchup_threshold,
             main_hit_tokens=self.md_hit_tokens if self.ships_kv else None,
+            kv_codec=self.kv_codec if self.ships_kv else None,
         )
 
 
@@ -302,7 +308,8 @@ class Dispatcher:
             prompt_hashes=hashes,
             carried_hashes=carried,
             link_ticket=self._link_health.ticket,
-            kv_bytes=(n - route.md_hit_tokens) * self._policy.kv_bytes_per_token,
+            kv_bytes=(n - route.md_hit_tokens)
+            * (route.kv_bytes_per_token or self._policy.kv_bytes_per_token),
             prefill_tokens=n - route.p_hit_tokens,
             backlog=backlog,
         )
@@ -338,6 +345,8 @@ class Dispatcher:
             p_hit_tokens=result.estimate.p_hit_tokens,
             md_hit_tokens=result.estimate.md_hit_tokens,
             relay_active=result.estimate.relay_active,
+            kv_codec=result.estimate.kv_codec,
+            kv_bytes_per_token=result.estimate.kv_bytes_per_token,
         )
 
     def _route_mono(self, features: RequestFeatures, hits: dict[str, int]) -> Route:

@@ -23,6 +23,13 @@ class RouterMetrics:
         self.requests = Counter(
             "pdd_router_requests", "Routed requests", ["pipeline", "reason"], registry=r
         )
+        self.kv_codec_choices = Counter(
+            "pdd_router_kv_codec_choices",
+            "Requests whose KV crosses the WAN, by the codec the router chose for it "
+            "(spec.wan.kvCodec: adaptive)",
+            ["codec"],
+            registry=r,
+        )
         self.rejected = Counter(
             "pdd_router_rejected_requests", "Requests refused, by cause", ["cause"], registry=r
         )

@@ -53,6 +53,7 @@ from typing import Any
 
 from pdd.common.block_hash import ROOT_HASH, hash_block
 from pdd.common.cost_model import LinkState, pmd_first_token_seconds, wan_transfer_seconds
+from pdd.common.kv_codec import KVCodec
 from pdd.common.vocabulary import Pipeline
 from pdd.router.fleet import Fleet
 from pdd.router.instance_choice import (
@@ -70,6 +71,11 @@ class PolicyConfig:
     """Knobs of the policy; defaults follow the technique's figures."""
 
     kv_bytes_per_token: int
+    #: ``spec.wan.kvCodec: adaptive``: the codecs the router chooses from per request,
+    #: least lossy first, each with its KV bytes per token on the WAN (it takes the first
+    #: whose MD first token fits the budget, the last where none does); (): one codec for
+    #: every request, at ``kv_bytes_per_token``.
+    adaptive_codecs: tuple[tuple[KVCodec, int], ...] = ()
     #: Time-to-first-token budget the P-MD path must meet (the SLO).
     ttft_budget_s: float = 2.0
     #: P's prefill throughput, to estimate how long P's miss takes to compute: the prior,
@@ -144,6 +150,10 @@ class Estimate:
     relay_queue_s: float = 0.0
     rtt_s: float = 0.0
     md_step_s: float = 0.0  # MD's first step (the path's measured fixed cost)
+    #: The codec the router chose for MD's KV (adaptive), None: the deployment's; and
+    #: the KV bytes per token it puts on the WAN (None: ``kv_bytes_per_token``).
+    kv_codec: KVCodec | None = None
+    kv_bytes_per_token: int | None = None
 
     @property
     def md_first_token_s(self) -> float:
@@ -215,9 +225,11 @@ def decide(
     relay = choose_relay(fleet)
     rate = (prefill_rates or {}).get(p.instance_id, config.prefill_tokens_per_s)
     awaited = (awaited_bytes or {}).get(md.instance_id, 0) if md else 0
-    estimate = _estimate(request, hits.get(p.instance_id, 0), md, hits, link, config, rate, awaited)
     step = config.md_first_step_s if md_step_s is None else md_step_s
-    estimate = replace(estimate, rtt_s=link.rtt_s, md_step_s=step)
+    p_hit = hits.get(p.instance_id, 0)
+    estimate, codec_note = _estimate_with_codec(
+        request, p_hit, md, hits, link, config, rate, awaited, step
+    )
     if relay is not None:
         queue_s = relay_slot_s * relay.active
         estimate = replace(estimate, relay_active=relay.active, relay_queue_s=queue_s)
@@ -234,7 +246,32 @@ def decide(
         main_decode=md.instance_id if md and pipeline != Pipeline.P_RLD else None,
         relay=relay.instance_id if relay and pipeline != Pipeline.P_MD else None,
     )
+    if codec_note and pipeline != Pipeline.P_RLD:  # nothing crosses on P-RLD
+        reason = f"{reason}; {codec_note}"
     return Decision(pipeline, assignment, reason, estimate)
+
+
+def _estimate_with_codec(
+    request: RequestFeatures, p_hit: int, md: InstanceLoad | None, hits: Mapping[str, int],
+    link: LinkState, config: PolicyConfig, rate: float, awaited: int, md_step_s: float,
+) -> tuple[Estimate, str]:  # fmt: skip
+    """The estimate at the deployment's codec; under adaptive, at the least lossy codec
+    whose MD first token fits the budget (the smallest where none does), and why."""
+
+    def at(kv_bpt: int) -> Estimate:
+        e = _estimate(request, p_hit, md, hits, link, config, rate, awaited, kv_bpt)
+        return replace(e, rtt_s=link.rtt_s, md_step_s=md_step_s)
+
+    if not config.adaptive_codecs:
+        return at(config.kv_bytes_per_token), ""
+    budget = config.ttft_budget_s
+    for codec, kv_bpt in config.adaptive_codecs:
+        estimate = replace(at(kv_bpt), kv_codec=codec, kv_bytes_per_token=kv_bpt)
+        if estimate.md_first_token_s <= budget:
+            least = codec == config.adaptive_codecs[0][0]
+            why = "the exact KV fits" if least else "the least lossy codec that fits"
+            return estimate, f"KV coded {codec}: {why} the {budget:.2f}s budget"
+    return estimate, f"KV coded {codec}: no codec fits the {budget:.2f}s budget, the smallest"
 
 
 def _estimate(
@@ -246,16 +283,18 @@ def _estimate(
     config: PolicyConfig,
     prefill_tokens_per_s: float,
     awaited_bytes: int = 0,
+    kv_bytes_per_token: int | None = None,
 ) -> Estimate:
     n = request.input_tokens
     md_hit = min(hits.get(md.instance_id, 0), n) if md else 0
     p_hit = min(p_hit, n)
     miss = n - md_hit
+    kv_bpt = kv_bytes_per_token or config.kv_bytes_per_token
     return Estimate(
         p_hit_tokens=p_hit,
         md_hit_tokens=md_hit,
         prefill_s=(n - p_hit) / prefill_tokens_per_s,
-        transfer_s=wan_transfer_seconds(miss, config.kv_bytes_per_token, link, awaited_bytes),
+        transfer_s=wan_transfer_seconds(miss, kv_bpt, link, awaited_bytes),
     )
 
 

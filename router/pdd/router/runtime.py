@@ -32,6 +32,7 @@ WAN_LINK = "wan"
 def build_policy(config: RouterConfig) -> PolicyConfig:
     return PolicyConfig(
         kv_bytes_per_token=config.resolved_kv_bytes_per_token,
+        adaptive_codecs=config.adaptive_codecs,
         ttft_budget_s=config.ttft_budget_s,
         prefill_tokens_per_s=config.prefill_tokens_per_s,
         anomalous_min_input_tokens=config.anomalous_min_input_tokens,

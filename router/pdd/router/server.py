@@ -21,7 +21,7 @@ from pdd.common.config_document import (
     ConfigDocumentError,
     read_config_document,
 )
-from pdd.common.kv_codec import KV_CODECS
+from pdd.common.kv_codec import KV_CODEC_SETTINGS
 from pdd.common.vocabulary import Role, ToolCallFormat
 from pdd.router.app import create_app
 from pdd.router.config import (
@@ -76,8 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="KV bytes per token on the WAN (default: the checkpoint's shape and --kv-codec)",
     )  # fmt: skip
     p.add_argument(
-        "--kv-codec", choices=KV_CODECS, help="how P codes the KV it sends MD (default none)"
-    )
+        "--kv-codec", choices=KV_CODEC_SETTINGS,
+        help="how P codes the KV it sends MD (default none); adaptive: per request, the least "
+        "lossy of none, int8, int4 whose transfer fits the TTFT budget on the live link",
+    )  # fmt: skip
     p.add_argument("--block-size", type=int)
     p.add_argument(
         "--instance-capacity",

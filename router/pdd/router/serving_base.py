@@ -206,6 +206,8 @@ class OpenAIServing:
     def _record(self, route: Route, prompt_tokens: int) -> None:
         m = self.runtime.metrics
         m.requests.labels(route.pipeline, route.reason_code).inc()
+        if route.kv_codec is not None and route.ships_kv:
+            m.kv_codec_choices.labels(route.kv_codec).inc()
         if route.prefill is not None:
             m.prefix_hit_ratio.labels("prefill").observe(route.p_hit_tokens / prompt_tokens)
         if route.main is not None:

@@ -14,6 +14,14 @@ from dataclasses import dataclass, replace
 import simpy
 
 from pdd.common.cost_model import LinkState
+from pdd.common.kv_codec import (
+    ADAPTIVE,
+    ADAPTIVE_CODECS,
+    NO_CODEC,
+    KVCodec,
+    chunk_wire_bytes,
+    default_codec,
+)
 from pdd.common.link_estimator import LinkEstimator
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.router.fleet import Fleet
@@ -25,6 +33,9 @@ from pdd.simulator.links import DirectLink, SharedLink
 from pdd.simulator.prefill import PrefillInstance
 from pdd.simulator.prefix_cache import HolderIndex, PrefixCache
 from pdd.simulator.scenario import Ablation, PoolSpec, Scenario, SystemKind, SystemSpec
+
+#: Bytes per element of the simulated model's KV (bfloat16), for the codecs' sizes.
+SIM_KV_DTYPE_BYTES = 2
 
 
 @dataclass(frozen=True, eq=False)
@@ -45,6 +56,10 @@ class Cluster:
     ) -> None:
         self.env, self.scenario, self.spec = env, scenario, spec
         self.kv_bytes_per_token = scenario.model.kv_bytes_per_token
+        #: MD's KV on the WAN under the deployment's codec (the relay's copy stays exact).
+        self.wan_kv_bytes_per_token = self.coded_bytes_per_token(
+            default_codec(scenario.wan.kv_codec)
+        )
         self.index = HolderIndex(block_size)
         self.fleet = Fleet()
         self._block_size = block_size
@@ -115,8 +130,12 @@ class Cluster:
         throughput = r.prefill_tokens_per_s or self.scenario.shape(
             self.spec.prefill
         ).prefill_tokens_per_s(self.spec.prefill.chunk_tokens)
+        adaptive = self.scenario.wan.kv_codec == ADAPTIVE
         return PolicyConfig(
-            kv_bytes_per_token=self.kv_bytes_per_token,
+            kv_bytes_per_token=self.wan_kv_bytes_per_token,
+            adaptive_codecs=tuple(
+                (c, self.coded_bytes_per_token(c)) for c in ADAPTIVE_CODECS if adaptive
+            ),
             ttft_budget_s=r.ttft_budget_s,
             prefill_tokens_per_s=throughput,
             anomalous_min_input_tokens=r.anomalous_min_input_tokens,
@@ -125,6 +144,16 @@ class Cluster:
             idle_relay_min_transfer_s=r.idle_relay_min_transfer_s,
             retry_after_s=r.retry_after_s,
         )
+
+    def coded_bytes_per_token(self, codec: KVCodec) -> int:
+        """A token's KV on the WAN under ``codec``: the model's KV (bf16), as the workers'
+        codecs code it, one scale and centre per head vector of ``wan.kv_head_dim``."""
+        exact = self.kv_bytes_per_token
+        if codec == NO_CODEC:
+            return exact
+        head_dim = self.scenario.wan.kv_head_dim
+        vectors = max(1, exact // (2 * head_dim * SIM_KV_DTYPE_BYTES))  # per K (and V)
+        return chunk_wire_bytes(codec, 1, 1, vectors, head_dim, SIM_KV_DTYPE_BYTES)
 
     @property
     def kv_link(self) -> SharedLink | DirectLink:

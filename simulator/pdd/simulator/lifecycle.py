@@ -54,6 +54,8 @@ class RequestRecord:
     reason: str = ""
     retries: int = 0
     lost: bool = False  # refused more than max_retries times
+    kv_codec: str = ""  # the codec the router chose for MD's KV (adaptive), "" none chosen
+    wan_kv_bytes_per_token: int = 0  # MD's KV on the WAN per token, as coded
     p_hit_tokens: int = 0
     md_hit_tokens: int = 0
     first_token: float = math.nan
@@ -85,6 +87,12 @@ def serve(c: Cluster, req: SimRequest, rec: RequestRecord) -> Proc:
     pipeline = decision.pipeline
     c.traffic.record(pipeline == Pipeline.P_RLD, req.input_tokens)
     rec.pipeline, rec.reason = pipeline.value, decision.reason
+    rec.kv_codec = decision.estimate.kv_codec or ""
+    rec.wan_kv_bytes_per_token = (  # the same-datacenter baseline's KV is never coded
+        (decision.estimate.kv_bytes_per_token or c.wan_kv_bytes_per_token)
+        if c.wan is not None
+        else c.kv_bytes_per_token
+    )
     p = c.by_id[decision.instances.prefill]
     n = req.input_tokens
     rec.p_hit_tokens = min(decision.estimate.p_hit_tokens, n - 1)
@@ -118,7 +126,7 @@ def _commit(c: Cluster, req: SimRequest, rec: RequestRecord, pipeline: Pipeline)
     """The router commits MD's miss to the WAN line at dispatch, as the live one does."""
     if c.wan is None or pipeline == Pipeline.P_RLD:
         return None
-    nbytes = (req.input_tokens - rec.md_hit_tokens) * c.kv_bytes_per_token
+    nbytes = (req.input_tokens - rec.md_hit_tokens) * rec.wan_kv_bytes_per_token
     prefill_tokens = req.input_tokens - rec.p_hit_tokens
     return c.link_estimator.commit(nbytes, "", prefill_tokens, c.env.now)
 
@@ -136,7 +144,7 @@ def _admit(c: Cluster, req: SimRequest, rec: RequestRecord) -> Generator:
 
 def _send_kv(c: Cluster, rec: RequestRecord, tokens: int, transfer: Transfer | None) -> simpy.Event:
     """MD's miss over the KV path; a committed transfer leaves the backlog as it lands."""
-    nbytes = tokens * c.kv_bytes_per_token
+    nbytes = tokens * rec.wan_kv_bytes_per_token
     if c.wan is not None:
         rec.wan_bytes += nbytes
     landed = c.kv_link.transfer(nbytes)

@@ -15,6 +15,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from pdd.common.kv_codec import KVCodecSetting
 from pdd.local.traces import BUNDLED_TRACES
 from pdd.router.policy import PolicyConfig
 from pdd.simulator.hardware import Efficiency, GpuType, InstanceShape, ModelSpec
@@ -71,6 +72,14 @@ class WanSpec(_Spec):
     rtt_ms: float = Field(ge=0)
     jitter_ms: float = Field(0.0, ge=0, description="std of the extra one-way delay")
     price_per_hour: float = Field(0.0, ge=0, description="the leased line's cost")
+    kv_codec: KVCodecSetting = Field(
+        "none",
+        description="spec.wan.kvCodec: how P codes MD's KV on the line (adaptive: the "
+        "router's choice per request)",
+    )
+    kv_head_dim: int = Field(
+        128, gt=0, description="the model's head dim: sets a lossy codec's per-vector scales"
+    )
 
 
 class InDcSpec(_Spec):

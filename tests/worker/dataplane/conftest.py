@@ -301,3 +301,28 @@ async def cvdp(tiny: LoadedModel) -> AsyncIterator[DataPlane]:
     )
     async with cluster:
         yield DataPlane(cluster, cluster.client, cluster.wait_quiescent)
+
+
+@pytest.fixture
+async def avdp(tiny: LoadedModel) -> AsyncIterator[DataPlane]:
+    """An in-process cluster under ``--kv-codec adaptive``: P and ``md`` take whatever
+    codec a plan names (none, int8, int4), ``md_plain`` stays at none; virtual clock."""
+    specs = [
+        WorkerSpec("p", "prefill"),
+        WorkerSpec("rld", "relay", wan_facing=True),
+        WorkerSpec("md", "main", wan_facing=True),
+        WorkerSpec("md_plain", "main", wan_facing=True),
+        WorkerSpec("mono", "mono"),
+    ]
+    cluster = inprocess.InProcessCluster(
+        tiny,
+        specs,
+        LINK,
+        block_size=BLOCK_SIZE,
+        num_blocks=256,
+        transfer_timeout_s=TRANSFER_TIMEOUT_S,
+        kv_codecs={"p": "adaptive", "md": "adaptive"},
+        max_num_batched_tokens=PREFILL_CHUNK_TOKENS,
+    )
+    async with cluster:
+        yield DataPlane(cluster, cluster.client, cluster.wait_quiescent)

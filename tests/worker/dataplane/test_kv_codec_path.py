@@ -74,3 +74,38 @@ async def test_codec_mismatch_without_a_relay_names_both_codecs(cvdp) -> None:
     with pytest.raises(UpstreamError, match=rf"coded {offered}.*takes 'none'.*kvCodec"):
         await cvdp.run_all([plan])
     await cvdp.assert_quiescent()
+
+
+async def test_adaptive_md_decodes_the_codec_each_plan_names(avdp) -> None:
+    """Under adaptive, the router names a codec per request: P codes MD's KV with it and
+    MD, told which in the handshake, decodes it. The exact one gives mono's tokens, each
+    lossy one fewer bytes than the last; a plan naming no codec sends the KV exact. (Fresh
+    prompts per codec, so MD's cache holds none of them.)"""
+    wire: dict[str | None, float] = {}
+    for seed, codec in enumerate((None, "none", "int8", "int4")):
+        prompts = avdp.prompts(2, seed=840 + seed, lo=100, hi=200)
+        expected = await run_greedy(avdp, prompts, f"a-ref-{codec}", "mono", main="mono")
+        delta = avdp.counters("p")
+        got = await run_greedy(avdp, prompts, f"a-{codec}", "P-MD", kv_codec=codec)
+        raw = delta("p", "pdd_wan_bytes")
+        assert raw == sum(len(p) for p in prompts) * avdp.kv_bytes_per_token
+        wire[codec] = delta("p", "pdd_wan_kv_wire_bytes") / raw
+        if codec in (None, "none"):
+            assert got == expected
+        else:  # decoded to the end (its quality: test_greedy_agreement, docs/kv-codec.md)
+            assert [len(g) for g in got] == [MAX_TOKENS] * len(prompts)
+    assert 1.0 <= wire[None] < 1.05 and 1.0 <= wire["none"] < 1.05  # chunk headers only
+    assert wire["int4"] < wire["int8"] <= 0.52
+    await avdp.assert_quiescent()
+
+
+async def test_a_fixed_md_refuses_a_codec_the_router_chose_for_adaptive(avdp) -> None:
+    """An MD left at none (not adaptive) refuses int8 at the handshake, naming both."""
+    prompt = avdp.prompts(1, seed=85, lo=90, hi=91)[0]
+    plan = avdp.cluster.plan(
+        "a-mis", prompt, "P-MD", avdp.sampling(0, MAX_TOKENS), main="md_plain", kv_codec="int8"
+    )
+    offered = re.escape(repr(handshake_name("int8")))
+    with pytest.raises(UpstreamError, match=rf"coded {offered}.*takes 'none'"):
+        await avdp.run_all([plan])
+    await avdp.assert_quiescent()

@@ -27,7 +27,7 @@ import torch
 import uvicorn
 
 from pdd.common.config_document import ConfigDocumentError, read_config_document
-from pdd.common.kv_codec import KV_CODECS, NO_CODEC, KVCodec, parse_kv_codec
+from pdd.common.kv_codec import KV_CODEC_SETTINGS, NO_CODEC, KVCodecSetting, parse_kv_codec_setting
 from pdd.common.wire import WorkerRefusal
 from pdd.worker.deploy_config import flag_defaults
 from pdd.worker.engine import Engine, EngineConfigError
@@ -112,9 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--kv-codec",
         default=NO_CODEC,
-        choices=KV_CODECS,
+        choices=KV_CODEC_SETTINGS,
         help="how P codes the KV it sends MD across the WAN, and what MD accepts: the same on "
-        "both (spec.wan.kvCodec); the relay's copy is always exact",
+        "both (spec.wan.kvCodec); adaptive: the codec the router names per request (none, "
+        "int8 or int4), MD taking any of them; the relay's copy is always exact",
     )
     engine.add_argument("--torch-threads", type=int, default=0, help="0 = torch default")
     p.add_argument(
@@ -183,9 +184,9 @@ def build_settings(args: argparse.Namespace) -> WorkerSettings:
     )
 
 
-def kv_codec(args: argparse.Namespace) -> KVCodec:
+def kv_codec(args: argparse.Namespace) -> KVCodecSetting:
     """``--kv-codec``, refused when this torch cannot code it (fp8 needs float8 e4m3)."""
-    codec = parse_kv_codec(args.kv_codec)
+    codec = parse_kv_codec_setting(args.kv_codec)
     if codec == "fp8" and not fp8_supported():
         raise ConfigError(
             f"--kv-codec fp8 needs torch with float8_e4m3fn (this is torch {torch.__version__}); "

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pdd.common.kv_codec import NO_CODEC, KVCodec
+from pdd.common.kv_codec import NO_CODEC, KVCodecSetting
 from pdd.common.link_meter import LinkKey
 from pdd.common.network import TCP, Network
 from pdd.common.vocabulary import Role
@@ -68,7 +68,7 @@ class WorkerSettings:
     #: TLS on the channels across the WAN (the WAN port, and dials to peers' WAN addresses).
     wan_tls: WanTls | None = None
     #: How P codes the KV it sends MD across the WAN, and what MD accepts (spec.wan.kvCodec).
-    kv_codec: KVCodec = NO_CODEC
+    kv_codec: KVCodecSetting = NO_CODEC
 
     @property
     def serves_https(self) -> bool:

@@ -15,7 +15,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pdd.common.kv_codec import NO_CODEC, KVCodec, handshake_name
+from pdd.common.kv_codec import (
+    NO_CODEC,
+    KVCodec,
+    KVCodecSetting,
+    codec_of_handshake,
+    handshake_name,
+    takes_codec,
+)
 from pdd.common.wire import PipelinePlan, TokenLogprobs
 from pdd.worker.engine import Engine
 from pdd.worker.engine.kv_transfer import KVGapError, KVTransferError
@@ -55,12 +62,13 @@ def first_position_logprobs(received: ReceivedKV) -> dict[int, TokenLogprobs]:
 
 async def receive_kv(
     role: RoleBase, channel: Channel, plan: PipelinePlan, use_cache: bool,
-    offered: object = NO_CODEC, expected: KVCodec = NO_CODEC,
+    offered: object = NO_CODEC, expected: KVCodecSetting = NO_CODEC,
 ) -> ReceivedKV:  # fmt: skip
     """Attach and import every chunk; the request is attached (awaiting resume) on success.
 
-    ``offered`` is the codec the ``prepare`` named, ``expected`` the one this path
-    takes (the deployment's WAN codec on MD, none on the fast path).
+    ``offered`` is the codec the ``prepare`` named, ``expected`` what this path takes
+    (the deployment's WAN codec on MD, none on the fast path; under ``adaptive``, any
+    codec the router may choose: the handshake says which this transfer uses).
 
     ``use_cache=False`` (the naive baseline) attaches without the prefix cache
     (no match, nothing cached at the end), so the whole KV crosses the link and
@@ -68,10 +76,12 @@ async def receive_kv(
     """
     rid, n = plan.request_id, len(plan.prompt_ids)
     params = sampling_params(plan)
-    if offered != handshake_name(expected):
+    codec = codec_of_handshake(offered)
+    if codec is None or not takes_codec(expected, codec):
+        takes = expected if expected == "adaptive" else handshake_name(expected)
         message = (
             f"{channel.peer.name} sends KV coded {offered!r}, this {role.role} instance takes "
-            f"{handshake_name(expected)!r} on this path; give P and MD the same "
+            f"{takes!r} on this path; give P and MD the same "
             "spec.wan.kvCodec (--kv-codec) and the same build"
         )
         await send_error(channel, rid, "codec_mismatch", message)
@@ -86,8 +96,8 @@ async def receive_kv(
         raise KVReceiveError(f"cannot take the request: {exc}") from exc
     role.metrics.count_prompt(n, hit)
     try:
-        await send_meta(channel, rid, op="prepared", hit=hit, codec=handshake_name(expected))
-        done = await _import_all(role, channel, rid, expected)
+        await send_meta(channel, rid, op="prepared", hit=hit, codec=handshake_name(codec))
+        done = await _import_all(role, channel, rid, codec)
         first_token, prefill_hit = int_field(done, "first_token"), int_field(done, "cached_tokens")
         first_logprobs = _logprobs_field(done, "first_logprobs")
         await send_meta(channel, rid, op="imported", n=n)

@@ -12,7 +12,8 @@ HMAC handshake per request), and the KV starts from the router's predicted MD hi
 when it comes, makes P skip chunks MD holds and send the gap MD lacks below the
 prediction. P never streams a token to the client: the first token the client sees
 comes from a decode-side instance. P holds the request's KV until both transfers have
-ended, however they ended. The WAN copy is coded with the deployment's KV codec
+ended, however they ended. The WAN copy is coded with the codec the plan names (the
+router's choice per request under ``--kv-codec adaptive``) or else the deployment's
 (``--kv-codec``), named in the handshake; the relay's copy stays exact.
 
 P's own stream carries one thing: a status event when the KV could not cross the
@@ -33,7 +34,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pdd.common.kv_codec import NO_CODEC, KVCodec, chunk_wire_bytes, handshake_name
+from pdd.common.kv_codec import (
+    NO_CODEC,
+    KVCodec,
+    chunk_wire_bytes,
+    default_codec,
+    handshake_name,
+)
 from pdd.common.vocabulary import LinkFault, Pipeline, Role
 from pdd.common.wire import Endpoint, KVShipment, PipelinePlan, TokenEvent, TokenLogprobs
 from pdd.worker.engine import Engine
@@ -238,7 +245,7 @@ class PrefillRole(RoleBase):
 
         The receiver's answer (its hit) is awaited before any KV only where P has no
         prediction of it: across the WAN the router's prediction saves that round trip."""
-        codec = self.settings.kv_codec if target.wan else NO_CODEC
+        codec = self._wan_codec(plan) if target.wan else NO_CODEC
         try:
             channel = await self._channel(target)
         except Exception as exc:
@@ -262,6 +269,13 @@ class PrefillRole(RoleBase):
             with contextlib.suppress(BaseException):
                 await answer
             await self._release(target, channel, reusable)
+
+    def _wan_codec(self, plan: PipelinePlan) -> KVCodec:
+        """The codec the router chose for this transfer (``spec.wan.kvCodec: adaptive``),
+        else the deployment's."""
+        if plan.kv_codec is not None:
+            return plan.kv_codec
+        return default_codec(self.settings.kv_codec)
 
     async def _channel(self, target: Target) -> Channel:
         """A warm pooled channel to MD across the WAN; a fresh one on the fast path."""
