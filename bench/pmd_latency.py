@@ -22,10 +22,15 @@ cache events tell the router's prefix index, the full blocks of turn 1's prompt 
 answer MD computed) where this build's ``PipelinePlan`` has that field; on a build
 without it the same script measures the old protocol.
 
-Reported per class: P-MD TTFT p50, same-DC TTFT p50, their difference, the floor
-(1 RTT + the miss's KV wire bytes / line rate: the KV one way and the first token
-back) and the target (floor + 10 ms); plus the p50 gap before the second token and
-the median KV wire bytes that crossed per request. The machine's load average
+Reported per class: P-MD TTFT p50, same-DC TTFT p50, their difference, the prefill
+(same-DC's TTFT p50: P's prefill plus a step and a hop in one datacenter, so an upper
+bound on it), the transfer (the miss's KV wire bytes / line rate), the floor (1 RTT +
+the longer of prefill and transfer: P streams the KV while it prefills, the KV one way
+and the first token back) and the target for the difference (1 RTT + max(0, transfer -
+prefill) + 10 ms); plus the p50 gap before the second token and the median KV wire
+bytes that crossed per request. ``--prefill-chunk-tokens`` sets the workers' step
+budget (``--chunked-prefill-tokens``): a prompt longer than it prefills in chunks,
+each one's KV on the line as its step ends. The machine's load average
 (``/proc/loadavg``) is printed beside the figures: the processes share its cores.
 """
 
@@ -73,6 +78,10 @@ PREDICTS = "main_hit_tokens" in PipelinePlan.model_fields
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     description = __doc__.splitlines()[0]
     p = conversation_parser(description, conversations=20, max_tokens=16, jitter_ms=0.0)
+    p.add_argument(
+        "--prefill-chunk-tokens", type=int, default=512,
+        help="the workers' --chunked-prefill-tokens (default 512, the worker's own)",
+    )  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -177,7 +186,9 @@ def summarize(results: dict[str, dict[str, list[Timed]]], args: argparse.Namespa
         wan_p50 = percentile([r.first_token_s for r in wan], 50) or 0.0
         local_p50 = percentile([r.first_token_s for r in local], 50) or 0.0
         miss = statistics.median(r.kv_wire_bytes for r in wan)
-        floor = args.rtt_ms / 1000 + miss / rate
+        rtt, transfer, prefill = args.rtt_ms / 1000, miss / rate, local_p50
+        floor = rtt + max(prefill, transfer)
+        target = rtt + max(0.0, transfer - prefill) + 0.010
         gap = {name: percentile([r.second_gap_s for r in runs], 50) or 0.0
                for name, runs in (("wan", wan), ("local", local))}  # fmt: skip
         rows.append({
@@ -186,8 +197,10 @@ def summarize(results: dict[str, dict[str, list[Timed]]], args: argparse.Namespa
             "pmd_ttft_p50_ms": wan_p50 * 1000,
             "same_dc_ttft_p50_ms": local_p50 * 1000,
             "difference_ms": (wan_p50 - local_p50) * 1000,
+            "prefill_ms": prefill * 1000,
+            "transfer_ms": transfer * 1000,
             "floor_ms": floor * 1000,
-            "target_ms": floor * 1000 + 10,
+            "target_difference_ms": target * 1000,
             "pmd_token2_gap_p50_ms": gap["wan"] * 1000,
             "same_dc_token2_gap_p50_ms": gap["local"] * 1000,
             "miss_kv_wire_bytes_p50": miss,
@@ -202,7 +215,10 @@ def loadavg() -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="pdd-bench-") as logs:
-        cluster, link = start_cluster(SPECS, Path(logs), args, "--block-size", str(BLOCK_SIZE))
+        cluster, link = start_cluster(
+            SPECS, Path(logs), args, "--block-size", str(BLOCK_SIZE),
+            "--chunked-prefill-tokens", str(args.prefill_chunk_tokens),
+        )  # fmt: skip
         line = None
         try:
             line, md_http = start_md_http_line(cluster, link, Path(logs))
@@ -222,19 +238,21 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"P-MD vs same-DC PD, {args.conversations} two-turn conversations one at a time, "
         f"{args.prompt_tokens}-token prompts (+{args.turn2_tokens} in turn 2), WAN "
-        f"{args.gbps} Gbit/s RTT {args.rtt_ms} ms jitter {args.jitter_ms} ms; predicted MD hit "
+        f"{args.gbps} Gbit/s RTT {args.rtt_ms} ms jitter {args.jitter_ms} ms; prefill chunks "
+        f"{args.prefill_chunk_tokens} tokens; predicted MD hit "
         f"{'on' if PREDICTS else 'off (this build has none)'}; "
         f"load avg {load_before} -> {load_after}"
     )
     head = (
-        f"{'class':<10}{'P-MD p50':>10}{'same-DC':>10}{'diff':>8}{'floor':>8}{'target':>8}"
-        f"{'tok2 gap':>10}{'same-DC':>9}{'miss KB':>9}"
+        f"{'class':<10}{'P-MD p50':>10}{'same-DC':>10}{'diff':>8}{'prefill':>9}{'transfer':>9}"
+        f"{'floor':>8}{'target diff':>12}{'tok2 gap':>10}{'same-DC':>9}{'miss KB':>9}"
     )
     print(head + "   (ms)")
     for r in rows:
         print(
             f"{r['class']:<10}{r['pmd_ttft_p50_ms']:>10.1f}{r['same_dc_ttft_p50_ms']:>10.1f}"
-            f"{r['difference_ms']:>8.1f}{r['floor_ms']:>8.1f}{r['target_ms']:>8.1f}"
+            f"{r['difference_ms']:>8.1f}{r['prefill_ms']:>9.1f}{r['transfer_ms']:>9.1f}"
+            f"{r['floor_ms']:>8.1f}{r['target_difference_ms']:>12.1f}"
             f"{r['pmd_token2_gap_p50_ms']:>10.1f}{r['same_dc_token2_gap_p50_ms']:>9.1f}"
             f"{r['miss_kv_wire_bytes_p50'] / 1e3:>9.1f}"
         )

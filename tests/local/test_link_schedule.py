@@ -165,7 +165,7 @@ def test_requests_are_reported_in_the_phase_they_were_sent_in():
     assert during["pipelines"] == {"P-MD": 0.25, "P-RLD-MD": 0.75}
     assert during["failure_reasons"] == {"upstream_error": 1}
     table = phase_table({"pdd": [before, during]})
-    assert "| 10-end s | cut | pdd | 2 | 1 | 1.000 | 1.000 | P-MD:0.25 P-RLD-MD:0.75 |" in table
+    assert "| 10-end s | cut | pdd | 2 | 1 | 1.000 | 1.000 | - | P-MD:0.25 P-RLD-MD:0.75 |" in table
     json.dumps([before, during])  # results.json takes it as is
 
 
@@ -210,3 +210,26 @@ def test_the_router_link_view_is_sampled_beside_the_replay_and_plotted(tmp_path)
     assert tmp_path / "link_view_over_time.png" in paths
     assert (tmp_path / "link_view_over_time.png").stat().st_size > 0
     json.dumps(series)  # results.json takes it as is
+
+
+def test_each_phase_reports_its_requests_agreement_with_the_reference() -> None:
+    """The agreement a phase reports is over that phase's requests only."""
+    ran = [
+        {"phase": {"start_s": 0.0, "gbps": 0.05}, "began_s": 0.0, "ended_s": 10.0,
+         "pipelines": {"P-MD": 2.0}, "problem": None},
+        {"phase": {"start_s": 10.0, "gbps": 0.005}, "began_s": 10.0, "ended_s": None,
+         "pipelines": {"P-MD": 1.0}, "problem": None},
+    ]  # fmt: skip
+    outcomes = [outcome("a", 1.0, 0.1), outcome("b", 2.0, 0.1), outcome("c", 11.0, 0.1)]
+    seen: list[list[str]] = []
+
+    def agreement(group) -> float:
+        seen.append([o.key for o in group])
+        return 0.5 if len(group) == 1 else 1.0
+
+    healthy, throttled = phase_summaries(outcomes, ran, agreement)
+    assert seen == [["a", "b"], ["c"]]
+    assert (healthy["agreement"], throttled["agreement"]) == (1.0, 0.5)
+    assert "| 10-end s | 0.005 Gbit/s | pdd | 1 | 0 | 0.100 | 0.100 | 50.00% |" in phase_table(
+        {"pdd": [healthy, throttled]}
+    )

@@ -28,7 +28,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -498,6 +498,19 @@ def _progress_bar(mode: str, total: int, enabled: bool) -> Any:
     return tqdm(total=total, desc=mode, unit="req", file=sys.stderr)
 
 
+def _agreement_with(reference: report.ModeRun) -> Callable[[Sequence[Outcome]], float | None]:
+    """The share of a group of requests' output positions equal to ``reference``'s (the
+    first mode's) outputs for the same requests."""
+    texts = {o.key: o.text for o in reference.outcomes if o.ok}
+
+    def agreement(group: Sequence[Outcome]) -> float | None:
+        return report.share_of_equal_positions(
+            (o.text, texts[o.key]) for o in group if o.ok and o.key in texts
+        )
+
+    return agreement
+
+
 def _document(
     args: argparse.Namespace,
     fmt: str,
@@ -534,7 +547,9 @@ def _document(
         "chaos": {run.mode: run.chaos for run in runs if run.chaos},
         "leaks": {run.mode: run.leaks for run in runs if run.leaks is not None},
         "link_schedule": {
-            run.mode: link_schedule.phase_summaries(run.outcomes, run.link_phases)
+            run.mode: link_schedule.phase_summaries(
+                run.outcomes, run.link_phases, _agreement_with(runs[0])
+            )
             for run in runs
             if run.link_phases is not None
         },

@@ -246,10 +246,13 @@ def phase_of(outcome: Outcome, ran: Sequence[dict[str, Any]]) -> int | None:
 
 
 def phase_summaries(
-    outcomes: Sequence[Outcome], ran: Sequence[dict[str, Any]]
+    outcomes: Sequence[Outcome],
+    ran: Sequence[dict[str, Any]],
+    agreement: Callable[[Sequence[Outcome]], float | None] | None = None,
 ) -> list[dict[str, Any]]:
     """Per phase (``document``'s): the link, its span, requests sent, failed, TTFT p50/p99,
-    the pipeline mix the router chose."""
+    the pipeline mix the router chose, and ``agreement`` of the phase's requests (the
+    share of output positions equal to the reference mode's; None: not compared)."""
     groups: list[list[Outcome]] = [[] for _ in ran]
     for o in outcomes:
         i = phase_of(o, ran)
@@ -271,6 +274,7 @@ def phase_summaries(
                 "ttft_p50_s": percentile(ttft, 50) if ttft else None,
                 "ttft_p99_s": percentile(ttft, 99) if ttft else None,
                 "pipelines": {k: v / sent for k, v in sorted(counts.items()) if v} if sent else {},
+                "agreement": agreement(group) if agreement is not None else None,
                 "problem": r["problem"],
             }
         )
@@ -280,8 +284,9 @@ def phase_summaries(
 def phase_table(by_mode: dict[str, list[dict[str, Any]]]) -> str:
     """A Markdown table: one row per phase and mode, phase by phase."""
     lines = [
-        "| phase | link | mode | requests | failed | TTFT p50 (s) | TTFT p99 (s) | pipelines |",
-        "|---|---|---|---|---|---|---|---|",
+        "| phase | link | mode | requests | failed | TTFT p50 (s) | TTFT p99 (s) | agreement "
+        "| pipelines |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for i in range(max((len(rows) for rows in by_mode.values()), default=0)):
         for mode, rows in by_mode.items():
@@ -293,10 +298,14 @@ def phase_table(by_mode: dict[str, list[dict[str, Any]]]) -> str:
             lines.append(
                 f"| {row['from_s']:.0f}-{end} s | {row['link']} | {mode} | {row['requests']} "
                 f"| {row['failed']} | {_seconds(row['ttft_p50_s'])} "
-                f"| {_seconds(row['ttft_p99_s'])} | {mix} |"
+                f"| {_seconds(row['ttft_p99_s'])} | {_share(row.get('agreement'))} | {mix} |"
             )
     return "\n".join(lines)
 
 
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2%}"
