@@ -13,6 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from pdd.common.kv_codec import KV_CODEC_SETTINGS
 from pdd.operator.spec import PDDSpec
 from pdd.operator.validation import InvalidSpecError, parse_spec
 
@@ -277,3 +278,9 @@ def test_engine_settings_that_cannot_fit_the_model_or_the_chip_are_refused(
         "mainDecode: kvCacheGiB (141) does not fit one GPU of its pool (NVIDIA-H200, 141 GiB, "
         "and the weights need room too); lower kvCacheGiB or use kvCacheMemoryFraction",
     ]
+
+
+def test_kv_codec_enum_is_the_settings_the_workers_take(crd: dict[str, Any]) -> None:
+    """spec.wan.kvCodec lists every codec setting, adaptive included, and nothing else."""
+    wan = openapi(crd)["properties"]["spec"]["properties"]["wan"]["properties"]
+    assert wan["kvCodec"]["enum"] == list(KV_CODEC_SETTINGS)

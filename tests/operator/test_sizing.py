@@ -125,3 +125,14 @@ def test_a_compressed_link_without_the_models_shape_says_what_to_set(
     assert (report.condition.status, report.condition.reason) == ("Unknown", "KVSizeUnknown")
     assert "wan.kvCodec int4" in report.condition.message
     assert "model.config" in report.condition.message
+
+
+def test_an_adaptive_deployment_is_sized_for_the_exact_kv(pool_b_spec: PDDSpec) -> None:
+    """spec.wan.kvCodec adaptive: a transfer may cross exact, so the link is sized for it,
+    and the model's declared bytes per token are enough to size it."""
+    wan = pool_b_spec.wan.model_copy(update={"kv_codec": "adaptive"})
+    adaptive = size_link(pool_b_spec.model_copy(update={"wan": wan}))
+    assert adaptive.wan == size_link(pool_b_spec).wan
+    model = pool_b_spec.model.model_copy(update={"kv_bytes_per_token": 1000, "config": None})
+    shapeless = size_link(pool_b_spec.model_copy(update={"model": model, "wan": wan}))
+    assert shapeless.wan["kvBytesPerToken"] == 1000
