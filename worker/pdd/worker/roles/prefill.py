@@ -433,8 +433,12 @@ class PrefillRole(RoleBase):
                 channel.commit(-self._coded_bytes(first, skipped, codec))  # never sent
                 first = skipped
                 continue
+            ended = send.prefill.done()  # before the read: a step may end it meanwhile
             taken = await self.runner.call(_written_chunk(rid, first, end, chunk_tokens, codec))
             if taken is None:  # the prefill has not written KV past ``first`` yet
+                if ended:
+                    send.prefill.result()  # raises the prefill's own error
+                    raise RuntimeError("the prefill ended without the KV it was to write")
                 await self._next_write(send.prefill)
                 send.clock.waited()  # the line may idle meanwhile: time it afresh
                 continue
@@ -447,11 +451,12 @@ class PrefillRole(RoleBase):
             first = last
 
     async def _next_write(self, prefill: asyncio.Future[Prefilled]) -> None:
-        """Wait for the engine's next step (which may write more of the prompt's KV); a
-        failed prefill raises its error, and one that ended leaves nothing to wait for."""
+        """Wait for the engine's next step (which may write more of the prompt's KV), or
+        for the prefill's end (its last step wrote all of it); a failed prefill raises
+        its error."""
         if prefill.done():
             prefill.result()  # raises the prefill's own error
-            raise RuntimeError("the prefill ended without the KV it was to write")
+            return
         step = asyncio.ensure_future(self.runner.next_step())
         try:
             await asyncio.wait({step, prefill}, return_when=asyncio.FIRST_COMPLETED)
