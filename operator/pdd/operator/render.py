@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from pdd.common.settings import parser as settings_parser
 from pdd.operator.builders.config import new_shared_token
 from pdd.operator.builders.wan_tls import WanTlsMaterial, generates_wan_tls, new_wan_tls
 from pdd.operator.naming import KIND, Owner
@@ -77,7 +78,7 @@ def as_list(objs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pdd operator render", description=__doc__.splitlines()[0])
+    p = settings_parser("pdd operator render", __doc__.splitlines()[0])
     p.add_argument("-f", "--filename", type=Path, required=True, help="YAML with PDDDeployments")
     p.add_argument("--out-dir", type=Path, help="write local.yaml (and remote.yaml) here")
     p.add_argument(
