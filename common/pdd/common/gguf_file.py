@@ -37,12 +37,12 @@ SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", 
                           "Q4_K", "Q5_K", "Q6_K")  # fmt: skip
 
 # GGUF tensor name -> transformers name ("{i}": the layer index).
-_GLOBAL_TENSORS = {
+GLOBAL_TENSOR_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-_LAYER_TENSORS = {
+LAYER_TENSOR_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj",
@@ -59,7 +59,6 @@ _LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 # The pre-tokenizer regexes llama.cpp names in ``tokenizer.ggml.pre`` (the same splits
 # the models' own tokenizer.json files make).
-_GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _LLAMA3_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -68,7 +67,8 @@ _QWEN2_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-#: ``tokenizer.ggml.pre`` -> (split regex, digits split one by one first).
+#: ``tokenizer.ggml.pre`` -> (split regex, digits split one by one first); no regex: the
+#: byte-level pre-tokenizer's own (GPT-2's) split.
 _PRE_TOKENIZERS: dict[str, tuple[str | None, bool]] = {
     "default": (None, False),
     "gpt-2": (None, False),
@@ -261,13 +261,13 @@ class GGUFModelFile:
             yield self.hf_name(name)
 
     def hf_name(self, gguf_name: str) -> str:
-        if gguf_name in _GLOBAL_TENSORS:
-            return _GLOBAL_TENSORS[gguf_name]
+        if gguf_name in GLOBAL_TENSOR_NAMES:
+            return GLOBAL_TENSOR_NAMES[gguf_name]
         match = _LAYER_NAME.match(gguf_name)
-        if match is None or match.group(2) not in _LAYER_TENSORS:
+        if match is None or match.group(2) not in LAYER_TENSOR_NAMES:
             raise GGUFError(f"{self.path.name}: tensor {gguf_name!r} has no transformers name")
         layer, part, kind = match.groups()
-        return f"model.layers.{layer}.{_LAYER_TENSORS[part]}.{kind}"
+        return f"model.layers.{layer}.{LAYER_TENSOR_NAMES[part]}.{kind}"
 
     @cached_property
     def _by_hf_name(self) -> dict[str, str]:

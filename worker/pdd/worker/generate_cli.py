@@ -38,7 +38,10 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="pdd generate", description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="'tiny' or a checkpoint directory")
+    p.add_argument(
+        "--model", required=True,
+        help="'tiny' (random weights, for tests), a checkpoint directory or a GGUF file",
+    )  # fmt: skip
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt-ids", help="comma-separated token IDs, e.g. 1,2,3")
     prompt.add_argument("--prompt", help="text, encoded with the model's tokenizer")

@@ -114,7 +114,10 @@ class GGUFCheckpoint:
 
 
 def load_checkpoint_weights(
-    model: nn.Module, ckpt: SafetensorsCheckpoint | GGUFCheckpoint, dtype: torch.dtype, device: torch.device
+    model: nn.Module,
+    ckpt: SafetensorsCheckpoint | GGUFCheckpoint,
+    dtype: torch.dtype,
+    device: torch.device,
 ) -> None:
     """Fill every parameter of a meta-device ``model`` from the checkpoint."""
     state = {}
