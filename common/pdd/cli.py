@@ -12,6 +12,7 @@ import sys
 #: subcommand -> (module with a ``main(argv) -> int``, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("pdd.worker.generate_cli", "generate token IDs with the inference core"),
+    "models": ("pdd.worker.models_cli", "list, pull and inspect models (built-ins, Hub repos)"),
     "worker": ("pdd.worker.server", "run one worker instance (prefill|relay|main|mono)"),
     "wan-link": ("pdd.wan.cli", "run the WAN link emulator (TCP proxy)"),
     "router": ("pdd.router.server", "run the OpenAI-compatible router"),

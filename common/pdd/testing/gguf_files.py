@@ -127,8 +127,8 @@ def _gguf_name(hf_name: str, names: Mapping[str, str]) -> str:
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's converter: each head's rotary halves interleaved."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
-        w.shape
+    return (
+        w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
     )
 
 

@@ -45,7 +45,9 @@ CASES = {
     # transformers' GGUF reader ignores qwen3.attention.key_length and takes Qwen3's
     # default head_dim of 128: the case uses that head size so both read one shape.
     "qwen3-q4_1": (
-        "qwen3", "Q4_1", {"head_dim": 128, "num_attention_heads": 2, "num_key_value_heads": 1}
+        "qwen3",
+        "Q4_1",
+        {"head_dim": 128, "num_attention_heads": 2, "num_key_value_heads": 1},
     ),
 }
 
