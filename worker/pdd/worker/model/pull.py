@@ -125,7 +125,7 @@ def pull_hub(
     say: Callable[[str], None] = print,
 ) -> Path:
     """Snapshot ``repo`` into ``local_dir`` (default: the cache); resumable."""
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import HfApi, snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
@@ -136,6 +136,9 @@ def pull_hub(
     target = local_dir or model_dir(repo)
     started = time.monotonic()
     try:
+        # Asked first and on its own: snapshot_download answers a refused token with a
+        # folder already on disk, and a pod must learn the token is wrong, not serve that.
+        HfApi(token=token or None).repo_info(repo, revision=revision)
         snapshot_download(
             repo_id=repo,
             revision=revision,
