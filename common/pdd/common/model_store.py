@@ -113,8 +113,9 @@ def resolve_model(source: str) -> str:
             )
         return str(path)
     raise ModelNotPulledError(
-        f"model {source!r} is not {TINY!r}, a path, a built-in ({', '.join(BUILTINS)}) or a "
-        "Hub repo ORG/NAME; `pdd models list` shows what there is"
+        f"model {source!r} is neither {TINY!r}, an existing checkpoint directory or GGUF file, "
+        f"a built-in ({', '.join(BUILTINS)}) nor a Hub repo ORG/NAME; `pdd models list` shows "
+        "what there is"
     )
 
 

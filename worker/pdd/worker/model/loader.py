@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from pdd.common.gguf_file import GGUFError, GGUFModelFile, is_gguf
+from pdd.common.model_store import ModelNotPulledError, resolve_model
 from pdd.common.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from pdd.worker.model.config import ModelConfig, tiny_config
 from pdd.worker.model.cpu_kernels import kernels_for
@@ -78,6 +79,10 @@ def load_model(
     caller that only passes token IDs: its tokenizer is an ``IdsOnlyTokenizer``.
     """
     device = torch.device(device)
+    try:
+        source = resolve_model(source)  # a pulled built-in or Hub name: its folder
+    except ModelNotPulledError as e:
+        raise CheckpointNotFoundError(str(e)) from e
     if source == TINY:
         config = tiny_config()
         torch_dtype = resolve_dtype(dtype, config, device)
