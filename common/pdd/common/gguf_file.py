@@ -317,6 +317,16 @@ class GGUFModelFile:
         return max(counts, key=lambda k: counts[k]) if counts else "F32"
 
 
+def gguf_checkpoint(path: str | Path) -> Path | None:
+    """The GGUF file ``path`` stands for: itself, or the one .gguf of a directory without
+    config.json (a GGUF-only Hub repo as pulled); None for anything else."""
+    p = Path(path)
+    if p.is_dir() and not (p / "config.json").exists():
+        files = sorted(p.glob("*.gguf"))
+        return files[0] if len(files) == 1 and is_gguf(files[0]) else None
+    return p if is_gguf(p) else None
+
+
 def is_gguf(path: str | Path) -> bool:
     """A GGUF file by name and magic bytes."""
     p = Path(path)

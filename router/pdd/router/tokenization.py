@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from tokenizers import Tokenizer as HFRustTokenizer
 from tokenizers.decoders import ByteLevel as ByteLevelDecoder
 
-from pdd.common.gguf_file import GGUFError, GGUFModelFile, is_gguf
+from pdd.common.gguf_file import GGUFError, GGUFModelFile, gguf_checkpoint
 from pdd.common.tokenizer import ByteTokenizer
 from pdd.router.chat_template import (
     PLAIN_TOOL_INSTRUCTION,
@@ -181,8 +181,9 @@ def load_prompt_tokenizer(model: str | Path) -> PromptTokenizer:
     a GGUF file -> the tokenizer and template in its metadata."""
     if str(model) == TINY_MODEL:
         return PromptTokenizer(TinyTokenizer())
-    if is_gguf(model):
-        return _gguf_prompt_tokenizer(Path(model))
+    gguf_file = gguf_checkpoint(model)
+    if gguf_file is not None:
+        return _gguf_prompt_tokenizer(gguf_file)
     model_dir = Path(model)
     tokenizer_file = model_dir / "tokenizer.json"
     if not tokenizer_file.is_file():

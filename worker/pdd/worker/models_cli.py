@@ -50,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="put a Hub snapshot here instead of the cache (a volume, in a pod)",
     )  # fmt: skip
     pull.add_argument(
+        "--tokenizer-only", action="store_true",
+        help="a Hub repo's tokenizer and chat template only (what the router reads)",
+    )  # fmt: skip
+    pull.add_argument(
         "--termination-log", type=Path,
         help="on failure also write 'REASON: message' here (/dev/termination-log in a pod)",
     )  # fmt: skip
@@ -89,7 +93,7 @@ def _pull(args: argparse.Namespace) -> int:
             pull_builtin(BUILTINS[name], say=print)
         elif is_hub_repo(name):
             token = os.environ.get("HF_TOKEN") or None
-            pull_hub(name, args.revision, token, args.local_dir, say=print)
+            pull_hub(name, args.revision, token, args.local_dir, print, args.tokenizer_only)
         else:
             raise PullError(
                 "UnknownModel",

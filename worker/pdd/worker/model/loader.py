@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from pdd.common.gguf_file import GGUFError, GGUFModelFile, is_gguf
+from pdd.common.gguf_file import GGUFError, GGUFModelFile, gguf_checkpoint
 from pdd.common.model_store import ModelNotPulledError, resolve_model
 from pdd.common.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from pdd.worker.model.config import ModelConfig, tiny_config
@@ -90,8 +90,9 @@ def load_model(
         init_random_weights(model, TINY_SEED, torch_dtype, device)
         _prepare_for_device(model, torch_dtype, device)
         return LoadedModel(model, config, ByteTokenizer(), torch_dtype, device)
-    if is_gguf(source):
-        return _load_gguf(Path(source), dtype, device)
+    gguf_file = gguf_checkpoint(source)
+    if gguf_file is not None:
+        return _load_gguf(gguf_file, dtype, device)
     directory = Path(source)
     if not directory.is_dir():
         raise CheckpointNotFoundError(

@@ -29,6 +29,9 @@ from pdd.worker.model.convert import convert_gguf, file_sha256
 
 #: Which files of a Hub repo make a checkpoint (no .bin/.pt/.h5, no other formats).
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.gguf", "tokenizer*"]
+#: What a tokenizer-only pull (the router's) takes; a GGUF-only repo's tokenizer is in
+#: its .gguf file, which is then taken too.
+TOKENIZER_PATTERNS = ["*.json", "*.jinja", "tokenizer*"]
 
 
 class PullError(Exception):
@@ -123,6 +126,7 @@ def pull_hub(
     token: str | None = None,
     local_dir: Path | None = None,
     say: Callable[[str], None] = print,
+    tokenizer_only: bool = False,
 ) -> Path:
     """Snapshot ``repo`` into ``local_dir`` (default: the cache); resumable."""
     from huggingface_hub import HfApi, snapshot_download
@@ -138,13 +142,19 @@ def pull_hub(
     try:
         # Asked first and on its own: snapshot_download answers a refused token with a
         # folder already on disk, and a pod must learn the token is wrong, not serve that.
-        HfApi(token=token or None).repo_info(repo, revision=revision)
+        info = HfApi(token=token or None).repo_info(repo, revision=revision)
+        names = [s.rfilename for s in info.siblings or []]
+        patterns = HUB_PATTERNS
+        if tokenizer_only:
+            patterns = TOKENIZER_PATTERNS
+            if "tokenizer.json" not in names:
+                patterns = [*patterns, "*.gguf"]
         snapshot_download(
             repo_id=repo,
             revision=revision,
             token=token or None,  # None: huggingface_hub reads HF_TOKEN itself
             local_dir=target,
-            allow_patterns=HUB_PATTERNS,
+            allow_patterns=patterns,
         )
     except GatedRepoError as e:
         raise PullError("GatedRepo", f"{repo} is gated: accept its terms with the token's "
@@ -171,7 +181,7 @@ def pull_hub(
         if isinstance(e, OSError) or type(e).__module__.startswith(("httpx", "httpcore")):
             raise PullError("Unreachable", f"the hub cannot be reached: {_first_line(e)}") from e
         raise
-    _check_checkpoint(target, repo)
+    _check_checkpoint(target, repo, tokenizer_only)
     files = {
         p.name: file_sha256(p)
         for p in sorted(target.iterdir())
@@ -183,11 +193,12 @@ def pull_hub(
     return target
 
 
-def _check_checkpoint(directory: Path, repo: str) -> None:
-    if not (directory / "config.json").is_file() and not list(directory.glob("*.gguf")):
+def _check_checkpoint(directory: Path, repo: str, tokenizer_only: bool) -> None:
+    wanted = "tokenizer.json" if tokenizer_only else "config.json"
+    if not (directory / wanted).is_file() and not list(directory.glob("*.gguf")):
         raise PullError(
             "NotACheckpoint",
-            f"{repo} has neither config.json nor a .gguf file: not a checkpoint PDD can serve",
+            f"{repo} has neither {wanted} nor a .gguf file: not a checkpoint PDD can serve",
         )
 
 
