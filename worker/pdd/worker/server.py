@@ -67,7 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="the operator's rendered config.json (else $PDD_CONFIG); flags override it",
     )
     p.add_argument("--role", choices=sorted(ROLES), help="required, or $PDD_ROLE with --config")
-    p.add_argument("--model", default="tiny", help='"tiny" or a checkpoint directory')
+    p.add_argument(
+        "--model", default="tiny",
+        help='"tiny" (random weights, for tests), a checkpoint directory or a GGUF file',
+    )  # fmt: skip
     p.add_argument("--instance-id", help="required, or $PDD_INSTANCE_ID with --config")
     p.add_argument("--http", default="127.0.0.1:8000", help="HOST:PORT of the control API")
     p.add_argument("--advertise-http", help="HOST:PORT the router uses (default: --http)")
