@@ -78,7 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     engine = p.add_argument_group("engine (the config document gives the defaults; flags win)")
     engine.add_argument("--device", default="auto", help="auto (CUDA if visible) | cpu | cuda[:N]")
     engine.add_argument(
-        "--dtype", default="auto", help="auto (bfloat16 on CUDA, the checkpoint's on CPU) | ..."
+        "--dtype",
+        default="auto",
+        help="auto (bfloat16 on CUDA; on a CPU the checkpoint's with native bfloat16, else "
+        "float32) | bfloat16 | float16 | float32",
     )
     kv = engine.add_mutually_exclusive_group()
     kv.add_argument(
@@ -248,7 +251,8 @@ async def run(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> No
     assert worker.data is not None
     info = worker.role.engine_info
     log.info(
-        "%s %s: data on %s, port %d, WAN data %s, %s on %s; engine on %s %s, KV %d blocks "
+        "%s %s: data on %s, port %d, WAN data %s, %s on %s; engine on %s %s (%s), CPU "
+        "kernels %s, KV %d blocks "
         "x %d = %d tokens (%.2f GiB), max running %d, max prompt %d tokens, chunked prefill "
         "%d tokens",
         args.role,
@@ -262,6 +266,8 @@ async def run(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> No
         args.http,
         info.device,
         info.dtype,
+        info.dtype_reason,
+        info.cpu_kernels or "none (torch's ops)",
         info.kv_blocks,
         info.block_size,
         info.kv_tokens,
