@@ -19,6 +19,7 @@ event loop runs it in an executor).
 from __future__ import annotations
 
 import itertools
+import logging
 import secrets
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -66,6 +67,8 @@ from pdd.worker.model.loader import LoadedModel, load_model
 
 GIB = 2**30
 
+log = logging.getLogger(__name__)
+
 
 class Engine:
     """Continuous-batching engine for one model on one device.
@@ -88,10 +91,14 @@ class Engine:
         self.config = config
         if isinstance(model, LoadedModel):
             self.loaded = model
+            self.dtype_reason = "as loaded by the caller"
         else:
             device = resolve_device(config.device, probe)
             dtype = resolve_dtype(config.dtype, device, probe)
-            self.loaded = load_model(model, dtype=dtype, device=device)
+            if dtype.warning:
+                log.warning("%s", dtype.warning)
+            self.loaded = load_model(model, dtype=dtype.name, device=device)
+            self.dtype_reason = dtype.reason
         self.model_config = self.loaded.config
         self.device = torch.device(self.loaded.device)
         self.layout = KVLayout.from_config(self.model_config, config.block_size, self.loaded.dtype)
@@ -368,6 +375,8 @@ class Engine:
         return EngineInfo(
             device=str(self.device),
             dtype=str(self.loaded.dtype).removeprefix("torch."),
+            dtype_reason=self.dtype_reason,
+            cpu_kernels=self.loaded.model.kernels.variant if self.loaded.model.kernels else None,
             block_size=self.config.block_size,
             kv_blocks=self.kv.num_blocks,
             kv_tokens=self.kv.num_blocks * self.config.block_size,
