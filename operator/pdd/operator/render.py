@@ -120,8 +120,8 @@ def dump(objs: list[dict[str, Any]]) -> str:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pdd operator render",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="What the operator would write for a file of PDDDeployments, without a "
+        "cluster: one kind: List per cluster, the same bytes for the same file.",
     )
     p.add_argument("-f", "--filename", type=Path, required=True, help="YAML with PDDDeployments")
     p.add_argument(
@@ -133,7 +133,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--cluster",
         choices=[str(c) for c in Cluster],
-        help="the one cluster to write: needed on stdout when the file spans two clusters",
+        help="the one cluster to write (local: cluster A; remote: cluster B, where "
+        "remoteCluster puts MD); needed on stdout when the file spans both",
     )
     p.add_argument(
         "--secrets",
