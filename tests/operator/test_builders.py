@@ -282,7 +282,7 @@ def test_each_roles_engine_settings_are_rendered_over_the_shared_ones(
                 update={"engine": EngineSettings(kv_cache_gib=60, max_running_requests=256)}
             ),
             "prefill": pool_b_spec.prefill.model_copy(
-                update={"engine": EngineSettings(chunked_prefill_tokens=8192)}
+                update={"engine": EngineSettings(max_num_batched_tokens=8192)}
             ),
         }
     )
@@ -293,13 +293,14 @@ def test_each_roles_engine_settings_are_rendered_over_the_shared_ones(
         "kvCacheMemoryFraction": None,  # the role's GiB replaces the shared fraction
         "kvCacheGiB": 60,
         "maxRunningRequests": 256,
+        "maxModelLen": None,
         "maxPromptTokens": None,
-        "chunkedPrefillTokens": None,
+        "maxNumBatchedTokens": None,
         "torchThreads": None,
     }
-    assert engine["prefill"]["chunkedPrefillTokens"] == 8192
+    assert engine["prefill"]["maxNumBatchedTokens"] == 8192
     assert engine["prefill"]["kvCacheMemoryFraction"] == 0.9
-    assert engine["relay"] == {**engine["prefill"], "chunkedPrefillTokens": None}
+    assert engine["relay"] == {**engine["prefill"], "maxNumBatchedTokens": None}
 
 
 def test_worker_pods_drain_on_the_specs_schedule(pool_b_spec: PDDSpec, owner: Owner) -> None:

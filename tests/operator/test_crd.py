@@ -173,7 +173,7 @@ MISTAKES = [
     ),
     ({"poolB": None}, "exactly one of poolB"),
     ({"poolB": {}, "remoteCluster": {"kubeconfigSecret": {"name": "b"}}}, "exactly one of poolB"),
-    ({"model": {"source": {}, "servedName": "m"}}, "exactly one of pvc, hostPath or image"),
+    ({"model": {"source": {}, "servedName": "m"}}, "pvc, hostPath, image or huggingFace"),
     (
         {
             "model": {
@@ -181,7 +181,7 @@ MISTAKES = [
                 "servedName": "m",
             }
         },
-        "exactly one of pvc, hostPath or image",
+        "pvc, hostPath, image or huggingFace",
     ),
     ({"router": {"replicas": 3}}, "needs router.redisUrl or router.managedRedis"),
     (

@@ -35,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from pdd.common.settings import parser as settings_parser
 from pdd.operator.builders.config import new_shared_token
 from pdd.operator.builders.wan_tls import generates_wan_tls, new_wan_tls
 from pdd.operator.naming import API_VERSION, KIND, Owner
@@ -118,10 +119,10 @@ def dump(objs: list[dict[str, Any]]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="pdd operator render",
-        description="What the operator would write for a file of PDDDeployments, without a "
-        "cluster: one kind: List per cluster, the same bytes for the same file.",
+    p = settings_parser(
+        "pdd operator render",
+        "What the operator would write for a file of PDDDeployments, without a cluster: "
+        "one kind: List per cluster, the same bytes for the same file.",
     )
     p.add_argument("-f", "--filename", type=Path, required=True, help="YAML with PDDDeployments")
     p.add_argument(

@@ -40,12 +40,31 @@ class ImageSource(_Spec):
     path: str = Field(min_length=1)
 
 
+class TokenSecretRef(_Spec):
+    name: str = Field(min_length=1)
+    key: str = "token"
+
+
+class HuggingFaceSource(_Spec):
+    """A Hub repo each pod's init container pulls (``pdd models pull``) before it starts."""
+
+    repo: str = Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+    revision: str = "main"
+    token_secret: TokenSecretRef | None = None
+    #: Another hub (a mirror, a private one): the pull's HF_ENDPOINT.
+    endpoint: str | None = None
+    #: A PVC to pull into (kept across restarts, shared by the pods that mount it);
+    #: none: an emptyDir per pod.
+    claim_name: str | None = None
+
+
 class ModelSource(_Spec):
-    """Where the checkpoint lives; exactly one of the three (checked in validation)."""
+    """Where the checkpoint lives; exactly one of the four (checked in validation)."""
 
     pvc: PvcSource | None = None
     host_path: HostPathSource | None = None
     image: ImageSource | None = None
+    hugging_face: HuggingFaceSource | None = None
 
 
 KVDtype = Literal["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8"]

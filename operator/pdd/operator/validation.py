@@ -67,10 +67,12 @@ def spec_problems(spec: PDDSpec) -> list[str]:
         )
     source = spec.model.source
     given = [n for n, v in (("pvc", source.pvc), ("hostPath", source.host_path),
-                            ("image", source.image)) if v is not None]  # fmt: skip
+                            ("image", source.image), ("huggingFace", source.hugging_face))
+             if v is not None]  # fmt: skip
     if len(given) != 1:
         problems.append(
-            f"model.source needs exactly one of pvc, hostPath or image; got {given or 'none'}"
+            "model.source needs exactly one of pvc, hostPath, image or huggingFace; "
+            f"got {given or 'none'}"
         )
     router = spec.router
     if router.managed_redis and router.redis_url is not None:

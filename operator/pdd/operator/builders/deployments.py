@@ -9,6 +9,12 @@ from pdd.common.vocabulary import Role
 from pdd.common.wan_tls import CA_FILE, HTTPS_ROLES
 from pdd.operator.builders.config import model_path
 from pdd.operator.builders.meta import Site, metadata
+from pdd.operator.builders.model_pull import (
+    MODEL_VOLUME,
+    model_pull_container,
+    model_pull_volume,
+    pulls_model,
+)
 from pdd.operator.builders.wan_tls import wan_tls_secret_name
 from pdd.operator.naming import (
     CONFIG_DIR,
@@ -103,7 +109,7 @@ def build_worker_deployment(
     if model_volume is not None:
         volumes.append(model_volume)
         container["volumeMounts"].append(_model_mount(spec))
-    pod_spec = {
+    pod_spec: dict[str, Any] = {
         "containers": [container],
         "volumes": volumes,
         "nodeSelector": pool.node_selector_with_gpu(),
@@ -111,6 +117,8 @@ def build_worker_deployment(
         # SIGTERM starts the worker's drain (up to drainSeconds), then it exits by itself.
         "terminationGracePeriodSeconds": spec.drain_seconds + EXIT_MARGIN_SECONDS,
     }
+    if pulls_model(spec):
+        pod_spec["initContainers"] = [model_pull_container(spec, model_path(spec), router=False)]
     deployment_spec: dict[str, Any] = {
         "selector": {"matchLabels": owner.selector_labels(role)},
         "strategy": WORKER_STRATEGY,
@@ -147,7 +155,13 @@ def build_router_deployment(spec: PDDSpec, owner: Owner, config_hash: str) -> di
             {"name": "wan-tls", "mountPath": WAN_TLS_DIR, "readOnly": True}
         )
         container["args"] += ["--wan-tls-dir", WAN_TLS_DIR]
-    pod_spec = {"containers": [container], "volumes": volumes}
+    pod_spec: dict[str, Any] = {"containers": [container], "volumes": volumes}
+    if pulls_model(spec):  # the router tokenizes: it needs the tokenizer files only
+        volumes.append(model_pull_volume(spec, router=True))
+        container["volumeMounts"].append(
+            {"name": MODEL_VOLUME, "mountPath": model_path(spec), "readOnly": True}
+        )
+        pod_spec["initContainers"] = [model_pull_container(spec, model_path(spec), router=True)]
     site = Site(owner.namespace)
     return _deployment(
         owner,
@@ -284,6 +298,8 @@ def _model_volume(spec: PDDSpec) -> dict[str, Any] | None:
         return {"name": "model", "persistentVolumeClaim": claim}
     if source.host_path is not None:
         return {"name": "model", "hostPath": {"path": source.host_path.path, "type": "Directory"}}
+    if source.hugging_face is not None:
+        return model_pull_volume(spec, router=False)
     return None
 
 
