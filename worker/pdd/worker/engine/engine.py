@@ -441,6 +441,12 @@ class Engine:
         """Tokens of ``token_ids`` the prefix cache holds now (nothing is locked)."""
         return self.cache.match_prefix(token_ids).num_tokens
 
+    def computed_tokens(self, request_id: str) -> int:
+        """Tokens of a live request whose KV is in the cache now: what ``export_kv`` can
+        read. It grows chunk by chunk while a long prompt prefills (and falls back to 0
+        if the request is preempted), so a prefill can ship its KV as it is written."""
+        return self._get(request_id).num_computed
+
     def export_kv(
         self, request_id: str, start: int, end: int, chunk_tokens: int = 256,
         codec: KVCodec = NO_CODEC,
