@@ -217,12 +217,16 @@ class RoleBase:
 
     def refresh_gauges(self) -> None:
         s = self.runner.snapshot.stats
-        self.metrics.kv_blocks_free.set(s.num_free_blocks)
-        self.metrics.kv_blocks_total.set(s.num_total_blocks)
-        self.metrics.running.set(s.num_running)
-        self.metrics.relay_load.set(self.relay_load())
-        self.metrics.wan_wire_bytes.set(self.wan_counters.wire_sent)
-        self.metrics.fast_wire_bytes.set(self.fast_counters.wire_sent)
+        m = self.metrics
+        m.kv_blocks_free.set(s.num_free_blocks)
+        m.kv_blocks_total.set(s.num_total_blocks)
+        held = s.num_total_blocks - s.num_free_blocks - s.num_cached_blocks
+        m.kv_usage.set(held / max(1, s.num_total_blocks))
+        m.running.set(s.num_running)
+        m.waiting.set(s.num_waiting)
+        m.relay_load.set(self.relay_load())
+        m.wire_sent["wan"] = self.wan_counters.wire_sent
+        m.wire_sent["fastpath"] = self.fast_counters.wire_sent
 
     # --- helpers ----------------------------------------------------------------------------
     def spawn(self, coro: Awaitable[None], name: str) -> None:
