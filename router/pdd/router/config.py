@@ -121,7 +121,7 @@ class RouterConfig:
     host: str = field(default="0.0.0.0", metadata=setting("address to listen on"))
     port: int = field(default=8080, metadata=setting("port of the OpenAI API"))
     #: Requests one instance may hold at once before the router stops sending more:
-    #: what the worker reports (its max_running); a number here caps every instance
+    #: what the worker reports (its max_running_requests); a number here caps every instance
     #: below that (an operator's override, e.g. to shed load before the workers queue).
     instance_capacity: int | None = field(
         default=None,

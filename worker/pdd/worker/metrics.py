@@ -118,7 +118,7 @@ class WorkerMetrics:
         self.kv_capacity_tokens = Gauge(
             "pdd_worker_kv_capacity_tokens", "KV cache capacity in tokens", registry=r
         )
-        self.max_running = Gauge(
+        self.max_running_requests = Gauge(
             "pdd_worker_max_running_requests",
             "Requests this instance decodes at once",
             registry=r,
@@ -128,7 +128,7 @@ class WorkerMetrics:
         """What the engine got, exported once at start (it never changes afterwards)."""
         self.engine.labels(self.role, info.device, info.dtype).set(1)
         self.kv_capacity_tokens.set(info.kv_tokens)
-        self.max_running.set(info.max_running)
+        self.max_running_requests.set(info.max_running_requests)
 
     def count_prompt(self, prompt_tokens: int, hit_tokens: int) -> None:
         self.prompt_tokens.labels(self.role).inc(prompt_tokens)

@@ -181,13 +181,14 @@ class RoleBase:
 
     # --- reports ----------------------------------------------------------------------------
     @property
-    def max_running(self) -> int:
-        return self.runner.engine.max_running  # fixed at start: safe to read off the engine thread
+    def max_running_requests(self) -> int:
+        # fixed at start: safe to read off the engine thread
+        return self.runner.engine.max_running_requests
 
     def relay_load(self) -> float:
         s = self.runner.snapshot.stats
         held = s.num_total_blocks - s.num_free_blocks - s.num_cached_blocks
-        return min(1.0, max(s.num_running / self.max_running, held / s.num_total_blocks))
+        return min(1.0, max(s.num_running / self.max_running_requests, held / s.num_total_blocks))
 
     def load_report(self) -> LoadReport:
         s = self.runner.snapshot.stats
@@ -199,7 +200,7 @@ class RoleBase:
             kv_blocks_free=s.num_free_blocks,
             kv_blocks_total=s.num_total_blocks,
             relay_load=self.relay_load(),
-            capacity=self.max_running,
+            capacity=self.max_running_requests,
             draining=self.draining,
         )
 
