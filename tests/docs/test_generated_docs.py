@@ -28,6 +28,12 @@ BLOCK = re.compile(
 )
 
 
+def _router_settings() -> str:
+    from pdd.router.config import RouterConfig
+
+    return settings_table(settings_of(RouterConfig), "")
+
+
 def _flags(module: str) -> Callable[[], str]:
     return lambda: flag_table(importlib.import_module(module).build_parser())
 
@@ -76,6 +82,7 @@ def metrics_table() -> str:
 GENERATORS: dict[str, Callable[[], str]] = {
     "metrics": metrics_table,
     "engine-settings": lambda: settings_table(settings_of(EngineSettings), "engine."),
+    "router-settings": _router_settings,
     "flags-router": _flags("pdd.router.server"),
     "flags-worker": _flags("pdd.worker.server"),
     "flags-wan-link": _flags("pdd.wan.cli"),
