@@ -110,20 +110,23 @@ def _parse_kind(annotation: Any) -> tuple[Callable[[str], Any] | None, tuple[Any
 def settings_of(cls: type) -> list[Setting]:
     """The settings table of a dataclass (fields with ``setting`` metadata) or of a
     pydantic model (every field; help from its description, aliases and default from
-    ``json_schema_extra``: ``{"flagAliases": [...], "flagDefault": X, "defaultText": S}``)."""
+    ``json_schema_extra``: ``{"flagAliases": [...], "flagDefault": X, "defaultText": S}``,
+    and ``"flagMetavar": M`` where the flag takes more than the field's choices)."""
     hints = typing.get_type_hints(cls)
     table: list[Setting] = []
     if isinstance(cls, type) and issubclass(cls, BaseModel):
         for name, info in cls.model_fields.items():
             extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
             parse, choices = _parse_kind(hints[name])
+            metavar = typing.cast(str | None, extra.get("flagMetavar"))
             table.append(
                 Setting(
                     name=name,
                     help=info.description or "",
                     default=extra.get("flagDefault"),
                     type=parse,
-                    choices=choices,
+                    choices=None if metavar else choices,
+                    metavar=metavar,
                     aliases=tuple(typing.cast(list[str], extra.get("flagAliases", []))),
                     default_text=typing.cast(str | None, extra.get("defaultText")),
                     field=info.alias or name,
