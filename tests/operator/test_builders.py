@@ -153,7 +153,7 @@ def test_relay_hpa_uses_the_pods_metric(pool_b_spec: PDDSpec, owner: Owner) -> N
         {
             "type": "Pods",
             "pods": {
-                "metric": {"name": "pdd_relay_load"},
+                "metric": {"name": "pdd_worker_relay_load"},
                 "target": {"type": "AverageValue", "averageValue": "600m"},
             },
         }
@@ -194,7 +194,7 @@ def test_config_map_contents(pool_b_spec: PDDSpec, owner: Owner) -> None:
     assert config["store"] == {"redisUrl": "redis://qwen-redis.serving.svc:6379/0"}
     assert config["handoff"] == {"policy": "auto", "catchUpThreshold": 64}
     assert config["anomalousTraffic"] == {"minInputTokens": 32768, "maxOutputTokens": 500}
-    assert config["relay"] == {"targetLoad": 0.6, "loadMetric": "pdd_relay_load"}
+    assert config["relay"] == {"targetLoad": 0.6, "loadMetric": "pdd_worker_relay_load"}
     secret = children[(Cluster.LOCAL, "Secret", "qwen-shared-secret")]
     assert base64.b64decode(secret["data"]["token"]).decode() == TOKEN
     env = children[(Cluster.LOCAL, "Deployment", "qwen-prefill")]["spec"]["template"]["spec"][
