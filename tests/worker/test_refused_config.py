@@ -47,7 +47,7 @@ def worker_args(*extra: str) -> list[str]:
     ("flags", "reason"),
     [
         (("--device", "cuda"), NO_CUDA),
-        (("--kv-budget-mb", "100000"), "GiB was asked for"),
+        (("--kv-cache-gib", "100"), "GiB was asked for"),
     ],
 )
 def test_what_this_machine_cannot_do_is_a_configuration_refusal(flags, reason):
@@ -89,6 +89,9 @@ async def test_the_refused_app_is_not_ready_and_says_why():
     async with httpx.AsyncClient(transport=transport, base_url="http://worker") as client:
         ready = await client.get("/ready")
         assert ready.status_code == 503 and problem in ready.text
+        # Started and live: kubelet must not restart it into the same refusal (a crash loop).
+        assert (await client.get("/startup")).status_code == 200
+        assert (await client.get("/live")).status_code == 200
         health = await client.get("/health")
         assert health.status_code == 503
         assert health.json() == {

@@ -89,7 +89,9 @@ def test_the_engine_reports_the_kv_capacity_it_was_given(tiny):
     """A fraction of (faked) free memory, an explicit size and the CPU default each
     give exactly the blocks that fit, and ``info()`` reports them."""
     free = 64 * 2**20
-    by_fraction = Engine("tiny", device="auto", kv_memory_fraction=0.25, probe=probe(free=free))
+    by_fraction = Engine(
+        "tiny", device="auto", kv_cache_memory_fraction=0.25, probe=probe(free=free)
+    )
     info = by_fraction.info()
     per_block = by_fraction.layout.bytes_per_block
     assert info.device == "cpu" and info.dtype == "float32"
@@ -111,7 +113,7 @@ def test_a_kv_size_the_device_cannot_hold_is_a_setting_to_change_not_an_oom(tiny
 
 
 def test_limits_are_reported_and_enforced(tiny):
-    engine = Engine(tiny, max_running=5, max_prompt_tokens=20, max_num_batched_tokens=64)
+    engine = Engine(tiny, max_running_requests=5, max_prompt_tokens=20, max_num_batched_tokens=64)
     info = engine.info()
     assert (info.max_running, info.max_prompt_tokens, info.max_batched_tokens) == (5, 20, 64)
     engine.add_request(list(range(2, 22)))  # 20 tokens: fits

@@ -51,7 +51,8 @@ def log_line(refusal: WorkerRefusal, http: str, about: tuple[str, str] = ENGINE_
 
 
 def create_refused_app(refusal: WorkerRefusal) -> FastAPI:
-    """``/ready``, ``/health`` and ``/metrics`` say the refusal; every other path is 503 too."""
+    """``/ready``, ``/health`` and ``/metrics`` say the refusal; ``/startup`` and ``/live``
+    answer 200 (a restart would not help); every other path is 503 too."""
     app = FastAPI(title=f"pdd worker ({refusal.role}, settings refused)")
     registry = CollectorRegistry()
     Gauge(
@@ -60,6 +61,15 @@ def create_refused_app(refusal: WorkerRefusal) -> FastAPI:
         registry=registry,
     ).set(1)
     metrics = generate_latest(registry)  # fixed from now on: render it once
+
+    # Started and live, never ready: a restart would refuse the same settings again.
+    @app.get("/startup")
+    async def startup() -> PlainTextResponse:
+        return PlainTextResponse("started (settings refused)\n")
+
+    @app.get("/live")
+    async def live() -> PlainTextResponse:
+        return PlainTextResponse("live (settings refused)\n")
 
     @app.get("/ready")
     async def ready() -> PlainTextResponse:

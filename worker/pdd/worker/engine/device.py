@@ -133,5 +133,5 @@ def kv_budget_bytes(
 ) -> int:
     """``fraction`` of the memory free on ``device`` now (call it after the weights load)."""
     if not 0 < fraction <= 1:
-        raise EngineConfigError(f"kv_memory_fraction must be in (0, 1], got {fraction}")
+        raise EngineConfigError(f"kv_cache_memory_fraction must be in (0, 1], got {fraction}")
     return int(probe.free_memory_bytes(device) * fraction)

@@ -110,7 +110,7 @@ class Engine:
             SchedulerConfig(
                 config.block_size,
                 config.max_num_batched_tokens,
-                min(config.max_running, config.max_num_batched_tokens),
+                min(config.max_running_requests, config.max_num_batched_tokens),
             ),
             self.pool,
             self.cache,
@@ -441,6 +441,12 @@ class Engine:
         """Tokens of ``token_ids`` the prefix cache holds now (nothing is locked)."""
         return self.cache.match_prefix(token_ids).num_tokens
 
+    def computed_tokens(self, request_id: str) -> int:
+        """Tokens of a live request whose KV is in the cache now: what ``export_kv`` can
+        read. It grows chunk by chunk while a long prompt prefills (and falls back to 0
+        if the request is preempted), so a prefill can ship its KV as it is written."""
+        return self._get(request_id).num_computed
+
     def export_kv(
         self, request_id: str, start: int, end: int, chunk_tokens: int = 256,
         codec: KVCodec = NO_CODEC,
@@ -553,13 +559,13 @@ class Engine:
         """KV blocks for the budget; a budget this device cannot hold, or one below a
         block, is a setting to change (EngineConfigError), not an out-of-memory crash."""
         budget = self._kv_budget(probe)
-        if self.config.kv_memory_fraction is None:
+        if self.config.kv_cache_memory_fraction is None:
             free = probe.free_memory_bytes(self.device)
             if budget > free:
                 raise EngineConfigError(
                     f"a KV cache of {budget / GIB:.2f} GiB was asked for, but {self.device} has "
                     f"{free / GIB:.2f} GiB free after the weights; lower kvCacheGiB (or "
-                    "--kv-budget-mb), or give kvCacheMemoryFraction instead"
+                    "--kv-cache-gib), or give kvCacheMemoryFraction instead"
                 )
         try:
             return PagedKVCache.blocks_for_budget(self.layout, budget)
@@ -568,7 +574,7 @@ class Engine:
 
     def _kv_budget(self, probe: DeviceProbe) -> int:
         """Bytes for the KV pool (see ``EngineConfig``); call it once the weights are in."""
-        fraction = self.config.kv_memory_fraction
+        fraction = self.config.kv_cache_memory_fraction
         if fraction is None and self.config.kv_budget_bytes is not None:
             return self.config.kv_budget_bytes
         if fraction is None and self.device.type == "cpu":
