@@ -21,6 +21,7 @@ from pdd.operator.naming import API_VERSION, KIND, MANAGER, PLURAL, SPEC_HASH_AN
 RESOURCES: dict[str, tuple[str, str]] = {
     "ConfigMap": ("v1", "configmaps"),
     "Secret": ("v1", "secrets"),
+    "Pod": ("v1", "pods"),
     "Service": ("v1", "services"),
     "Deployment": ("apps/v1", "deployments"),
     "HorizontalPodAutoscaler": ("autoscaling/v2", "horizontalpodautoscalers"),
@@ -88,6 +89,19 @@ class KubeApi:
         if response.status_code == 404:
             return None
         return _checked(response)
+
+    async def list(self, kind: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        """The objects of ``kind`` carrying ``labels`` (also filtered here: a server that
+        ignores the selector still answers only what was asked)."""
+        path = ObjectPath(kind, namespace, "")
+        selector = ",".join(f"{k}={v}" for k, v in labels.items())
+        response = await self._client.get(path.collection, params={"labelSelector": selector})
+        items = _checked(response)
+        return [
+            item
+            for item in items.get("items") or []
+            if labels.items() <= (item.get("metadata", {}).get("labels") or {}).items()
+        ]
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         path = ObjectPath.of(obj)
