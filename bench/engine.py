@@ -424,7 +424,7 @@ def main() -> None:
     engine = Engine(
         loaded,
         max_num_batched_tokens=MAX_BATCHED_TOKENS,
-        max_running=args.requests,
+        max_running_requests=args.requests,
         kv_budget_bytes=args.kv_gib * 2**30,
     )
     vllm, vllm_skipped = None, "not asked for (--baseline vllm)"

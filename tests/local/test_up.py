@@ -80,7 +80,7 @@ def start_up(tmp: Path) -> Iterator[Up]:
     output = tmp / "pdd-up.out"
     argv = [sys.executable, "-m", "pdd.cli", "up", "--model", "tiny", "--mode", "pdd",
             "--port", str(free_port()),
-            "--log-dir", str(tmp / "logs"), "--worker-arg=--kv-budget-mb=32"]  # fmt: skip
+            "--log-dir", str(tmp / "logs"), "--worker-arg=--kv-cache-gib=0.03125"]  # fmt: skip
     with output.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:

@@ -222,7 +222,8 @@ class GGUFModelFile:
                 f"{', '.join(_PRE_TOKENIZERS)}"
             )
         tokens = [str(t) for t in self._field("tokenizer.ggml.tokens")]
-        merges = [_merge(str(m)) for m in self._field("tokenizer.ggml.merges") or []]
+        pairs = (str(m).partition(" ") for m in self._field("tokenizer.ggml.merges") or [])
+        merges = [(left, right) for left, _, right in pairs]
         tok = Tokenizer(
             models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
                        fuse_unk=False, byte_fallback=False)
@@ -315,11 +316,6 @@ class GGUFModelFile:
             n = int(np.prod([int(d) for d in t.shape]))
             counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + n
         return max(counts, key=lambda k: counts[k]) if counts else "F32"
-
-
-def _merge(text: str) -> tuple[str, str]:
-    left, _, right = text.partition(" ")
-    return left, right
 
 
 def gguf_checkpoint(path: str | Path) -> Path | None:

@@ -7,7 +7,7 @@ Each entry is ``SECONDS:VALUE``, seconds since the replay began: a rate in Gbit/
 line re-rated through the emulator's admin API, ``POST /rate``, and healed if it was
 cut) or ``cut`` (``POST /partition``, both directions, as ``--chaos`` cuts it). Each
 entry starts a phase that lasts until the next one; before the first, the line runs
-at its declared rate (``--wan-gbps``). Unlike ``--chaos``, whose events wait for counts
+at its declared rate (``--link-gbps``). Unlike ``--chaos``, whose events wait for counts
 of finished requests, a schedule is wall-clock time: the point is what the router does
 *while* the line is slow or gone, whatever it dispatches meanwhile.
 

@@ -101,7 +101,9 @@ def test_random_arrivals_and_aborts_on_a_tiny_pool_keep_every_invariant(
     reference = Engine(tiny, block_size=4, num_blocks=512).generate(
         [p for p, _ in jobs], [sp for _, sp in jobs]
     )
-    engine = Engine(tiny, block_size=4, num_blocks=20, max_num_batched_tokens=16, max_running=5)
+    engine = Engine(
+        tiny, block_size=4, num_blocks=20, max_num_batched_tokens=16, max_running_requests=5
+    )
     tokens: dict[str, list[int]] = {}
     live: list[str] = []
     aborted: set[str] = set()

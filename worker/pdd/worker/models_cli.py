@@ -33,16 +33,22 @@ from pdd.common.model_store import (
     models_dir,
     resolve_model,
 )
+from pdd.common.settings import HelpFormatter
+from pdd.common.settings import parser as settings_parser
 from pdd.worker.model.config import ModelConfig, tiny_config
 from pdd.worker.model.errors import ModelLoadError
 from pdd.worker.model.pull import PullError, pull_builtin, pull_hub
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pdd models", description=__doc__.splitlines()[0])
+    p = settings_parser("pdd models", __doc__.splitlines()[0])
     verbs = p.add_subparsers(dest="verb", required=True)
-    verbs.add_parser("list", help="built-in models and the cache's contents")
-    pull = verbs.add_parser("pull", help="fetch a built-in or a Hub repo into the cache")
+    verbs.add_parser(
+        "list", formatter_class=HelpFormatter, help="built-in models and the cache's contents"
+    )
+    pull = verbs.add_parser(
+        "pull", formatter_class=HelpFormatter, help="fetch a built-in or a Hub repo into the cache"
+    )
     pull.add_argument("name", help=f"a built-in ({', '.join(BUILTINS)}) or ORG/REPO")
     pull.add_argument("--revision", help="Hub revision (branch, tag or commit); default main")
     pull.add_argument(
@@ -57,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--termination-log", type=Path,
         help="on failure also write 'REASON: message' here (/dev/termination-log in a pod)",
     )  # fmt: skip
-    inspect = verbs.add_parser("inspect", help="describe a checkpoint; print its spec.model")
+    inspect = verbs.add_parser(
+        "inspect", formatter_class=HelpFormatter, help="describe a checkpoint; print its spec.model"
+    )
     inspect.add_argument("model", help="a checkpoint directory, a GGUF file or a pulled name")
     inspect.add_argument("--json", action="store_true", help="the description as JSON")
     return p

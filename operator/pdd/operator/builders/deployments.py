@@ -36,6 +36,17 @@ from pdd.operator.spec import PDDSpec, Pool
 EXIT_MARGIN_SECONDS = 10
 #: GPU pools rarely have a spare node for a surge pod: replace pods one at a time.
 WORKER_STRATEGY = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+#: Seconds between two startup probes of a worker; spec.startupSeconds sets how many.
+WORKER_STARTUP_PERIOD_S = 10
+#: The router starts in seconds (no model): a minute before kubelet gives up on it.
+ROUTER_STARTUP = {"periodSeconds": 2, "failureThreshold": 30}
+#: Liveness: a minute of failed answers (a dead engine thread, a wedged process) before a
+#: restart; long enough that a busy pod is not killed for one slow answer.
+LIVENESS = {"periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6}
+#: Readiness: out of its Service within 15 s of turning unready (a drain says so at once).
+READINESS = {"periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3}
+#: The managed Redis: memory for its soft state (prefix index, load counters).
+REDIS_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}}
 
 
 def worker_pool(spec: PDDSpec, role: Component) -> Pool:
@@ -49,6 +60,17 @@ def worker_replicas(spec: PDDSpec, role: Component) -> int | None:
     if role is Component.MAIN:
         return spec.main_decode.replicas
     return None
+
+
+#: A worker role's field in the spec (where its resources are).
+ROLE_FIELDS = {Component.PREFILL: "prefill", Component.RELAY: "relay", Component.MAIN: "mainDecode"}
+
+
+def _worker_startup(spec: PDDSpec) -> dict[str, int]:
+    """The startup probe's budget: spec.startupSeconds to load the model and start serving
+    (liveness and readiness wait until it passes, so a slow load is not a restart loop)."""
+    periods = -(-spec.startup_seconds // WORKER_STARTUP_PERIOD_S)  # ceiling
+    return {"periodSeconds": WORKER_STARTUP_PERIOD_S, "failureThreshold": periods}
 
 
 def build_worker_deployment(
@@ -71,9 +93,8 @@ def build_worker_deployment(
             {"name": "wan", "containerPort": WORKER_WAN_PORT},
         ],
         "env": _common_env(owner, role),
-        "resources": pool.resources,
-        # /ready turns false the moment a drain starts: the pod leaves its Service at once.
-        "readinessProbe": _http_probe("/ready", "http", https),
+        "resources": spec.container_resources[ROLE_FIELDS[role]].manifest(),
+        **_probes(https, _worker_startup(spec)),
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
     }
     volumes = [_config_volume(owner)]
@@ -119,8 +140,8 @@ def build_router_deployment(spec: PDDSpec, owner: Owner, config_hash: str) -> di
         "args": ["router", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"],
         "ports": [{"name": "http", "containerPort": ROUTER_PORT}],
         "env": _common_env(owner, Component.ROUTER) + _api_keys_env(spec),
-        "resources": spec.router.resources,
-        "readinessProbe": _http_probe("/health", "http"),
+        "resources": spec.container_resources["router"].manifest(),
+        **_probes(False, ROUTER_STARTUP),
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
     }
     volumes = [_config_volume(owner)]
@@ -168,7 +189,9 @@ def build_redis_deployment(spec: PDDSpec, owner: Owner) -> dict[str, Any]:
         "imagePullPolicy": spec.images.pull_policy,
         "args": ["--save", "", "--appendonly", "no"],
         "ports": [{"name": "redis", "containerPort": REDIS_PORT}],
-        "readinessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 5},
+        "resources": REDIS_RESOURCES,
+        "livenessProbe": {"tcpSocket": {"port": "redis"}, **LIVENESS},
+        "readinessProbe": {"tcpSocket": {"port": "redis"}, **READINESS},
     }
     labels = owner.labels(Component.REDIS)
     return _deployment(
@@ -242,13 +265,26 @@ def _api_keys_env(spec: PDDSpec) -> list[dict[str, Any]]:
     ]
 
 
-def _http_probe(path: str, port: str, https: bool = False) -> dict[str, Any]:
+def _probes(https: bool, startup: dict[str, int]) -> dict[str, Any]:
+    """Startup, liveness and readiness probes, each on its own endpoint of the http port.
+
+    /startup answers once the process serves (the model loaded); /live while it can do its
+    work (a worker's engine thread runs); /ready while it should get traffic (false the
+    moment a drain starts, so the pod leaves its Service at once, but stays live)."""
+    return {
+        "startupProbe": _http_probe("/startup", https, startup),
+        "livenessProbe": _http_probe("/live", https, LIVENESS),
+        "readinessProbe": _http_probe("/ready", https, READINESS),
+    }
+
+
+def _http_probe(path: str, https: bool, budget: dict[str, int]) -> dict[str, Any]:
     """An HTTP GET probe; on an https port kubelet speaks TLS without checking the
     certificate and without presenting one (why the control API asks for none)."""
-    get: dict[str, Any] = {"path": path, "port": port}
+    get: dict[str, Any] = {"path": path, "port": "http"}
     if https:
         get["scheme"] = "HTTPS"
-    return {"httpGet": get, "periodSeconds": 5, "failureThreshold": 3}
+    return {"httpGet": get, **budget}
 
 
 def _config_volume(owner: Owner) -> dict[str, Any]:
