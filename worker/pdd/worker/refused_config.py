@@ -1,7 +1,7 @@
 """A worker whose engine settings this machine refuses: it stays up, not ready, and says why.
 
-Some settings only the node can judge (``dtype: bfloat16`` on a CPU without native
-bfloat16, ``device: cuda`` in a pod that sees no GPU). A worker that exited on them
+Some settings only the node can judge (``device: cuda`` in a pod that sees no GPU, a
+KV cache larger than the node's memory). A worker that exited on them
 would crash-loop (CrashLoopBackOff): restarts forever, each hiding the reason a little
 deeper in a previous container's log, while nothing in the pod's state says what to
 change. Instead the worker stays up and serves only this: ``/ready`` answers 503 with the

@@ -254,7 +254,8 @@ async def run(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> No
     assert worker.data is not None
     info = worker.role.engine_info
     log.info(
-        "%s %s: data on %s, port %d, WAN data %s, %s on %s; engine on %s %s, KV %d blocks "
+        "%s %s: data on %s, port %d, WAN data %s, %s on %s; engine on %s %s (%s), CPU "
+        "kernels %s, KV %d blocks "
         "x %d = %d tokens (%.2f GiB), max running %d, max prompt %d tokens, chunked prefill "
         "%d tokens",
         args.role,
@@ -268,6 +269,8 @@ async def run(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> No
         args.http,
         info.device,
         info.dtype,
+        info.dtype_reason,
+        info.cpu_kernels or "none (torch's ops)",
         info.kv_blocks,
         info.block_size,
         info.kv_tokens,
