@@ -342,6 +342,25 @@ def test_every_worker_and_router_container_has_its_three_probes_and_requests(
         assert live["timeoutSeconds"] >= 2 and live["failureThreshold"] >= 3
 
 
+def test_a_hub_model_pull_init_container_asks_for_resources_too(
+    pool_b_cr: dict, owner: Owner
+) -> None:
+    """A namespace whose ResourceQuota demands requests refuses a pod any container of
+    which has none, init containers included."""
+    cr = copy.deepcopy(pool_b_cr["spec"])
+    cr["model"]["source"] = {"huggingFace": {"repo": "org/model"}}
+    children = by_kind_name(build_plan(PDDSpec.model_validate(cr), owner, TOKEN).children)
+    for role in ("prefill", "relay", "main", "router"):
+        pod = children[(Cluster.LOCAL, "Deployment", f"qwen-{role}")]["spec"]["template"]["spec"]
+        (init,) = pod["initContainers"]
+        assert {"cpu", "memory"} <= set(init["resources"]["requests"])
+        kubernetes_validate.validate(
+            children[(Cluster.LOCAL, "Deployment", f"qwen-{role}")],
+            kubernetes_validate.latest_version(),
+            strict=True,
+        )
+
+
 def test_role_resources_lie_over_the_pools_key_by_key(pool_b_cr: dict, owner: Owner) -> None:
     cr = copy.deepcopy(pool_b_cr["spec"])
     cr["prefill"]["resources"] = {"requests": {"cpu": "500m"}, "limits": {"memory": "2Gi"}}
