@@ -1,8 +1,8 @@
 """P-MD's fixed cost at low load: its TTFT against same-datacenter PD's, next to the floor.
 
     python bench/pmd_latency.py [--conversations 20] [--prompt-tokens 400]
-        [--turn2-tokens 40] [--max-tokens 16] [--gbps 0.05] [--rtt-ms 30]
-        [--jitter-ms 0] [--json OUT]
+        [--turn2-tokens 40] [--max-tokens 16] [--link-gbps 0.05] [--link-rtt-ms 30]
+        [--link-jitter-ms 0] [--json OUT]
 
 Starts real worker processes: P; ``md``, a main decode across an emulated WAN line
 (``pdd wan-link``: its data port and its control API both behind the line, as the
@@ -28,8 +28,8 @@ bound on it), the transfer (the miss's KV wire bytes / line rate), the floor (1 
 the longer of prefill and transfer: P streams the KV while it prefills, the KV one way
 and the first token back) and the target for the difference (1 RTT + max(0, transfer -
 prefill) + 10 ms); plus the p50 gap before the second token and the median KV wire
-bytes that crossed per request. ``--prefill-chunk-tokens`` sets the workers' step
-budget (``--chunked-prefill-tokens``): a prompt longer than it prefills in chunks,
+bytes that crossed per request. ``--max-num-batched-tokens`` sets the workers' step
+budget (``--max-num-batched-tokens``): a prompt longer than it prefills in chunks,
 each one's KV on the line as its step ends. The machine's load average
 (``/proc/loadavg``) is printed beside the figures: the processes share its cores.
 """
@@ -79,8 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     description = __doc__.splitlines()[0]
     p = conversation_parser(description, conversations=20, max_tokens=16, jitter_ms=0.0)
     p.add_argument(
-        "--prefill-chunk-tokens", type=int, default=512,
-        help="the workers' --chunked-prefill-tokens (default 512, the worker's own)",
+        "--max-num-batched-tokens", type=int, default=512,
+        help="the workers' --max-num-batched-tokens (default 512, the worker's own)",
     )  # fmt: skip
     return p.parse_args(argv)
 
@@ -110,7 +110,7 @@ async def timed(plan: PipelinePlan, client: WorkerClient, cluster: LocalCluster)
 
 
 def kv_wire_bytes(cluster: LocalCluster) -> float:
-    return cluster["p"].metrics().get("pdd_wan_kv_wire_bytes_total", 0.0)
+    return cluster["p"].metrics().get("pdd_worker_wan_kv_coded_bytes_total", 0.0)
 
 
 def md_holds(turn1: list[int], answer: list[int]) -> int:
@@ -179,14 +179,14 @@ def start_md_http_line(
 
 
 def summarize(results: dict[str, dict[str, list[Timed]]], args: argparse.Namespace) -> list[dict]:
-    rate = args.gbps * 1e9 / 8
+    rate = args.link_gbps * 1e9 / 8
     rows = []
     for cls in CLASSES:
         wan, local = results["P-MD (WAN)"][cls], results["same-DC"][cls]
         wan_p50 = percentile([r.first_token_s for r in wan], 50) or 0.0
         local_p50 = percentile([r.first_token_s for r in local], 50) or 0.0
         miss = statistics.median(r.kv_wire_bytes for r in wan)
-        rtt, transfer, prefill = args.rtt_ms / 1000, miss / rate, local_p50
+        rtt, transfer, prefill = args.link_rtt_ms / 1000, miss / rate, local_p50
         floor = rtt + max(prefill, transfer)
         target = rtt + max(0.0, transfer - prefill) + 0.010
         gap = {name: percentile([r.second_gap_s for r in runs], 50) or 0.0
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="pdd-bench-") as logs:
         cluster, link = start_cluster(
             SPECS, Path(logs), args, "--block-size", str(BLOCK_SIZE),
-            "--chunked-prefill-tokens", str(args.prefill_chunk_tokens),
+            "--max-num-batched-tokens", str(args.max_num_batched_tokens),
         )  # fmt: skip
         line = None
         try:
@@ -238,8 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"P-MD vs same-DC PD, {args.conversations} two-turn conversations one at a time, "
         f"{args.prompt_tokens}-token prompts (+{args.turn2_tokens} in turn 2), WAN "
-        f"{args.gbps} Gbit/s RTT {args.rtt_ms} ms jitter {args.jitter_ms} ms; prefill chunks "
-        f"{args.prefill_chunk_tokens} tokens; predicted MD hit "
+        f"{args.link_gbps} Gbit/s RTT {args.link_rtt_ms} ms jitter {args.link_jitter_ms} ms; "
+        f"prefill chunks {args.max_num_batched_tokens} tokens; predicted MD hit "
         f"{'on' if PREDICTS else 'off (this build has none)'}; "
         f"load avg {load_before} -> {load_after}"
     )

@@ -109,7 +109,7 @@ def serve(c: Cluster, req: SimRequest, rec: RequestRecord) -> Proc:
     kv_at_md = None
     if pipeline != Pipeline.P_RLD:
         miss = n - rec.md_hit_tokens
-        kv_at_md = c.env.process(_stream_kv(c, rec, miss, p.chunk_tokens, job, transfer))
+        kv_at_md = c.env.process(_stream_kv(c, rec, miss, p.max_num_batched_tokens, job, transfer))
     yield job.done
     if p.cache is not None:
         p.cache.insert(req.keys)

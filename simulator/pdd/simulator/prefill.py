@@ -1,6 +1,6 @@
 """A prefill instance (P) with chunked prefill: one step per chunk of queued work.
 
-Each step takes up to ``chunk_tokens`` uncached tokens from the FIFO queue (the tail
+Each step takes up to ``max_num_batched_tokens`` uncached tokens from the FIFO queue (the tail
 of one request and the head of the next share a step, as continuous batching does)
 and costs ``InstanceShape.step_seconds`` for those tokens, their cached context and
 their attention pairs. A small tail chunk alone in a step pays the whole weight read
@@ -47,15 +47,17 @@ class PrefillInstance:
         env: simpy.Environment,
         instance_id: str,
         shape: InstanceShape,
-        chunk_tokens: int,
+        max_num_batched_tokens: int,
         max_queue: int,
         cache: PrefixCache | None,
         on_load: Callable[[InstanceLoad], None] = lambda load: None,
     ) -> None:
-        if chunk_tokens <= 0 or max_queue <= 0:
-            raise ValueError(f"{instance_id}: chunk_tokens and max_queue must be positive")
+        if max_num_batched_tokens <= 0 or max_queue <= 0:
+            raise ValueError(
+                f"{instance_id}: max_num_batched_tokens and max_queue must be positive"
+            )
         self.env, self.instance_id, self.shape = env, instance_id, shape
-        self.chunk_tokens = chunk_tokens
+        self.max_num_batched_tokens = max_num_batched_tokens
         self.max_queue = max_queue
         self.cache = cache
         self.stats = PrefillStats()
@@ -126,8 +128,8 @@ class PrefillInstance:
         self._start_step()
 
     def _take_chunk(self) -> list[tuple[PrefillJob, int]]:
-        """Jobs and token counts for the next step, FIFO, up to ``chunk_tokens``."""
-        budget, batch = self.chunk_tokens, []
+        """Jobs and token counts for the next step, FIFO, up to ``max_num_batched_tokens``."""
+        budget, batch = self.max_num_batched_tokens, []
         for job in self._queue:
             if budget <= 0:
                 break

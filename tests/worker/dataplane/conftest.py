@@ -232,7 +232,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         LINK,
         common_args=[
             "--num-blocks", "1024", "--block-size", str(BLOCK_SIZE), "--torch-threads", "1",
-            "--transfer-timeout-s", str(PROCESS_TRANSFER_TIMEOUT_S), "--max-running", "64",
+            "--transfer-timeout-s", str(PROCESS_TRANSFER_TIMEOUT_S), "--max-running-requests", "64",
         ],
     )  # fmt: skip
     yield c
