@@ -150,3 +150,15 @@ def test_the_transfer_estimate_counts_the_coded_bytes(tmp_path, monkeypatch):
     tiny = parse("--mono", "m=http://h:1", "--secret", "s", "--kv-codec", "int8")
     assert tiny.resolved_kv_bytes_per_token == kv_bytes_per_token(4, 2, 32, 4, "int8")
     assert tiny.resolved_kv_bytes_per_token < TINY_KV_BYTES_PER_TOKEN / 2
+
+
+def test_adaptive_kv_codec_gives_the_router_each_codecs_bytes() -> None:
+    """--kv-codec adaptive: the policy gets none, int8 and int4 with their bytes per
+    token (smaller each), the exact one as resolved; a fixed codec gives none of this."""
+    adaptive = parse("--mono", "m=http://h:1", "--secret", "s", "--kv-codec", "adaptive")
+    codecs = adaptive.adaptive_codecs
+    assert [c for c, _ in codecs] == ["none", "int8", "int4"]
+    sizes = [b for _, b in codecs]
+    assert sizes[0] == adaptive.resolved_kv_bytes_per_token > sizes[1] > sizes[2]
+    fixed = parse("--mono", "m=http://h:1", "--secret", "s", "--kv-codec", "int8")
+    assert fixed.adaptive_codecs == ()
