@@ -91,9 +91,9 @@ async def test_adaptive_md_decodes_the_codec_each_plan_names(avdp) -> None:
         expected = await run_greedy(avdp, prompts, f"a-ref-{codec}", "mono", main="mono")
         delta = avdp.counters("p")
         got = await run_greedy(avdp, prompts, f"a-{codec}", "P-MD", kv_codec=codec)
-        raw = delta("p", "pdd_wan_bytes")
+        raw = delta("p", "pdd_worker_wan_kv_bytes")
         assert raw == sum(len(p) for p in prompts) * avdp.kv_bytes_per_token
-        wire[codec] = delta("p", "pdd_wan_kv_wire_bytes") / raw
+        wire[codec] = delta("p", "pdd_worker_wan_kv_coded_bytes") / raw
         if codec in (None, "none"):
             assert got == expected
         else:  # decoded to the end (its quality: test_greedy_agreement, docs/kv-codec.md)
