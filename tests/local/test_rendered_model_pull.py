@@ -54,8 +54,11 @@ def rendered(hub: FakeHub) -> list[ClusterObjects]:
             }  # fmt: skip
             for pool in filter(None, (spec.get("poolA"), spec.get("poolB"))):
                 pool.pop("resources", None)
-    by_cluster = render_file(yaml.safe_dump_all(docs), token="model-pull-test")
-    return [ClusterObjects(str(c), objs) for c, objs in by_cluster.items()]
+    text = yaml.safe_dump_all(docs)
+    # The workloads name the generated Secrets; a second render with a token holds them
+    # (what the operator creates on its first reconcile).
+    workloads, secrets = render_file(text), render_file(text, secrets_token="model-pull-test")
+    return [ClusterObjects(str(c), secrets.get(c, []) + objs) for c, objs in workloads.items()]
 
 
 def start(hub: FakeHub, token: str, log_dir: Path) -> Any:
