@@ -18,6 +18,7 @@ from pdd.common.settings import HelpFormatter
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "up": ("pdd.local.up", "bring the whole pipeline up on this machine"),
     "router": ("pdd.router.server", "run the OpenAI-compatible router"),
+    "models": ("pdd.worker.models_cli", "list, pull and inspect models (built-ins, Hub repos)"),
     "worker": ("pdd.worker.server", "run one worker instance (prefill|relay|main|mono)"),
     "wan-link": ("pdd.wan.cli", "run the WAN link emulator (TCP proxy)"),
     "operator": ("pdd.operator.main", "run the Kubernetes operator, or render manifests"),

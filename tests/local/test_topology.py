@@ -30,8 +30,9 @@ COUNTS = Counts(prefill=2, relay=3, main=2, mono=2)
 
 def rendered(config: StackConfig) -> list[PodPlan]:
     """What ``LocalStack`` runs for ``config``, through the operator's own rendering."""
-    by_cluster = render_deployment(stack_deployment(config), token="t0ken")
-    clusters = [ClusterObjects(str(c), objs) for c, objs in by_cluster.items()]
+    doc = stack_deployment(config)
+    by_cluster, secrets = render_deployment(doc), render_deployment(doc, secrets_token="t0ken")
+    clusters = [ClusterObjects(str(c), objs + secrets[c]) for c, objs in by_cluster.items()]
     return plan_pods(mode_objects(config.mode, clusters), addressing=HostAddressing())
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import copy
 import json
 from typing import Any
 
@@ -63,7 +64,11 @@ def test_pool_placement_node_selectors_tolerations_resources(
         assert pod(role)["tolerations"] == [
             {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
         ]
-        assert pod(role)["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+        # The pool's GPU, the role's default CPU and memory (no CPU limit: no throttling).
+        assert pod(role)["containers"][0]["resources"] == {
+            "requests": {"cpu": "4", "memory": "16Gi"},
+            "limits": {"memory": "64Gi", "nvidia.com/gpu": 1},
+        }
     assert pod("main")["nodeSelector"] == {
         "pool": "decode",
         "nvidia.com/gpu.product": "NVIDIA-H200",
@@ -310,6 +315,51 @@ def test_worker_pods_drain_on_the_specs_schedule(pool_b_spec: PDDSpec, owner: Ow
     assert build_worker_config(spec, owner, Site("serving")).drain_seconds == 90
 
 
+def test_every_worker_and_router_container_has_its_three_probes_and_requests(
+    pool_b_spec: PDDSpec, owner: Owner
+) -> None:
+    """Each probe on its own endpoint; the startup probe's budget is spec.startupSeconds
+    (a model load takes minutes), and liveness waits for it, so a slow load is no restart."""
+    spec = pool_b_spec.model_copy(update={"startup_seconds": 1200})
+    children = by_kind_name(build_plan(spec, owner, TOKEN).children)
+    for role in ("prefill", "relay", "main", "router"):
+        (container,) = children[(Cluster.LOCAL, "Deployment", f"qwen-{role}")]["spec"]["template"][
+            "spec"
+        ]["containers"]
+        paths = {p: container[p]["httpGet"]["path"]
+                 for p in ("startupProbe", "livenessProbe", "readinessProbe")}  # fmt: skip
+        assert paths == {"startupProbe": "/startup", "livenessProbe": "/live",
+                         "readinessProbe": "/ready"}  # fmt: skip
+        assert {"cpu", "memory"} <= set(container["resources"]["requests"])
+        startup = container["startupProbe"]
+        budget = startup["periodSeconds"] * startup["failureThreshold"]
+        if role == "router":
+            assert budget <= 120  # no model to load
+        else:
+            assert 1200 <= budget < 1200 + startup["periodSeconds"]
+        # A wedged pod is restarted within minutes, a busy one is not for one slow answer.
+        live = container["livenessProbe"]
+        assert live["timeoutSeconds"] >= 2 and live["failureThreshold"] >= 3
+
+
+def test_role_resources_lie_over_the_pools_key_by_key(pool_b_cr: dict, owner: Owner) -> None:
+    cr = copy.deepcopy(pool_b_cr["spec"])
+    cr["prefill"]["resources"] = {"requests": {"cpu": "500m"}, "limits": {"memory": "2Gi"}}
+    cr["router"]["resources"] = {"requests": {"cpu": "2", "memory": "2Gi"}}
+    children = by_kind_name(build_plan(PDDSpec.model_validate(cr), owner, TOKEN).children)
+
+    def resources(role: str) -> dict[str, Any]:
+        pod = children[(Cluster.LOCAL, "Deployment", f"qwen-{role}")]["spec"]["template"]["spec"]
+        return pod["containers"][0]["resources"]
+
+    assert resources("prefill") == {
+        "requests": {"cpu": "500m"},
+        "limits": {"nvidia.com/gpu": 1, "memory": "2Gi"},
+    }
+    assert resources("relay")["requests"] == {"cpu": "4", "memory": "16Gi"}  # the default
+    assert resources("router") == {"requests": {"cpu": "2", "memory": "2Gi"}}
+
+
 def test_router_takes_client_keys_from_the_named_secret(pool_b_spec: PDDSpec, owner: Owner) -> None:
     def router_env(spec: PDDSpec) -> dict[str, Any]:
         children = by_kind_name(build_plan(spec, owner, TOKEN).children)
@@ -387,13 +437,14 @@ def test_wan_tls_secret_goes_to_both_clusters_and_every_worker_mounts_it(
         assert mount in container["volumeMounts"]
         assert container["args"][-2:] == ["--wan-tls-dir", WAN_TLS_DIR]
         # MD's control API crosses the WAN to the router: https, probed and scraped so.
-        get = container["readinessProbe"]["httpGet"]
         template = children[(cluster, "Deployment", f"qwen-{role}")]["spec"]["template"]
         scheme = template["metadata"]["annotations"].get("prometheus.io/scheme")
-        if role == "main":
-            assert get["scheme"] == "HTTPS" and scheme == "https"
-        else:  # P and RLD share datacenter A with the router: plaintext HTTP
-            assert "scheme" not in get and scheme is None
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            get = container[probe]["httpGet"]
+            if role == "main":
+                assert get["scheme"] == "HTTPS" and scheme == "https"
+            else:  # P and RLD share datacenter A with the router: plaintext HTTP
+                assert "scheme" not in get and scheme is None
     router = children[(Cluster.LOCAL, "Deployment", "qwen-router")]["spec"]["template"]["spec"]
     # The router verifies MD's certificate: the CA alone, never the workers' private key.
     only_ca = {"secretName": "qwen-wan-tls", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
@@ -408,8 +459,13 @@ def test_wan_tls_secret_goes_to_both_clusters_and_every_worker_mounts_it(
         assert ref_of(cluster, obj) in possible_children(
             owner, cluster, obj["metadata"]["namespace"]
         )
-    with pytest.raises(ValueError, match="generated material"):
-        build_plan(spec, owner, TOKEN)
+    # Without the material (a render), the workloads still name the Secret it would fill.
+    unfilled = by_kind_name(build_plan(spec, owner, None).children)
+    assert not [key for key in unfilled if key[1] == "Secret"]
+    assert (
+        unfilled[(Cluster.REMOTE, "Deployment", "qwen-main")]
+        == children[(Cluster.REMOTE, "Deployment", "qwen-main")]
+    )
 
 
 def test_a_named_wan_tls_secret_is_mounted_and_none_generated(
@@ -429,7 +485,8 @@ def test_a_named_wan_tls_secret_is_mounted_and_none_generated(
             "containers"
         ][0]
         assert "--wan-tls-dir" not in container["args"]
-        assert "scheme" not in container["readinessProbe"]["httpGet"]
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            assert "scheme" not in container[probe]["httpGet"]
 
 
 def test_generated_wan_tls_certificate_is_signed_by_its_ca_for_both_ends(

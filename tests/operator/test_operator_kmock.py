@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import copy
 import logging
+import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -346,6 +347,73 @@ async def test_a_missing_wan_tls_secret_blocks_with_a_condition_until_it_exists(
         volumes = main["spec"]["template"]["spec"]["volumes"]
         assert {"name": "wan-tls", "secret": {"secretName": "wan-certs"}} in volumes
         assert live(k8s, "v1/secrets", "serving", "qwen-wan-tls") is None  # none generated
+
+
+#: An exec credential plugin, as EKS/GKE/AKS kubeconfigs name (`aws eks get-token`...): it
+#: counts its runs in a file and prints an ExecCredential with a token naming the run.
+EXEC_PLUGIN = """#!{python}
+import json, os, pathlib
+runs = pathlib.Path({runs!r})
+count = len(runs.read_text()) + 1 if runs.exists() else 1
+runs.write_text("x" * count)
+info = json.loads(os.environ["KUBERNETES_EXEC_INFO"])  # what the client passes a plugin
+assert info["kind"] == "ExecCredential", info
+print(json.dumps({{"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+                  "status": {{"token": f"exec-token-{{count}}"}}}}))
+"""
+
+
+def exec_plugin_kubeconfig(url: str, plugin: Path) -> str:
+    user = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": str(plugin),
+            "args": ["get-token", "--cluster", "b"],
+            "interactiveMode": "Never",
+        }
+    }
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "b",
+            "contexts": [{"name": "b", "context": {"cluster": "b", "user": "cloud"}}],
+            "clusters": [{"name": "b", "cluster": {"server": url}}],
+            "users": [{"name": "cloud", "user": user}],
+        }
+    )
+
+
+async def test_cluster_b_is_reached_through_an_exec_plugin_kubeconfig(
+    cluster_a: Any, tmp_path: Path
+) -> None:
+    """A cloud kubeconfig: the user is an exec plugin, run by the client library, and
+    every request to cluster B carries the token it printed; MD is reconciled there."""
+    k8s_a, client_a = cluster_a
+    runs, plugin = tmp_path / "runs", tmp_path / "get-token"
+    plugin.write_text(EXEC_PLUGIN.format(python=sys.executable, runs=str(runs)))
+    plugin.chmod(0o755)
+    async with emulator() as (k8s_b, url_b), running_operator(k8s_a):
+        config = exec_plugin_kubeconfig(url_b, plugin)
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "cluster-b", "namespace": "serving", "uid": "uid-secret"},
+            "data": {"kubeconfig": base64.b64encode(config.encode()).decode()},
+        }
+        await create(client_a, "/api/v1/namespaces/serving/secrets", secret)
+        await create(client_a, CR_PATH, load_cr("remote.yaml", "uid-exec"))
+        main = await until(lambda: live(k8s_b, DEPLOYMENTS, "serving-b", "remote-main"), "MD in B")
+        assert main["metadata"]["labels"]["pdd.dev/owner-uid"] == "uid-exec"
+        await until(
+            lambda: (
+                condition(live(k8s_a, CR, "serving", "remote"), "Degraded").get("status") == "False"
+            ),
+            "the reconcile to finish with cluster B written",
+        )
+        assert runs.read_text() == "x"  # one run: a token without expiry is kept
+        to_b = [r for r in list(k8s_b) if r.resource is not None]
+        assert to_b and {r.headers.get("Authorization") for r in to_b} == {"Bearer exec-token-1"}
 
 
 async def test_moving_md_back_from_cluster_b_cleans_cluster_b(cluster_a: Any) -> None:

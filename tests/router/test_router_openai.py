@@ -112,7 +112,8 @@ def test_completion_usage_reports_the_real_prefix_hit_on_a_repeat(router):
 
 def test_models_and_probes(router):
     assert [m.id for m in client(router).models.list().data] == [MODEL]
-    assert httpx.get(f"{router.url}/ready").status_code == 200
+    for probe in ("/startup", "/live", "/ready"):  # the operator's probes, one path each
+        assert httpx.get(f"{router.url}{probe}").status_code == 200
     chat(router, stream=False)  # this test's own request: the metrics must count it
     metrics = httpx.get(f"{router.url}/metrics").text
     assert 'pdd_router_requests_total{pipeline="P-MD",reason="fits_ttft_budget"}' in metrics

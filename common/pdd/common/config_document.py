@@ -139,8 +139,9 @@ class EngineSettings(_Section):
     )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = Field(
         default=None,
-        description="weights' and activations' type: auto is bfloat16 on CUDA, the "
-        "checkpoint's own on the CPU",
+        description="weights', activations' and KV's type: auto is bfloat16 on CUDA; on a "
+        "CPU the checkpoint's own where bfloat16 is native (AVX-512 BF16, AMX, Arm BF16), else "
+        "float32 (bfloat16 asked for there runs, with a warning)",
         json_schema_extra={"flagDefault": "auto"},
     )
     kv_cache_memory_fraction: float | None = Field(

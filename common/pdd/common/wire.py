@@ -290,6 +290,12 @@ class EngineInfo(_Wire):
 
     device: str
     dtype: str
+    dtype_reason: str = Field(
+        default="", description="why this dtype: 'asked for', or how auto resolved here"
+    )
+    cpu_kernels: str | None = Field(
+        default=None, description="the compiled CPU kernels' variant (avx2, ...); None: torch's"
+    )
     block_size: int = Field(ge=1)
     kv_blocks: int = Field(ge=1)
     kv_tokens: int = Field(ge=1, description="KV cache capacity: kv_blocks x block_size")

@@ -58,7 +58,7 @@ from pdd.local.topology import (
 from pdd.local.traces import TraceFormatError, bundled_traces, detect, load_trace
 from pdd.local.traces.base import Trace, ideal_hit_ratios
 from pdd.local.traces.synth import Job, Scaling, ScalingError, synthesize
-from pdd.local.up import add_stack_flags, say, stack_config
+from pdd.local.up import add_stack_flags, say, stack_config, stack_model
 
 #: Synthesized tokens per trace block, by format: both land prompts at a few hundred
 #: tokens at the median, within the tiny model's 4096-token context.
@@ -216,6 +216,7 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
         modes = parse_modes(args)
+        args.model = stack_model(args.model)  # once: the fallback is said once
         args.scale_down = parse_roles(args.scale_down)
         if args.scale_down and args.url:
             raise ScaleDownError("--scale-down stops workers of the stacks bench starts: not --url")

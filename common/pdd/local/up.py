@@ -1,6 +1,6 @@
 """``pdd up``: the whole pipeline on this machine, until Ctrl-C.
 
-    pdd up --model tiny --mode pdd --port 8080
+    pdd up --model smollm2-135m-instruct --mode pdd --port 8080
 
 Renders the PDDDeployment that the flags describe with the operator's own renderer and
 runs the chosen mode's pods as local processes, with the emulated WAN lines between
@@ -21,6 +21,14 @@ from pathlib import Path
 from types import FrameType
 
 from pdd.common.kv_codec import KV_CODECS, NO_CODEC
+from pdd.common.model_store import (
+    BUILTINS,
+    DEFAULT_MODEL,
+    TINY,
+    ModelNotPulledError,
+    default_model,
+    resolve_model,
+)
 from pdd.common.settings import parser as settings_parser
 from pdd.local.cluster import LinkSpec
 from pdd.local.stack import LocalStack, StackStartError
@@ -30,7 +38,12 @@ from pdd.local.topology import MODES, Counts, StackConfig, TopologyError
 def add_stack_flags(p: argparse.ArgumentParser, default_log_dir: Path | None) -> None:
     """Flags shared by ``pdd up`` and ``pdd bench`` (which brings stacks up itself)."""
     d = StackConfig()
-    p.add_argument("--model", default=d.model, help='"tiny" (built in) or a checkpoint directory')
+    p.add_argument(
+        "--model", default=None,
+        help=f"a built-in ({', '.join(BUILTINS)}; default {DEFAULT_MODEL} where pulled, else "
+        f"{TINY!r}: random weights, for tests), ORG/REPO pulled with `pdd models pull`, a "
+        "checkpoint directory or a GGUF file",
+    )  # fmt: skip
     p.add_argument("--host", default=d.host, help="address every process listens on")
     for role in ("prefill", "relay", "main", "mono"):
         p.add_argument(f"--{role}", type=int, default=1, metavar="N", help=f"{role} workers")
@@ -73,7 +86,7 @@ def add_stack_flags(p: argparse.ArgumentParser, default_log_dir: Path | None) ->
 def stack_config(args: argparse.Namespace, mode: str, port: int, log_dir: Path) -> StackConfig:
     return StackConfig(
         mode=mode,  # type: ignore[arg-type]
-        model=args.model,
+        model=stack_model(args.model),
         host=args.host,
         port=port,
         counts=Counts(args.prefill, args.relay, args.main, args.mono),
@@ -87,6 +100,16 @@ def stack_config(args: argparse.Namespace, mode: str, port: int, log_dir: Path) 
         wan_tls=args.wan_tls,
         kv_codec=args.kv_codec,
     )
+
+
+def stack_model(requested: str | None) -> str:
+    """The model a stack serves: the default where none is named, a pulled name's folder."""
+    if requested is None:
+        return default_model(say)
+    try:
+        return resolve_model(requested)
+    except ModelNotPulledError as e:
+        raise TopologyError(str(e)) from e
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,8 +132,9 @@ def say(text: str) -> None:
 def curl_example(base_url: str, model: str) -> str:
     body = {
         "model": model,
-        "messages": [{"role": "user", "content": "Hello!"}],
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
         "max_tokens": 32,
+        "temperature": 0,
         "stream": True,
     }
     return (

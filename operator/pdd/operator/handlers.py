@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import kopf
+from kubernetes_asyncio.config import ConfigException
 
 from pdd.operator.cleanup import cleanup, cleanup_remote
 from pdd.operator.kube import ApiError
@@ -56,12 +56,14 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 @kopf.on.login()
 async def login(memo: kopf.Memo, **kwargs: Any) -> kopf.ConnectionInfo:
     """The ordinary resolution: the pod's service account in-cluster, else KUBECONFIG
-    or ~/.kube/config, so the operator can point at any API server."""
-    connection = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
-    if connection is None:
-        raise kopf.LoginError("no service account token and no kubeconfig: nothing to log in")
-    await memo.runtime.connect_local(connection)
-    return connection
+    or ~/.kube/config, read by kubernetes_asyncio's loaders (tokens, client certificates,
+    exec plugins, OIDC); kopf's watches get the same credentials as the operator's client.
+    kopf calls this again when the API server refuses them: both are then renewed."""
+    try:
+        local = await memo.runtime.connect_local()
+    except (ConfigException, OSError, ValueError) as exc:
+        raise kopf.LoginError(f"no usable service account or kubeconfig: {exc}") from None
+    return local.connection_info()
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL, backoff=RETRY_BACKOFF_S)
@@ -105,7 +107,7 @@ async def keep_readiness_fresh(
         while not stopped and not runtime.stopping:
             try:
                 roles = await refresh_readiness(runtime, body, owner, logger)
-            except (ApiError, httpx.HTTPError) as exc:  # transient: retry after an interval
+            except ApiError as exc:  # transient (an unreachable cluster too): retry later
                 logger.warning("could not refresh readiness: %s", exc)
                 poll_s = runtime.options.status_interval_s
             else:
@@ -152,3 +154,4 @@ async def stop_daemons(memo: kopf.Memo, **_: Any) -> None:
     processes during shutdown, and that one would never see its own stop flag."""
     memo.runtime.stopping = True
     memo.runtime.wakeups.wake_all()
+    await memo.runtime.aclose()

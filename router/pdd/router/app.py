@@ -68,6 +68,17 @@ def create_app(runtime: RouterRuntime) -> FastAPI:
     async def health() -> dict:
         return {"status": "ok"}
 
+    # Kubernetes' probes, one endpoint each (the operator's manifests point at them).
+    @app.get("/startup")
+    async def startup() -> dict:
+        """Answers once the lifespan has started the runtime (uvicorn serves after it)."""
+        return {"started": True}
+
+    @app.get("/live")
+    async def live() -> dict:
+        """The event loop answers: the process is worth keeping."""
+        return {"live": True}
+
     @app.get("/ready")
     async def ready() -> JSONResponse:
         ok = runtime.ready()

@@ -26,6 +26,9 @@ class PrefillJob:
     new_tokens: int  # P's miss
     cached_tokens: int  # P's hit
     done: simpy.Event
+    #: Fires when the first step that computes any of it ends: its first chunk's KV is
+    #: written, and P starts streaming KV from there.
+    written: simpy.Event
     processed: int = 0
     queued_at: float = 0.0
 
@@ -81,9 +84,15 @@ class PrefillInstance:
             self._on_load(self._load)
 
     def submit(self, new_tokens: int, cached_tokens: int) -> simpy.Event:
-        """Queue a prefill; the event fires when its last chunk is computed. A full hit
-        still computes one token: the first output token needs the last position's logits."""
-        job = PrefillJob(max(1, new_tokens), cached_tokens, self.env.event(), 0, self.env.now)
+        """Queue a prefill; the event fires when its last chunk is computed."""
+        return self.enqueue(new_tokens, cached_tokens).done
+
+    def enqueue(self, new_tokens: int, cached_tokens: int) -> PrefillJob:
+        """Queue a prefill; its ``written`` fires when its first chunk is computed, ``done``
+        when its last is. A full hit still computes one token: the first output token
+        needs the last position's logits."""
+        done, written = self.env.event(), self.env.event()
+        job = PrefillJob(max(1, new_tokens), cached_tokens, done, written, 0, self.env.now)
         self._queue.append(job)
         self._publish()
         if not self._stepping:
@@ -91,7 +100,7 @@ class PrefillInstance:
             # before the wake-up fires join the first step.
             self._stepping = True
             self.env.timeout(0).callbacks.append(self._start_step)
-        return job.done
+        return job
 
     # The step loop runs on event callbacks, not in a simpy process: a step costs one
     # timeout, without a generator to resume.
@@ -110,6 +119,8 @@ class PrefillInstance:
         for job, n in batch:
             job.processed += n
             self.stats.tokens += n
+            if not job.written.triggered:
+                job.written.succeed()
             if job.processed >= job.new_tokens:
                 self._queue.remove(job)
                 job.done.succeed()

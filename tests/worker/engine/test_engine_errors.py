@@ -188,7 +188,7 @@ def test_stop_on_eos_stop_ids_and_max_tokens(
 def test_loader_errors_surface_through_engine_construction(
     hf_checkpoint: Callable[..., Path],
 ) -> None:
-    with pytest.raises(CheckpointNotFoundError, match="neither 'tiny' nor a checkpoint"):
+    with pytest.raises(CheckpointNotFoundError, match="neither 'tiny', an existing checkpoint"):
         Engine("/no/such/model")
     ckpt = hf_checkpoint("llama")
     config = json.loads((ckpt / "config.json").read_text())

@@ -67,7 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="the operator's rendered config.json (else $PDD_CONFIG); flags override it",
     )
     p.add_argument("--role", choices=sorted(ROLES), help="required, or $PDD_ROLE with --config")
-    p.add_argument("--model", default="tiny", help='"tiny" or a checkpoint directory')
+    p.add_argument(
+        "--model", default="tiny",
+        help='"tiny" (random weights, for tests), a checkpoint directory or a GGUF file',
+    )  # fmt: skip
     p.add_argument("--instance-id", help="required, or $PDD_INSTANCE_ID with --config")
     p.add_argument("--http", default="127.0.0.1:8000", help="HOST:PORT of the control API")
     p.add_argument("--advertise-http", help="HOST:PORT the router uses (default: --http)")
@@ -251,7 +254,8 @@ async def run(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> No
     assert worker.data is not None
     info = worker.role.engine_info
     log.info(
-        "%s %s: data on %s, port %d, WAN data %s, %s on %s; engine on %s %s, KV %d blocks "
+        "%s %s: data on %s, port %d, WAN data %s, %s on %s; engine on %s %s (%s), CPU "
+        "kernels %s, KV %d blocks "
         "x %d = %d tokens (%.2f GiB), max running %d, max prompt %d tokens, chunked prefill "
         "%d tokens",
         args.role,
@@ -265,6 +269,8 @@ async def run(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> No
         args.http,
         info.device,
         info.dtype,
+        info.dtype_reason,
+        info.cpu_kernels or "none (torch's ops)",
         info.kv_blocks,
         info.block_size,
         info.kv_tokens,

@@ -19,6 +19,7 @@ event loop runs it in an executor).
 from __future__ import annotations
 
 import itertools
+import logging
 import secrets
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -66,6 +67,8 @@ from pdd.worker.model.loader import LoadedModel, load_model
 
 GIB = 2**30
 
+log = logging.getLogger(__name__)
+
 
 class Engine:
     """Continuous-batching engine for one model on one device.
@@ -88,10 +91,14 @@ class Engine:
         self.config = config
         if isinstance(model, LoadedModel):
             self.loaded = model
+            self.dtype_reason = "as loaded by the caller"
         else:
             device = resolve_device(config.device, probe)
             dtype = resolve_dtype(config.dtype, device, probe)
-            self.loaded = load_model(model, dtype=dtype, device=device)
+            if dtype.warning:
+                log.warning("%s", dtype.warning)
+            self.loaded = load_model(model, dtype=dtype.name, device=device)
+            self.dtype_reason = dtype.reason
         self.model_config = self.loaded.config
         self.device = torch.device(self.loaded.device)
         self.layout = KVLayout.from_config(self.model_config, config.block_size, self.loaded.dtype)
@@ -368,6 +375,8 @@ class Engine:
         return EngineInfo(
             device=str(self.device),
             dtype=str(self.loaded.dtype).removeprefix("torch."),
+            dtype_reason=self.dtype_reason,
+            cpu_kernels=self.loaded.model.kernels.variant if self.loaded.model.kernels else None,
             block_size=self.config.block_size,
             kv_blocks=self.kv.num_blocks,
             kv_tokens=self.kv.num_blocks * self.config.block_size,
@@ -431,6 +440,12 @@ class Engine:
     def cached_prefix_tokens(self, token_ids: Sequence[int]) -> int:
         """Tokens of ``token_ids`` the prefix cache holds now (nothing is locked)."""
         return self.cache.match_prefix(token_ids).num_tokens
+
+    def computed_tokens(self, request_id: str) -> int:
+        """Tokens of a live request whose KV is in the cache now: what ``export_kv`` can
+        read. It grows chunk by chunk while a long prompt prefills (and falls back to 0
+        if the request is preempted), so a prefill can ship its KV as it is written."""
+        return self._get(request_id).num_computed
 
     def export_kv(
         self, request_id: str, start: int, end: int, chunk_tokens: int = 256,
