@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pdd.common.config_document import ConfigDocument
 from pdd.common.cost_model import LinkState, kv_bytes_per_token, kv_bytes_per_token_from_hf_config
+from pdd.common.gguf_file import GGUFModelFile, gguf_checkpoint
 from pdd.common.kv_codec import KV_CODECS, NO_CODEC, KVCodec
 from pdd.common.settings import config_value, setting, settings_of
 from pdd.common.vocabulary import Role, ToolCallFormat
@@ -271,6 +272,10 @@ class RouterConfig:
             return self.kv_bytes_per_token
         if self.model == TINY_MODEL:
             return kv_bytes_per_token(*TINY_KV_SHAPE, codec=self.kv_codec)
+        gguf_file = gguf_checkpoint(self.model)
+        if gguf_file is not None:  # the shape is in the file's metadata
+            gguf_config = GGUFModelFile(gguf_file).hf_config()
+            return kv_bytes_per_token_from_hf_config(gguf_config, codec=self.kv_codec)
         config_file = Path(self.model) / "config.json"
         if not config_file.is_file():
             raise ConfigError(f"{config_file} not found: pass --kv-bytes-per-token")
