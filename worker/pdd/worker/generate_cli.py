@@ -43,7 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.splitlines()[0].replace("``", ""),
         formatter_class=HelpFormatter,
     )
-    p.add_argument("--model", required=True, help="'tiny' or a checkpoint directory")
+    p.add_argument(
+        "--model", required=True,
+        help="'tiny' (random weights, for tests), a checkpoint directory or a GGUF file",
+    )  # fmt: skip
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt-ids", help="comma-separated token IDs, e.g. 1,2,3")
     prompt.add_argument("--prompt", help="text, encoded with the model's tokenizer")
