@@ -53,7 +53,8 @@ async def test_kv_crosses_the_wan_while_p_still_prefills(vdp) -> None:
     assert 0 < at_first_bytes < len(prompt)  # streamed, not shipped after the prefill
     [result] = await run
     assert result.token_ids == expected[0] and set(result.sources) == {"md"}
-    assert sent("p", "pdd_worker_wan_kv_bytes") == len(prompt) * KV_BYTES_PER_TOKEN  # each token once
+    # each token once
+    assert sent("p", "pdd_worker_wan_kv_bytes") == len(prompt) * KV_BYTES_PER_TOKEN
     await vdp.assert_quiescent()
 
 
