@@ -34,7 +34,7 @@ async def kv_on_line_mid_prefill(vdp, request_id: str) -> int:
     sent = vdp.counters("p")
 
     def seen() -> int | None:
-        if sent("p", "pdd_wan_bytes") == 0:
+        if sent("p", "pdd_worker_wan_kv_bytes") == 0:
             return None
         return written(vdp, "p", request_id) + 1  # + 1: truthy even at 0
 
@@ -53,7 +53,8 @@ async def test_kv_crosses_the_wan_while_p_still_prefills(vdp) -> None:
     assert 0 < at_first_bytes < len(prompt)  # streamed, not shipped after the prefill
     [result] = await run
     assert result.token_ids == expected[0] and set(result.sources) == {"md"}
-    assert sent("p", "pdd_wan_bytes") == len(prompt) * KV_BYTES_PER_TOKEN  # each token once
+    # each token once
+    assert sent("p", "pdd_worker_wan_kv_bytes") == len(prompt) * KV_BYTES_PER_TOKEN
     await vdp.assert_quiescent()
 
 
@@ -72,8 +73,8 @@ async def test_wan_cut_mid_prefill_relay_carries_the_request(vdp) -> None:
     assert result.token_ids == expected[0]
     assert result.duplicates == 0 and set(result.sources) == {"rld"}
     await vdp.assert_quiescent()
-    assert delta("p", "pdd_transfer_failures", 'path="wan"') == 1
-    assert delta("p", "pdd_transfer_failures", 'path="fast"') == 0
+    assert delta("p", "pdd_worker_transfer_failures", 'path="wan"') == 1
+    assert delta("p", "pdd_worker_transfer_failures", 'path="fast"') == 0
 
 
 async def test_wan_cut_mid_prefill_without_relay_is_reported_by_p(vdp) -> None:
@@ -105,4 +106,4 @@ async def test_main_decode_refusing_mid_prefill_stops_the_stream(vdp) -> None:
     with pytest.raises(UpstreamError):
         await run
     await vdp.assert_quiescent()
-    assert delta("p", "pdd_wan_bytes") < len(prompt) * KV_BYTES_PER_TOKEN
+    assert delta("p", "pdd_worker_wan_kv_bytes") < len(prompt) * KV_BYTES_PER_TOKEN
