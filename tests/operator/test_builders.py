@@ -153,7 +153,7 @@ def test_relay_hpa_uses_the_pods_metric(pool_b_spec: PDDSpec, owner: Owner) -> N
         {
             "type": "Pods",
             "pods": {
-                "metric": {"name": "pdd_relay_load"},
+                "metric": {"name": "pdd_worker_relay_load"},
                 "target": {"type": "AverageValue", "averageValue": "600m"},
             },
         }
@@ -194,7 +194,7 @@ def test_config_map_contents(pool_b_spec: PDDSpec, owner: Owner) -> None:
     assert config["store"] == {"redisUrl": "redis://qwen-redis.serving.svc:6379/0"}
     assert config["handoff"] == {"policy": "auto", "catchUpThreshold": 64}
     assert config["anomalousTraffic"] == {"minInputTokens": 32768, "maxOutputTokens": 500}
-    assert config["relay"] == {"targetLoad": 0.6, "loadMetric": "pdd_relay_load"}
+    assert config["relay"] == {"targetLoad": 0.6, "loadMetric": "pdd_worker_relay_load"}
     secret = children[(Cluster.LOCAL, "Secret", "qwen-shared-secret")]
     assert base64.b64decode(secret["data"]["token"]).decode() == TOKEN
     env = children[(Cluster.LOCAL, "Deployment", "qwen-prefill")]["spec"]["template"]["spec"][
@@ -340,6 +340,25 @@ def test_every_worker_and_router_container_has_its_three_probes_and_requests(
         # A wedged pod is restarted within minutes, a busy one is not for one slow answer.
         live = container["livenessProbe"]
         assert live["timeoutSeconds"] >= 2 and live["failureThreshold"] >= 3
+
+
+def test_a_hub_model_pull_init_container_asks_for_resources_too(
+    pool_b_cr: dict, owner: Owner
+) -> None:
+    """A namespace whose ResourceQuota demands requests refuses a pod any container of
+    which has none, init containers included."""
+    cr = copy.deepcopy(pool_b_cr["spec"])
+    cr["model"]["source"] = {"huggingFace": {"repo": "org/model"}}
+    children = by_kind_name(build_plan(PDDSpec.model_validate(cr), owner, TOKEN).children)
+    for role in ("prefill", "relay", "main", "router"):
+        pod = children[(Cluster.LOCAL, "Deployment", f"qwen-{role}")]["spec"]["template"]["spec"]
+        (init,) = pod["initContainers"]
+        assert {"cpu", "memory"} <= set(init["resources"]["requests"])
+        kubernetes_validate.validate(
+            children[(Cluster.LOCAL, "Deployment", f"qwen-{role}")],
+            kubernetes_validate.latest_version(),
+            strict=True,
+        )
 
 
 def test_role_resources_lie_over_the_pools_key_by_key(pool_b_cr: dict, owner: Owner) -> None:
@@ -500,3 +519,47 @@ def test_generated_wan_tls_certificate_is_signed_by_its_ca_for_both_ends(
     assert set(usages) == {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH}
     other = new_wan_tls("qwen")
     assert other.ca != wan_tls.ca  # a new CA each time: generated once, then read back
+
+
+def hugging_face_spec(spec: PDDSpec, **source: Any) -> PDDSpec:
+    data = spec.model_dump(by_alias=True, exclude_none=True)
+    data["model"] = {"servedName": "llm", "source": {"huggingFace": {"repo": "acme/llm", **source}}}
+    return PDDSpec.model_validate(data)
+
+
+def test_a_hugging_face_source_pulls_in_an_init_container_into_the_model_volume(
+    remote_spec: PDDSpec, owner: Owner
+) -> None:
+    spec = hugging_face_spec(remote_spec, revision="v2", tokenSecret={"name": "hf"},
+                             endpoint="http://mirror:8080")  # fmt: skip
+    children = by_kind_name(build_plan(spec, owner, TOKEN).children)
+    version = kubernetes_validate.latest_version()
+    for cluster, role in ((Cluster.LOCAL, "prefill"), (Cluster.REMOTE, "main")):
+        deployment = children[(cluster, "Deployment", f"qwen-{role}")]
+        kubernetes_validate.validate(deployment, version, strict=True)
+        pod = deployment["spec"]["template"]["spec"]
+        (init,) = pod["initContainers"]
+        assert init["args"] == ["models", "pull", "acme/llm", "--revision", "v2", "--local-dir",
+                                "/models", "--termination-log", "/dev/termination-log"]  # fmt: skip
+        assert init["env"] == [
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+            {"name": "HF_ENDPOINT", "value": "http://mirror:8080"},
+        ]
+        assert init["terminationMessagePolicy"] == "FallbackToLogsOnError"
+        assert {"name": "model", "emptyDir": {}} in pod["volumes"]
+        mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "model")
+        assert mount == {"name": "model", "mountPath": "/models", "readOnly": True}
+    router = children[(Cluster.LOCAL, "Deployment", "qwen-router")]["spec"]["template"]["spec"]
+    assert router["initContainers"][0]["args"][-1] == "--tokenizer-only"
+
+
+def test_a_hugging_face_source_with_a_claim_pulls_into_that_pvc(
+    pool_b_spec: PDDSpec, owner: Owner
+) -> None:
+    spec = hugging_face_spec(pool_b_spec, claimName="models")
+    children = by_kind_name(build_plan(spec, owner, TOKEN).children)
+    pod = children[(Cluster.LOCAL, "Deployment", "qwen-prefill")]["spec"]["template"]["spec"]
+    assert {"name": "model", "persistentVolumeClaim": {"claimName": "models"}} in pod["volumes"]
+    assert "env" not in pod["initContainers"][0] or pod["initContainers"][0]["env"] == []
+    router = children[(Cluster.LOCAL, "Deployment", "qwen-router")]["spec"]["template"]["spec"]
+    assert {"name": "model", "emptyDir": {}} in router["volumes"]  # its own, tokenizer only

@@ -154,7 +154,7 @@ async def test_create_then_reconcile_again_changes_nothing(cluster_a: Any) -> No
         assert pod["nodeSelector"] == {"pool": "decode", "nvidia.com/gpu.product": "NVIDIA-H200"}
         assert main["metadata"]["ownerReferences"][0]["uid"] == "uid-qwen"
         hpa = await until(lambda: live(k8s, HPAS, "serving", "qwen-relay"), "the relay HPA")
-        assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "pdd_relay_load"
+        assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "pdd_worker_relay_load"
         cr = await until(
             lambda: (c := live(k8s, CR, "serving", "qwen")) and condition(c, "LinkSized") and c,
             "LinkSized",
@@ -528,3 +528,70 @@ async def test_two_replicas_with_peering_reconcile_one_at_a_time(
         )
         await until(lambda: operator_logs.handled_objects(since=stopped), "a handler to run")
         assert operator_logs.handled_objects(since=stopped) == {"standby"}
+
+
+def pulling_pod(name: str, uid: str, terminated: dict[str, Any], last: bool) -> dict[str, Any]:
+    """A pod as kubelet reports one whose model-pull init container ended (``last``: it
+    failed and is waiting to be restarted)."""
+    status = {"name": "model-pull", "state": {"terminated": terminated}}
+    if last:
+        status = {"name": "model-pull", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                  "lastState": {"terminated": terminated}}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "serving",
+                     "labels": {"pdd.dev/owner-uid": uid}},
+        "spec": {"initContainers": [{"name": "model-pull", "image": "w"}],
+                 "containers": [{"name": "prefill", "image": "w"}]},
+        "status": {"initContainerStatuses": [status]},
+    }  # fmt: skip
+
+
+async def test_a_refused_hub_token_becomes_a_model_available_condition(cluster_a: Any) -> None:
+    """A huggingFace source without a KV shape: pods get the pull init container; its
+    termination message ("TokenRejected: ...") is the condition's reason, and a
+    successful pull turns it True, woken by the pods' events."""
+    k8s, client = cluster_a
+    cr = load_cr("pool-b.yaml", "uid-hf")
+    cr["spec"]["model"] = {
+        "source": {"huggingFace": {"repo": "acme/llm", "tokenSecret": {"name": "hf"}}},
+        "servedName": "llm",
+    }
+    hourly = OperatorOptions(status_interval_s=3600.0, status_interval_max_s=3600.0)
+    async with running_operator(k8s, options=hourly):
+        await create(client, CR_PATH, cr)
+        prefill = await until(lambda: live(k8s, DEPLOYMENTS, "serving", "qwen-prefill"), "P")
+        (init,) = prefill["spec"]["template"]["spec"]["initContainers"]
+        assert init["args"][:3] == ["models", "pull", "acme/llm"]
+        linked = await until(
+            lambda: condition(live(k8s, CR, "serving", "qwen"), "LinkSized"), "LinkSized"
+        )
+        assert linked["reason"] == "KVSizeUnknown"  # no shape given: not sized, not refused
+        refused = {"exitCode": 1, "message": "TokenRejected: the hub rejected the token (401)"}
+        await create(client, "/api/v1/namespaces/serving/pods",
+                     pulling_pod("qwen-prefill-x", "uid-hf", refused, last=True))  # fmt: skip
+        model = await until(
+            lambda: (
+                (c := condition(live(k8s, CR, "serving", "qwen"), "ModelAvailable"))
+                and c["status"] == "False"
+                and c
+            ),
+            "ModelAvailable=False",
+        )
+        assert model["reason"] == "TokenRejected"
+        assert "qwen-prefill-x" in model["message"] and "acme/llm@main" in model["message"]
+        pulled = pulling_pod("qwen-prefill-x", "uid-hf", {"exitCode": 0}, last=False)
+        response = await client.patch(
+            "/api/v1/namespaces/serving/pods/qwen-prefill-x/status",
+            json={"status": pulled["status"]},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        response.raise_for_status()
+        await until(
+            lambda: (
+                condition(live(k8s, CR, "serving", "qwen"), "ModelAvailable").get("reason")
+                == "Pulled"
+            ),
+            "ModelAvailable=True once the pull succeeded",
+        )

@@ -91,10 +91,18 @@ def test_pull_converts_the_builtin_once_into_a_checkpoint_that_serves_the_gguf_w
 
     assert models_cli.main(["pull", name]) == 0  # cached: nothing downloaded again
     assert "already pulled" in capsys.readouterr().out
-    (folder / "tokenizer.json").write_text("{}")  # damage: the digest check notices
+    (folder / "tokenizer.json").write_text("{}")  # damage: the size check notices
     assert models_cli.main(["pull", name]) == 0
     out = capsys.readouterr().out
     assert "tokenizer.json changed on disk" in out and "pulled into" in out
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # same size: only the digest check sees it
+    weights.write_bytes(bytes(data))
+    assert models_cli.main(["pull", name]) == 0
+    assert "sizes checked" in capsys.readouterr().out
+    assert models_cli.main(["pull", name, "--verify"]) == 0
+    assert "model.safetensors changed on disk" in capsys.readouterr().out
     assert load_model(name).tokenizer.encode(text) == original.tokenizer.encode(text)
 
 

@@ -106,7 +106,9 @@ class LocalStack:
         config.log_dir.mkdir(parents=True, exist_ok=True)
         secret = os.environ.get("PDD_SHARED_SECRET") or secrets.token_hex(16)
         plans = render(config, secret)
-        say(f"starting {', '.join(p.name for p in plans)} (model {config.model}), "
+        model = config.model + (" (random weights: answers are noise)" if config.model == "tiny"
+                                 else "")  # fmt: skip
+        say(f"starting {', '.join(p.name for p in plans)} (model {model}), "
             f"logs in {config.log_dir}")  # fmt: skip
         pods = _start_pods(config, plans, say)
         try:

@@ -10,6 +10,7 @@ from typing import Any
 import kopf
 from kubernetes_asyncio.config import ConfigException
 
+from pdd.operator.builders.model_pull import MODEL_PULL_CONTAINER
 from pdd.operator.cleanup import cleanup, cleanup_remote
 from pdd.operator.kube import ApiError
 from pdd.operator.naming import (
@@ -23,7 +24,7 @@ from pdd.operator.naming import (
 from pdd.operator.reconcile import owner_of, reconcile
 from pdd.operator.roles import REPORTED_ROLES, refresh_readiness
 from pdd.operator.runtime import OperatorOptions, OperatorRuntime
-from pdd.operator.wakeups import next_poll_s, snapshot
+from pdd.operator.wakeups import next_poll_s, pull_snapshot, snapshot
 
 #: kopf's own bookkeeping goes to annotations under this prefix.
 ANNOTATIONS_PREFIX = "kopf.pdd.dev"
@@ -145,6 +146,22 @@ async def child_deployment_changed(body: kopf.Body, event: Any, memo: kopf.Memo,
     meta = body["metadata"]
     seen = None if event.get("type") == "DELETED" else snapshot(dict(body))
     child = (meta["namespace"], meta["name"])
+    memo.runtime.wakeups.child_changed(meta["labels"][OWNER_UID_LABEL], child, seen)
+
+
+def _pulls_model(spec: Any, **_: Any) -> bool:
+    """A pod with a model-pull init container: only those change ModelAvailable."""
+    names = [c.get("name") for c in (spec or {}).get("initContainers") or []]
+    return MODEL_PULL_CONTAINER in names
+
+
+@kopf.on.event("", "v1", "pods", labels={OWNER_UID_LABEL: kopf.PRESENT}, when=_pulls_model)
+async def model_pull_pod_changed(body: kopf.Body, event: Any, memo: kopf.Memo, **_: Any) -> None:
+    """A pulling pod's init container changed (finished, failed): refresh its owner's
+    status, which reads ModelAvailable from the pods."""
+    meta = body["metadata"]
+    seen = None if event.get("type") == "DELETED" else pull_snapshot(dict(body))
+    child = ("pod", f"{meta['namespace']}/{meta['name']}")
     memo.runtime.wakeups.child_changed(meta["labels"][OWNER_UID_LABEL], child, seen)
 
 

@@ -32,6 +32,7 @@ from pdd.operator.naming import API_VERSION, KIND, MANAGER, PLURAL, SPEC_HASH_AN
 RESOURCES: dict[str, tuple[str, str]] = {
     "ConfigMap": ("v1", "configmaps"),
     "Secret": ("v1", "secrets"),
+    "Pod": ("v1", "pods"),
     "Service": ("v1", "services"),
     "Deployment": ("apps/v1", "deployments"),
     "HorizontalPodAutoscaler": ("autoscaling/v2", "horizontalpodautoscalers"),
@@ -211,6 +212,22 @@ class KubeApi:
     async def get(self, path: ObjectPath) -> dict[str, Any] | None:
         status, data = await self._request("GET", path.item)
         return None if status == 404 else data
+
+    async def list(self, kind: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        """The objects of ``kind`` carrying ``labels`` (also filtered here: a server that
+        ignores the selector still answers only what was asked)."""
+        path = ObjectPath(kind, namespace, "")
+        selector = ",".join(f"{k}={v}" for k, v in labels.items())
+        status, data = await self._request(
+            "GET", path.collection, query=[("labelSelector", selector)]
+        )
+        if status == 404 or data is None:
+            return []
+        return [
+            item
+            for item in data.get("items") or []
+            if labels.items() <= (item.get("metadata", {}).get("labels") or {}).items()
+        ]
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         path = ObjectPath.of(obj)

@@ -52,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     pull.add_argument("name", help=f"a built-in ({', '.join(BUILTINS)}) or ORG/REPO")
     pull.add_argument("--revision", help="Hub revision (branch, tag or commit); default main")
     pull.add_argument(
+        "--verify", action="store_true",
+        help="a built-in already pulled: check every file's sha256, not only its size",
+    )  # fmt: skip
+    pull.add_argument(
         "--local-dir", type=Path,
         help="put a Hub snapshot here instead of the cache (a volume, in a pod)",
     )  # fmt: skip
@@ -98,7 +102,7 @@ def _pull(args: argparse.Namespace) -> int:
     name: str = args.name
     try:
         if name in BUILTINS:
-            pull_builtin(BUILTINS[name], say=print)
+            pull_builtin(BUILTINS[name], say=print, full_check=args.verify)
         elif is_hub_repo(name):
             token = os.environ.get("HF_TOKEN") or None
             pull_hub(name, args.revision, token, args.local_dir, print, args.tokenizer_only)

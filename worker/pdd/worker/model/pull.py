@@ -43,14 +43,18 @@ class PullError(Exception):
         self.reason = reason
 
 
-def pull_builtin(model: BuiltinModel, say: Callable[[str], None] = print) -> Path:
-    """The built-in's checkpoint directory, pulled and converted unless already there."""
+def pull_builtin(
+    model: BuiltinModel, say: Callable[[str], None] = print, full_check: bool = False
+) -> Path:
+    """The built-in's checkpoint directory, pulled and converted unless already there
+    (checked by size, or by sha256 with ``full_check``: half a gigabyte to hash)."""
     target = model_dir(model.name)
     manifest = read_manifest(target)
     if manifest is not None and manifest.get("gguf_sha256") == model.sha256:
-        damaged = verify(target)
+        damaged = verify(target, full_check)
         if not damaged:
-            say(f"model {model.name}: already pulled in {target} (digests checked)")
+            checked = "digests" if full_check else "sizes"
+            say(f"model {model.name}: already pulled in {target} ({checked} checked)")
             return target
         say(f"model {model.name}: {', '.join(damaged)} changed on disk; pulling again")
     models_dir().mkdir(parents=True, exist_ok=True)
@@ -67,20 +71,29 @@ def pull_builtin(model: BuiltinModel, say: Callable[[str], None] = print) -> Pat
             "license": model.license,
             "gguf_sha256": model.sha256,
             "files": files,
+            "sizes": {name: (staged / name).stat().st_size for name in files},
         })  # fmt: skip
         _replace(staged, target)
     say(f"model {model.name}: pulled into {target} in {time.monotonic() - started:.0f} s")
     return target
 
 
-def verify(directory: Path) -> list[str]:
-    """The files whose sha256 no longer matches the manifest (empty: intact)."""
+def verify(directory: Path, full: bool = True) -> list[str]:
+    """The files whose sha256 (``full``), else size, no longer matches the manifest
+    (empty: intact)."""
     manifest = read_manifest(directory) or {}
-    return [
-        name
-        for name, digest in (manifest.get("files") or {}).items()
-        if not (directory / name).is_file() or file_sha256(directory / name) != digest
-    ]
+    sizes = manifest.get("sizes") or {}
+    damaged = []
+    for name, digest in (manifest.get("files") or {}).items():
+        path = directory / name
+        if not path.is_file():
+            damaged.append(name)
+        elif full or name not in sizes:
+            if file_sha256(path) != digest:
+                damaged.append(name)
+        elif path.stat().st_size != sizes[name]:
+            damaged.append(name)
+    return damaged
 
 
 def _pip_download(model: BuiltinModel, work: Path) -> Path:
