@@ -340,4 +340,3 @@ def main(argv: list[str] | None = None) -> None:
         print(f"CPU kernels: {status.variant} ({status.why}{compiled})")
     else:
         print(f"CPU kernels: not built, the engine will use torch's ops: {status.why}")
-
