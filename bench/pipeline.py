@@ -78,7 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def wan_bytes(cluster: LocalCluster) -> float:
-    return cluster["p"].metrics().get("pdd_wan_bytes_total", 0.0)
+    return cluster["p"].metrics().get("pdd_worker_wan_kv_bytes_total", 0.0)
 
 
 @dataclass(frozen=True)

@@ -101,7 +101,7 @@ async def timed(plan: PipelinePlan, client: WorkerClient, cluster: LocalCluster)
 
 
 def kv_wire_bytes(cluster: LocalCluster) -> float:
-    return cluster["p"].metrics().get("pdd_wan_kv_wire_bytes_total", 0.0)
+    return cluster["p"].metrics().get("pdd_worker_wan_kv_coded_bytes_total", 0.0)
 
 
 def md_holds(turn1: list[int], answer: list[int]) -> int:

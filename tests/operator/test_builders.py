@@ -153,7 +153,7 @@ def test_relay_hpa_uses_the_pods_metric(pool_b_spec: PDDSpec, owner: Owner) -> N
         {
             "type": "Pods",
             "pods": {
-                "metric": {"name": "pdd_relay_load"},
+                "metric": {"name": "pdd_worker_relay_load"},
                 "target": {"type": "AverageValue", "averageValue": "600m"},
             },
         }
@@ -194,7 +194,7 @@ def test_config_map_contents(pool_b_spec: PDDSpec, owner: Owner) -> None:
     assert config["store"] == {"redisUrl": "redis://qwen-redis.serving.svc:6379/0"}
     assert config["handoff"] == {"policy": "auto", "catchUpThreshold": 64}
     assert config["anomalousTraffic"] == {"minInputTokens": 32768, "maxOutputTokens": 500}
-    assert config["relay"] == {"targetLoad": 0.6, "loadMetric": "pdd_relay_load"}
+    assert config["relay"] == {"targetLoad": 0.6, "loadMetric": "pdd_worker_relay_load"}
     secret = children[(Cluster.LOCAL, "Secret", "qwen-shared-secret")]
     assert base64.b64decode(secret["data"]["token"]).decode() == TOKEN
     env = children[(Cluster.LOCAL, "Deployment", "qwen-prefill")]["spec"]["template"]["spec"][
@@ -340,6 +340,25 @@ def test_every_worker_and_router_container_has_its_three_probes_and_requests(
         # A wedged pod is restarted within minutes, a busy one is not for one slow answer.
         live = container["livenessProbe"]
         assert live["timeoutSeconds"] >= 2 and live["failureThreshold"] >= 3
+
+
+def test_a_hub_model_pull_init_container_asks_for_resources_too(
+    pool_b_cr: dict, owner: Owner
+) -> None:
+    """A namespace whose ResourceQuota demands requests refuses a pod any container of
+    which has none, init containers included."""
+    cr = copy.deepcopy(pool_b_cr["spec"])
+    cr["model"]["source"] = {"huggingFace": {"repo": "org/model"}}
+    children = by_kind_name(build_plan(PDDSpec.model_validate(cr), owner, TOKEN).children)
+    for role in ("prefill", "relay", "main", "router"):
+        pod = children[(Cluster.LOCAL, "Deployment", f"qwen-{role}")]["spec"]["template"]["spec"]
+        (init,) = pod["initContainers"]
+        assert {"cpu", "memory"} <= set(init["resources"]["requests"])
+        kubernetes_validate.validate(
+            children[(Cluster.LOCAL, "Deployment", f"qwen-{role}")],
+            kubernetes_validate.latest_version(),
+            strict=True,
+        )
 
 
 def test_role_resources_lie_over_the_pools_key_by_key(pool_b_cr: dict, owner: Owner) -> None:

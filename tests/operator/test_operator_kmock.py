@@ -154,7 +154,7 @@ async def test_create_then_reconcile_again_changes_nothing(cluster_a: Any) -> No
         assert pod["nodeSelector"] == {"pool": "decode", "nvidia.com/gpu.product": "NVIDIA-H200"}
         assert main["metadata"]["ownerReferences"][0]["uid"] == "uid-qwen"
         hpa = await until(lambda: live(k8s, HPAS, "serving", "qwen-relay"), "the relay HPA")
-        assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "pdd_relay_load"
+        assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "pdd_worker_relay_load"
         cr = await until(
             lambda: (c := live(k8s, CR, "serving", "qwen")) and condition(c, "LinkSized") and c,
             "LinkSized",

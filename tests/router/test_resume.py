@@ -43,7 +43,7 @@ pytestmark = pytest.mark.integration
 
 MAX_TOKENS = 200  # the relay cannot finish this before a KV transfer of 70 tokens lands
 TRICKLE_GBPS = 1e-5
-HANDOFF = 'pdd_handoff_total{mode="one-shot"}'
+HANDOFF = 'pdd_worker_handoffs_total{mode="one-shot"}'
 
 
 @pytest.fixture

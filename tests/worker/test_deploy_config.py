@@ -153,7 +153,7 @@ def test_worker_process_serves_from_the_operator_config(tmp_path):
         health = _wait_health(f"http://127.0.0.1:{http_port}/health", proc)
         assert health["role"] == "prefill"
         engine = health["engine"]  # what it got: the rendered settings, on this machine's CPU
-        assert (engine["device"], engine["max_running"], engine["max_prompt_tokens"]) == (
+        assert (engine["device"], engine["max_running_requests"], engine["max_prompt_tokens"]) == (
             "cpu",
             7,
             100,

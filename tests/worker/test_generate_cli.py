@@ -69,7 +69,7 @@ def test_text_prompt_and_seeded_sampling(capsys: pytest.CaptureFixture[str]) -> 
         (["--prompt-ids", ",".join(["7"] * 4096)], "context window is 4096"),
         (["--prompt-ids", "1", "--max-tokens", "0"], "max_tokens"),
         (["--prompt-ids", "1", "--temperature", "-1"], "temperature"),
-        (["--prompt-ids", "1", "--dtype", "int3"], "invalid choice: 'int3'"),
+        (["--prompt-ids", "1", "--dtype", "int3"], "dtype 'int3' is not supported"),
         (["--prompt-ids", "1", "--device", "tpu9"], "not a torch device"),
         (["--prompt-ids", "1", "--max-tokens", "many"], "invalid int value"),
         ([], "one of the arguments --prompt-ids --prompt is required"),

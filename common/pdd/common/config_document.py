@@ -133,8 +133,9 @@ class EngineSettings(_Section):
 
     device: Literal["auto", "cpu", "cuda"] | None = Field(
         default=None,
-        description="where the model runs: auto is CUDA when one is visible",
-        json_schema_extra={"flagDefault": "auto"},
+        description="where the model runs: auto is CUDA when one is visible (the worker "
+        "flag also takes cuda:N, one GPU of several)",
+        json_schema_extra={"flagDefault": "auto", "flagMetavar": "{auto,cpu,cuda,cuda:N}"},
     )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = Field(
         default=None,

@@ -23,7 +23,7 @@ LOG_FORMATS = ("text", "json")
 #: Loggers of libraries that say too much at INFO for a server's log.
 NOISY_LIBRARIES = (
     "httpx", "httpcore", "urllib3", "asyncio", "uvicorn.access", "uvicorn.error",
-    "torch", "torch._inductor", "torch.utils.cpp_extension", "kopf.objects",
+    "torch", "torch._inductor", "torch.utils.cpp_extension",
 )  # fmt: skip
 #: The attribute a record's structured fields travel in (``log.info(..., extra={FIELDS: {}})``).
 FIELDS = "fields"

@@ -67,11 +67,16 @@ def setting(
     metavar: str | None = None,
     default_text: str | None = None,
     choices: Sequence[Any] | None = None,
+    field: str | None = None,
 ) -> dict[str, Any]:
-    """A dataclass field's metadata that makes it a setting (flag and docs row)."""
+    """A dataclass field's metadata that makes it a setting (flag and docs row).
+
+    ``field``: the config document's field (a dotted camelCase path, ``wan.declaredGbps``)
+    the setting is read from where the operator renders one (``config_value``)."""
     return {
         _KEY: {
             "help": help,
+            "field": field,
             "aliases": tuple(aliases),
             "metavar": metavar,
             "default_text": default_text,
@@ -105,20 +110,23 @@ def _parse_kind(annotation: Any) -> tuple[Callable[[str], Any] | None, tuple[Any
 def settings_of(cls: type) -> list[Setting]:
     """The settings table of a dataclass (fields with ``setting`` metadata) or of a
     pydantic model (every field; help from its description, aliases and default from
-    ``json_schema_extra``: ``{"flagAliases": [...], "flagDefault": X, "defaultText": S}``)."""
+    ``json_schema_extra``: ``{"flagAliases": [...], "flagDefault": X, "defaultText": S}``,
+    and ``"flagMetavar": M`` where the flag takes more than the field's choices)."""
     hints = typing.get_type_hints(cls)
     table: list[Setting] = []
     if isinstance(cls, type) and issubclass(cls, BaseModel):
         for name, info in cls.model_fields.items():
             extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
             parse, choices = _parse_kind(hints[name])
+            metavar = typing.cast(str | None, extra.get("flagMetavar"))
             table.append(
                 Setting(
                     name=name,
                     help=info.description or "",
                     default=extra.get("flagDefault"),
                     type=parse,
-                    choices=choices,
+                    choices=None if metavar else choices,
+                    metavar=metavar,
                     aliases=tuple(typing.cast(list[str], extra.get("flagAliases", []))),
                     default_text=typing.cast(str | None, extra.get("defaultText")),
                     field=info.alias or name,
@@ -143,6 +151,7 @@ def settings_of(cls: type) -> list[Setting]:
                 metavar=meta["metavar"],
                 default_text=meta["default_text"],
                 action="store_true" if is_bool else None,
+                field=meta["field"],
             )
         )
     return table
@@ -230,8 +239,17 @@ def flag_table(p: argparse.ArgumentParser) -> str:
     return "\n".join(rows) + "\n"
 
 
+def config_value(document: dict[str, Any], path: str) -> Any:
+    """The value at a dotted path of a config document's wire form (``wan.declaredGbps``)."""
+    value: Any = document
+    for part in path.split("."):
+        value = value[part]
+    return value
+
+
 def settings_table(table: Iterable[Setting], field_prefix: str) -> str:
-    """A Markdown table of settings with their config-document / CRD fields and aliases."""
+    """A Markdown table of settings with their config-document / CRD fields and aliases
+    (a setting read from no field shows none)."""
     rows = [
         "| Flag | Field | Also accepted | Default | Meaning |",
         "|---|---|---|---|---|",
@@ -240,7 +258,8 @@ def settings_table(table: Iterable[Setting], field_prefix: str) -> str:
         default = s.default if s.default is not None else (s.default_text or "unset")
         aliases = ", ".join(f"`{a}`" for a in s.aliases) or ""
         rows.append(
-            f"| `{s.flag}` | `{field_prefix}{s.field or s.name}` | {aliases} | {default} "
+            f"| `{s.flag}` | {f'`{field_prefix}{s.field}`' if s.field else ''} | {aliases} "
+            f"| {default} "
             f"| {s.help} |"
         )
     return "\n".join(rows) + "\n"

@@ -28,6 +28,8 @@ from pdd.common.openai_protocol import (
     ErrorResponse,
     unrecognized_argument,
 )
+from pdd.router.access_log import AccessLogMiddleware
+from pdd.router.access_log import current as current_access
 from pdd.router.admission import StreamSlots, releasing
 from pdd.router.errors import (
     AuthenticationError,
@@ -56,6 +58,7 @@ def create_app(runtime: RouterRuntime) -> FastAPI:
             await runtime.close()
 
     app = FastAPI(title="pdd router", lifespan=lifespan)
+    app.add_middleware(AccessLogMiddleware)
     slots = StreamSlots(runtime.config.max_streams_per_key, runtime.config.retry_after_s)
     chat = OpenAIServingChat(runtime)
     completions = OpenAIServingCompletion(runtime)
@@ -179,11 +182,13 @@ def _install_errors(app: FastAPI, runtime: RouterRuntime) -> None:
     @app.exception_handler(RouterError)
     async def router_error(_: Request, exc: RouterError) -> JSONResponse:
         runtime.metrics.rejected.labels(exc.cause).inc()
+        _note_refusal(exc.cause, exc.message)
         return error_response(exc.status, exc.body(), exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         body = ErrorResponse.of(str(exc.detail), "invalid_request_error", code=exc.status_code)
+        _note_refusal("invalid_request", str(exc.detail))
         return error_response(exc.status_code, body, getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
@@ -194,5 +199,13 @@ def _install_errors(app: FastAPI, runtime: RouterRuntime) -> None:
     async def internal(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
         runtime.metrics.rejected.labels("internal").inc()
+        _note_refusal("internal", repr(exc))
         body = ErrorResponse.of(f"internal error: {exc!r}", "internal_error", code=500)
         return error_response(500, body)
+
+
+def _note_refusal(cause: str, message: str) -> None:
+    """The access-log line of this request says why it was refused."""
+    record = current_access()
+    if record is not None:
+        record.refused(cause, message)

@@ -18,7 +18,7 @@ from pdd.common.config_document import ConfigDocument
 from pdd.common.cost_model import LinkState, kv_bytes_per_token, kv_bytes_per_token_from_hf_config
 from pdd.common.gguf_file import GGUFModelFile, gguf_checkpoint
 from pdd.common.kv_codec import KV_CODECS, NO_CODEC, KVCodec
-from pdd.common.settings import setting
+from pdd.common.settings import config_value, setting, settings_of
 from pdd.common.vocabulary import Role, ToolCallFormat
 from pdd.common.wan_tls import HTTPS_ROLES
 from pdd.router.tokenization import TINY_MODEL
@@ -70,11 +70,18 @@ class RouterConfig:
     secret: str
     model: str = field(
         default=TINY_MODEL,
-        metadata=setting('"tiny" or a checkpoint directory (its tokenizer and chat template)'),
+        metadata=setting(
+            '"tiny" or a checkpoint directory (its tokenizer and chat template)',
+            field="model.path",
+        ),
     )
     served_model_name: str | None = field(
         default=None,
-        metadata=setting("the model name clients send", default_text="the --model folder's name"),
+        metadata=setting(
+            "the model name clients send",
+            default_text="the --model folder's name",
+            field="model.servedName",
+        ),
     )
     redis_url: str | None = None
     #: The longest a request waits for Redis (prefix lookup, loads) before it is routed
@@ -85,9 +92,12 @@ class RouterConfig:
     )
     api_keys: tuple[str, ...] = ()
     link_gbps: float = field(
-        default=10.0, metadata=setting("declared WAN line rate P -> MD, Gbit/s")
+        default=10.0,
+        metadata=setting("declared WAN line rate P -> MD, Gbit/s", field="wan.declaredGbps"),
     )
-    link_rtt_ms: float = field(default=0.0, metadata=setting("declared WAN round-trip time, ms"))
+    link_rtt_ms: float = field(
+        default=0.0, metadata=setting("declared WAN round-trip time, ms", field="wan.rttMs")
+    )
     ttft_budget_s: float = field(
         default=2.0, metadata=setting("TTFT budget the P -> MD path must meet, seconds")
     )
@@ -111,18 +121,21 @@ class RouterConfig:
         metadata=setting(
             "KV bytes per token on the WAN",
             default_text="from the checkpoint's shape and --kv-codec",
+            field="model.kvBytesPerToken",
         ),
     )
     #: How P codes the KV it sends MD across the WAN (spec.wan.kvCodec).
     kv_codec: KVCodec = field(
         default=NO_CODEC,
-        metadata=setting("how P codes the KV it sends MD (spec.wan.kvCodec)", choices=KV_CODECS),
+        metadata=setting("how P codes the KV it sends MD", choices=KV_CODECS, field="wan.kvCodec"),
     )
     block_size: int = field(default=16, metadata=setting("tokens per KV block (the workers')"))
     host: str = field(default="0.0.0.0", metadata=setting("address to listen on"))
-    port: int = field(default=8080, metadata=setting("port of the OpenAI API"))
+    port: int = field(
+        default=8080, metadata=setting("port of the OpenAI API", field="ports.router")
+    )
     #: Requests one instance may hold at once before the router stops sending more:
-    #: what the worker reports (its max_running); a number here caps every instance
+    #: what the worker reports (its max_running_requests); a number here caps every instance
     #: below that (an operator's override, e.g. to shed load before the workers queue).
     instance_capacity: int | None = field(
         default=None,
@@ -175,7 +188,11 @@ class RouterConfig:
         default="auto", metadata=setting("how RLD hands requests to MD")
     )
     catchup_threshold: int = field(
-        default=64, metadata=setting("catch-up handoff: tokens MD may lag before it takes over")
+        default=64,
+        metadata=setting(
+            "catch-up handoff: tokens MD may lag before it takes over",
+            field="handoff.catchUpThreshold",
+        ),
     )
     anomalous_min_input_tokens: int = 32_000
     anomalous_output_tokens_below: int = 500
@@ -279,17 +296,12 @@ def file_settings(doc: ConfigDocument, wan_tls: bool = False) -> dict[str, Any]:
 
     ``wan_tls``: WAN TLS is on (the router was given the CA), so the roles it reaches
     across the WAN (``HTTPS_ROLES``) are dialled with https."""
+    wire = doc.to_wire()
     settings: dict[str, Any] = {
-        "model": doc.model.path,
-        "served_model_name": doc.model.served_name,
-        "kv_bytes_per_token": doc.model.kv_bytes_per_token,
-        "kv_codec": doc.wan.kv_codec,
-        "link_gbps": doc.wan.declared_gbps,
-        "link_rtt_ms": doc.wan.rtt_ms,
+        # The settings whose field the table names (RouterConfig's ``setting(field=...)``).
+        **{s.name: config_value(wire, s.field) for s in settings_of(RouterConfig) if s.field},
         "redis_url": doc.store.redis_url,
-        "port": doc.ports.router,
         "handoff": doc.handoff.flag,
-        "catchup_threshold": doc.handoff.catch_up_threshold,
         "anomalous_min_input_tokens": doc.anomalous_traffic.min_input_tokens,
         "anomalous_output_tokens_below": doc.anomalous_traffic.max_output_tokens,
         "ttft_budget_s": doc.slo.ttft_p99_ms / 1000.0,

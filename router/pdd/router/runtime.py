@@ -46,7 +46,7 @@ class RouterRuntime:
     def __init__(self, config: RouterConfig, client: WorkerClient | None = None) -> None:
         """``client``: the workers reached another way than TCP (in-process tests)."""
         self.config = config
-        self.metrics = RouterMetrics()
+        self.metrics = RouterMetrics(redis=config.redis_url is not None)
         self.tokenizer: PromptTokenizer = load_prompt_tokenizer(config.model)
         #: How the model writes tool calls: the configured format, else the template's.
         self.tool_call_format: ToolCallFormat | None = config.tool_call_format or detect_format(
@@ -133,7 +133,7 @@ class RouterRuntime:
     def refresh_gauges(self) -> None:
         self.metrics.redis_reads_waiting.set(self.store.reads_waiting)
         view = self.link_estimator.link()
-        self.metrics.link_goodput.labels(WAN_LINK).set(view.effective_gbps)
+        self.metrics.link_goodput.labels(WAN_LINK).set(view.effective_gbps * 1e9 / 8)
         self.metrics.link_backlog.labels(WAN_LINK).set(view.backlog_bytes)
         self.metrics.relay_slot.set(self.link_estimator.relay_slot_s)
         for instance, rate in self.link_estimator.prefill_rates().items():

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from pdd.common.openai_protocol import SSE_DONE, ErrorResponse, SamplingFields, new_id, sse_frame
 from pdd.common.vocabulary import FinishReason
 from pdd.common.wire import GuidedDecoding, SamplingSpec
+from pdd.router import access_log
 from pdd.router.dispatch import Lease, Route
 from pdd.router.errors import (
     ContextLengthError,
@@ -248,10 +249,19 @@ class OpenAIServing:
                 yield sse_frame(frame)
         except RouterError as exc:
             self.runtime.metrics.rejected.labels(exc.cause).inc()
+            _note_refusal(exc.cause, exc.message)
             yield sse_frame(exc.body())
         except Exception as exc:  # the client must get an error frame, whatever broke
             log.exception("stream failed")
             self.runtime.metrics.rejected.labels("internal").inc()
             message = f"internal error in the stream: {exc!r}"
+            _note_refusal("internal", message)
             yield sse_frame(ErrorResponse.of(message, "internal_error", code=500))
         yield SSE_DONE
+
+
+def _note_refusal(cause: str, message: str) -> None:
+    """The access-log line of this request says why it failed mid-stream."""
+    record = access_log.current()
+    if record is not None:
+        record.refused(cause, message)

@@ -115,7 +115,8 @@ def test_a_kv_size_the_device_cannot_hold_is_a_setting_to_change_not_an_oom(tiny
 def test_limits_are_reported_and_enforced(tiny):
     engine = Engine(tiny, max_running_requests=5, max_prompt_tokens=20, max_num_batched_tokens=64)
     info = engine.info()
-    assert (info.max_running, info.max_prompt_tokens, info.max_batched_tokens) == (5, 20, 64)
+    limits = (info.max_running_requests, info.max_prompt_tokens, info.max_num_batched_tokens)
+    assert limits == (5, 20, 64)
     engine.add_request(list(range(2, 22)))  # 20 tokens: fits
     with pytest.raises(PromptTooLongError, match="at most 20"):
         engine.add_request(list(range(2, 23)))

@@ -62,6 +62,7 @@ def _slow_compiler(directory: Path, exit_code: int = 0) -> Path:
             #!/bin/sh
             echo run >> "{directory}/runs"
             echo "FAKE-COMPILER-DIAGNOSTIC: something about line 1" >&2
+            while [ "$1" != "-o" ]; do shift; done
             out="$2"
             sleep 0.2
             printf 'first half ' > "$out"
@@ -249,3 +250,22 @@ def test_a_failed_kernel_build_leaves_the_model_on_torchs_ops(tmp_path, monkeypa
     assert status.module is None and "cannot run the compiler" in status.why
     assert ck.build_target(ck.choose().variant).failure.exists()
     assert ck.obtain(ck.choose()).why == status.why  # from the record
+
+
+def test_an_image_build_compiles_every_variant_where_workers_look_for_them(
+    tmp_path, monkeypatch
+) -> None:
+    """``main(--variants ...)`` (the worker image's build step) compiles each variant,
+    whatever the builder's CPU, into the very paths a worker's lookup reads, and never
+    loads them (the builder may lack the instructions)."""
+    monkeypatch.setenv(ck.ENV_BUILD_DIR, str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", str(_slow_compiler(tmp_path)))  # part of the cache key
+    names = ["avx2", "avx512", "avx512_bf16"]
+    built = subprocess.run(
+        [sys.executable, "-c", SETUP_LINE, "--variants", *names], capture_output=True,
+        text=True, timeout=HANG_GUARD_S,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    assert len(built.stdout.strip().splitlines()) == len(names) == _runs(tmp_path)
+    for name in names:
+        assert ck.build_target(ck.BY_NAME[name]).library.read_text() == "first half second half"

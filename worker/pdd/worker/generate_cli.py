@@ -57,8 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
     p.add_argument(
-        "--dtype", default=None, choices=("float32", "bfloat16", "float16"),
-        help="compute dtype (default: the checkpoint's)",
+        "--dtype", default=None,
+        help="compute dtype: float32, bfloat16 or float16 (default: the checkpoint's)",
     )  # fmt: skip
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--json", action="store_true", help='print {"token_ids": [...]}')

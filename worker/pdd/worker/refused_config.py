@@ -50,17 +50,22 @@ def log_line(refusal: WorkerRefusal, http: str, about: tuple[str, str] = ENGINE_
     )
 
 
-def create_refused_app(refusal: WorkerRefusal) -> FastAPI:
-    """``/ready``, ``/health`` and ``/metrics`` say the refusal; ``/startup`` and ``/live``
-    answer 200 (a restart would not help); every other path is 503 too."""
-    app = FastAPI(title=f"pdd worker ({refusal.role}, settings refused)")
+def refused_registry() -> CollectorRegistry:
+    """The one metric a refused worker exports (its whole ``/metrics``)."""
     registry = CollectorRegistry()
     Gauge(
         "pdd_worker_config_refused",
         "1: this worker's engine settings are refused on this machine; it serves nothing",
         registry=registry,
     ).set(1)
-    metrics = generate_latest(registry)  # fixed from now on: render it once
+    return registry
+
+
+def create_refused_app(refusal: WorkerRefusal) -> FastAPI:
+    """``/ready``, ``/health`` and ``/metrics`` say the refusal; ``/startup`` and ``/live``
+    answer 200 (a restart would not help); every other path is 503 too."""
+    app = FastAPI(title=f"pdd worker ({refusal.role}, settings refused)")
+    metrics = generate_latest(refused_registry())  # fixed from now on: render it once
 
     # Started and live, never ready: a restart would refuse the same settings again.
     @app.get("/startup")

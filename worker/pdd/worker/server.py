@@ -275,9 +275,9 @@ async def run(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> No
         info.block_size,
         info.kv_tokens,
         info.kv_bytes / 2**30,
-        info.max_running,
+        info.max_running_requests,
         info.max_prompt_tokens,
-        info.max_batched_tokens,
+        info.max_num_batched_tokens,
     )
     try:
         await server.serve()

@@ -17,6 +17,9 @@ from pdd.operator.spec import PDDSpec
 MODEL_PULL_CONTAINER = "model-pull"
 MODEL_VOLUME = "model"
 TERMINATION_LOG = "/dev/termination-log"
+#: A download's needs (huggingface_hub streams files to disk): requests so the pod fits a
+#: namespace whose ResourceQuota demands them of every container, and a memory bound.
+MODEL_PULL_RESOURCES = {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}
 
 
 def pulls_model(spec: PDDSpec) -> bool:
@@ -54,6 +57,7 @@ def model_pull_container(spec: PDDSpec, mount_path: str, router: bool) -> dict[s
         "command": ["pdd"],
         "args": args,
         "env": env,
+        "resources": MODEL_PULL_RESOURCES,
         "volumeMounts": [{"name": MODEL_VOLUME, "mountPath": mount_path}],
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",

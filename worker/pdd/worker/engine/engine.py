@@ -366,9 +366,9 @@ class Engine:
             raise RuntimeError("a request holds a prefix lock but no blocks")
 
     @property
-    def max_running(self) -> int:
-        """Requests decoded at once: the instance's capacity (``max_running``, capped)."""
-        return self.scheduler.config.max_running
+    def max_running_requests(self) -> int:
+        """Requests decoded at once: the instance's capacity (``max_running_requests``, capped)."""
+        return self.scheduler.config.max_running_requests
 
     def info(self) -> EngineInfo:
         """What this engine got: device, dtype, KV capacity and limits, as resolved."""
@@ -381,10 +381,10 @@ class Engine:
             kv_blocks=self.kv.num_blocks,
             kv_tokens=self.kv.num_blocks * self.config.block_size,
             kv_bytes=self.kv.num_blocks * self.layout.bytes_per_block,
-            max_running=self.max_running,
+            max_running_requests=self.max_running_requests,
             max_model_len=self.max_model_len,
             max_prompt_tokens=self.limits.max_prompt_tokens,
-            max_batched_tokens=self.config.max_num_batched_tokens,
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
         )
 
     @property

@@ -31,6 +31,7 @@ purpose: to compare, or to rule the kernels out) | a variant's name.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib.util
 import logging
@@ -45,7 +46,7 @@ from types import ModuleType
 
 import torch
 
-from pdd.worker.model.cpu_kernels_build import Target, build_once, record_failure
+from pdd.worker.model.cpu_kernels_build import Outcome, Target, build_once, record_failure
 
 log = logging.getLogger(__name__)
 
@@ -309,12 +310,34 @@ def _import(name: str, path: Path) -> ModuleType:
     return module
 
 
-def main() -> None:
-    """Build the kernels now (setup does this) and say in one line whether they are usable."""
-    choice = choose()
-    status = obtain(choice)
+def build_only(variant: Variant) -> Outcome:
+    """Compile ``variant`` into the cache without loading it, for a CPU that may not be
+    this one (a worker image carries every variant; the kernels are never run here)."""
+    target = build_target(variant)
+    return build_once(target, lambda out: compile_command(variant, out), _wait_s())
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Build the kernels now (setup does this) and say in one line whether they are
+    usable; with ``--variants``, build those for other CPUs (a worker image), one line
+    each, and exit 1 if any failed."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument(
+        "--variants", nargs="+", choices=list(BY_NAME), help="build these without loading them"
+    )
+    args = parser.parse_args(argv)
+    if args.variants:
+        failed = 0
+        for name in args.variants:
+            outcome = build_only(BY_NAME[name])
+            failed += outcome.library is None
+            said = outcome.library or f"failed: {outcome.problem}; compiler output in {outcome.log}"
+            print(f"CPU kernels {name}: {said}")
+        sys.exit(1 if failed else 0)
+    status = obtain(choose())
     if status.module is not None:
         compiled = f"; compiler log: {status.log}" if status.log and status.log.exists() else ""
         print(f"CPU kernels: {status.variant} ({status.why}{compiled})")
     else:
         print(f"CPU kernels: not built, the engine will use torch's ops: {status.why}")
+
