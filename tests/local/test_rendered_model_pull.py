@@ -55,10 +55,9 @@ def rendered(hub: FakeHub) -> list[ClusterObjects]:
             for pool in filter(None, (spec.get("poolA"), spec.get("poolB"))):
                 pool.pop("resources", None)
     text = yaml.safe_dump_all(docs)
-    # The workloads name the generated Secrets; a second render with a token holds them
-    # (what the operator creates on its first reconcile).
-    workloads, secrets = render_file(text), render_file(text, secrets_token="model-pull-test")
-    return [ClusterObjects(str(c), secrets.get(c, []) + objs) for c, objs in workloads.items()]
+    by_cluster = render_file(text)
+    secrets = render_file(text, secrets_token="model-pull-test")  # the operator's, once
+    return [ClusterObjects(str(c), objs + secrets[c]) for c, objs in by_cluster.items()]
 
 
 def start(hub: FakeHub, token: str, log_dir: Path) -> Any:
