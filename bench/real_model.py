@@ -228,7 +228,8 @@ def codec_quality(
         scored += len(history)
         sub_scored += len(history) if w < variant_windows else 0
         kv.write_tokens(table, 0, prefix)
-        print(f"  window {w + 1}/{windows}", flush=True)
+        running = {n: round(kl[n] / scored, 7) for n in CODECS}
+        print(f"  window {w + 1}/{windows}: {scored} positions, KL so far {running}", flush=True)
     return {
         "scored_positions": scored,
         "text_tokens": windows * WINDOW,
