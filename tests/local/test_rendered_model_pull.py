@@ -54,8 +54,10 @@ def rendered(hub: FakeHub) -> list[ClusterObjects]:
             }  # fmt: skip
             for pool in filter(None, (spec.get("poolA"), spec.get("poolB"))):
                 pool.pop("resources", None)
-    by_cluster = render_file(yaml.safe_dump_all(docs), token="model-pull-test")
-    return [ClusterObjects(str(c), objs) for c, objs in by_cluster.items()]
+    text = yaml.safe_dump_all(docs)
+    by_cluster = render_file(text)
+    secrets = render_file(text, secrets_token="model-pull-test")  # the operator's, once
+    return [ClusterObjects(str(c), objs + secrets[c]) for c, objs in by_cluster.items()]
 
 
 def start(hub: FakeHub, token: str, log_dir: Path) -> Any:
