@@ -34,7 +34,7 @@ def test_a_seeded_chaos_replay_loses_no_token_and_leaks_nothing(tmp_path: Path) 
     # here), which could otherwise outlast the replay and leave the cut unrun.
     assert [e.kind for e in schedule] == ["cut", "kill"]
     out = tmp_path / "results.json"
-    argv = ["--chaos", "--chaos-seed", str(SEED), "--chaos-events", str(EVENTS),
+    argv = ["--model", "tiny", "--chaos", "--chaos-seed", str(SEED), "--chaos-events", str(EVENTS),
             "--max-requests", str(REQUESTS), "--out-dir", str(tmp_path), "--json", str(out),
             "--no-plots", "--no-progress",
             # MD lets go of a transfer the cut stopped in 5 s, not the default 30
