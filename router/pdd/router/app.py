@@ -59,7 +59,9 @@ def create_app(runtime: RouterRuntime) -> FastAPI:
             await runtime.close()
 
     app = FastAPI(title="pdd router", lifespan=lifespan)
-    slots = StreamSlots(runtime.config.max_streams_per_key, runtime.config.retry_after_s)
+    config = runtime.config
+    slots = StreamSlots(config.max_streams_per_key, config.retry_after_s)
+    admission = runtime.admission
     chat = OpenAIServingChat(runtime)
     completions = OpenAIServingCompletion(runtime)
     _install_errors(app, runtime)
@@ -88,10 +90,19 @@ def create_app(runtime: RouterRuntime) -> FastAPI:
     async def serve(
         request: Request, model: type[T], create: Callable[[T], Awaitable[Served]]
     ) -> Response:
-        """Key, stream slot, body, then the response; the slot is held until it is sent."""
-        release = slots.take(_authenticate(runtime, request))
+        """Key, stream slot, body, a slot of the router's capacity (fair per key), then
+        the response; the slots are held until it is sent."""
+        key = _authenticate(runtime, request)
+        releases = [slots.take(key)]
+
+        def release() -> None:
+            for give_back in releases:
+                give_back()
+
         try:
-            return _respond(await create(await _parse(runtime, request, model)), release)
+            parsed = await _parse(runtime, request, model)
+            releases.append(await admission.admit(key))
+            return _respond(await create(parsed), release)
         except BaseException:
             release()
             raise

@@ -103,6 +103,11 @@ class RouterConfig:
     #: Requests one API key (or, without keys, all clients together) may have in flight;
     #: one more is a 429 with Retry-After. None: no limit.
     max_streams_per_key: int | None = None
+    #: Requests the router admits at once, all keys together (``fair_admission``): past
+    #: it a request waits up to ``admission_wait_s`` in its key's queue, served in turn
+    #: with the other keys', then gets a 429. None: no router-wide cap.
+    max_inflight_requests: int | None = None
+    admission_wait_s: float = 0.5
     poll_interval_s: float = 0.5
     request_timeout_s: float = 300.0
     retry_after_s: float = 1.0
@@ -137,7 +142,7 @@ class RouterConfig:
             raise ConfigError(f"instance_capacity must be positive, got {self.instance_capacity}")
         for name in (
             "max_body_bytes", "max_prompt_tokens", "block_size", "max_tokens_limit",
-            "max_streams_per_key",
+            "max_streams_per_key", "max_inflight_requests",
         ):  # fmt: skip
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")

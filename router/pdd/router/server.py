@@ -94,6 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-streams-per-key", type=int,
         help="requests one API key may have in flight (429 above; without keys: all clients)",
     )  # fmt: skip
+    p.add_argument(
+        "--max-inflight-requests", type=int,
+        help="requests in flight, all keys together, before new ones queue (fair per key)",
+    )  # fmt: skip
+    p.add_argument(
+        "--admission-wait-s", type=float,
+        help="longest a request queues for a slot before its 429 (default: 0.5)",
+    )  # fmt: skip
     p.add_argument("--poll-interval-s", type=float)
     p.add_argument("--request-timeout-s", type=float)
     p.add_argument("--handoff", choices=("auto", "one-shot", "catch-up"))
@@ -126,7 +134,7 @@ _PLAIN_FLAGS = (
     "model", "served_model_name", "link_gbps", "link_rtt_ms", "ttft_budget_s",
     "prefill_tokens_per_s", "kv_bytes_per_token", "block_size", "instance_capacity",
     "max_prompt_tokens", "max_body_bytes", "default_max_tokens", "poll_interval_s",
-    "max_tokens_limit", "max_streams_per_key",
+    "max_tokens_limit", "max_streams_per_key", "max_inflight_requests", "admission_wait_s",
     "request_timeout_s", "handoff", "catchup_threshold", "replica_id", "host", "port",
     "force_pipeline", "redis_deadline_s", "wan_tls_dir", "kv_codec", "tool_call_format",
     "static_link_view",
