@@ -224,6 +224,7 @@ class RoleBase:
             kv_blocks_cached=s.num_cached_blocks,
             kv_blocks_locked=s.num_locked_blocks,
             kv_blocks_total=s.num_total_blocks,
+            asyncio_tasks=len(asyncio.all_tasks()),
         )
 
     def refresh_gauges(self) -> None:
