@@ -28,6 +28,12 @@ checkpoint, dtype, prompts (token ids), output lengths, batch limits, KV budget 
 thread count, in the same alternating rounds; it also prints how many of vLLM's greedy
 tokens equal ours (exact in float32). Where that interpreter cannot import vLLM the vLLM
 side is skipped with the reason.
+
+``--cpu-kernels`` times ours once per compiled CPU kernel variant named (``avx2``,
+``avx512``, ``avx512_bf16``; ``off`` for torch's ops), in the same alternating rounds,
+e.g. the AVX2 variant beside the AVX-512 one on an AVX-512 machine; the first named is
+the one the other figures (extend, parity, vLLM agreement) use. The default: the
+variant the worker would choose here (``$PDD_CPU_KERNELS``, else the CPU's widest).
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from vllm_baseline import VllmBaseline, VllmUnavailableError, driver_env, probe,
 
 from pdd.worker.engine import Engine
 from pdd.worker.engine.sampling import SamplingParams
+from pdd.worker.model import cpu_kernels
 from pdd.worker.model.config import ModelConfig, tiny_config
 from pdd.worker.model.loader import LoadedModel, load_model
 
@@ -96,6 +103,11 @@ def preset_checkpoint(name: str, root: Path) -> Path:
 
 
 BASELINES = ("transformers", "vllm")
+#: The CPU flags that decide the kernels' variant and bf16's speed (printed with figures).
+VECTOR_FLAGS = frozenset(
+    {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16",
+     "amx_bf16", "amx_tile"}
+)  # fmt: skip
 TEST_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
@@ -126,6 +138,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--vllm-python",
         default=os.environ.get("PDD_VLLM_PYTHON"),
         help="interpreter of a virtual environment with vLLM (default: $PDD_VLLM_PYTHON)",
+    )
+    p.add_argument(
+        "--cpu-kernels",
+        action="append",
+        choices=[*cpu_kernels.BY_NAME, "off"],
+        help="time ours with this CPU kernel variant; repeat for several, side by side "
+        "(default: the one the worker chooses here)",
     )
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = p.parse_args(argv)
@@ -267,18 +286,23 @@ def throughput_rounds(
     reqs: list[tuple[list[int], int]],
     repeats: int,
     vllm: VllmBaseline | None = None,
+    variants: list[str] | None = None,
 ) -> dict:
-    """Best tok/s of each side over ``repeats`` alternating rounds (ours, transformers
-    unless ``hf`` is None, vLLM unless ``vllm`` is), and vLLM's greedy agreement with ours
-    (both sides are deterministic)."""
+    """Best tok/s of each side over ``repeats`` alternating rounds (ours once per CPU
+    kernel variant in ``variants``, transformers unless ``hf`` is None, vLLM unless
+    ``vllm`` is), and vLLM's greedy agreement with ours (both sides are deterministic)."""
+    variants = variants or [kernels_label(engine)]
     engine.generate([reqs[0][0][:16]], SamplingParams(max_tokens=4))  # warm-up
     if hf is not None:
         hf_generate(hf, [reqs[0][0][:16]], 4)
     tokens = sum(n for _, n in reqs)
-    best: dict = {"ours": 0.0, "transformers": {}}
+    best: dict = {"ours": 0.0, "transformers": {}, "ours_by_kernels": dict.fromkeys(variants, 0.0)}
     for _ in range(repeats):
-        tps, ours_out = ours_throughput(engine, reqs)
-        best["ours"] = max(best["ours"], tps)
+        for variant in reversed(variants):  # the first last: its kernels stay in place
+            use_kernels(engine, variant)
+            tps, ours_out = ours_throughput(engine, reqs)
+            best["ours_by_kernels"][variant] = max(best["ours_by_kernels"][variant], tps)
+        best["ours"] = best["ours_by_kernels"][variants[0]]
         for name, tps in hf_throughput(hf, reqs, engine.device).items() if hf else ():
             best["transformers"][name] = max(best["transformers"].get(name, 0.0), tps)
         if vllm is not None:
@@ -319,21 +343,51 @@ def decode_rounds(
     new: int,
     repeats: int,
     vllm: VllmBaseline | None = None,
-) -> dict[str, float]:
-    """Best single-request decode tok/s of each side over ``repeats`` alternating rounds."""
-    ours = theirs = theirs_vllm = 0.0
+    variants: list[str] | None = None,
+) -> dict:
+    """Best single-request decode tok/s of each side over ``repeats`` alternating rounds
+    (ours once per CPU kernel variant in ``variants``)."""
+    variants = variants or [kernels_label(engine)]
+    theirs = theirs_vllm = 0.0
+    by_kernels = dict.fromkeys(variants, 0.0)
     for _ in range(repeats):
-        ours = max(ours, ours_decode_rate(engine, prompt, new))
+        for variant in reversed(variants):
+            use_kernels(engine, variant)
+            rate = ours_decode_rate(engine, prompt, new)
+            by_kernels[variant] = max(by_kernels[variant], rate)
+        ours = by_kernels[variants[0]]
         if hf is not None:
             theirs = max(theirs, hf_decode_rate(hf, prompt, new, engine.device))
         if vllm is not None:
             theirs_vllm = max(theirs_vllm, vllm_decode_rate(vllm, prompt, new))
-    figures = {"ours": ours}
+    figures: dict = {"ours": ours, "ours_by_kernels": by_kernels}
     if hf is not None:
         figures |= {"transformers": theirs, "ratio": ours / theirs}
     if vllm is not None:
         figures |= {"vllm": theirs_vllm, "ratio_vllm": ours / theirs_vllm}
     return figures
+
+
+def kernels_label(engine: Engine) -> str:
+    """The CPU kernel variant the engine's model runs now ("off": torch's ops)."""
+    kernels = engine.loaded.model.kernels
+    return kernels.variant if kernels is not None else "off"
+
+
+def use_kernels(engine: Engine, variant: str) -> None:
+    """Run the engine's model through ``variant``'s kernels from the next step on (the
+    engine decides per step whether a batch is built for them)."""
+    if variant == kernels_label(engine):
+        return
+    loaded = engine.loaded
+    kernels = cpu_kernels.kernels_for(
+        loaded.device, loaded.dtype, loaded.config.head_dim, None if variant == "off" else variant
+    )
+    if variant == "off":
+        kernels = None
+    elif kernels is None or kernels.variant != variant:
+        raise SystemExit(f"CPU kernels {variant} cannot run here (see the log line above)")
+    loaded.model.kernels = kernels
 
 
 def extend_ratios(engine: Engine, context: int, k: int = 100, reps: int = 5) -> dict:
@@ -424,7 +478,7 @@ def main() -> None:
     engine = Engine(
         loaded,
         max_num_batched_tokens=MAX_BATCHED_TOKENS,
-        max_running=args.requests,
+        max_running_requests=args.requests,
         kv_budget_bytes=args.kv_gib * 2**30,
     )
     vllm, vllm_skipped = None, "not asked for (--baseline vllm)"
@@ -458,12 +512,14 @@ def run(
 
     reqs = workload(args.requests, c.vocab_size, max_len, args.seed)
     timed_hf = hf if "transformers" in args.baseline else None
-    best = throughput_rounds(engine, timed_hf, reqs, args.repeats, vllm)
+    variants = args.cpu_kernels or [kernels_label(engine)]
+    best = throughput_rounds(engine, timed_hf, reqs, args.repeats, vllm, variants)
     ours_tps, hf_tps = best["ours"], best["transformers"]
     throughput = {
         "requests": args.requests,
         "generated_tokens": sum(n for _, n in reqs),
         "ours": ours_tps,
+        "ours_by_kernels": best["ours_by_kernels"],
     }
     if hf_tps:
         best_hf = max(hf_tps, key=hf_tps.get)
@@ -489,7 +545,11 @@ def run(
         "repeats": args.repeats,
         "greedy_parity_with_transformers": parity_ok,
         "a_throughput_tok_s": throughput,
-        "b_decode_tok_s": decode_rounds(engine, timed_hf, prompt, 128, args.repeats, vllm),
+        "cpu_kernels": variants,
+        "cpu_flags": sorted(cpu_kernels.cpu_flags() & VECTOR_FLAGS),
+        "b_decode_tok_s": decode_rounds(
+            engine, timed_hf, prompt, 128, args.repeats, vllm, variants
+        ),
         "c_extend": extend_ratios(engine, context=min(512, max_len // 2)),
         "d_kv_bytes_per_token": kv_bytes_per_token(),
     }
@@ -502,8 +562,13 @@ def print_table(f: dict) -> None:
         f"threads={f['torch_threads']} kv={f['kv_gib']} GiB best of {f['repeats']} rounds"
     )
     print(f"greedy parity with transformers: {f['greedy_parity_with_transformers']}")
+    print(f"CPU flags: {' '.join(f['cpu_flags']) or 'none of interest'}")
     print(f"(a) mixed workload, {a['requests']} requests, {a['generated_tokens']} generated tokens")
-    print(f"    {'ours':<45} {a['ours']:10.1f} tok/s")
+    vllm_tps, by_kernels = a.get("vllm"), a["ours_by_kernels"]
+    for variant, tps in by_kernels.items():
+        name = f"ours, CPU kernels {variant}" if len(by_kernels) > 1 else "ours"
+        versus = f"  ({tps / vllm_tps:.2f}x vLLM)" if vllm_tps and len(by_kernels) > 1 else ""
+        print(f"    {name:<45} {tps:10.1f} tok/s{versus}")
     for name, tps in a.get("transformers", {}).items():
         speedup = a["speedup_vs"][name]
         print(f"    {'transformers ' + name:<45} {tps:10.1f} tok/s  (ours {speedup:.2f}x)")
@@ -514,6 +579,12 @@ def print_table(f: dict) -> None:
         name = f"vLLM {f['vllm']['versions']['vllm']}"
         print(f"    {name:<45} {a['vllm']:10.1f} tok/s  (ours {a['ours_over_vllm']:.2f}x)")
     decode = [f"ours {b['ours']:.1f} tok/s"]
+    if len(b["ours_by_kernels"]) > 1:
+        decode = [
+            f"ours ({variant}) {tps:.1f} tok/s"
+            + (f" ({tps / b['vllm']:.2f}x vLLM)" if "vllm" in b else "")
+            for variant, tps in b["ours_by_kernels"].items()
+        ]
     if "transformers" in b:
         decode.append(f"transformers {b['transformers']:.1f} tok/s ({b['ratio']:.2f}x)")
     if "vllm" in b:

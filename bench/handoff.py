@@ -2,7 +2,8 @@
 and what TLS on the WAN channels costs, side by side with plaintext in one run.
 
     python bench/handoff.py [--model tiny|DIR] [--trials 100] [--tokens 100]
-        [--gbps 1] [--rtt-ms 20] [--jitter-ms 10] [--tls both|off|on] [--bulk-mib 256]
+        [--link-gbps 1] [--link-rtt-ms 20] [--link-jitter-ms 10] [--tls both|off|on]
+        [--bulk-mib 256]
         [--json OUT]
 
 A relay has generated ``--tokens`` tokens after a prompt whose KV the main
@@ -82,9 +83,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu")
     p.add_argument("--trials", type=int, default=100)
     p.add_argument("--tokens", type=int, default=100)
-    p.add_argument("--gbps", type=float, default=1.0)
-    p.add_argument("--rtt-ms", type=float, default=20.0)
-    p.add_argument("--jitter-ms", type=float, default=10.0)
+    p.add_argument("--link-gbps", type=float, default=1.0)
+    p.add_argument("--link-rtt-ms", type=float, default=20.0)
+    p.add_argument("--link-jitter-ms", type=float, default=10.0)
     p.add_argument("--tls", choices=("both", "off", "on"), default="both", help="WAN channel")
     p.add_argument("--bulk-mib", type=int, default=256, help="KV sent for the TLS cost table")
     p.add_argument("--http-trials", type=int, default=200, help="new connections, HTTP table")
@@ -208,7 +209,8 @@ async def run_handoffs(setup: Setup, args: argparse.Namespace, tls: WanTls | Non
     sink = Sink()
     server = await serve("127.0.0.1", 0, SECRET, sink, name="md", tls=tls.server if tls else None)
     link = WanLink(
-        f"127.0.0.1:{0}", f"127.0.0.1:{server.port}", args.gbps, args.rtt_ms, args.jitter_ms,
+        f"127.0.0.1:{0}", f"127.0.0.1:{server.port}",
+        args.link_gbps, args.link_rtt_ms, args.link_jitter_ms,
         seed=0,
     )  # fmt: skip
     await link.start()
@@ -331,8 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(2)
     handoffs, bulk, http = asyncio.run(run(args))
     print(
-        f"{args.tokens}-token handoff over {args.gbps} Gbit/s, RTT {args.rtt_ms} ms, "
-        f"jitter {args.jitter_ms} ms, {args.trials} trials, model {args.model}"
+        f"{args.tokens}-token handoff over {args.link_gbps} Gbit/s, RTT {args.link_rtt_ms} ms, "
+        f"jitter {args.link_jitter_ms} ms, {args.trials} trials, model {args.model}"
     )
     print(
         f"{'method':<12}{'WAN':>6}{'payload B':>12}{'mean ms':>10}{'p50 ms':>10}{'max ms':>10}"

@@ -1,7 +1,7 @@
 """Pipelines side by side: mono, naive cross-datacenter PD, and PDD on the same requests.
 
-    python bench/pipeline.py [--conversations 16] [--gbps 0.05] [--rtt-ms 30]
-        [--jitter-ms 5] [--max-tokens 48] [--json OUT]
+    python bench/pipeline.py [--conversations 16] [--link-gbps 0.05] [--link-rtt-ms 30]
+        [--link-jitter-ms 5] [--max-tokens 48] [--json OUT]
 
 Starts real worker processes (P, RLD, MD, mono) and a WAN link emulator in
 front of each WAN-facing worker, then replays the same two-turn conversations
@@ -54,9 +54,9 @@ def conversation_parser(
     p.add_argument("--prompt-tokens", type=int, default=400)
     p.add_argument("--turn2-tokens", type=int, default=40, help="new tokens in turn 2")
     p.add_argument("--max-tokens", type=int, default=max_tokens)
-    p.add_argument("--gbps", type=float, default=0.05)
-    p.add_argument("--rtt-ms", type=float, default=30.0)
-    p.add_argument("--jitter-ms", type=float, default=jitter_ms)
+    p.add_argument("--link-gbps", type=float, default=0.05)
+    p.add_argument("--link-rtt-ms", type=float, default=30.0)
+    p.add_argument("--link-jitter-ms", type=float, default=jitter_ms)
     p.add_argument("--model", default="tiny")
     p.add_argument("--json", help="write the results here as JSON")
     return p
@@ -66,7 +66,7 @@ def start_cluster(
     specs: list[WorkerSpec], logs: Path, args: argparse.Namespace, *extra: str
 ) -> tuple[LocalCluster, LinkSpec]:
     """The replay's workers (one torch thread each) on the emulated link the options set."""
-    link = LinkSpec(gbps=args.gbps, rtt_ms=args.rtt_ms, jitter_ms=args.jitter_ms)
+    link = LinkSpec(gbps=args.link_gbps, rtt_ms=args.link_rtt_ms, jitter_ms=args.link_jitter_ms)
     common = ["--model", args.model, "--torch-threads", "1", "--num-blocks", "2048", *extra]
     return LocalCluster.start(specs, logs, link, common_args=common), link
 
@@ -78,7 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def wan_bytes(cluster: LocalCluster) -> float:
-    return cluster["p"].metrics().get("pdd_wan_bytes_total", 0.0)
+    return cluster["p"].metrics().get("pdd_worker_wan_kv_bytes_total", 0.0)
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             cluster.stop()
     print(
         f"{args.conversations} two-turn conversations, {args.prompt_tokens}-token prompts, "
-        f"WAN {args.gbps} Gbit/s RTT {args.rtt_ms} ms jitter {args.jitter_ms} ms"
+        f"WAN {args.link_gbps} Gbit/s RTT {args.link_rtt_ms} ms jitter {args.link_jitter_ms} ms"
     )
     head = f"{'system':<8}{'TTFT p50':>10}{'p90':>10}{'p99':>10}{'max stall':>11}{'WAN KV MB':>11}"
     print(head + "   (ms)")

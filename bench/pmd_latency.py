@@ -1,8 +1,8 @@
 """P-MD's fixed cost at low load: its TTFT against same-datacenter PD's, next to the floor.
 
     python bench/pmd_latency.py [--conversations 20] [--prompt-tokens 400]
-        [--turn2-tokens 40] [--max-tokens 16] [--gbps 0.05] [--rtt-ms 30]
-        [--jitter-ms 0] [--json OUT]
+        [--turn2-tokens 40] [--max-tokens 16] [--link-gbps 0.05] [--link-rtt-ms 30]
+        [--link-jitter-ms 0] [--json OUT]
 
 Starts real worker processes: P; ``md``, a main decode across an emulated WAN line
 (``pdd wan-link``: its data port and its control API both behind the line, as the
@@ -101,7 +101,7 @@ async def timed(plan: PipelinePlan, client: WorkerClient, cluster: LocalCluster)
 
 
 def kv_wire_bytes(cluster: LocalCluster) -> float:
-    return cluster["p"].metrics().get("pdd_wan_kv_wire_bytes_total", 0.0)
+    return cluster["p"].metrics().get("pdd_worker_wan_kv_coded_bytes_total", 0.0)
 
 
 def md_holds(turn1: list[int], answer: list[int]) -> int:
@@ -170,14 +170,14 @@ def start_md_http_line(
 
 
 def summarize(results: dict[str, dict[str, list[Timed]]], args: argparse.Namespace) -> list[dict]:
-    rate = args.gbps * 1e9 / 8
+    rate = args.link_gbps * 1e9 / 8
     rows = []
     for cls in CLASSES:
         wan, local = results["P-MD (WAN)"][cls], results["same-DC"][cls]
         wan_p50 = percentile([r.first_token_s for r in wan], 50) or 0.0
         local_p50 = percentile([r.first_token_s for r in local], 50) or 0.0
         miss = statistics.median(r.kv_wire_bytes for r in wan)
-        floor = args.rtt_ms / 1000 + miss / rate
+        floor = args.link_rtt_ms / 1000 + miss / rate
         gap = {name: percentile([r.second_gap_s for r in runs], 50) or 0.0
                for name, runs in (("wan", wan), ("local", local))}  # fmt: skip
         rows.append({
@@ -222,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"P-MD vs same-DC PD, {args.conversations} two-turn conversations one at a time, "
         f"{args.prompt_tokens}-token prompts (+{args.turn2_tokens} in turn 2), WAN "
-        f"{args.gbps} Gbit/s RTT {args.rtt_ms} ms jitter {args.jitter_ms} ms; predicted MD hit "
+        f"{args.link_gbps} Gbit/s RTT {args.link_rtt_ms} ms jitter {args.link_jitter_ms} ms; "
+        "predicted MD hit "
         f"{'on' if PREDICTS else 'off (this build has none)'}; "
         f"load avg {load_before} -> {load_after}"
     )

@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
         block_size=BLOCK_SIZE,
         num_blocks=pool_blocks(pts, budget, args.repeats),
         max_num_batched_tokens=budget,
-        max_running=max(grid.decode_batch),
+        max_running_requests=max(grid.decode_batch),
     )
     rng = random.Random(args.seed)
     engine.generate([tokens(engine, rng, 64)], SamplingParams(max_tokens=8))  # warm-up

@@ -1,6 +1,7 @@
 """What the WAN link meters read through a real ``pdd wan-link`` line, against what it imposes.
 
-    python bench/wan_meter.py [--gbps 0.08] [--rtt-ms 40] [--jitter-ms 0] [--seconds 15]
+    python bench/wan_meter.py [--link-gbps 0.08] [--link-rtt-ms 40] [--link-jitter-ms 0]
+        [--seconds 15]
         [--window-s 10] [--json OUT]
 
 Starts ``pdd wan-link`` as a process (rate, RTT, jitter), a transport server behind it
@@ -51,8 +52,12 @@ def meter(channel: Channel, links: LinkMeters, out: LinkKey, sends: bool) -> Non
 
 def start_line(args: argparse.Namespace, listen: int, to: int, admin: int) -> subprocess.Popen:
     argv = [sys.executable, "-m", "pdd.cli", "wan-link", f"--listen={HOST}:{listen}"]
-    argv += [f"--to={HOST}:{to}", f"--gbps={args.gbps}", f"--rtt-ms={args.rtt_ms}"]
-    argv += [f"--jitter-ms={args.jitter_ms}", f"--admin={HOST}:{admin}", "--seed=0"]
+    argv += [
+        f"--to={HOST}:{to}",
+        f"--link-gbps={args.link_gbps}",
+        f"--link-rtt-ms={args.link_rtt_ms}",
+    ]
+    argv += [f"--link-jitter-ms={args.link_jitter_ms}", f"--admin={HOST}:{admin}", "--seed=0"]
     line = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -136,9 +141,9 @@ def report(
 ) -> dict:
     return {
         "line": {
-            "bytes_per_s": args.gbps * 1e9 / 8,
-            "rtt_s": args.rtt_ms / 1000,
-            "jitter_s": args.jitter_ms / 1000,
+            "bytes_per_s": args.link_gbps * 1e9 / 8,
+            "rtt_s": args.link_rtt_ms / 1000,
+            "jitter_s": args.link_jitter_ms / 1000,
         },
         "line_forwarded_bps": line_bps,
         "window_s": args.window_s,
@@ -172,9 +177,9 @@ def print_table(r: dict) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--gbps", type=float, default=0.08, help="line rate (0.08 = 10 MB/s)")
-    p.add_argument("--rtt-ms", type=float, default=40.0)
-    p.add_argument("--jitter-ms", type=float, default=0.0)
+    p.add_argument("--link-gbps", type=float, default=0.08, help="line rate (0.08 = 10 MB/s)")
+    p.add_argument("--link-rtt-ms", type=float, default=40.0)
+    p.add_argument("--link-jitter-ms", type=float, default=0.0)
     p.add_argument("--seconds", type=float, default=15.0, help="how long the line stays busy")
     p.add_argument("--window-s", type=float, default=10.0, help="the goodput window")
     p.add_argument("--json", type=Path, help="also write the report here")

@@ -24,6 +24,19 @@ COPY router router
 COPY operator operator
 # torch is already satisfied, so the [worker] extra only adds safetensors and numpy.
 RUN pip install ".[worker]"
+# The CPU kernels (pdd/worker/model/cpu_kernels.cpp), compiled here, at image build
+# time, once per variant: each is compiled for an instruction set (not for the
+# builder's CPU), so one image serves every CPU family. A worker probes its node's CPU
+# at start and loads the widest variant it can run from this cache, without a
+# compiler; on a CPU with none of them (or another architecture) it runs torch's ops.
+# Drop a variant from the list to build faster (about a minute each).
+ARG PDD_CPU_KERNEL_VARIANTS="avx2 avx512 avx512_bf16"
+ENV PDD_EXTENSIONS_DIR=/opt/pdd/cpu-kernels
+RUN apt-get update && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/*
+RUN python -c "from pdd.worker.model.cpu_kernels import main; main()" \
+        --variants ${PDD_CPU_KERNEL_VARIANTS} \
+    && rm -f /opt/pdd/cpu-kernels/*.lock
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="pdd-worker" \
@@ -31,15 +44,17 @@ LABEL org.opencontainers.image.title="pdd-worker" \
       org.opencontainers.image.source="https://github.com/pdd-project/pdd" \
       org.opencontainers.image.version="0.1.0" \
       org.opencontainers.image.ref.name="ghcr.io/pdd-project/pdd-worker:0.1.0"
-# The CPU kernels (pdd/worker/model/cpu_kernels.cpp) are compiled for the CPU they run
-# on, so a worker on a CPU device builds them at its first start (about 40 s) into
-# ~/.cache/pdd/extensions; that takes a C++ compiler. Without one the worker runs
-# torch's ops (correct, slower). GPU workers never build them.
-RUN apt-get update && apt-get install -y --no-install-recommends g++ \
+# The prebuilt CPU kernels need only GCC's OpenMP runtime here, not a compiler: the
+# image is smaller and a worker never compiles at start. (Building at first start
+# instead, e.g. for a variant not listed above: add g++ and point PDD_EXTENSIONS_DIR at
+# a writable volume shared by the node's workers; builds there are locked per variant
+# with an OS lock that dies with its holder, and a failed build is recorded once.)
+RUN apt-get update && apt-get install -y --no-install-recommends libgomp1 \
     && rm -rf /var/lib/apt/lists/*
 RUN useradd --uid 10001 --user-group --create-home --home-dir /home/pdd pdd
 COPY --from=build /opt/pdd /opt/pdd
-ENV PATH=/opt/pdd/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+ENV PATH=/opt/pdd/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
+    PDD_EXTENSIONS_DIR=/opt/pdd/cpu-kernels
 USER 10001:10001
 WORKDIR /home/pdd
 ENTRYPOINT ["pdd", "worker"]

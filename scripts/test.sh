@@ -1,17 +1,27 @@
 #!/usr/bin/env bash
-# Set up, start what the tests need (redis-server), lint, check layers and types, and run
-# the test suite.
+# Set up, start what the tests need (redis-server, which must be installed: this script
+# says so and stops when it is not), lint, check layers and types, and run the test suite.
 # This is the README's test command and what .ci/run calls. Arguments go to pytest:
 #   ./scripts/test.sh -m unit          the inner loop (no processes, no sockets)
 #   ./scripts/test.sh -m integration   local processes; -m slow: the long suites
 # See docs/testing.md (tiers, determinism, running it on a loaded machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# What the tests need beyond Python: said up front, never installed behind your back
+# (CI's .ci/run installs it before calling this script).
+if ! command -v redis-server >/dev/null 2>&1; then
+  cat >&2 <<'MISSING'
+scripts/test.sh: redis-server is not installed; the router's shared-store tests run one.
+Install it, then run this again:
+  Debian/Ubuntu:  sudo apt-get install redis-server
+  Fedora/RHEL:    sudo dnf install redis
+  macOS:          brew install redis
+MISSING
+  exit 1
+fi
 ./scripts/setup.sh
 
-if ! command -v redis-server >/dev/null 2>&1; then
-  (apt-get update -qq && apt-get install -y -qq redis-server) >/dev/null
-fi
 REDIS_PORT=${PDD_TEST_REDIS_PORT:-6399}
 redis-server --port "$REDIS_PORT" --save '' --appendonly no --daemonize yes \
   --pidfile "/tmp/pdd-test-redis-$REDIS_PORT.pid" >/dev/null

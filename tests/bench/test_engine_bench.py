@@ -88,8 +88,13 @@ def test_agreement_counts_tokens_up_to_each_request_s_first_difference():
 
 
 def _figures(with_vllm: bool, with_transformers: bool = True) -> dict:
-    throughput = {"requests": 32, "generated_tokens": 4471, "ours": 200.0}
-    decode = {"ours": 20.0}
+    throughput = {
+        "requests": 32,
+        "generated_tokens": 4471,
+        "ours": 200.0,
+        "ours_by_kernels": {"avx512_bf16": 200.0},
+    }
+    decode = {"ours": 20.0, "ours_by_kernels": {"avx512_bf16": 20.0}}
     if with_transformers:
         throughput |= {
             "transformers": {"one_by_one": 50.0, "padded_batches_of_8": 80.0},
@@ -120,6 +125,8 @@ def _figures(with_vllm: bool, with_transformers: bool = True) -> dict:
         "kv_gib": 1,
         "repeats": 2,
         "greedy_parity_with_transformers": True,
+        "cpu_kernels": ["avx512_bf16"],
+        "cpu_flags": ["avx2", "avx512_bf16", "avx512f", "fma"],
         "a_throughput_tok_s": throughput,
         "b_decode_tok_s": decode,
         "c_extend": extend,
@@ -149,3 +156,23 @@ def test_vllm_alone_prints_no_transformers_figures(capsys):
     out = capsys.readouterr().out
     assert "transformers" not in out.replace("greedy parity with transformers", "")
     assert "(b) single-request decode: ours 20.0 tok/s, vLLM 25.0 tok/s (0.80x)" in out
+
+
+def test_each_cpu_kernel_variant_gets_its_row_beside_vllm(capsys):
+    """``--cpu-kernels avx512_bf16 --cpu-kernels avx2``: a row and a ratio per variant."""
+    figures = _figures(with_vllm=True, with_transformers=False)
+    figures["a_throughput_tok_s"]["ours_by_kernels"] = {"avx512_bf16": 200.0, "avx2": 125.0}
+    figures["b_decode_tok_s"]["ours_by_kernels"] = {"avx512_bf16": 20.0, "avx2": 12.5}
+    engine_bench.print_table(figures)
+    out = capsys.readouterr().out
+    assert "CPU flags: avx2 avx512_bf16 avx512f fma" in out
+    assert "ours, CPU kernels avx2" in out and "125.0 tok/s  (0.50x vLLM)" in out
+    assert "200.0 tok/s  (0.80x vLLM)" in out
+    assert "ours (avx512_bf16) 20.0 tok/s (0.80x vLLM), ours (avx2) 12.5 tok/s (0.50x vLLM)" in out
+
+
+def test_cpu_kernel_variants_are_checked_arguments():
+    args = engine_bench.parse_args(["--cpu-kernels", "avx2", "--cpu-kernels", "off"])
+    assert args.cpu_kernels == ["avx2", "off"]
+    with pytest.raises(SystemExit):
+        engine_bench.parse_args(["--cpu-kernels", "avx9"])

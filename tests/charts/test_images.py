@@ -63,9 +63,11 @@ def test_one_image_naming_scheme(component: str, chart) -> None:
     )
 
 
-def test_chart_deploys_the_operator_image_the_dockerfile_builds(chart) -> None:
-    values = yaml.safe_load((chart.path / "values.yaml").read_text())
-    assert values["operator"]["image"] == image_label(dockerfile("operator"))
+def test_chart_deploys_the_operator_image_the_dockerfile_builds(chart, find_object) -> None:
+    """By default: the repository in values.yaml, tagged with the chart's appVersion."""
+    deployment = find_object(chart.objects(), "Deployment", "pdd-operator")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == image_label(dockerfile("operator"))
 
 
 def test_examples_deploy_the_worker_and_router_images_the_dockerfiles_build(chart) -> None:
@@ -108,3 +110,27 @@ def test_router_and_operator_images_carry_no_worker_code(component: str) -> None
     copied = re.findall(r"(?m)^COPY (?!--from)(\S+)", dockerfile(component))
     sources = {c for c in copied if c not in ("pyproject.toml",)}
     assert sources == {"common", component}, copied
+
+
+def test_buildx_bake_builds_each_dockerfile_under_the_charts_names(chart) -> None:
+    """docker-bake.hcl: one target per Dockerfile, tagged in the one naming scheme, with
+    defaults that give the names the chart and the examples deploy."""
+    bake = (REPO / "docker-bake.hcl").read_text()
+    defaults = dict(re.findall(r'variable "(\w+)" \{\s*default = "([^"]*)"', bake))
+    app_version = yaml.safe_load((chart.path / "Chart.yaml").read_text())["appVersion"]
+    assert defaults["TAG"] == app_version and defaults["REGISTRY"] == "ghcr.io/pdd-project"
+    targets = dict(re.findall(r'target "(\w+)" \{(.*?)\n\}', bake, re.S))
+    assert (
+        set(targets)
+        == set(COMPONENTS)
+        == {p.name.removesuffix(".Dockerfile") for p in (REPO / "docker").glob("*.Dockerfile")}
+    )
+    group = re.search(r'group "default" \{\s*targets = \[([^\]]*)\]', bake)
+    assert group and set(re.findall(r'"(\w+)"', group[1])) == set(COMPONENTS)
+    for component, body in targets.items():
+        assert f'dockerfile = "docker/{component}.Dockerfile"' in body
+        (tag,) = re.findall(r'tags\s*=\s*\["([^"]+)"\]', body)
+        name = tag.replace("${REGISTRY}", defaults["REGISTRY"]).replace("${TAG}", defaults["TAG"])
+        assert name == image_label(dockerfile(component))
+    torch = re.search(r"(?m)^ARG TORCH_INDEX_URL=(\S+)$", dockerfile("worker"))
+    assert torch and defaults["TORCH_INDEX_URL"] == torch[1]

@@ -50,7 +50,7 @@ def test_chart_renders_the_operator_and_its_identity(chart, find_object, chart_v
         ({"replicaCount": 2, "operator": {"peering": {"enabled": False}}}, "/operator/peering"),
         ({"redis": {"port": "6379"}}, "/redis/port"),
         ({"redis": {"enabeld": True}}, "enabeld"),
-        ({"operator": {"image": "Not An Image!"}}, "/operator/image"),
+        ({"operator": {"image": {"repository": "Not An Image!"}}}, "/operator/image/repository"),
         ({"operator": {"statusIntervalSeconds": 0}}, "/operator/statusIntervalSeconds"),
     ],
     ids=[
@@ -98,11 +98,39 @@ def test_operator_args_are_ones_pdd_operator_accepts(chart, find_object, chart_v
     assert args.all_namespaces is (not watched)
 
 
-def test_operator_image_and_interval_come_from_values(chart, find_object) -> None:
-    values = {"operator": {"image": "registry.local/pdd-operator:dev", "statusIntervalSeconds": 5}}
-    container = _operator_container(chart.objects(values), find_object)
-    assert container["image"] == "registry.local/pdd-operator:dev"
+def test_operator_interval_comes_from_values(chart, find_object) -> None:
+    container = _operator_container(chart.objects({"operator": {"statusIntervalSeconds": 5}}),
+                                    find_object)  # fmt: skip
     assert parse_args(container["args"]).status_interval == 5.0
+
+
+def test_overridden_images_render_with_their_repository_tag_and_pull_policy(
+    chart, find_object
+) -> None:
+    """What docs/kubernetes.md shows: a private mirror for each image of the chart."""
+    values = {
+        "operator": {"image": {"repository": "registry.local:5000/pdd/operator", "tag": "dev",
+                               "pullPolicy": "Always"}},
+        "redis": {"enabled": True, "image": {"repository": "mirror.local/redis", "tag": "7.4.1",
+                                             "pullPolicy": "Never"}},
+    }  # fmt: skip
+    report = helm_python.lint(chart.path, values, strict=True, namespace=chart.namespace)
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= WARNING] == []
+    objects = chart.objects(values)
+    images = {}
+    for name in ("pdd-operator", "pdd-redis"):
+        pod = find_object(objects, "Deployment", name)["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        images[name] = (container["image"], container["imagePullPolicy"])
+    assert images == {
+        "pdd-operator": ("registry.local:5000/pdd/operator:dev", "Always"),
+        "pdd-redis": ("mirror.local/redis:7.4.1", "Never"),
+    }
+    # Only the repository given: the tag stays the chart's appVersion.
+    only_repo = {"operator": {"image": {"repository": "mirror.local/pdd-operator"}}}
+    container = _operator_container(chart.objects(only_repo), find_object)
+    assert container["image"] == "mirror.local/pdd-operator:0.1.0"
 
 
 def test_operator_runs_locked_down(chart, find_object) -> None:

@@ -2,24 +2,37 @@
 
 import subprocess
 import sys
+from importlib.metadata import version
 
 import pytest
 
-from pdd.cli import main
+from pdd.cli import SUBCOMMANDS, main
 
 #: Tiers per test: some tests here start processes (integration), the rest are unit.
 
 
 @pytest.mark.unit
-def test_help_lists_commands(capsys):
+def test_help_lists_every_command_aligned_without_doc_markup(capsys):
     assert main(["--help"]) == 0
-    assert "generate" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "``" not in out
+    rows = [line for line in out.splitlines() if line.strip().split(" ")[0] in SUBCOMMANDS]
+    assert {row.split()[0] for row in rows} == set(SUBCOMMANDS)
+    # one line per command, every help text starting in the same column
+    columns = {len(row) - len(row.lstrip().split(" ", 1)[1].lstrip()) for row in rows}
+    assert len(columns) == 1, rows
+
+
+@pytest.mark.unit
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"pdd {version('pdd')}"
 
 
 @pytest.mark.unit
 def test_unknown_command_is_a_usage_error(capsys):
     assert main(["frobnicate"]) == 2
-    assert "unknown command 'frobnicate'" in capsys.readouterr().err
+    assert "invalid choice: 'frobnicate'" in capsys.readouterr().err
 
 
 @pytest.mark.integration

@@ -9,6 +9,7 @@ from pdd.common.cost_model import (
     WorkloadProfile,
     kv_bytes_per_token,
     kv_bytes_per_token_from_hf_config,
+    pmd_first_token_seconds,
     queued_ahead_bytes,
     regularized_incomplete_beta,
     size_wan_link,
@@ -258,3 +259,15 @@ def test_size_wan_link_validates(kwargs, match):
 def test_workload_validates_hit_rate():
     with pytest.raises(ValueError, match="mean_md_hit_rate"):
         WorkloadProfile(1, 1, 1, 1.5)
+
+
+def test_pmd_first_token_overlaps_the_prefill_and_the_transfer():
+    """One RTT, the longer of prefill and serialization (P streams KV as it prefills),
+    then MD's first step: the line paces a long transfer, the prefill a short one."""
+    link = LinkState(declared_gbps=1, rtt_ms=40)
+    transfer = wan_transfer_seconds(10_000, 10_000, link)  # 0.8 s on the line + the RTT
+    assert pmd_first_token_seconds(0.3, transfer, link.rtt_s) == pytest.approx(0.84)
+    assert pmd_first_token_seconds(1.5, transfer, link.rtt_s, 0.02) == pytest.approx(1.56)
+    assert pmd_first_token_seconds(0.0, link.rtt_s, link.rtt_s) == pytest.approx(0.04)
+    with pytest.raises(ValueError):
+        pmd_first_token_seconds(-0.1, transfer, link.rtt_s)

@@ -74,14 +74,15 @@ def test_a_slow_line_is_learnt_from_the_transfers_that_land():
     now = 0.0
     for _ in range(20):
         t = e.commit(MB, "p0", 100, now)  # prefill 0.1 s at the prior
-        now += 0.1 + 0.03 + MB * 8 / 0.008e9  # prefill + RTT + 1 MB at 0.008 Gbit/s
+        now += 0.03 + MB * 8 / 0.008e9  # RTT + 1 MB at 0.008 Gbit/s (streamed: the 0.1 s
+        # prefill overlaps it)
         e.landed(t, now)
     assert e.goodput_samples == 20
     assert e.link().effective_gbps == pytest.approx(0.008, rel=0.01)
     # And back: the line recovers, the samples follow.
     for _ in range(30):
         t = e.commit(MB, "p0", 100, now)
-        now += 0.1 + 0.03 + MB * 8 / 0.08e9
+        now += 0.03 + MB * 8 / 0.08e9  # the line (0.1 s) and the prefill (0.1 s) overlap
         e.landed(t, now)
     assert e.link().effective_gbps == pytest.approx(0.08, rel=0.01)
 

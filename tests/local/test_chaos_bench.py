@@ -38,7 +38,8 @@ def test_a_seeded_chaos_replay_loses_no_token_and_leaks_nothing(tmp_path: Path) 
             "--max-requests", str(REQUESTS), "--out-dir", str(tmp_path), "--json", str(out),
             "--no-plots", "--no-progress",
             # MD lets go of a transfer the cut stopped in 5 s, not the default 30
-            "--worker-arg=--transfer-timeout-s=5", "--worker-arg=--kv-budget-mb=32"]  # fmt: skip
+            "--worker-arg=--transfer-timeout-s=5",
+            "--worker-arg=--kv-cache-gib=0.03125"]  # fmt: skip
     assert bench.main(argv) == 0
     result = json.loads(out.read_text())
     chaos = result["chaos"]["pdd"]

@@ -31,8 +31,9 @@ PORTS = itertools.count(40000)
 
 def placed(mode: str) -> list[HostPod]:
     config = StackConfig(mode=mode, counts=TWO_OF_EACH)  # type: ignore[arg-type]
-    by_cluster = render_deployment(stack_deployment(config), token="t0ken")
-    clusters = [ClusterObjects(str(c), objs) for c, objs in by_cluster.items()]
+    doc = stack_deployment(config)
+    by_cluster, secrets = render_deployment(doc), render_deployment(doc, secrets_token="t0ken")
+    clusters = [ClusterObjects(str(c), objs + secrets[c]) for c, objs in by_cluster.items()]
     plans = plan_pods(mode_objects(config.mode, clusters), addressing=HostAddressing())
     return place(plans, router_port=18080, port=itertools.count(30000).__next__)
 
@@ -47,7 +48,7 @@ def test_every_port_of_every_pod_is_its_own_and_the_router_gets_the_asked_one() 
     assert len(ports) == len(set(ports))
     [router] = [p for p in pods if p.role == "router"]
     assert router.ports == {"http": 18080}
-    assert router.probe_url() == "http://127.0.0.1:18080/health"
+    assert router.probe_url() == "http://127.0.0.1:18080/ready"
     worker = next(p for p in pods if p.role == "main")
     assert worker.probe_url() == f"http://127.0.0.1:{worker.ports['http']}/ready"
 

@@ -170,11 +170,11 @@ def test_requests_are_reported_in_the_phase_they_were_sent_in():
 
 
 ROUTER_METRICS = """\
-pdd_router_link_goodput_gbps{link="wan"} 0.005
+pdd_router_link_goodput_bytes_per_second{link="wan"} 625000
 pdd_router_link_backlog_bytes{link="wan"} 2048
 pdd_router_relay_slot_seconds 0.04
-pdd_router_prefill_tokens_per_s{instance="p0"} 900
-pdd_router_prefill_tokens_per_s{instance="p1"} 1200
+pdd_router_prefill_tokens_per_second{worker="p0"} 900
+pdd_router_prefill_tokens_per_second{worker="p1"} 1200
 """
 
 

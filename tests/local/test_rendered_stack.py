@@ -98,8 +98,10 @@ def for_this_machine(doc: dict[str, Any]) -> dict[str, Any]:
 def rendered(example: str) -> list[ClusterObjects]:
     docs = [d for d in yaml.safe_load_all((EXAMPLES / example).read_text()) if d]
     docs = [for_this_machine(d) if d["kind"] == "PDDDeployment" else d for d in docs]
-    by_cluster = render_file(yaml.safe_dump_all(docs), token="rendered-stack-test")
-    return [ClusterObjects(str(cluster), objs) for cluster, objs in by_cluster.items()]
+    text = yaml.safe_dump_all(docs)
+    by_cluster = render_file(text)
+    secrets = render_file(text, secrets_token="rendered-stack-test")  # the operator's, once
+    return [ClusterObjects(str(c), objs + secrets[c]) for c, objs in by_cluster.items()]
 
 
 @dataclass

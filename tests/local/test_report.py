@@ -29,14 +29,14 @@ pdd_router_output_tokens_total{source_role="relay"} 5.0
 pdd_router_output_tokens_total{source_role="main"} 15.0
 """
 WORKER_TEXT = """\
-# TYPE pdd_prefix_hit_tokens counter
-pdd_prefix_hit_tokens_total{role="prefill"} 90.0
-pdd_prefix_hit_tokens_total{role="main"} 45.0
-# TYPE pdd_prompt_tokens counter
-pdd_prompt_tokens_total{role="prefill"} 100.0
-pdd_prompt_tokens_total{role="main"} 100.0
-# TYPE pdd_wan_bytes counter
-pdd_wan_bytes_total 4096.0
+# TYPE pdd_worker_prefix_hit_tokens counter
+pdd_worker_prefix_hit_tokens_total{role="prefill"} 90.0
+pdd_worker_prefix_hit_tokens_total{role="main"} 45.0
+# TYPE pdd_worker_prompt_tokens counter
+pdd_worker_prompt_tokens_total{role="prefill"} 100.0
+pdd_worker_prompt_tokens_total{role="main"} 100.0
+# TYPE pdd_worker_wan_kv_bytes counter
+pdd_worker_wan_kv_bytes_total 4096.0
 """
 
 

@@ -30,8 +30,9 @@ COUNTS = Counts(prefill=2, relay=3, main=2, mono=2)
 
 def rendered(config: StackConfig) -> list[PodPlan]:
     """What ``LocalStack`` runs for ``config``, through the operator's own rendering."""
-    by_cluster = render_deployment(stack_deployment(config), token="t0ken")
-    clusters = [ClusterObjects(str(c), objs) for c, objs in by_cluster.items()]
+    doc = stack_deployment(config)
+    by_cluster, secrets = render_deployment(doc), render_deployment(doc, secrets_token="t0ken")
+    clusters = [ClusterObjects(str(c), objs + secrets[c]) for c, objs in by_cluster.items()]
     return plan_pods(mode_objects(config.mode, clusters), addressing=HostAddressing())
 
 
@@ -79,9 +80,11 @@ def test_counts_must_be_positive() -> None:
 
 
 def test_baselines_force_the_naive_pipeline_and_user_flags_come_last() -> None:
-    config = StackConfig(mode="pdd", worker_args=("--max-running", "4"), router_args=("--x",))
+    config = StackConfig(
+        mode="pdd", worker_args=("--max-running-requests", "4"), router_args=("--x",)
+    )
     assert extra_args(config)["router"] == ("--x",)
-    assert extra_args(config)[Role.MAIN] == ("--max-running", "4")
+    assert extra_args(config)[Role.MAIN] == ("--max-running-requests", "4")
     for mode in ("naive", "samedc"):
         flags = extra_args(StackConfig(mode=mode))["router"]  # type: ignore[arg-type]
         assert flags[: len(NAIVE_ROUTER_FLAGS)] == NAIVE_ROUTER_FLAGS

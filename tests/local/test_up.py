@@ -78,8 +78,9 @@ def own_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
 
 def start_up(tmp: Path) -> Iterator[Up]:
     output = tmp / "pdd-up.out"
-    argv = [sys.executable, "-m", "pdd.cli", "up", "--mode", "pdd", "--port", str(free_port()),
-            "--log-dir", str(tmp / "logs"), "--worker-arg=--kv-budget-mb=32"]  # fmt: skip
+    argv = [sys.executable, "-m", "pdd.cli", "up", "--model", "tiny", "--mode", "pdd",
+            "--port", str(free_port()),
+            "--log-dir", str(tmp / "logs"), "--worker-arg=--kv-cache-gib=0.03125"]  # fmt: skip
     with output.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -143,7 +144,7 @@ def test_sigint_stops_every_child(own_up: Up) -> None:
 def test_settings_a_worker_refuses_stop_pdd_up_at_once_with_the_reason(tmp_path: Path) -> None:
     """The worker stays up not-ready (no crash loop on a cluster); ``pdd up`` reads its
     refusal and stops with it instead of waiting for a readiness that cannot come."""
-    argv = [sys.executable, "-m", "pdd.cli", "up", "--port", str(free_port()),
+    argv = [sys.executable, "-m", "pdd.cli", "up", "--model", "tiny", "--port", str(free_port()),
             "--log-dir", str(tmp_path / "logs"), "--worker-arg=--device=cuda"]  # fmt: skip
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, start_new_session=True)
     _, stderr = proc.communicate(timeout=READY_TIMEOUT_S)

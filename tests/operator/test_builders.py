@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import copy
 import json
 from typing import Any
 
@@ -63,7 +64,11 @@ def test_pool_placement_node_selectors_tolerations_resources(
         assert pod(role)["tolerations"] == [
             {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
         ]
-        assert pod(role)["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+        # The pool's GPU, the role's default CPU and memory (no CPU limit: no throttling).
+        assert pod(role)["containers"][0]["resources"] == {
+            "requests": {"cpu": "4", "memory": "16Gi"},
+            "limits": {"memory": "64Gi", "nvidia.com/gpu": 1},
+        }
     assert pod("main")["nodeSelector"] == {
         "pool": "decode",
         "nvidia.com/gpu.product": "NVIDIA-H200",
@@ -148,7 +153,7 @@ def test_relay_hpa_uses_the_pods_metric(pool_b_spec: PDDSpec, owner: Owner) -> N
         {
             "type": "Pods",
             "pods": {
-                "metric": {"name": "pdd_relay_load"},
+                "metric": {"name": "pdd_worker_relay_load"},
                 "target": {"type": "AverageValue", "averageValue": "600m"},
             },
         }
@@ -189,7 +194,7 @@ def test_config_map_contents(pool_b_spec: PDDSpec, owner: Owner) -> None:
     assert config["store"] == {"redisUrl": "redis://qwen-redis.serving.svc:6379/0"}
     assert config["handoff"] == {"policy": "auto", "catchUpThreshold": 64}
     assert config["anomalousTraffic"] == {"minInputTokens": 32768, "maxOutputTokens": 500}
-    assert config["relay"] == {"targetLoad": 0.6, "loadMetric": "pdd_relay_load"}
+    assert config["relay"] == {"targetLoad": 0.6, "loadMetric": "pdd_worker_relay_load"}
     secret = children[(Cluster.LOCAL, "Secret", "qwen-shared-secret")]
     assert base64.b64decode(secret["data"]["token"]).decode() == TOKEN
     env = children[(Cluster.LOCAL, "Deployment", "qwen-prefill")]["spec"]["template"]["spec"][
@@ -277,7 +282,7 @@ def test_each_roles_engine_settings_are_rendered_over_the_shared_ones(
                 update={"engine": EngineSettings(kv_cache_gib=60, max_running_requests=256)}
             ),
             "prefill": pool_b_spec.prefill.model_copy(
-                update={"engine": EngineSettings(chunked_prefill_tokens=8192)}
+                update={"engine": EngineSettings(max_num_batched_tokens=8192)}
             ),
         }
     )
@@ -288,13 +293,14 @@ def test_each_roles_engine_settings_are_rendered_over_the_shared_ones(
         "kvCacheMemoryFraction": None,  # the role's GiB replaces the shared fraction
         "kvCacheGiB": 60,
         "maxRunningRequests": 256,
+        "maxModelLen": None,
         "maxPromptTokens": None,
-        "chunkedPrefillTokens": None,
+        "maxNumBatchedTokens": None,
         "torchThreads": None,
     }
-    assert engine["prefill"]["chunkedPrefillTokens"] == 8192
+    assert engine["prefill"]["maxNumBatchedTokens"] == 8192
     assert engine["prefill"]["kvCacheMemoryFraction"] == 0.9
-    assert engine["relay"] == {**engine["prefill"], "chunkedPrefillTokens": None}
+    assert engine["relay"] == {**engine["prefill"], "maxNumBatchedTokens": None}
 
 
 def test_worker_pods_drain_on_the_specs_schedule(pool_b_spec: PDDSpec, owner: Owner) -> None:
@@ -307,6 +313,70 @@ def test_worker_pods_drain_on_the_specs_schedule(pool_b_spec: PDDSpec, owner: Ow
         assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
         assert pod["spec"]["terminationGracePeriodSeconds"] == 90 + 10
     assert build_worker_config(spec, owner, Site("serving")).drain_seconds == 90
+
+
+def test_every_worker_and_router_container_has_its_three_probes_and_requests(
+    pool_b_spec: PDDSpec, owner: Owner
+) -> None:
+    """Each probe on its own endpoint; the startup probe's budget is spec.startupSeconds
+    (a model load takes minutes), and liveness waits for it, so a slow load is no restart."""
+    spec = pool_b_spec.model_copy(update={"startup_seconds": 1200})
+    children = by_kind_name(build_plan(spec, owner, TOKEN).children)
+    for role in ("prefill", "relay", "main", "router"):
+        (container,) = children[(Cluster.LOCAL, "Deployment", f"qwen-{role}")]["spec"]["template"][
+            "spec"
+        ]["containers"]
+        paths = {p: container[p]["httpGet"]["path"]
+                 for p in ("startupProbe", "livenessProbe", "readinessProbe")}  # fmt: skip
+        assert paths == {"startupProbe": "/startup", "livenessProbe": "/live",
+                         "readinessProbe": "/ready"}  # fmt: skip
+        assert {"cpu", "memory"} <= set(container["resources"]["requests"])
+        startup = container["startupProbe"]
+        budget = startup["periodSeconds"] * startup["failureThreshold"]
+        if role == "router":
+            assert budget <= 120  # no model to load
+        else:
+            assert 1200 <= budget < 1200 + startup["periodSeconds"]
+        # A wedged pod is restarted within minutes, a busy one is not for one slow answer.
+        live = container["livenessProbe"]
+        assert live["timeoutSeconds"] >= 2 and live["failureThreshold"] >= 3
+
+
+def test_a_hub_model_pull_init_container_asks_for_resources_too(
+    pool_b_cr: dict, owner: Owner
+) -> None:
+    """A namespace whose ResourceQuota demands requests refuses a pod any container of
+    which has none, init containers included."""
+    cr = copy.deepcopy(pool_b_cr["spec"])
+    cr["model"]["source"] = {"huggingFace": {"repo": "org/model"}}
+    children = by_kind_name(build_plan(PDDSpec.model_validate(cr), owner, TOKEN).children)
+    for role in ("prefill", "relay", "main", "router"):
+        pod = children[(Cluster.LOCAL, "Deployment", f"qwen-{role}")]["spec"]["template"]["spec"]
+        (init,) = pod["initContainers"]
+        assert {"cpu", "memory"} <= set(init["resources"]["requests"])
+        kubernetes_validate.validate(
+            children[(Cluster.LOCAL, "Deployment", f"qwen-{role}")],
+            kubernetes_validate.latest_version(),
+            strict=True,
+        )
+
+
+def test_role_resources_lie_over_the_pools_key_by_key(pool_b_cr: dict, owner: Owner) -> None:
+    cr = copy.deepcopy(pool_b_cr["spec"])
+    cr["prefill"]["resources"] = {"requests": {"cpu": "500m"}, "limits": {"memory": "2Gi"}}
+    cr["router"]["resources"] = {"requests": {"cpu": "2", "memory": "2Gi"}}
+    children = by_kind_name(build_plan(PDDSpec.model_validate(cr), owner, TOKEN).children)
+
+    def resources(role: str) -> dict[str, Any]:
+        pod = children[(Cluster.LOCAL, "Deployment", f"qwen-{role}")]["spec"]["template"]["spec"]
+        return pod["containers"][0]["resources"]
+
+    assert resources("prefill") == {
+        "requests": {"cpu": "500m"},
+        "limits": {"nvidia.com/gpu": 1, "memory": "2Gi"},
+    }
+    assert resources("relay")["requests"] == {"cpu": "4", "memory": "16Gi"}  # the default
+    assert resources("router") == {"requests": {"cpu": "2", "memory": "2Gi"}}
 
 
 def test_router_takes_client_keys_from_the_named_secret(pool_b_spec: PDDSpec, owner: Owner) -> None:
@@ -386,13 +456,14 @@ def test_wan_tls_secret_goes_to_both_clusters_and_every_worker_mounts_it(
         assert mount in container["volumeMounts"]
         assert container["args"][-2:] == ["--wan-tls-dir", WAN_TLS_DIR]
         # MD's control API crosses the WAN to the router: https, probed and scraped so.
-        get = container["readinessProbe"]["httpGet"]
         template = children[(cluster, "Deployment", f"qwen-{role}")]["spec"]["template"]
         scheme = template["metadata"]["annotations"].get("prometheus.io/scheme")
-        if role == "main":
-            assert get["scheme"] == "HTTPS" and scheme == "https"
-        else:  # P and RLD share datacenter A with the router: plaintext HTTP
-            assert "scheme" not in get and scheme is None
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            get = container[probe]["httpGet"]
+            if role == "main":
+                assert get["scheme"] == "HTTPS" and scheme == "https"
+            else:  # P and RLD share datacenter A with the router: plaintext HTTP
+                assert "scheme" not in get and scheme is None
     router = children[(Cluster.LOCAL, "Deployment", "qwen-router")]["spec"]["template"]["spec"]
     # The router verifies MD's certificate: the CA alone, never the workers' private key.
     only_ca = {"secretName": "qwen-wan-tls", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
@@ -407,8 +478,13 @@ def test_wan_tls_secret_goes_to_both_clusters_and_every_worker_mounts_it(
         assert ref_of(cluster, obj) in possible_children(
             owner, cluster, obj["metadata"]["namespace"]
         )
-    with pytest.raises(ValueError, match="generated material"):
-        build_plan(spec, owner, TOKEN)
+    # Without the material (a render), the workloads still name the Secret it would fill.
+    unfilled = by_kind_name(build_plan(spec, owner, None).children)
+    assert not [key for key in unfilled if key[1] == "Secret"]
+    assert (
+        unfilled[(Cluster.REMOTE, "Deployment", "qwen-main")]
+        == children[(Cluster.REMOTE, "Deployment", "qwen-main")]
+    )
 
 
 def test_a_named_wan_tls_secret_is_mounted_and_none_generated(
@@ -428,7 +504,8 @@ def test_a_named_wan_tls_secret_is_mounted_and_none_generated(
             "containers"
         ][0]
         assert "--wan-tls-dir" not in container["args"]
-        assert "scheme" not in container["readinessProbe"]["httpGet"]
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            assert "scheme" not in container[probe]["httpGet"]
 
 
 def test_generated_wan_tls_certificate_is_signed_by_its_ca_for_both_ends(
@@ -442,3 +519,47 @@ def test_generated_wan_tls_certificate_is_signed_by_its_ca_for_both_ends(
     assert set(usages) == {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH}
     other = new_wan_tls("qwen")
     assert other.ca != wan_tls.ca  # a new CA each time: generated once, then read back
+
+
+def hugging_face_spec(spec: PDDSpec, **source: Any) -> PDDSpec:
+    data = spec.model_dump(by_alias=True, exclude_none=True)
+    data["model"] = {"servedName": "llm", "source": {"huggingFace": {"repo": "acme/llm", **source}}}
+    return PDDSpec.model_validate(data)
+
+
+def test_a_hugging_face_source_pulls_in_an_init_container_into_the_model_volume(
+    remote_spec: PDDSpec, owner: Owner
+) -> None:
+    spec = hugging_face_spec(remote_spec, revision="v2", tokenSecret={"name": "hf"},
+                             endpoint="http://mirror:8080")  # fmt: skip
+    children = by_kind_name(build_plan(spec, owner, TOKEN).children)
+    version = kubernetes_validate.latest_version()
+    for cluster, role in ((Cluster.LOCAL, "prefill"), (Cluster.REMOTE, "main")):
+        deployment = children[(cluster, "Deployment", f"qwen-{role}")]
+        kubernetes_validate.validate(deployment, version, strict=True)
+        pod = deployment["spec"]["template"]["spec"]
+        (init,) = pod["initContainers"]
+        assert init["args"] == ["models", "pull", "acme/llm", "--revision", "v2", "--local-dir",
+                                "/models", "--termination-log", "/dev/termination-log"]  # fmt: skip
+        assert init["env"] == [
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+            {"name": "HF_ENDPOINT", "value": "http://mirror:8080"},
+        ]
+        assert init["terminationMessagePolicy"] == "FallbackToLogsOnError"
+        assert {"name": "model", "emptyDir": {}} in pod["volumes"]
+        mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "model")
+        assert mount == {"name": "model", "mountPath": "/models", "readOnly": True}
+    router = children[(Cluster.LOCAL, "Deployment", "qwen-router")]["spec"]["template"]["spec"]
+    assert router["initContainers"][0]["args"][-1] == "--tokenizer-only"
+
+
+def test_a_hugging_face_source_with_a_claim_pulls_into_that_pvc(
+    pool_b_spec: PDDSpec, owner: Owner
+) -> None:
+    spec = hugging_face_spec(pool_b_spec, claimName="models")
+    children = by_kind_name(build_plan(spec, owner, TOKEN).children)
+    pod = children[(Cluster.LOCAL, "Deployment", "qwen-prefill")]["spec"]["template"]["spec"]
+    assert {"name": "model", "persistentVolumeClaim": {"claimName": "models"}} in pod["volumes"]
+    assert "env" not in pod["initContainers"][0] or pod["initContainers"][0]["env"] == []
+    router = children[(Cluster.LOCAL, "Deployment", "qwen-router")]["spec"]["template"]["spec"]
+    assert {"name": "model", "emptyDir": {}} in router["volumes"]  # its own, tokenizer only

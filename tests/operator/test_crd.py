@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from pdd.operator.spec import PDDSpec
+from pdd.operator.spec import QUANTITY_PATTERN, PDDSpec
 from pdd.operator.validation import InvalidSpecError, parse_spec
 
 pytestmark = pytest.mark.unit
@@ -145,7 +145,7 @@ def test_crd_fields_match_the_models(crd: dict[str, Any]) -> None:
     def schema_fields(node: dict[str, Any], path: str = "") -> set[str]:
         fields: set[str] = set()
         for key, prop in node.get("properties", {}).items():
-            if key in ("resources", "nodeSelector", "tolerations"):
+            if key in ("nodeSelector", "tolerations"):
                 fields.add(f"{path}.{key}")
                 continue
             fields |= {f"{path}.{key}"} | schema_fields(prop, f"{path}.{key}")
@@ -173,7 +173,7 @@ MISTAKES = [
     ),
     ({"poolB": None}, "exactly one of poolB"),
     ({"poolB": {}, "remoteCluster": {"kubeconfigSecret": {"name": "b"}}}, "exactly one of poolB"),
-    ({"model": {"source": {}, "servedName": "m"}}, "exactly one of pvc, hostPath or image"),
+    ({"model": {"source": {}, "servedName": "m"}}, "pvc, hostPath, image or huggingFace"),
     (
         {
             "model": {
@@ -181,7 +181,7 @@ MISTAKES = [
                 "servedName": "m",
             }
         },
-        "exactly one of pvc, hostPath or image",
+        "pvc, hostPath, image or huggingFace",
     ),
     ({"router": {"replicas": 3}}, "needs router.redisUrl or router.managedRedis"),
     (
@@ -249,6 +249,32 @@ def test_schema_ranges_refuse_bad_numbers(crd: dict[str, Any], pool_b_cr: dict[s
         parse_spec(cr["spec"], "qwen")
     assert len(caught.value.problems) == 3
     assert "spec.handoff.policy" in str(caught.value)
+
+
+def test_resource_quantities_are_read_as_the_api_server_reads_them(
+    crd: dict[str, Any], pool_b_cr: dict[str, Any]
+) -> None:
+    """One quantity pattern (Kubernetes' own) in the CRD and the models; bad ones are
+    refused at admission and by the operator, good ones in every spelling pass both."""
+    schema = openapi(crd)["properties"]["spec"]["properties"]["poolA"]["properties"]
+    assert schema["resources"]["properties"]["limits"]["additionalProperties"]["pattern"] == (
+        QUANTITY_PATTERN
+    )
+    good = copy.deepcopy(pool_b_cr)
+    good["spec"]["prefill"]["resources"] = {
+        "requests": {"cpu": "500m", "memory": "1.5Gi", "ephemeral-storage": "1e9"},
+        "limits": {"memory": 2147483648},
+    }
+    assert admit(crd, good) == []
+    parse_spec(good["spec"], "qwen")
+    bad = copy.deepcopy(pool_b_cr)
+    bad["spec"]["poolA"]["resources"] = {"limits": {"nvidia.com/gpu": "one"}}
+    bad["spec"]["prefill"]["resources"] = {"requests": {"memory": "16 GB"}}
+    assert len(admit(crd, bad)) == 2
+    with pytest.raises(InvalidSpecError) as caught:
+        parse_spec(bad["spec"], "qwen")
+    assert len(caught.value.problems) == 2
+    assert "spec.poolA.resources.limits.nvidia.com/gpu" in str(caught.value)
 
 
 def test_engine_settings_that_cannot_fit_the_model_or_the_chip_are_refused(

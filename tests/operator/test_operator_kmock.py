@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import copy
 import logging
+import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -153,7 +154,7 @@ async def test_create_then_reconcile_again_changes_nothing(cluster_a: Any) -> No
         assert pod["nodeSelector"] == {"pool": "decode", "nvidia.com/gpu.product": "NVIDIA-H200"}
         assert main["metadata"]["ownerReferences"][0]["uid"] == "uid-qwen"
         hpa = await until(lambda: live(k8s, HPAS, "serving", "qwen-relay"), "the relay HPA")
-        assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "pdd_relay_load"
+        assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "pdd_worker_relay_load"
         cr = await until(
             lambda: (c := live(k8s, CR, "serving", "qwen")) and condition(c, "LinkSized") and c,
             "LinkSized",
@@ -348,6 +349,73 @@ async def test_a_missing_wan_tls_secret_blocks_with_a_condition_until_it_exists(
         assert live(k8s, "v1/secrets", "serving", "qwen-wan-tls") is None  # none generated
 
 
+#: An exec credential plugin, as EKS/GKE/AKS kubeconfigs name (`aws eks get-token`...): it
+#: counts its runs in a file and prints an ExecCredential with a token naming the run.
+EXEC_PLUGIN = """#!{python}
+import json, os, pathlib
+runs = pathlib.Path({runs!r})
+count = len(runs.read_text()) + 1 if runs.exists() else 1
+runs.write_text("x" * count)
+info = json.loads(os.environ["KUBERNETES_EXEC_INFO"])  # what the client passes a plugin
+assert info["kind"] == "ExecCredential", info
+print(json.dumps({{"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+                  "status": {{"token": f"exec-token-{{count}}"}}}}))
+"""
+
+
+def exec_plugin_kubeconfig(url: str, plugin: Path) -> str:
+    user = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": str(plugin),
+            "args": ["get-token", "--cluster", "b"],
+            "interactiveMode": "Never",
+        }
+    }
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "b",
+            "contexts": [{"name": "b", "context": {"cluster": "b", "user": "cloud"}}],
+            "clusters": [{"name": "b", "cluster": {"server": url}}],
+            "users": [{"name": "cloud", "user": user}],
+        }
+    )
+
+
+async def test_cluster_b_is_reached_through_an_exec_plugin_kubeconfig(
+    cluster_a: Any, tmp_path: Path
+) -> None:
+    """A cloud kubeconfig: the user is an exec plugin, run by the client library, and
+    every request to cluster B carries the token it printed; MD is reconciled there."""
+    k8s_a, client_a = cluster_a
+    runs, plugin = tmp_path / "runs", tmp_path / "get-token"
+    plugin.write_text(EXEC_PLUGIN.format(python=sys.executable, runs=str(runs)))
+    plugin.chmod(0o755)
+    async with emulator() as (k8s_b, url_b), running_operator(k8s_a):
+        config = exec_plugin_kubeconfig(url_b, plugin)
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "cluster-b", "namespace": "serving", "uid": "uid-secret"},
+            "data": {"kubeconfig": base64.b64encode(config.encode()).decode()},
+        }
+        await create(client_a, "/api/v1/namespaces/serving/secrets", secret)
+        await create(client_a, CR_PATH, load_cr("remote.yaml", "uid-exec"))
+        main = await until(lambda: live(k8s_b, DEPLOYMENTS, "serving-b", "remote-main"), "MD in B")
+        assert main["metadata"]["labels"]["pdd.dev/owner-uid"] == "uid-exec"
+        await until(
+            lambda: (
+                condition(live(k8s_a, CR, "serving", "remote"), "Degraded").get("status") == "False"
+            ),
+            "the reconcile to finish with cluster B written",
+        )
+        assert runs.read_text() == "x"  # one run: a token without expiry is kept
+        to_b = [r for r in list(k8s_b) if r.resource is not None]
+        assert to_b and {r.headers.get("Authorization") for r in to_b} == {"Bearer exec-token-1"}
+
+
 async def test_moving_md_back_from_cluster_b_cleans_cluster_b(cluster_a: Any) -> None:
     k8s_a, client_a = cluster_a
     async with emulator() as (k8s_b, url_b), running_operator(k8s_a):
@@ -460,3 +528,70 @@ async def test_two_replicas_with_peering_reconcile_one_at_a_time(
         )
         await until(lambda: operator_logs.handled_objects(since=stopped), "a handler to run")
         assert operator_logs.handled_objects(since=stopped) == {"standby"}
+
+
+def pulling_pod(name: str, uid: str, terminated: dict[str, Any], last: bool) -> dict[str, Any]:
+    """A pod as kubelet reports one whose model-pull init container ended (``last``: it
+    failed and is waiting to be restarted)."""
+    status = {"name": "model-pull", "state": {"terminated": terminated}}
+    if last:
+        status = {"name": "model-pull", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                  "lastState": {"terminated": terminated}}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "serving",
+                     "labels": {"pdd.dev/owner-uid": uid}},
+        "spec": {"initContainers": [{"name": "model-pull", "image": "w"}],
+                 "containers": [{"name": "prefill", "image": "w"}]},
+        "status": {"initContainerStatuses": [status]},
+    }  # fmt: skip
+
+
+async def test_a_refused_hub_token_becomes_a_model_available_condition(cluster_a: Any) -> None:
+    """A huggingFace source without a KV shape: pods get the pull init container; its
+    termination message ("TokenRejected: ...") is the condition's reason, and a
+    successful pull turns it True, woken by the pods' events."""
+    k8s, client = cluster_a
+    cr = load_cr("pool-b.yaml", "uid-hf")
+    cr["spec"]["model"] = {
+        "source": {"huggingFace": {"repo": "acme/llm", "tokenSecret": {"name": "hf"}}},
+        "servedName": "llm",
+    }
+    hourly = OperatorOptions(status_interval_s=3600.0, status_interval_max_s=3600.0)
+    async with running_operator(k8s, options=hourly):
+        await create(client, CR_PATH, cr)
+        prefill = await until(lambda: live(k8s, DEPLOYMENTS, "serving", "qwen-prefill"), "P")
+        (init,) = prefill["spec"]["template"]["spec"]["initContainers"]
+        assert init["args"][:3] == ["models", "pull", "acme/llm"]
+        linked = await until(
+            lambda: condition(live(k8s, CR, "serving", "qwen"), "LinkSized"), "LinkSized"
+        )
+        assert linked["reason"] == "KVSizeUnknown"  # no shape given: not sized, not refused
+        refused = {"exitCode": 1, "message": "TokenRejected: the hub rejected the token (401)"}
+        await create(client, "/api/v1/namespaces/serving/pods",
+                     pulling_pod("qwen-prefill-x", "uid-hf", refused, last=True))  # fmt: skip
+        model = await until(
+            lambda: (
+                (c := condition(live(k8s, CR, "serving", "qwen"), "ModelAvailable"))
+                and c["status"] == "False"
+                and c
+            ),
+            "ModelAvailable=False",
+        )
+        assert model["reason"] == "TokenRejected"
+        assert "qwen-prefill-x" in model["message"] and "acme/llm@main" in model["message"]
+        pulled = pulling_pod("qwen-prefill-x", "uid-hf", {"exitCode": 0}, last=False)
+        response = await client.patch(
+            "/api/v1/namespaces/serving/pods/qwen-prefill-x/status",
+            json={"status": pulled["status"]},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        response.raise_for_status()
+        await until(
+            lambda: (
+                condition(live(k8s, CR, "serving", "qwen"), "ModelAvailable").get("reason")
+                == "Pulled"
+            ),
+            "ModelAvailable=True once the pull succeeded",
+        )

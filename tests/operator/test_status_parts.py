@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from pdd.operator.conditions import Condition, merge_conditions
+from pdd.operator.model_status import model_condition
 from pdd.operator.readiness import readiness_conditions, role_status
+from pdd.operator.spec import PDDSpec
 from pdd.operator.status import next_status
 
 pytestmark = pytest.mark.unit
@@ -59,3 +61,36 @@ def test_readiness_conditions() -> None:
     assert conditions[0].reason == "ReplicasNotReady" and "main 1/2" in conditions[0].message
     assert conditions[1].status == "True"
     assert readiness_conditions({"main": missing})[0].reason == "ChildMissing"
+
+
+def _hf_spec() -> PDDSpec:
+    return PDDSpec.model_validate({
+        "model": {"servedName": "m", "source": {"huggingFace": {"repo": "acme/llm"}}},
+        "images": {"worker": "w", "router": "r"},
+        "poolB": {},
+        "wan": {"declaredGbps": 10},
+    })  # fmt: skip
+
+
+def _pod(name: str, **status: object) -> dict:
+    return {"metadata": {"name": name},
+            "status": {"initContainerStatuses": [{"name": "model-pull", **status}]}}  # fmt: skip
+
+
+def test_model_available_reads_the_pull_init_containers() -> None:
+    spec = _hf_spec()
+    done = _pod("a", state={"terminated": {"exitCode": 0}})
+    running = _pod("b", state={"running": {}})
+    refused = _pod("c", state={"waiting": {}}, lastState={"terminated": {
+        "exitCode": 1, "message": "RepoNotFound: repository acme/llm not found\n"}})  # fmt: skip
+    crashed = _pod("d", state={"terminated": {"exitCode": 137, "message": "log\nKilled"}})
+    assert model_condition(spec, [done, done]) == Condition(
+        "ModelAvailable", "True", "Pulled", "acme/llm@main pulled by every pod"
+    )
+    pending = model_condition(spec, [done, running])
+    assert pending is not None and (pending.status, pending.reason) == ("Unknown", "Pulling")
+    failed = model_condition(spec, [done, refused, running])
+    assert failed is not None and (failed.status, failed.reason) == ("False", "RepoNotFound")
+    assert failed.message.endswith("in c: repository acme/llm not found")
+    crash = model_condition(spec, [crashed])
+    assert crash is not None and (crash.reason, crash.message[-6:]) == ("PullFailed", "Killed")

@@ -73,7 +73,7 @@ def cluster(tmp_path_factory):
         WorkerSpec("rld", "relay", wan_facing=True),
         WorkerSpec("md1", "main", wan_facing=True),
         WorkerSpec("md2", "main", wan_facing=True),
-        WorkerSpec("md_one", "main", wan_facing=True, args=("--max-running", "1")),
+        WorkerSpec("md_one", "main", wan_facing=True, args=("--max-running-requests", "1")),
     ]
     common = ["--model", "tiny", "--num-blocks", "512", "--torch-threads", "1"]
     c = LocalCluster.start(

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from pdd.common.block_hash import block_hashes
-from pdd.common.cost_model import LinkState, wan_transfer_seconds
+from pdd.common.cost_model import LinkState, pmd_first_token_seconds, wan_transfer_seconds
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.router.dispatch import reason_code
 from pdd.router.fleet import Fleet
@@ -107,17 +107,20 @@ def test_relays_saturated_blocks_p_rld_too():
 
 
 def _threshold_gbps(input_tokens, p_hit, md_hit, rtt_ms, config=CONFIG):
-    """Bandwidth at which prefill + transfer exactly equals the budget, per the cost model."""
+    """Bandwidth at which MD's first token (one RTT + the longer of the prefill and the
+    serialization: P streams KV as it prefills) exactly equals the budget, per the cost
+    model, where the serialization is the longer."""
     prefill_s = (input_tokens - p_hit) / config.prefill_tokens_per_s
-    wire_s = config.ttft_budget_s - prefill_s - rtt_ms / 1000
+    wire_s = config.ttft_budget_s - rtt_ms / 1000
+    assert wire_s > prefill_s
     bits = (input_tokens - md_hit) * config.kv_bytes_per_token * 8
     return bits / (wire_s * 1e9)
 
 
 @pytest.mark.parametrize("measured", [False, True])
 def test_bandwidth_change_flips_exactly_at_cost_model_threshold(measured):
-    hits = {"p0": 50_000, "md0": 40_000}
-    g = _threshold_gbps(64_000, 50_000, 40_000, rtt_ms=30)
+    hits = {"p0": 50_000, "md0": 20_000}
+    g = _threshold_gbps(64_000, 50_000, 20_000, rtt_ms=30)
     assert 5 < g < 100  # a realistic crossing point, not a degenerate one
 
     def link(gbps):
@@ -131,7 +134,8 @@ def test_bandwidth_change_flips_exactly_at_cost_model_threshold(measured):
 
 def test_ttft_budget_change_flips_at_cost_model_eta():
     hits = {"p0": 50_000, "md0": 40_000}
-    eta = 14_000 / 10_000 + wan_transfer_seconds(24_000, KVB, FAST)
+    eta = pmd_first_token_seconds(1.4, wan_transfer_seconds(24_000, KVB, FAST), FAST.rtt_s)
+    assert eta == pytest.approx(0.03 + 1.4)  # the prefill paces the streamed KV
     tight = replace(CONFIG, ttft_budget_s=eta * 0.999)
     loose = replace(CONFIG, ttft_budget_s=eta * 1.001)
     assert run(req(64_000), hits, link=FAST, config=tight).pipeline == Pipeline.P_RLD_MD
@@ -303,18 +307,20 @@ def test_a_doubted_line_leaves_the_other_rules_alone():
 
 
 def test_a_relay_whose_queue_outlasts_the_transfer_is_not_chosen():
-    """The relay hides the transfer, not the prefill (3 s here, which breaks the budget on
-    either path): with 4 requests on the relay at 0.5 s each, its queue (2 s) outlasts the
-    0.43 s transfer, so the request stays on P-MD; at 0.05 s each (0.2 s) relaying is
-    sooner."""
-    n, hits = 30_000, {"md0": 20_000}
-    transfer = wan_transfer_seconds(10_000, KVB, SLOW)
+    """The relay hides what MD's first token waits for after the prefill (one RTT and
+    the serialization the prefill does not cover), not the prefill: here 0.4 s of
+    prefill and 2.4 s of serialization, so 2.03 s. With 4 requests on the relay at 0.6 s
+    each, its queue (2.4 s) outlasts that, so the request stays on P-MD; at 0.05 s each
+    (0.2 s) relaying is sooner."""
+    n, hits = 64_000, {"p0": 60_000, "md0": 4_000}
+    transfer = wan_transfer_seconds(60_000, KVB, SLOW)
     busy = fleet(rld=("rld0", 4, 8))
-    stays = decide(req(n), hits, busy, SLOW, QUIET, CONFIG, relay_slot_s=0.5)
+    stays = decide(req(n), hits, busy, SLOW, QUIET, CONFIG, relay_slot_s=0.6)
     assert isinstance(stays, Decision) and stays.pipeline == Pipeline.P_MD
+    assert stays.estimate.md_first_token_s == pytest.approx(transfer)  # the line paces it
     assert stays.estimate.md_first_token_s > CONFIG.ttft_budget_s
-    assert stays.estimate.relay_queue_s == pytest.approx(2.0)
-    assert stays.estimate.transfer_s == pytest.approx(transfer) and transfer < 2.0
+    assert stays.estimate.after_prefill_s == pytest.approx(transfer - 0.4)
+    assert stays.estimate.relay_queue_s == pytest.approx(2.4)
     assert "relay's queue" in stays.reason
     assert reason_code(stays, req(n), CONFIG) == "relay_not_sooner"
     relays = decide(req(n), hits, busy, SLOW, QUIET, CONFIG, relay_slot_s=0.05)
@@ -328,15 +334,17 @@ def test_a_relay_whose_queue_outlasts_the_transfer_is_not_chosen():
 IDLE = replace(CONFIG, idle_relay_min_transfer_s=0.1)
 
 
-#: 2,000 tokens of MD miss on the slow line: 0.03 + 2,000 x 50 kB at 10 Gbit/s = 0.11 s.
-HIDDEN = {"p0": 2000, "md0": 2000}
+#: 4,000 tokens of MD miss on the slow line (0.16 s of serialization), 500 of P's (0.05 s
+#: of prefill): MD's first token comes 0.03 + 0.11 s after the prefill.
+HIDDEN = {"p0": 3500}
 
 
 def test_an_idle_relay_hides_a_transfer_that_fits_the_budget():
-    """0.2 s of prefill and a 0.11 s transfer fit the 2 s budget; an idle relay takes
+    """0.05 s of prefill and a 0.19 s transfer fit the 2 s budget; an idle relay takes
     the request all the same: its first token does not wait for the transfer."""
     decision = run(req(4000), HIDDEN, config=IDLE)
-    assert decision.estimate.transfer_s == pytest.approx(0.03 + 2000 * KVB * 8 / 10e9)
+    assert decision.estimate.transfer_s == pytest.approx(0.03 + 4000 * KVB * 8 / 10e9)
+    assert decision.estimate.after_prefill_s == pytest.approx(0.03 + 0.16 - 0.05)
     assert decision.estimate.md_first_token_s < IDLE.ttft_budget_s
     assert decision.pipeline == Pipeline.P_RLD_MD and "idle relay" in decision.reason
     assert reason_code(decision, req(4000), IDLE) == "idle_relay"

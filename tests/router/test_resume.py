@@ -43,7 +43,7 @@ pytestmark = pytest.mark.integration
 
 MAX_TOKENS = 200  # the relay cannot finish this before a KV transfer of 70 tokens lands
 TRICKLE_GBPS = 1e-5
-HANDOFF = 'pdd_handoff_total{mode="one-shot"}'
+HANDOFF = 'pdd_worker_handoffs_total{mode="one-shot"}'
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def victim(tmp_path):
     admin, log = free_port(), tmp_path / "http-line.log"
     argv = [
         "wan-link", "--listen", f"127.0.0.1:{http_line}", "--to", c[VICTIM].url.removeprefix("http://"),
-        "--gbps", "1", "--admin", f"127.0.0.1:{admin}", "--partition-grace-s", "3600",
+        "--link-gbps", "1", "--admin", f"127.0.0.1:{admin}", "--partition-grace-s", "3600",
     ]  # fmt: skip
     line = WanLinkProc(spawn_pdd(argv, log, {}), f"http://127.0.0.1:{admin}", log)
     until_sync(lambda: http_ok(f"{line.admin_url}/stats"), "the HTTP line's admin endpoint")

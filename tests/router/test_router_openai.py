@@ -112,7 +112,8 @@ def test_completion_usage_reports_the_real_prefix_hit_on_a_repeat(router):
 
 def test_models_and_probes(router):
     assert [m.id for m in client(router).models.list().data] == [MODEL]
-    assert httpx.get(f"{router.url}/ready").status_code == 200
+    for probe in ("/startup", "/live", "/ready"):  # the operator's probes, one path each
+        assert httpx.get(f"{router.url}{probe}").status_code == 200
     chat(router, stream=False)  # this test's own request: the metrics must count it
     metrics = httpx.get(f"{router.url}/metrics").text
     assert 'pdd_router_requests_total{pipeline="P-MD",reason="fits_ttft_budget"}' in metrics
@@ -202,3 +203,33 @@ def test_client_disconnect_cancels_the_request_on_the_workers(router, cluster):
     assert 0 < len(tokens) < 3500
     states = cluster.wait_quiescent()
     assert all(s.quiescent for s in states.values()), states
+
+
+def test_prompt_plus_max_tokens_beyond_the_context_is_a_400_naming_both(router, cluster):
+    """As vLLM answers it: a request that cannot finish within the model's context window
+    is refused up front (not served 200 with a truncated ``length`` answer), the message
+    naming the window, the prompt's tokens and max_tokens; a request without max_tokens
+    gets a default that fits what the prompt leaves."""
+    engine = WorkerHealth.model_validate(httpx.get(f"{cluster['p'].url}/health").json()).engine
+    context = engine.max_model_len
+    tokens = context - 300
+    prompt = [7] * tokens  # token IDs: the prompt's length is exact
+    over = context - tokens + 1
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(router).completions.create(model=MODEL, prompt=prompt, max_tokens=over)
+    message = refused.value.body["message"]
+    assert refused.value.status_code == 400 and refused.value.body["param"] == "max_tokens"
+    for number in (context, tokens, over):
+        assert str(number) in message
+    with pytest.raises(openai.BadRequestError):
+        client(router).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=1_000_000)
+    # Exactly filling the window is allowed; without max_tokens the default shrinks to fit.
+    fits = client(router).completions.create(
+        model=MODEL, prompt=prompt, max_tokens=over - 1, temperature=0.0,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert fits.usage.completion_tokens == over - 1
+    left = client(router).completions.create(
+        model=MODEL, prompt=prompt, temperature=0.0, extra_body={"ignore_eos": True}
+    )
+    assert left.usage.completion_tokens == min(over - 1, 256)

@@ -96,7 +96,7 @@ def test_an_extend_pauses_the_batch_by_its_extra_cost(shape: InstanceShape) -> N
 
 def test_chunked_prefill_batches_the_tail_of_one_job_with_the_next(shape: InstanceShape) -> None:
     env = simpy.Environment()
-    p = PrefillInstance(env, "p0", shape, chunk_tokens=1000, max_queue=4, cache=None)
+    p = PrefillInstance(env, "p0", shape, max_num_batched_tokens=1000, max_queue=4, cache=None)
     out: dict = {}
     when(env, p.submit(1500, 0), out, "a")
     when(env, p.submit(500, 2000), out, "b")
@@ -111,7 +111,7 @@ def test_chunked_prefill_batches_the_tail_of_one_job_with_the_next(shape: Instan
 
 def test_a_full_hit_still_computes_one_token(shape: InstanceShape) -> None:
     env = simpy.Environment()
-    p = PrefillInstance(env, "p0", shape, chunk_tokens=1000, max_queue=4, cache=None)
+    p = PrefillInstance(env, "p0", shape, max_num_batched_tokens=1000, max_queue=4, cache=None)
     out: dict = {}
     when(env, p.submit(0, 5000), out, "a")
     env.run(until=10)

@@ -186,3 +186,20 @@ def test_the_router_s_idle_relay_rule_runs_in_the_simulator_too() -> None:
     one = trace(conversation(request("a#0", range(8), 50)))
     (relayed,) = simulate(small(wan_gbps=1.5), "pdd", one).records
     assert relayed.pipeline == "P-RLD-MD" and relayed.rld_tokens > 0
+
+
+def test_p_streams_kv_while_it_prefills_so_the_slower_of_the_two_sets_ttft() -> None:
+    """A new conversation P-MD on a line slower than P's prefill: its KV crosses while P
+    computes (from the end of P's first step), so the first token waits for the longer
+    of the two, not their sum, yet for no less than the whole transfer and the RTT."""
+    one = trace(conversation(request("c#0", range(40), 5)))
+    s = small(wan_gbps=1e6)  # the line costs nothing: the prefill (and the RTT) alone
+    s = s.model_copy(update={"router": s.router.model_copy(update={"ttft_budget_s": 100.0})})
+    prefill_only = simulate(budget_rules_only(s), "pdd", one).records[0]
+    slow = s.model_copy(update={"wan": s.wan.model_copy(update={"gbps": 5.0})})
+    streamed = simulate(budget_rules_only(slow), "pdd", one).records[0]
+    assert prefill_only.pipeline == streamed.pipeline == "P-MD"
+    serial_s = 40 * BLOCK * KVB * 8 / 5e9
+    assert serial_s > prefill_only.ttft  # the line is the slower of the two
+    assert streamed.ttft >= serial_s + slow.wan.rtt_ms / 1000
+    assert streamed.ttft < serial_s + 0.5 * prefill_only.ttft  # far from their sum

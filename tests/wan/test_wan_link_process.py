@@ -53,7 +53,7 @@ def test_cli_serves_admin_and_stops_on_sigterm(unused_tcp_port_factory) -> None:
     listen, admin = unused_tcp_port_factory(), unused_tcp_port_factory()
     argv = [
         sys.executable, "-m", "pdd.cli", "wan-link", f"--listen=127.0.0.1:{listen}",
-        "--to=127.0.0.1:1", "--gbps=2.5", "--rtt-ms=30", f"--admin=127.0.0.1:{admin}",
+        "--to=127.0.0.1:1", "--link-gbps=2.5", "--link-rtt-ms=30", f"--admin=127.0.0.1:{admin}",
     ]  # fmt: skip
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:

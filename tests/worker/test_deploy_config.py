@@ -84,15 +84,19 @@ def test_the_engine_settings_are_the_roles_own(tmp_path, monkeypatch):
     for name, value in POD_ENV.items():
         monkeypatch.setenv(name, value)
     relay = parse_args(["--config", str(path)])  # $PDD_ROLE says relay
-    assert (relay.device, relay.kv_cache_fraction, relay.max_running) == ("cpu", 0.25, 16)
-    assert relay.kv_budget_mb is None
+    assert (relay.device, relay.kv_cache_memory_fraction, relay.max_running_requests) == (
+        "cpu", 0.25, 16,
+    )  # fmt: skip
+    assert relay.kv_cache_gib is None
     main = parse_args(["--config", str(path), "--role", "main"])  # the flag's role, not env's
-    assert (main.kv_budget_mb, main.max_prompt_tokens, main.torch_threads) == (1536, 900, 3)
-    assert main.kv_cache_fraction is None and main.max_running == 64  # the worker's default
-    # A KV size on the command line replaces the file's, whichever way it is given.
-    explicit = parse_args(["--config", str(path), "--kv-budget-mb", "64"])
-    assert (explicit.kv_budget_mb, explicit.kv_cache_fraction) == (64, None)
-    assert explicit.max_running == 16  # the rest of the file still applies
+    assert (main.kv_cache_gib, main.max_prompt_tokens, main.torch_threads) == (1.5, 900, 3)
+    # the worker's default, from the settings table
+    assert main.kv_cache_memory_fraction is None and main.max_running_requests == 64
+    # A KV size on the command line replaces the file's, whichever way it is given;
+    # vLLM's name for the fraction is accepted.
+    explicit = parse_args(["--config", str(path), "--gpu-memory-utilization", "0.5"])
+    assert (explicit.kv_cache_gib, explicit.kv_cache_memory_fraction) == (None, 0.5)
+    assert explicit.max_running_requests == 16  # the rest of the file still applies
 
 
 @pytest.mark.unit
@@ -149,7 +153,7 @@ def test_worker_process_serves_from_the_operator_config(tmp_path):
         health = _wait_health(f"http://127.0.0.1:{http_port}/health", proc)
         assert health["role"] == "prefill"
         engine = health["engine"]  # what it got: the rendered settings, on this machine's CPU
-        assert (engine["device"], engine["max_running"], engine["max_prompt_tokens"]) == (
+        assert (engine["device"], engine["max_running_requests"], engine["max_prompt_tokens"]) == (
             "cpu",
             7,
             100,

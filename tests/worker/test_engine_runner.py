@@ -68,3 +68,19 @@ async def test_loop_runner_charges_each_step_its_time_and_turns_when_idle(tiny, 
     finally:
         runner.stop()
     assert_no_leaks(engine)
+
+
+async def test_alive_is_whether_the_engine_is_being_driven(tiny):
+    """The liveness probe's answer (/live): false before start and once the driver ended."""
+    loop = asyncio.get_running_loop()
+    for runner in (ThreadEngineRunner(Engine(tiny, num_blocks=16), loop),
+                   LoopEngineRunner(Engine(tiny, num_blocks=16), loop, step_s=0.01)):  # fmt: skip
+        assert not runner.alive
+        runner.start()
+        try:
+            await runner.next_step()
+            assert runner.alive
+        finally:
+            runner.stop()
+        await asyncio.sleep(0)  # a cancelled task is done once the loop has run it
+        assert not runner.alive

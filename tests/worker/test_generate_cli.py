@@ -139,3 +139,33 @@ def test_prompt_ids_need_no_tokenizer_json(
     assert generate_cli.main(["--model", str(bare), "--prompt", "hi"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "tokenizer.json not found" in err
+
+
+@pytest.mark.unit
+def test_a_gguf_file_generates_transformers_greedy_tokens(
+    hf_checkpoint: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``pdd generate --model FILE.gguf`` (Q8_0) equals transformers reading that file
+    (greedy by full forward passes: its cached generate() on a GGUF-loaded model drifts
+    from its own forward pass after the first token, transformers 5.25)."""
+    from safetensors.numpy import load_file
+
+    from pdd.testing.gguf_files import write_gguf
+
+    ckpt = hf_checkpoint("llama", hidden_size=64, intermediate_size=128)
+    config = json.loads((ckpt / "config.json").read_text())
+    tok = tokenizers.Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    gguf = write_gguf(ckpt.parent / "m.gguf", "llama", config, tensors, tok, "Q8_0")
+    prompt = "The quick brown fox"
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    ).eval()
+    sequence = tok.encode(prompt).ids
+    expected = []
+    for _ in range(24):
+        with torch.no_grad():
+            expected.append(int(model(torch.tensor([sequence + expected])).logits[0, -1].argmax()))
+    argv = ["--model", str(gguf), "--prompt", prompt, "--max-tokens", "24", "--ignore-eos"]
+    assert generate_cli.main([*argv, "--json", "--dtype", "float32"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"token_ids": expected}

@@ -18,7 +18,7 @@ def links_in(metrics: WorkerMetrics) -> set[str]:
     return {
         key.split('dst="')[1].split('"')[0]
         for key in flatten(metrics.render().decode())
-        if key.startswith("pdd_wan_rtt_seconds{")
+        if key.startswith("pdd_worker_wan_rtt_seconds{")
     }
 
 
@@ -39,6 +39,8 @@ def test_failures_are_exported_per_reason_and_only_for_reasons_seen() -> None:
     meter.record_failure("link_down", now)
     meter.record_failure("peer_error", now)
     samples = flatten(metrics.render().decode())
-    failures = {k: v for k, v in samples.items() if k.startswith("pdd_wan_transfer_failures")}
+    failures = {
+        k: v for k, v in samples.items() if k.startswith("pdd_worker_wan_transfer_failures")
+    }
     assert sorted(failures.values()) == [1.0, 2.0]
     assert any('reason="link_down"' in k and v == 2.0 for k, v in failures.items())

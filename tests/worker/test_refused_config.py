@@ -2,6 +2,7 @@
 
 A worker that exited on them would crash-loop on Kubernetes. The machine is a faked
 ``DeviceProbe`` (a CPU without bfloat16, no CUDA), so these pass the same on any host.
+(bfloat16 on such a CPU is not refused: it runs, with a warning; ``test_device``.)
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pdd.worker.transport import TlsConfigError
 
 #: A machine with no CUDA device and a CPU without native bfloat16.
 PLAIN_CPU = DeviceProbe(lambda: False, lambda device: 8 << 30, lambda: False)
-BF16_REFUSED = "dtype bfloat16 asked for on a CPU without native bfloat16"
+NO_CUDA = "no CUDA device is visible: request nvidia.com/gpu"
 
 #: ``pdd worker`` (the same ``server.main``) on ``PLAIN_CPU``: the argv after ``-c``.
 LAUNCH = """
@@ -45,8 +46,8 @@ def worker_args(*extra: str) -> list[str]:
 @pytest.mark.parametrize(
     ("flags", "reason"),
     [
-        (("--dtype", "bfloat16"), BF16_REFUSED),
-        (("--device", "cuda"), "no CUDA device is visible: request nvidia.com/gpu"),
+        (("--device", "cuda"), NO_CUDA),
+        (("--kv-cache-gib", "100"), "GiB was asked for"),
     ],
 )
 def test_what_this_machine_cannot_do_is_a_configuration_refusal(flags, reason):
@@ -58,12 +59,12 @@ def test_what_this_machine_cannot_do_is_a_configuration_refusal(flags, reason):
 @pytest.mark.unit
 def test_the_log_line_says_what_was_asked_what_is_here_and_what_to_change():
     refusal = WorkerRefusal(
-        role="prefill", instance_id="pod-0", problem=f"{BF16_REFUSED}; use dtype auto or float32"
+        role="prefill", instance_id="pod-0", problem=f"device 'cuda' asked for, but {NO_CUDA}"
     )
     line = log_line(refusal, "0.0.0.0:8000")
     assert "\n" not in line
-    assert line.startswith("prefill pod-0: engine settings refused on this machine: dtype")
-    assert "use dtype auto or float32" in line and "0.0.0.0:8000" in line
+    assert line.startswith("prefill pod-0: engine settings refused on this machine: device")
+    assert "request nvidia.com/gpu" in line and "0.0.0.0:8000" in line
 
 
 @pytest.mark.unit
@@ -82,12 +83,15 @@ def test_wan_tls_files_that_do_not_load_are_a_refusal_naming_the_file(tmp_path):
 
 @pytest.mark.unit
 async def test_the_refused_app_is_not_ready_and_says_why():
-    problem = f"{BF16_REFUSED}; use dtype auto or float32"
+    problem = f"device 'cuda' asked for, but {NO_CUDA}"
     app = create_refused_app(WorkerRefusal(role="relay", instance_id="pod-1", problem=problem))
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://worker") as client:
         ready = await client.get("/ready")
         assert ready.status_code == 503 and problem in ready.text
+        # Started and live: kubelet must not restart it into the same refusal (a crash loop).
+        assert (await client.get("/startup")).status_code == 200
+        assert (await client.get("/live")).status_code == 200
         health = await client.get("/health")
         assert health.status_code == 503
         assert health.json() == {
@@ -109,17 +113,17 @@ async def test_the_refused_app_is_not_ready_and_says_why():
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_refused_worker_process_stays_up_not_ready_and_stops_cleanly(stop):
     http = f"127.0.0.1:{free_port()}"
-    argv = worker_args("--dtype", "bfloat16", "--http", http, "--data", f"127.0.0.1:{free_port()}")
+    argv = worker_args("--device", "cuda", "--http", http, "--data", f"127.0.0.1:{free_port()}")
     cmd = [sys.executable, "-c", LAUNCH, *argv]
     env = {**os.environ, "PDD_SHARED_SECRET": "s3cret"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         ready = _wait_answer(f"http://{http}/ready", proc)
-        assert ready.status_code == 503 and BF16_REFUSED in ready.text
+        assert ready.status_code == 503 and NO_CUDA in ready.text
         health = httpx.get(f"http://{http}/health", timeout=5)
         assert health.status_code == 503
         assert health.json()["status"] == "misconfigured"
-        assert BF16_REFUSED in health.json()["problem"]
+        assert NO_CUDA in health.json()["problem"]
         metrics = httpx.get(f"http://{http}/metrics", timeout=5).text
         assert "pdd_worker_config_refused 1.0" in metrics.splitlines()
         assert proc.poll() is None  # still up: not ready, but no crash for a loop to restart
@@ -133,7 +137,7 @@ def test_a_refused_worker_process_stays_up_not_ready_and_stops_cleanly(stop):
         proc.stderr.close()
     refusals = [line for line in log.splitlines() if "engine settings refused" in line]
     assert len(refusals) == 1, log  # said once, in one line
-    assert BF16_REFUSED in refusals[0] and http in refusals[0]
+    assert NO_CUDA in refusals[0] and http in refusals[0]
     assert "Traceback" not in log
 
 

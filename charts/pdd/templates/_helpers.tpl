@@ -49,3 +49,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "pdd.redisUrl" -}}
 {{- printf "redis://%s.%s.svc:%d/0" (include "pdd.redisName" .) .Release.Namespace (int .Values.redis.port) -}}
 {{- end -}}
+
+{{/*
+An image reference from {repository, tag} values: the tag defaults to the chart's appVersion.
+Pass (dict "image" .Values.operator.image "ctx" $).
+*/}}
+{{- define "pdd.image" -}}
+{{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) -}}
+{{- end -}}

@@ -122,20 +122,65 @@ class RelaySection(_Section):
 
 
 class EngineSettings(_Section):
-    """A worker's engine settings; a field left unset takes the worker's own default.
+    """A worker's engine settings: the engine's settings table.
 
     The same shape is ``spec.engine`` (shared by every worker role) and each role's
-    ``engine`` override in the PDDDeployment, and the resolved settings per role in the
-    config document. The KV cache is sized by at most one of the two KV fields."""
+    ``engine`` override in the PDDDeployment, the resolved settings per role in the
+    config document, and the ``pdd worker`` flags (``pdd.common.settings``: a field's
+    description is its help, ``flagDefault`` the worker's default, ``flagAliases`` vLLM's
+    names for the same setting). A field left unset takes the worker's default. The KV
+    cache is sized by at most one of the two KV fields."""
 
-    device: Literal["auto", "cpu", "cuda"] | None = None
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = None
-    kv_cache_memory_fraction: float | None = Field(default=None, gt=0, le=1)
-    kv_cache_gib: float | None = Field(default=None, gt=0, alias="kvCacheGiB")
-    max_running_requests: int | None = Field(default=None, ge=1)
-    max_prompt_tokens: int | None = Field(default=None, ge=1)
-    chunked_prefill_tokens: int | None = Field(default=None, ge=1)
-    torch_threads: int | None = Field(default=None, ge=0)
+    device: Literal["auto", "cpu", "cuda"] | None = Field(
+        default=None,
+        description="where the model runs: auto is CUDA when one is visible (the worker "
+        "flag also takes cuda:N, one GPU of several)",
+        json_schema_extra={"flagDefault": "auto", "flagMetavar": "{auto,cpu,cuda,cuda:N}"},
+    )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = Field(
+        default=None,
+        description="weights', activations' and KV's type: auto is bfloat16 on CUDA; on a "
+        "CPU the checkpoint's own where bfloat16 is native (AVX-512 BF16, AMX, Arm BF16), else "
+        "float32 (bfloat16 asked for there runs, with a warning)",
+        json_schema_extra={"flagDefault": "auto"},
+    )
+    kv_cache_memory_fraction: float | None = Field(
+        default=None, gt=0, le=1,
+        description="KV cache as this share of the device memory free after the weights load",
+        json_schema_extra={
+            "flagAliases": ["--gpu-memory-utilization"],
+            "defaultText": "0.9 on CUDA; on the CPU 256 MiB",
+        },
+    )  # fmt: skip
+    kv_cache_gib: float | None = Field(
+        default=None, gt=0, alias="kvCacheGiB",
+        description="KV cache size in GiB (instead of the memory fraction)",
+    )  # fmt: skip
+    max_running_requests: int | None = Field(
+        default=None, ge=1,
+        description="requests one instance runs at once (its capacity as the router sees it)",
+        json_schema_extra={"flagDefault": 64, "flagAliases": ["--max-num-seqs"]},
+    )  # fmt: skip
+    max_model_len: int | None = Field(
+        default=None, ge=1,
+        description="context window: prompt plus output tokens",
+        json_schema_extra={"defaultText": "the model's max_position_embeddings"},
+    )  # fmt: skip
+    max_prompt_tokens: int | None = Field(
+        default=None, ge=1,
+        description="longest prompt an instance takes",
+        json_schema_extra={"defaultText": "the context window less one token"},
+    )  # fmt: skip
+    max_num_batched_tokens: int | None = Field(
+        default=None, ge=1,
+        description="per-step token budget; longer prefills are computed in chunks of this size",
+        json_schema_extra={"flagDefault": 512},
+    )  # fmt: skip
+    torch_threads: int | None = Field(
+        default=None, ge=0,
+        description="CPU threads torch uses (0: torch's default)",
+        json_schema_extra={"flagDefault": 0},
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _one_kv_size(self) -> EngineSettings:

@@ -161,6 +161,27 @@ def wan_transfer_seconds(
     return bits / (link.effective_gbps * _GIGA) + link.rtt_s
 
 
+def pmd_first_token_seconds(
+    prefill_s: float, transfer_s: float, rtt_s: float, md_step_s: float = 0.0
+) -> float:
+    """Seconds from dispatch to MD's first token on P-MD: one RTT, then the longer of P's
+    prefill and the line's serialization, then MD's first step.
+
+    ``transfer_s`` is ``wan_transfer_seconds`` (serialization and one RTT). P streams each
+    prefill chunk's KV as its step ends, so the line carries the KV while P computes the
+    rest: the two overlap and the slower one sets the pace, not their sum. (Only the
+    last chunk's KV must follow the prefill: a few hundred tokens, within the estimate's
+    error on the line's rate.) The router's policy and the simulator both use this.
+    """
+    if min(prefill_s, transfer_s, rtt_s, md_step_s) < 0:
+        raise ValueError(
+            f"times must be >= 0: prefill {prefill_s}, transfer {transfer_s}, rtt {rtt_s}, "
+            f"md step {md_step_s}"
+        )
+    serialization_s = max(0.0, transfer_s - rtt_s)
+    return rtt_s + max(prefill_s, serialization_s) + md_step_s
+
+
 @dataclass(frozen=True)
 class WorkloadProfile:
     """The traffic a deployment expects, in the terms the link sizing needs."""

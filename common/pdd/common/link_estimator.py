@@ -19,8 +19,12 @@ What it keeps, and where each number comes from:
   get (``awaited_bytes``). Bookkeeping, like the backlog: the static view counts it too.
 - **Goodput**: the declared rate is the prior; each transfer that lands is a sample,
   from the router's own bookkeeping: the seconds from dispatch to MD's first token,
-  less P's estimated prefill, one RTT and the fixed costs, is what the line took for
-  the transfer's bytes. Where another transfer arrived after this one was dispatched,
+  less one RTT and the fixed costs, is what the line took for the transfer's bytes
+  (P streams the KV while it prefills, so the line's time overlaps the prefill's;
+  where that time is no longer than P's estimated prefill, the prefill may have paced
+  the transfer and the time only bounds the line's from above). A small transfer
+  (below) is the last prefill chunk's KV, sent after the prefill: its time is
+  counted less the prefill. Where another transfer arrived after this one was dispatched,
   this one queued behind it, and the line took at most the time between the two
   arrivals (an arrival is the first the router heard of a transfer's KV crossing:
   P's report, relayed or not, or MD's first token; both lag the line alike, so the
@@ -308,6 +312,13 @@ class LinkEstimator:
                 self.overhead_samples += 1
                 return
             line_s = min(line_s, MAX_SLOWDOWN * serial_s)
+        else:
+            # P streamed the KV while it prefilled: the line's time overlapped the
+            # prefill, so it is the whole time less the RTT and the fixed cost. Where that
+            # is no longer than the prefill, the prefill may have paced the transfer: the
+            # time bounds the line's from above only.
+            line_s += prefill_s
+            upper_bound = upper_bound or line_s <= prefill_s + MIN_SAMPLE_S
         if queued and not upper_bound:
             line_s = min(line_s, since_previous)
         # A time at or under zero is timing noise (P was faster than estimated), not an

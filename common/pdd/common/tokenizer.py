@@ -50,10 +50,24 @@ class HFTokenizer:
     the tokenizer file, which does not say which of its special tokens ends a turn.
     """
 
-    def __init__(self, path: Path, eos_token_ids: Sequence[int]) -> None:
-        self._tok = tokenizers.Tokenizer.from_file(str(path))
+    def __init__(
+        self,
+        path: Path | None,
+        eos_token_ids: Sequence[int],
+        tokenizer: tokenizers.Tokenizer | None = None,
+    ) -> None:
+        self._tok = (
+            tokenizer if tokenizer is not None else tokenizers.Tokenizer.from_file(str(path))
+        )
         self.eos_token_ids = tuple(eos_token_ids)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+
+    @classmethod
+    def from_tokenizer(
+        cls, tokenizer: tokenizers.Tokenizer, eos_token_ids: Sequence[int]
+    ) -> HFTokenizer:
+        """One built in memory (a GGUF file's vocabulary and merges)."""
+        return cls(None, eos_token_ids, tokenizer)
 
     def encode(self, text: str) -> list[int]:
         """Ids as the tokenizer's post-processor defines them (e.g. with Llama's BOS)."""

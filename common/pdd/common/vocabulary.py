@@ -54,3 +54,8 @@ class ToolCallFormat(StrEnum):
     # Hermes / Qwen2 / Qwen3: <tool_call>{"name": .., "arguments": {..}}</tool_call>
     HERMES = "hermes"
     LLAMA3_JSON = "llama3_json"  # Llama 3.x: a bare {"name": .., "parameters": {..}} object
+
+
+#: The gauge each relay pod exports and its HPA scales on (through a custom-metrics
+#: adapter): the worker's metric, the operator's HPA and the chart's adapter rule.
+RELAY_LOAD_METRIC = "pdd_worker_relay_load"

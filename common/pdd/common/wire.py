@@ -290,14 +290,20 @@ class EngineInfo(_Wire):
 
     device: str
     dtype: str
+    dtype_reason: str = Field(
+        default="", description="why this dtype: 'asked for', or how auto resolved here"
+    )
+    cpu_kernels: str | None = Field(
+        default=None, description="the compiled CPU kernels' variant (avx2, ...); None: torch's"
+    )
     block_size: int = Field(ge=1)
     kv_blocks: int = Field(ge=1)
     kv_tokens: int = Field(ge=1, description="KV cache capacity: kv_blocks x block_size")
     kv_bytes: int = Field(ge=1)
-    max_running: int = Field(ge=1)
+    max_running_requests: int = Field(ge=1)
     max_model_len: int = Field(ge=1)
     max_prompt_tokens: int = Field(ge=1)
-    max_batched_tokens: int = Field(ge=1, description="per-step token budget (chunked prefill)")
+    max_num_batched_tokens: int = Field(ge=1, description="per-step token budget (chunked prefill)")
 
 
 class WorkerHealth(_Wire):
@@ -329,7 +335,7 @@ class LoadReport(_Wire):
     kv_blocks_free: int = Field(ge=0)
     kv_blocks_total: int = Field(ge=0)
     relay_load: float = Field(ge=0.0, le=1.0)
-    capacity: int = Field(ge=1, description="requests it runs at once (its max_running)")
+    capacity: int = Field(ge=1, description="requests it runs at once (its max_running_requests)")
     draining: bool = Field(
         default=False, description="shutting down: finishing what it runs, taking nothing new"
     )

@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 
 from pdd.common.kv_codec import KV_CODECS, NO_CODEC, KVCodec
+from pdd.common.settings import parser as settings_parser
 from pdd.common.vocabulary import Role
 from pdd.local import link_schedule, plots, quiescence, report, soak
 from pdd.local.chaos import Chaos, ChaosError, ChaosEvent, ChaosTarget, plan
@@ -57,7 +58,7 @@ from pdd.local.topology import (
 from pdd.local.traces import TraceFormatError, bundled_traces, detect, load_trace
 from pdd.local.traces.base import Trace, ideal_hit_ratios
 from pdd.local.traces.synth import Job, Scaling, ScalingError, synthesize
-from pdd.local.up import add_stack_flags, say, stack_config
+from pdd.local.up import add_stack_flags, say, stack_config, stack_model
 
 #: Synthesized tokens per trace block, by format: both land prompts at a few hundred
 #: tokens at the median, within the tiny model's 4096-token context.
@@ -93,7 +94,7 @@ VARIANTS: dict[str, Variant] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pdd bench", description=__doc__.splitlines()[0])
+    p = settings_parser("pdd bench", __doc__.splitlines()[0])
     p.add_argument(
         "--trace",
         type=Path,
@@ -109,24 +110,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stack", type=Path, help="stack.json of the --url stack, for its counters")
     p.add_argument("--max-requests", type=int, help="first N requests (whole chains first)")
     p.add_argument("--tokens-per-block", type=float, help="synthesized tokens per trace block")
-    p.add_argument("--output-scale", type=float, default=1 / 16)
-    p.add_argument("--max-output-tokens", type=int, default=128)
+    p.add_argument(
+        "--output-scale", type=float, default=1 / 16,
+        help="share of each traced response's length to generate (CPU budgets)",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-output-tokens", type=int, default=128, help="cap on one response's tokens"
+    )
     p.add_argument("--time-scale", type=float, help="replay s per trace s (default by format)")
     p.add_argument("--session-gap-s", type=float, default=60.0, help="between session starts")
-    p.add_argument("--max-context-tokens", type=int, default=4096)
+    p.add_argument(
+        "--max-context-tokens", type=int, default=4096,
+        help="requests longer than this in all (prompt + output) are skipped",
+    )  # fmt: skip
     p.add_argument(
         "--slo-ttft-s",
         type=float,
         default=report.Slo.ttft_s,
         help="also the router's TTFT budget unless --ttft-budget-s",
     )
-    p.add_argument("--slo-stall-s", type=float, default=report.Slo.stall_s)
-    p.add_argument("--request-timeout-s", type=float, default=300.0)
+    p.add_argument(
+        "--slo-stall-s", type=float, default=report.Slo.stall_s,
+        help="SLO: longest gap between two tokens of a stream",
+    )  # fmt: skip
+    p.add_argument(
+        "--request-timeout-s", type=float, default=300.0, help="a request's client timeout"
+    )
     p.add_argument("--out-dir", type=Path, help="default bench-results/<trace name>")
     p.add_argument("--json", type=Path, help="default <out-dir>/results.json")
     p.add_argument("--csv", type=Path, help="default <out-dir>/results.csv")
-    p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-plots", action="store_true", help="write tables only, no plots")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--max-think-s", type=float, default=300.0, help="cap, in trace seconds")
     p.add_argument(
         "--scale-down",
@@ -210,6 +224,7 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
         modes = parse_modes(args)
+        args.model = stack_model(args.model)  # once: the fallback is said once
         args.scale_down = parse_roles(args.scale_down)
         if args.soak is not None and (args.url or len(modes) != 1):
             raise ScaleDownError("--soak runs one mode (--modes pdd) on a stack bench starts")
@@ -279,7 +294,7 @@ def link_phases(args: argparse.Namespace) -> list[Phase]:
             "--link-schedule acts on the stacks bench starts, alone: not with --url, "
             "--chaos or --scale-down"
         )
-    return link_schedule.parse_schedule(args.link_schedule, args.wan_gbps)
+    return link_schedule.parse_schedule(args.link_schedule, args.link_gbps)
 
 
 def chaos_schedules(
@@ -601,7 +616,11 @@ def _document(
         "notes": list(trace.notes),
         "scaling": scaling.describe(trace.block_size),
         "scaling_params": asdict(scaling),
-        "link": {"gbps": args.wan_gbps, "rtt_ms": args.wan_rtt_ms, "jitter_ms": args.wan_jitter_ms},
+        "link": {
+            "gbps": args.link_gbps,
+            "rtt_ms": args.link_rtt_ms,
+            "jitter_ms": args.link_jitter_ms,
+        },
         "slo": asdict(slo),
         "machine": {
             "cpus": os.cpu_count(),
@@ -621,7 +640,9 @@ def _document(
         },
         "link_view": {run.mode: run.link_view for run in runs if run.link_view},
         "modes": summaries,
-        "comparisons": report.comparisons(list(summaries.values()), args.wan_gbps, args.wan_rtt_ms),
+        "comparisons": report.comparisons(
+            list(summaries.values()), args.link_gbps, args.link_rtt_ms
+        ),
     }
 
 

@@ -61,8 +61,8 @@ def wan_link_argv(link: LinkSpec, routes: Sequence[tuple[str, str]], admin: str)
         raise ValueError("a WAN line needs at least one route")
     (listen, to), rest = routes[0], routes[1:]
     argv = ["wan-link", "--listen", listen, "--to", to, "--admin", admin]
-    argv += ["--gbps", f"{link.gbps:g}", "--rtt-ms", f"{link.rtt_ms:g}"]
-    argv += ["--jitter-ms", f"{link.jitter_ms:g}"]
+    argv += ["--link-gbps", f"{link.gbps:g}", "--link-rtt-ms", f"{link.rtt_ms:g}"]
+    argv += ["--link-jitter-ms", f"{link.jitter_ms:g}"]
     argv += ["--partition-grace-s", f"{link.partition_grace_s:g}", "--seed", "0"]
     for listen, to in rest:
         argv += ["--route", f"{listen}={to}"]

@@ -35,8 +35,8 @@ class StackGreedy:
     #: Per prompt, the generated token IDs.
     outputs: list[list[int]] = field(default_factory=list)
     pipelines: Counter[str] = field(default_factory=Counter)
-    #: ``pdd_wan_bytes_total`` (MD's miss at the engine's bytes per token) and
-    #: ``pdd_wan_kv_wire_bytes_total`` (the chunks as sent), summed over the workers.
+    #: ``pdd_worker_wan_kv_bytes_total`` (MD's miss at the engine's bytes per token) and
+    #: ``pdd_worker_wan_kv_coded_bytes_total`` (the chunks as sent), summed over the workers.
     wan_kv_bytes: float = 0.0
     wan_kv_wire_bytes: float = 0.0
 
@@ -83,6 +83,6 @@ async def _run(stack: LocalStack, prompts: Sequence[Sequence[int]], max_tokens: 
             raise RuntimeError(f"workers did not settle: {sorted(states)}")
         _, workers = await stack.info.probes.metrics(client)
     samples = summed(workers)
-    result.wan_kv_bytes = total(samples, "pdd_wan_bytes_total")
-    result.wan_kv_wire_bytes = total(samples, "pdd_wan_kv_wire_bytes_total")
+    result.wan_kv_bytes = total(samples, "pdd_worker_wan_kv_bytes_total")
+    result.wan_kv_wire_bytes = total(samples, "pdd_worker_wan_kv_coded_bytes_total")
     return result

@@ -11,7 +11,11 @@ given by flags instead, the only thing added to a rendered container's command l
   would resolve to) by pod name, which is also each worker's instance id, and the
   managed Redis's address; that Redis its ``--port``;
 - mounted ConfigMap and Secret files (the WAN TLS certificates) are written under the log
-  folder, and arguments that point into a mount point there instead;
+  folder (an emptyDir is an empty folder there), and arguments that point into a mount
+  point there instead; so is the model path of the config document (``--model``);
+- init containers (a huggingFace source's model pull) run to completion first, in
+  order, their output in the pod's log; one that fails stops the start with its
+  termination message;
 - with two clusters, one ``pdd wan-link`` per direction a connection starts in, each a
   line carrying a route to every worker WAN port of the other cluster; a worker
   advertises its route on the line the other cluster dials as its WAN address, so every
@@ -23,7 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
+import os
 import socket
+import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,7 +45,13 @@ from pdd.local.cluster import (
     refused_settings,
     wan_link_argv,
 )
-from pdd.local.manifests import DEFAULT_ENTRYPOINTS, ManifestError, PodPlan, container_argv
+from pdd.local.manifests import (
+    DEFAULT_ENTRYPOINTS,
+    ManifestError,
+    PodPlan,
+    container_argv,
+    init_argv,
+)
 from pdd.local.supervisor import PDD_PROGRAM, Supervisor, spawn_process, wait_ready
 
 #: Components whose pods run ``pdd worker``.
@@ -215,10 +228,13 @@ def start_host_pods(
             argv = wan_link_argv(link, list(line.routes.values()), line.admin)
             _spawn(running, line.name, [*PDD_PROGRAM, *argv], dict(env or {}))
         for pod in pods:
-            argv = host_argv(pod, _write_volumes(pod, log_dir))
+            mounts = _write_volumes(pod, log_dir)
+            _run_init_containers(pod, mounts, {**(env or {})}, log_dir)
+            argv = host_argv(pod, mounts) + _model_arg(pod, mounts)
             argv += _network_args(pod, pods, lines, router_host)
             argv += list((extra_args or {}).get(pod.role, ()))
-            _spawn(running, pod.name, argv, {**(env or {}), **pod.plan.env})
+            pod_env = {**(env or {}), **pod.plan.env}
+            _spawn(running, pod.name, argv, pod_env, append=bool(pod.plan.init_containers))
         _wait_ready(running, time.monotonic() + ready_timeout_s)
     except BaseException:
         running.stop()
@@ -252,9 +268,45 @@ def _write_volumes(pod: HostPod, log_dir: Path) -> dict[str, str]:
     return mounts
 
 
-def _spawn(running: HostPods, name: str, argv: list[str], env: dict[str, str]) -> None:
+def _run_init_containers(
+    pod: HostPod, mounts: Mapping[str, str], env: dict[str, str], log_dir: Path
+) -> None:
+    for init in pod.plan.init_containers:
+        termination = log_dir / "volumes" / pod.name / f"{init.name}.termination-log"
+        termination.parent.mkdir(parents=True, exist_ok=True)
+        argv = [_on_host(a, mounts) for a in init_argv(pod.plan, init, str(termination))]
+        with (log_dir / f"{pod.name}.log").open("ab") as log:
+            done = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT,
+                                  env={**os.environ, **env, **init.env}, check=False)  # fmt: skip
+        if done.returncode != 0:
+            message = termination.read_text().strip() if termination.is_file() else ""
+            raise HostPodsStartError(
+                f"{pod.name}: init container {init.name} exited {done.returncode}: "
+                f"{message or 'see ' + str(log_dir / (pod.name + '.log'))}"
+            )
+
+
+def _model_arg(pod: HostPod, mounts: Mapping[str, str]) -> list[str]:
+    """``--model HOST_PATH`` where the config document's model path lies in a mount (the
+    pod would read it there; here it is the folder that stands for the mount)."""
+    argv = pod.plan.args
+    if "--config" not in argv:
+        return []
+    config = Path(_on_host(argv[argv.index("--config") + 1], mounts))
+    try:
+        path = str(json.loads(config.read_text())["model"]["path"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    on_host = _on_host(path, mounts)
+    return ["--model", on_host] if on_host != path else []
+
+
+def _spawn(
+    running: HostPods, name: str, argv: list[str], env: dict[str, str], append: bool = False
+) -> None:
+    """``append``: after the pod's init containers, whose output begins its log."""
     log = running.log_dir / f"{name}.log"
-    running.supervisor.add(name, spawn_process(argv, log, env), log, env)
+    running.supervisor.add(name, spawn_process(argv, log, env, append), log, env)
 
 
 def _pod_ready(probe_url: str) -> bool:

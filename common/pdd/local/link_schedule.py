@@ -7,7 +7,7 @@ Each entry is ``SECONDS:VALUE``, seconds since the replay began: a rate in Gbit/
 line re-rated through the emulator's admin API, ``POST /rate``, and healed if it was
 cut) or ``cut`` (``POST /partition``, both directions, as ``--chaos`` cuts it). Each
 entry starts a phase that lasts until the next one; before the first, the line runs
-at its declared rate (``--wan-gbps``). Unlike ``--chaos``, whose events wait for counts
+at its declared rate (``--link-gbps``). Unlike ``--chaos``, whose events wait for counts
 of finished requests, a schedule is wall-clock time: the point is what the router does
 *while* the line is slow or gone, whatever it dispatches meanwhile.
 
@@ -203,9 +203,10 @@ def link_view(samples: Samples) -> dict[str, float | None]:
     goodput and backlog it decides on, what a request on the relay adds to a relayed
     first token, the slowest P's prefill rate (None: none measured, the prior holds);
     and this machine's 1-minute load average, which these times depend on."""
-    rates = by_label(samples, "pdd_router_prefill_tokens_per_s", "instance")
+    rates = by_label(samples, "pdd_router_prefill_tokens_per_second", "worker")
+    goodput = by_label(samples, "pdd_router_link_goodput_bytes_per_second", "link")
     return {
-        "goodput_gbps": sum(by_label(samples, "pdd_router_link_goodput_gbps", "link").values()),
+        "goodput_gbps": sum(goodput.values()) * 8 / 1e9,
         "backlog_bytes": sum(by_label(samples, "pdd_router_link_backlog_bytes", "link").values()),
         "relay_slot_s": samples.get("pdd_router_relay_slot_seconds", 0.0),
         "prefill_tokens_per_s": min(rates.values(), default=None),

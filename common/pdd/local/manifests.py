@@ -93,6 +93,19 @@ class HostAddressing:
 
 
 @dataclass(frozen=True)
+class InitContainer:
+    """An init container: run to completion, in order, before the pod's container."""
+
+    name: str
+    command: tuple[str, ...]
+    args: tuple[str, ...]
+    env: dict[str, str]
+    #: Where it writes why it failed (kubelet's terminationMessagePath); runners point
+    #: it at a file of their own.
+    termination_path: str = "/dev/termination-log"
+
+
+@dataclass(frozen=True)
 class PodPlan:
     name: str
     cluster: str
@@ -109,6 +122,7 @@ class PodPlan:
     files: dict[str, dict[str, str]] = field(default_factory=dict)
     host_mounts: dict[str, str] = field(default_factory=dict)  # mount path -> host path
     addressing: Addressing | HostAddressing = Addressing()
+    init_containers: tuple[InitContainer, ...] = ()
 
     @property
     def component(self) -> str:
@@ -210,7 +224,19 @@ def _pod(
     )
     env = {e["name"]: _env_value(cluster, draft, e, user_secrets) for e in container.get("env", [])}
     files, host_mounts = _mounts(cluster, name, pod_spec, container, (claims, user_secrets))
-    return PodPlan(**{**vars(draft), "env": env, "files": files, "host_mounts": host_mounts})
+    inits = []
+    for init in pod_spec.get("initContainers", []):
+        if not init.get("command"):
+            raise ManifestError(f"{name}: init container {init['name']!r} needs a command here")
+        init_env = {e["name"]: _env_value(cluster, draft, e, user_secrets)
+                    for e in init.get("env", [])}  # fmt: skip
+        more_files, more_mounts = _mounts(cluster, name, pod_spec, init, (claims, user_secrets))
+        files, host_mounts = {**more_files, **files}, {**more_mounts, **host_mounts}
+        path = init.get("terminationMessagePath", "/dev/termination-log")
+        inits.append(InitContainer(init["name"], tuple(init["command"]),
+                                   tuple(init.get("args", ())), init_env, path))  # fmt: skip
+    return PodPlan(**{**vars(draft), "env": env, "files": files, "host_mounts": host_mounts,
+                      "init_containers": tuple(inits)})  # fmt: skip
 
 
 def _refuse_gpus(name: str, container: dict[str, Any]) -> None:
@@ -303,7 +329,8 @@ def _mounts(
     container: dict[str, Any],
     sources: tuple[Mapping[str, str], Mapping[str, Mapping[str, str]]],  # claims, user Secrets
 ) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
-    """Files to write per mount path (ConfigMaps, Secrets) and host folders (hostPath, PVCs)."""
+    """Files to write per mount path (ConfigMaps, Secrets; none for an emptyDir) and host
+    folders (hostPath, PVCs)."""
     claims, user_secrets = sources
     volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
     files: dict[str, dict[str, str]] = {}
@@ -319,6 +346,8 @@ def _mounts(
                 _secret_files(cluster, volume["secret"]["secretName"], user_secrets),
                 volume["secret"].get("items"),
             )
+        elif "emptyDir" in volume:  # a folder of the pod's own, empty at its start
+            files[target] = {}
         elif "hostPath" in volume:
             host_mounts[target] = _sub(volume["hostPath"]["path"], mount)
         elif "persistentVolumeClaim" in volume:
@@ -382,6 +411,18 @@ def hosts_file(table: dict[str, list[str]]) -> str:
     for name, ips in sorted(table.items()):
         lines += [f"{ip} {name}" for ip in ips]
     return "\n".join(lines) + "\n"
+
+
+def init_argv(pod: PodPlan, init: InitContainer, termination_file: str) -> list[str]:
+    """An init container's command line (``pdd`` is this interpreter's), its termination
+    message path pointed at ``termination_file``."""
+    command = list(init.command)
+    if command[0] == "pdd":
+        command = [*PDD_PROGRAM, *command[1:]]
+    elif shutil.which(command[0]) is None:
+        raise ManifestError(f"{pod.name}: init container {init.name}: {command[0]!r} not found")
+    args = [termination_file if a == init.termination_path else a for a in init.args]
+    return command + args
 
 
 def container_argv(pod: PodPlan, entrypoints: Mapping[str, tuple[str, ...]]) -> list[str]:

@@ -46,6 +46,7 @@ from pdd.local.manifests import (
     container_argv,
     host_table,
     hosts_file,
+    init_argv,
     plan_pods,
 )
 from pdd.local.supervisor import Supervisor, wait_ready
@@ -299,6 +300,11 @@ def _start_pod(
     for target in binds:
         _ensure_mount_point(Path(target))
     script = [f"mount --bind {shlex.quote(src)} {shlex.quote(dst)}" for dst, src in binds.items()]
+    for init in pod.init_containers:  # to completion, in order, before the container
+        termination = running.log_dir / "volumes" / pod.name / f"{init.name}.termination-log"
+        termination.parent.mkdir(parents=True, exist_ok=True)
+        assignments = [f"{k}={v}" for k, v in init.env.items()]
+        script.append(shlex.join(["env", *assignments, *init_argv(pod, init, str(termination))]))
     script.append(f"exec {shlex.join(container_argv(pod, entrypoints))}")
     log = running.log_dir / f"{pod.name}.log"
     with log.open("wb") as out:

@@ -71,8 +71,8 @@ def _ratio(num: float, den: float) -> float | None:
 
 
 def hit_ratio(workers: Samples, role: str) -> float | None:
-    hit = total(workers, "pdd_prefix_hit_tokens_total", role=role)
-    return _ratio(hit, total(workers, "pdd_prompt_tokens_total", role=role))
+    hit = total(workers, "pdd_worker_prefix_hit_tokens_total", role=role)
+    return _ratio(hit, total(workers, "pdd_worker_prompt_tokens_total", role=role))
 
 
 def during_outage(o: Outcome, outages: Sequence[tuple[float, float]]) -> bool:
@@ -127,11 +127,11 @@ def summarize(run: ModeRun, slo: Slo) -> dict[str, Any]:
         "goodput_rps": met / run.wall_s if run.wall_s > 0 else None,
         "wan_bytes": run.wan_bytes,
         "wan_gb": run.wan_bytes / 1e9 if run.wan_bytes is not None else None,
-        "kv_wan_bytes_reported": total(run.workers, "pdd_wan_bytes_total"),
-        "kv_wan_wire_bytes_reported": total(run.workers, "pdd_wan_kv_wire_bytes_total"),
+        "kv_wan_bytes_reported": total(run.workers, "pdd_worker_wan_kv_bytes_total"),
+        "kv_wan_wire_bytes_reported": total(run.workers, "pdd_worker_wan_kv_coded_bytes_total"),
         "kv_codec": run.kv_codec,
         "agreement": None,  # filled in by agreement
-        "handoff_bytes": total(run.workers, "pdd_handoff_bytes_total"),
+        "handoff_bytes": total(run.workers, "pdd_worker_handoff_bytes_total"),
         "pipeline_share": {k: v / sum(pipelines.values()) for k, v in pipelines.items() if v},
         "rld_token_share": _ratio(tokens.get("relay", 0.0), sum(tokens.values())),
         "p_hit_ratio": hit_ratio(run.workers, p_role),

@@ -106,7 +106,9 @@ class LocalStack:
         config.log_dir.mkdir(parents=True, exist_ok=True)
         secret = os.environ.get("PDD_SHARED_SECRET") or secrets.token_hex(16)
         plans = render(config, secret)
-        say(f"starting {', '.join(p.name for p in plans)} (model {config.model}), "
+        model = config.model + (" (random weights: answers are noise)" if config.model == "tiny"
+                                 else "")  # fmt: skip
+        say(f"starting {', '.join(p.name for p in plans)} (model {model}), "
             f"logs in {config.log_dir}")  # fmt: skip
         pods = _start_pods(config, plans, say)
         try:
@@ -142,11 +144,18 @@ def render(config: StackConfig, token: str) -> list[PodPlan]:
     source, out = config.log_dir / "pdddeployment.yaml", config.log_dir / "rendered"
     source.write_text(yaml.safe_dump(stack_deployment(config), sort_keys=False))
     argv = [*PDD_PROGRAM, "operator", "render", "-f", str(source), "--out-dir", str(out)]
-    done = subprocess.run([*argv, "--shared-token", token], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise StackStartError(f"pdd operator render refused {source}: {done.stderr.strip()}")
+    # The manifests, then the Secrets they name (what the operator would generate once).
+    for extra in ([], ["--secrets", "--shared-token", token]):
+        done = subprocess.run([*argv, *extra], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise StackStartError(f"pdd operator render refused {source}: {done.stderr.strip()}")
+
+    def objects(name: str) -> list[dict]:
+        files = [out / f"{name}.yaml", out / f"secrets-{name}.yaml"]
+        return [o for f in files if f.exists() for o in yaml.safe_load(f.read_text())["items"]]
+
     clusters = [
-        ClusterObjects(name, yaml.safe_load((out / f"{name}.yaml").read_text())["items"])
+        ClusterObjects(name, objects(name))
         for name in ("local", "remote")
         if (out / f"{name}.yaml").exists()
     ]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
+from pdd.common.settings import parser as settings_parser
 from pdd.common.tokenizer import ByteTokenizer
 
 SPECIAL = ("<s>", "</s>", "<pad>")
@@ -60,10 +61,14 @@ def write(out: Path) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="pdd tiny-tokenizer", description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    p = settings_parser("pdd tiny-tokenizer", __doc__.splitlines()[0])
     p.add_argument("out", type=Path, help="the directory to write")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
     write(args.out)
     print(f"wrote the tiny model's tokenizer to {args.out}")
     return 0

@@ -1,6 +1,6 @@
 """``pdd up``: the whole pipeline on this machine, until Ctrl-C.
 
-    pdd up --model tiny --mode pdd --port 8080
+    pdd up --model smollm2-135m-instruct --mode pdd --port 8080
 
 Renders the PDDDeployment that the flags describe with the operator's own renderer and
 runs the chosen mode's pods as local processes, with the emulated WAN lines between
@@ -21,6 +21,15 @@ from pathlib import Path
 from types import FrameType
 
 from pdd.common.kv_codec import KV_CODECS, NO_CODEC
+from pdd.common.model_store import (
+    BUILTINS,
+    DEFAULT_MODEL,
+    TINY,
+    ModelNotPulledError,
+    default_model,
+    resolve_model,
+)
+from pdd.common.settings import parser as settings_parser
 from pdd.local.cluster import LinkSpec
 from pdd.local.stack import LocalStack, StackStartError
 from pdd.local.topology import MODES, Counts, StackConfig, TopologyError
@@ -29,13 +38,21 @@ from pdd.local.topology import MODES, Counts, StackConfig, TopologyError
 def add_stack_flags(p: argparse.ArgumentParser, default_log_dir: Path | None) -> None:
     """Flags shared by ``pdd up`` and ``pdd bench`` (which brings stacks up itself)."""
     d = StackConfig()
-    p.add_argument("--model", default=d.model, help='"tiny" (built in) or a checkpoint directory')
-    p.add_argument("--host", default=d.host)
+    p.add_argument(
+        "--model", default=None,
+        help=f"a built-in ({', '.join(BUILTINS)}; default {DEFAULT_MODEL} where pulled, else "
+        f"{TINY!r}: random weights, for tests), ORG/REPO pulled with `pdd models pull`, a "
+        "checkpoint directory or a GGUF file",
+    )  # fmt: skip
+    p.add_argument("--host", default=d.host, help="address every process listens on")
     for role in ("prefill", "relay", "main", "mono"):
         p.add_argument(f"--{role}", type=int, default=1, metavar="N", help=f"{role} workers")
-    p.add_argument("--wan-gbps", type=float, default=d.link.gbps, help="WAN line rate, Gbit/s")
-    p.add_argument("--wan-rtt-ms", type=float, default=d.link.rtt_ms, help="WAN round trip")
-    p.add_argument("--wan-jitter-ms", type=float, default=d.link.jitter_ms, help="WAN jitter")
+    # The WAN line's flags, named as pdd router and pdd wan-link name them.
+    p.add_argument("--link-gbps", type=float, default=d.link.gbps, help="WAN line rate, Gbit/s")
+    p.add_argument(
+        "--link-rtt-ms", type=float, default=d.link.rtt_ms, help="WAN round-trip time, ms"
+    )
+    p.add_argument("--link-jitter-ms", type=float, default=d.link.jitter_ms, help="WAN jitter, ms")
     p.add_argument(
         "--wan-tls", action="store_true",
         help="TLS 1.3 on the channels between the datacenters (spec.wan.tls; a CA and "
@@ -48,23 +65,32 @@ def add_stack_flags(p: argparse.ArgumentParser, default_log_dir: Path | None) ->
     )  # fmt: skip
     p.add_argument("--redis", help="redis://HOST:PORT/DB for the router (default: embedded)")
     p.add_argument("--ttft-budget-s", type=float, help="the router's TTFT budget for P-MD")
-    p.add_argument("--log-dir", type=Path, default=default_log_dir)
-    p.add_argument("--ready-timeout-s", type=float, default=d.ready_timeout_s)
+    p.add_argument(
+        "--log-dir", type=Path, default=default_log_dir,
+        help="per-pod logs, the PDDDeployment and its render go here",
+    )  # fmt: skip
+    p.add_argument(
+        "--ready-timeout-s", type=float, default=d.ready_timeout_s,
+        help="longest to wait for every process to be ready",
+    )  # fmt: skip
     p.add_argument(
         "--worker-arg", action="append", default=[], metavar="ARG",
-        help="extra argument for every worker, e.g. --worker-arg=--kv-budget-mb=64",
+        help="extra argument for every worker, e.g. --worker-arg=--kv-cache-gib=0.0625",
     )  # fmt: skip
-    p.add_argument("--router-arg", action="append", default=[], metavar="ARG")
+    p.add_argument(
+        "--router-arg", action="append", default=[], metavar="ARG",
+        help="extra argument for the router, e.g. --router-arg=--log-level=debug",
+    )  # fmt: skip
 
 
 def stack_config(args: argparse.Namespace, mode: str, port: int, log_dir: Path) -> StackConfig:
     return StackConfig(
         mode=mode,  # type: ignore[arg-type]
-        model=args.model,
+        model=stack_model(args.model),
         host=args.host,
         port=port,
         counts=Counts(args.prefill, args.relay, args.main, args.mono),
-        link=LinkSpec(gbps=args.wan_gbps, rtt_ms=args.wan_rtt_ms, jitter_ms=args.wan_jitter_ms),
+        link=LinkSpec(gbps=args.link_gbps, rtt_ms=args.link_rtt_ms, jitter_ms=args.link_jitter_ms),
         redis_url=args.redis,
         log_dir=log_dir,
         worker_args=tuple(args.worker_arg),
@@ -76,8 +102,18 @@ def stack_config(args: argparse.Namespace, mode: str, port: int, log_dir: Path) 
     )
 
 
+def stack_model(requested: str | None) -> str:
+    """The model a stack serves: the default where none is named, a pulled name's folder."""
+    if requested is None:
+        return default_model(say)
+    try:
+        return resolve_model(requested)
+    except ModelNotPulledError as e:
+        raise TopologyError(str(e)) from e
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pdd up", description=__doc__.splitlines()[0])
+    p = settings_parser("pdd up", __doc__.splitlines()[0])
     p.add_argument("--mode", choices=MODES, default="pdd", help="what runs (baselines too)")
     p.add_argument("--port", type=int, default=8080, help="the router's (OpenAI API) port")
     p.add_argument("--keep-going", action="store_true", help="report a dead child, keep serving")
@@ -96,8 +132,9 @@ def say(text: str) -> None:
 def curl_example(base_url: str, model: str) -> str:
     body = {
         "model": model,
-        "messages": [{"role": "user", "content": "Hello!"}],
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
         "max_tokens": 32,
+        "temperature": 0,
         "stream": True,
     }
     return (

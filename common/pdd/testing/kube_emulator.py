@@ -27,6 +27,7 @@ from pdd.testing.waiting import until
 CR = "pdd.dev/v1alpha1/pdddeployments"
 DEPLOYMENTS = "apps/v1/deployments"
 HPAS = "autoscaling/v2/horizontalpodautoscalers"
+PODS = "v1/pods"  # what a huggingFace model source's pull reports through
 CHILD_RESOURCES = {
     "v1/configmaps": "ConfigMap",
     "v1/secrets": "Secret",
@@ -85,6 +86,7 @@ async def emulator() -> AsyncIterator[tuple[kmock.KubernetesEmulator, str]]:
     async with VersionedEmulator() as k8s, kmock.Server(k8s) as server:
         k8s.resources["v1/namespaces"] = {"kind": "Namespace", "namespaced": False, "verbs": VERBS}
         k8s.resources["v1/events"] = {"kind": "Event", "namespaced": True, "verbs": VERBS}
+        k8s.resources[PODS] = {"kind": "Pod", "namespaced": True, "verbs": VERBS}
         for resource, kind in CHILD_RESOURCES.items():
             k8s.resources[resource] = {"kind": kind, "namespaced": True, "verbs": VERBS}
         k8s.resources[CR] = {

@@ -1,7 +1,7 @@
 """``pdd wan-link``: run one emulated WAN line (``WanLink``) with its admin endpoint.
 
     pdd wan-link --listen 127.0.0.1:7100 --to 127.0.0.1:7000 \\
-        --gbps 10 --rtt-ms 30 --jitter-ms 5 --admin 127.0.0.1:7101
+        --link-gbps 10 --link-rtt-ms 30 --link-jitter-ms 5 --admin 127.0.0.1:7101
 
 More routes can share the line: ``--route LISTEN=TO`` (repeatable), e.g. one per
 address of the far side that the near side dials. The line itself is ``pdd.wan.link``;
@@ -13,30 +13,40 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import signal
 import sys
 
+from pdd.common.logs import add_log_flags, configure_logging
+from pdd.common.settings import parser as settings_parser
 from pdd.wan.admin import AdminServer
 from pdd.wan.link import Route, WanLink
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="pdd wan-link", description="TCP proxy emulating one shared WAN line"
-    )
+def build_parser() -> argparse.ArgumentParser:
+    parser = settings_parser("pdd wan-link", "TCP proxy emulating one shared WAN line")
     parser.add_argument("--listen", required=True, help="host:port to accept connections on")
     parser.add_argument("--to", required=True, help="host:port to forward them to")
     parser.add_argument(
         "--route", action="append", default=[], metavar="LISTEN=TO",
         help="another forwarded address sharing the same line (repeatable)",
     )  # fmt: skip
-    parser.add_argument("--gbps", type=float, required=True, help="shared line rate, Gbit/s")
-    parser.add_argument("--rtt-ms", type=float, default=0.0, help="round-trip time")
-    parser.add_argument("--jitter-ms", type=float, default=0.0, help="max extra one-way delay")
-    parser.add_argument("--admin", help="host:port for the admin HTTP endpoint")
-    parser.add_argument("--partition-grace-s", type=float, default=5.0)
-    parser.add_argument("--seed", type=int, help="seed the jitter for reproducible runs")
+    # The line's flags are named as ``pdd up`` and ``pdd router`` name them.
+    parser.add_argument(
+        "--link-gbps", type=float, required=True, help="shared line rate, Gbit/s (required)"
+    )
+    parser.add_argument("--link-rtt-ms", type=float, default=0.0, help="round-trip time, ms")
+    parser.add_argument(
+        "--link-jitter-ms", type=float, default=0.0, help="max extra one-way delay, ms"
+    )
+    parser.add_argument("--admin", help="host:port for the admin HTTP endpoint (default: none)")
+    parser.add_argument(
+        "--partition-grace-s", type=float, default=5.0,
+        help="how long a cut line holds connections open before they are reset",
+    )  # fmt: skip
+    add_log_flags(parser)
+    parser.add_argument(
+        "--seed", type=int, help="seed the jitter for reproducible runs (default: random)"
+    )
     return parser
 
 
@@ -44,9 +54,9 @@ async def _run(args: argparse.Namespace) -> None:
     link = WanLink(
         args.listen,
         args.to,
-        args.gbps,
-        args.rtt_ms,
-        args.jitter_ms,
+        args.link_gbps,
+        args.link_rtt_ms,
+        args.link_jitter_ms,
         partition_grace_s=args.partition_grace_s,
         seed=args.seed,
         extra_routes=[Route.parse(r) for r in args.route],
@@ -61,7 +71,8 @@ async def _run(args: argparse.Namespace) -> None:
         await admin.start(args.admin)
     more = f" and {len(args.route)} more routes" if args.route else ""
     print(
-        f"wan-link listening on {args.listen} -> {args.to}{more} ({args.gbps} Gbit/s)", flush=True
+        f"wan-link listening on {args.listen} -> {args.to}{more} ({args.link_gbps} Gbit/s)",
+        flush=True,
     )
     try:
         await stop.wait()
@@ -72,8 +83,8 @@ async def _run(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    args = build_parser().parse_args(argv)
+    configure_logging(args.log_level, args.log_format)
     try:
         asyncio.run(_run(args))
     except ValueError as exc:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import kopf
+from kubernetes_asyncio.config import ConfigException
 
+from pdd.operator.builders.model_pull import MODEL_PULL_CONTAINER
 from pdd.operator.cleanup import cleanup, cleanup_remote
 from pdd.operator.kube import ApiError
 from pdd.operator.naming import (
@@ -23,7 +24,7 @@ from pdd.operator.naming import (
 from pdd.operator.reconcile import owner_of, reconcile
 from pdd.operator.roles import REPORTED_ROLES, refresh_readiness
 from pdd.operator.runtime import OperatorOptions, OperatorRuntime
-from pdd.operator.wakeups import next_poll_s, snapshot
+from pdd.operator.wakeups import next_poll_s, pull_snapshot, snapshot
 
 #: kopf's own bookkeeping goes to annotations under this prefix.
 ANNOTATIONS_PREFIX = "kopf.pdd.dev"
@@ -56,12 +57,14 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 @kopf.on.login()
 async def login(memo: kopf.Memo, **kwargs: Any) -> kopf.ConnectionInfo:
     """The ordinary resolution: the pod's service account in-cluster, else KUBECONFIG
-    or ~/.kube/config, so the operator can point at any API server."""
-    connection = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
-    if connection is None:
-        raise kopf.LoginError("no service account token and no kubeconfig: nothing to log in")
-    await memo.runtime.connect_local(connection)
-    return connection
+    or ~/.kube/config, read by kubernetes_asyncio's loaders (tokens, client certificates,
+    exec plugins, OIDC); kopf's watches get the same credentials as the operator's client.
+    kopf calls this again when the API server refuses them: both are then renewed."""
+    try:
+        local = await memo.runtime.connect_local()
+    except (ConfigException, OSError, ValueError) as exc:
+        raise kopf.LoginError(f"no usable service account or kubeconfig: {exc}") from None
+    return local.connection_info()
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL, backoff=RETRY_BACKOFF_S)
@@ -105,7 +108,7 @@ async def keep_readiness_fresh(
         while not stopped and not runtime.stopping:
             try:
                 roles = await refresh_readiness(runtime, body, owner, logger)
-            except (ApiError, httpx.HTTPError) as exc:  # transient: retry after an interval
+            except ApiError as exc:  # transient (an unreachable cluster too): retry later
                 logger.warning("could not refresh readiness: %s", exc)
                 poll_s = runtime.options.status_interval_s
             else:
@@ -146,9 +149,26 @@ async def child_deployment_changed(body: kopf.Body, event: Any, memo: kopf.Memo,
     memo.runtime.wakeups.child_changed(meta["labels"][OWNER_UID_LABEL], child, seen)
 
 
+def _pulls_model(spec: Any, **_: Any) -> bool:
+    """A pod with a model-pull init container: only those change ModelAvailable."""
+    names = [c.get("name") for c in (spec or {}).get("initContainers") or []]
+    return MODEL_PULL_CONTAINER in names
+
+
+@kopf.on.event("", "v1", "pods", labels={OWNER_UID_LABEL: kopf.PRESENT}, when=_pulls_model)
+async def model_pull_pod_changed(body: kopf.Body, event: Any, memo: kopf.Memo, **_: Any) -> None:
+    """A pulling pod's init container changed (finished, failed): refresh its owner's
+    status, which reads ModelAvailable from the pods."""
+    meta = body["metadata"]
+    seen = None if event.get("type") == "DELETED" else pull_snapshot(dict(body))
+    child = ("pod", f"{meta['namespace']}/{meta['name']}")
+    memo.runtime.wakeups.child_changed(meta["labels"][OWNER_UID_LABEL], child, seen)
+
+
 @kopf.on.cleanup()
 async def stop_daemons(memo: kopf.Memo, **_: Any) -> None:
     """Tell readiness daemons the operator is exiting: kopf can start one for an event it
     processes during shutdown, and that one would never see its own stop flag."""
     memo.runtime.stopping = True
     memo.runtime.wakeups.wake_all()
+    await memo.runtime.aclose()

@@ -8,18 +8,28 @@ in tests against an emulator.
 from __future__ import annotations
 
 import argparse
-import logging
 import random
 import sys
 from typing import Any
 
 import kopf
 
+from pdd.common.logs import add_log_flags, configure_logging
+from pdd.common.settings import parser as settings_parser
 from pdd.operator.runtime import OperatorOptions
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="pdd operator", description=__doc__)
+def build_parser() -> argparse.ArgumentParser:
+    """``pdd operator [flags]`` runs the operator; ``pdd operator render`` is a verb with
+    its own flags (``pdd.operator.render``)."""
+    parser = settings_parser("pdd operator", __doc__)
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", title="verbs")
+    verbs.add_parser(
+        "render",
+        add_help=False,
+        help="print or write the manifests of the PDDDeployments in a file, without a "
+        "cluster (pdd operator render --help)",
+    )
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument(
         "-n",
@@ -40,7 +50,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="run as one of several replicas: they meet in the ClusterKopfPeering NAME and "
         "only the one with the highest (random) priority reconciles; the others stand by",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="debug logging (same as --log-level debug)"
+    )
+    add_log_flags(parser)
     parser.add_argument(
         "--status-interval",
         type=float,
@@ -54,7 +67,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         metavar="URL",
         help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz",
     )
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,10 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return render.main(argv[1:])
     args = parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging("DEBUG" if args.verbose else args.log_level, args.log_format)
     import pdd.operator.handlers  # noqa: F401  (registers the handlers with kopf)
 
     options = OperatorOptions(status_interval_s=args.status_interval)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from pdd.common.vocabulary import PDD_ROLES, Role
+from pdd.common.vocabulary import RELAY_LOAD_METRIC as RELAY_LOAD_METRIC  # the HPA metric
 
 GROUP = "pdd.dev"
 VERSION = "v1alpha1"
@@ -49,8 +50,6 @@ CONFIG_FILE = "config.json"
 WAN_TLS_DIR = "/etc/pdd-wan-tls"
 #: The key of the shared secret inside the generated Secret.
 SHARED_SECRET_KEY = "token"
-#: The custom metric each relay pod exports and the HPA scales on.
-RELAY_LOAD_METRIC = "pdd_relay_load"
 
 
 class Component(StrEnum):

@@ -75,36 +75,34 @@ def remote_namespace(spec: PDDSpec, owner: Owner) -> str | None:
 
 
 def build_plan(
-    spec: PDDSpec, owner: Owner, token: str, wan_tls: WanTlsMaterial | None = None
+    spec: PDDSpec, owner: Owner, token: str | None, wan_tls: WanTlsMaterial | None = None
 ) -> Plan:
     """Every child of a valid spec; MD's objects go to cluster B when remoteCluster is set.
 
-    ``wan_tls``: the generated WAN TLS material, required when the spec turns TLS on
-    without naming a Secret (the same material goes to both clusters)."""
-    if generates_wan_tls(spec) and wan_tls is None:
-        raise ValueError("wan.tls is on without a secretName: pass the generated material")
+    ``token`` and ``wan_tls``: the key material of the Secrets the operator generates once
+    (the peers' shared token; the WAN TLS CA and certificate, where the spec turns TLS on
+    without naming a Secret; the same material goes to both clusters). Without it, those
+    Secrets are left out and the workloads still name them: a render's output, which
+    must not hold fresh keys (``generated_secret_names`` lists what it references)."""
     local = Site(owner.namespace)
     remote_ns = remote_namespace(spec, owner)
     main_site = Site(remote_ns, remote=True) if remote_ns is not None else local
     main_cluster = Cluster.REMOTE if remote_ns is not None else Cluster.LOCAL
 
     local_config = build_worker_config(spec, owner, local)
-    children: list[tuple[Cluster, dict[str, Any]]] = [
-        (Cluster.LOCAL, build_shared_secret(owner, local, token)),
-        (Cluster.LOCAL, build_config_map(owner, local, local_config)),
-    ]
+    sites = [(Cluster.LOCAL, local)]
+    if main_cluster is Cluster.REMOTE:
+        sites.append((Cluster.REMOTE, main_site))
+    children: list[tuple[Cluster, dict[str, Any]]] = []
+    if token is not None:
+        children += [(cluster, build_shared_secret(owner, site, token)) for cluster, site in sites]
+    if generates_wan_tls(spec) and wan_tls is not None:
+        children += [(c, build_wan_tls_secret(owner, site, wan_tls)) for c, site in sites]
+    children.append((Cluster.LOCAL, build_config_map(owner, local, local_config)))
     main_config = local_config
     if main_cluster is Cluster.REMOTE:
         main_config = build_worker_config(spec, owner, main_site)
-        children += [
-            (Cluster.REMOTE, build_shared_secret(owner, main_site, token)),
-            (Cluster.REMOTE, build_config_map(owner, main_site, main_config)),
-        ]
-    if generates_wan_tls(spec):
-        assert wan_tls is not None  # checked above
-        children.append((Cluster.LOCAL, build_wan_tls_secret(owner, local, wan_tls)))
-        if main_cluster is Cluster.REMOTE:
-            children.append((Cluster.REMOTE, build_wan_tls_secret(owner, main_site, wan_tls)))
+        children.append((Cluster.REMOTE, build_config_map(owner, main_site, main_config)))
     if spec.router.managed_redis:
         children += [
             (Cluster.LOCAL, build_redis_service(owner)),
@@ -129,6 +127,14 @@ def build_plan(
         (Cluster.LOCAL, build_pdb(owner, Component.ROUTER, local)),
     ]
     return Plan(tuple((cluster, with_spec_hash(obj)) for cluster, obj in children))
+
+
+def generated_secret_names(spec: PDDSpec, owner: Owner) -> list[str]:
+    """The Secrets the operator generates once and the workloads name (in each cluster)."""
+    names = [owner.secret_name]
+    if generates_wan_tls(spec):
+        names.append(owner.wan_tls_secret_name)
+    return names
 
 
 def possible_children(owner: Owner, cluster: Cluster, namespace: str) -> list[ChildRef]:

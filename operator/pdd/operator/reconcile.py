@@ -22,7 +22,7 @@ from pdd.operator.naming import SHARED_SECRET_KEY, Owner
 from pdd.operator.plan import Cluster, Plan, build_plan, possible_children
 from pdd.operator.readiness import public_roles, readiness_conditions
 from pdd.operator.remote import RemoteClusterUnavailable
-from pdd.operator.roles import read_roles
+from pdd.operator.roles import read_model_condition, read_roles
 from pdd.operator.runtime import OperatorRuntime
 from pdd.operator.sizing import kv_capacity, size_link
 from pdd.operator.spec import PDDSpec
@@ -61,6 +61,7 @@ async def reconcile(runtime: OperatorRuntime, body: kopf.Body, logger: logging.L
         logger.info("children written: %s", written)
         kopf.info(body, reason="Reconciled", message=f"children written: {written}")
     roles = await read_roles(spec, owner, api, remote)
+    model = await read_model_condition(spec, owner, api, remote)
 
     def compute(_: dict[str, Any], generation: int) -> tuple[dict[str, Any], list[Condition]]:
         fields = {
@@ -69,7 +70,7 @@ async def reconcile(runtime: OperatorRuntime, body: kopf.Body, logger: logging.L
             "engine": kv_capacity(spec),
             "roles": public_roles(roles),
         }
-        return fields, [report.condition, HEALTHY, *readiness_conditions(roles)]
+        return fields, [report.condition, HEALTHY, *readiness_conditions(roles), *model]
 
     async with runtime.lock(owner.uid):
         await write_status(api, owner.namespace, owner.name, compute)

@@ -1,20 +1,21 @@
 """The remote cluster B: a client built from the kubeconfig stored in a Secret.
 
-Only static credentials are supported (a token, or a client certificate and key, with
-the CA inline): exec plugins and auth providers run programs or refresh tokens, which
-an operator pod cannot do for another cluster.
+The kubeconfig is read by kubernetes_asyncio's loader (``KubeApi.from_kubeconfig``), so
+whatever kubectl accepts works here: a ServiceAccount token, a client certificate, an
+exec credential plugin (``aws eks get-token``, ``gke-gcloud-auth-plugin``, ``kubelogin``;
+its command must exist in the operator's image, with the plugin's own credentials, such
+as workload identity, available to the operator pod), or OIDC.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
-from typing import Any
 
-import kopf
 import yaml
 
-from pdd.operator.kube import KubeApi, ObjectPath
+from pdd.operator.kube import KubeApi, KubeconfigError, ObjectPath
 from pdd.operator.spec import SecretKeyRef
 
 
@@ -22,42 +23,26 @@ class RemoteClusterUnavailable(Exception):
     """Cluster B cannot be reached yet (missing Secret or key, unusable kubeconfig)."""
 
 
-def connection_from_kubeconfig(text: str) -> kopf.ConnectionInfo:
-    """A ConnectionInfo for the kubeconfig's current context."""
+async def client_from_kubeconfig(text: str) -> KubeApi:
+    """A client for the kubeconfig's current context; RemoteClusterUnavailable, saying
+    what is wrong and how to make a usable one, when the library cannot load it."""
     try:
-        config = yaml.safe_load(text) or {}
-        context_name = config["current-context"]
-        context = _named(config, "contexts", context_name)["context"]
-        cluster = _named(config, "clusters", context["cluster"])["cluster"]
-        user = _named(config, "users", context["user"]).get("user") or {}
-    except (yaml.YAMLError, KeyError, TypeError) as exc:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RemoteClusterUnavailable(f"the kubeconfig is not YAML ({exc})") from None
+    if not isinstance(config, dict) or not config.get("current-context"):
         raise RemoteClusterUnavailable(
-            f"the kubeconfig has no usable current-context/cluster/user ({exc!r}); "
-            "export one with `kubectl config view --minify --flatten`"
-        ) from None
-    if "exec" in user or "auth-provider" in user:
-        raise RemoteClusterUnavailable(
-            "the kubeconfig's user runs an exec plugin or auth provider, which the operator "
-            "cannot run; use a ServiceAccount token or a client certificate instead"
+            "the kubeconfig has no current-context; export a self-contained one with "
+            "`kubectl config view --minify --flatten`"
         )
-    return kopf.ConnectionInfo(
-        server=cluster["server"],
-        ca_data=cluster.get("certificate-authority-data"),
-        insecure=cluster.get("insecure-skip-tls-verify"),
-        token=user.get("token"),
-        certificate_data=user.get("client-certificate-data"),
-        private_key_data=user.get("client-key-data"),
-        username=user.get("username"),
-        password=user.get("password"),
-        default_namespace=context.get("namespace"),
-    )
-
-
-def _named(config: dict[str, Any], section: str, name: str) -> dict[str, Any]:
-    for item in config.get(section) or []:
-        if item.get("name") == name:
-            return item
-    raise KeyError(f"{section}[name={name!r}]")
+    try:
+        return await KubeApi.from_kubeconfig(config)
+    except KubeconfigError as exc:
+        raise RemoteClusterUnavailable(
+            f"the kubeconfig's current context cannot be used ({exc}); export a "
+            "self-contained one with `kubectl config view --minify --flatten` (an exec "
+            "plugin's command must be in the operator's image)"
+        ) from None
 
 
 class RemoteClients:
@@ -65,6 +50,9 @@ class RemoteClients:
 
     def __init__(self) -> None:
         self._clients: dict[tuple[str, str, str], tuple[str, KubeApi]] = {}
+        #: One build at a time per Secret: the reconcile and the readiness daemon ask
+        #: together, and a second build would run the exec plugin twice and leak a client.
+        self._building: dict[tuple[str, str, str], asyncio.Lock] = {}
 
     async def get(self, local: KubeApi, namespace: str, ref: SecretKeyRef) -> KubeApi:
         secret = await local.get(ObjectPath("Secret", namespace, ref.name))
@@ -83,11 +71,18 @@ class RemoteClients:
         text = base64.b64decode(encoded).decode()
         fingerprint = hashlib.sha256(text.encode()).hexdigest()
         key = (namespace, ref.name, ref.key)
-        cached = self._clients.get(key)
-        if cached is not None and cached[0] == fingerprint:
-            return cached[1]
-        client = KubeApi(connection_from_kubeconfig(text))
-        if cached is not None:
-            await cached[1].aclose()
-        self._clients[key] = (fingerprint, client)
-        return client
+        async with self._building.setdefault(key, asyncio.Lock()):
+            cached = self._clients.get(key)
+            if cached is not None and cached[0] == fingerprint:
+                return cached[1]
+            client = await client_from_kubeconfig(text)
+            if cached is not None:
+                await cached[1].aclose()
+            self._clients[key] = (fingerprint, client)
+            return client
+
+    async def aclose(self) -> None:
+        """Close every client (the operator is exiting)."""
+        clients, self._clients = self._clients, {}
+        for _, client in clients.values():
+            await client.aclose()

@@ -9,9 +9,11 @@ from typing import Any
 import kopf
 
 from pdd.operator.builders.deployments import worker_replicas
+from pdd.operator.builders.model_pull import pulls_model
 from pdd.operator.conditions import Condition
-from pdd.operator.kube import KubeApi, ObjectPath
-from pdd.operator.naming import WORKER_ROLES, Component, Owner
+from pdd.operator.kube import ApiError, KubeApi, ObjectPath
+from pdd.operator.model_status import model_condition
+from pdd.operator.naming import OWNER_UID_LABEL, WORKER_ROLES, Component, Owner
 from pdd.operator.plan import remote_namespace
 from pdd.operator.readiness import public_roles, readiness_conditions, role_status
 from pdd.operator.remote import RemoteClusterUnavailable
@@ -47,6 +49,25 @@ async def read_roles(
     return roles
 
 
+async def read_model_condition(
+    spec: PDDSpec, owner: Owner, local: KubeApi, remote: KubeApi | None
+) -> list[Condition]:
+    """ModelAvailable from the pods that pull the model (both clusters), if any do."""
+    if not pulls_model(spec):
+        return []
+    selector = {OWNER_UID_LABEL: owner.uid}
+    pods = await local.list("Pod", owner.namespace, selector)
+    remote_ns = remote_namespace(spec, owner)
+    if remote is not None and remote_ns is not None:
+        try:
+            pods += await remote.list("Pod", remote_ns, selector)
+        except ApiError as exc:  # cluster B's Role may not grant pods: A's pods still tell
+            if exc.status != 403:
+                raise
+    condition = model_condition(spec, pods)
+    return [] if condition is None else [condition]
+
+
 async def refresh_readiness(
     runtime: OperatorRuntime, body: kopf.Body, owner: Owner, logger: logging.Logger
 ) -> dict[str, dict[str, Any]] | None:
@@ -66,6 +87,7 @@ async def refresh_readiness(
         logger.debug("readiness not refreshed: %s", exc)
         return None
     roles = await read_roles(spec, owner, runtime.api, remote)
+    model = await read_model_condition(spec, owner, runtime.api, remote)
 
     def compute(current: dict[str, Any], _: int) -> tuple[dict[str, Any], list[Condition]]:
         degraded: dict[str, Any] = next(
@@ -73,7 +95,7 @@ async def refresh_readiness(
         )
         if degraded.get("status") == "True":  # the reconcile handler's verdict stands
             return {}, []
-        return {"roles": public_roles(roles)}, readiness_conditions(roles)
+        return {"roles": public_roles(roles)}, [*readiness_conditions(roles), *model]
 
     async with runtime.lock(owner.uid):
         await write_status(runtime.api, owner.namespace, owner.name, compute)

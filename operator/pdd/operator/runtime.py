@@ -39,11 +39,20 @@ class OperatorRuntime:
     stopping: bool = False
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
 
-    async def connect_local(self, connection: kopf.ConnectionInfo) -> None:
-        """(Re)build the cluster A client from kopf's latest login."""
+    async def connect_local(self) -> KubeApi:
+        """(Re)build the cluster A client on each kopf login (kopf logs in again when the
+        API server refuses its credentials, which is when ours may need renewing too)."""
         if self.local is not None:
             await self.local.aclose()
-        self.local = KubeApi(connection)
+        self.local = await KubeApi.local()
+        return self.local
+
+    async def aclose(self) -> None:
+        """Close the API clients (the operator is exiting)."""
+        if self.local is not None:
+            await self.local.aclose()
+            self.local = None
+        await self.remotes.aclose()
 
     @property
     def api(self) -> KubeApi:

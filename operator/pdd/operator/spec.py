@@ -9,9 +9,10 @@ Cross-field rules live in ``validation.py``.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from pdd.common.config_document import EngineSettings
@@ -39,12 +40,31 @@ class ImageSource(_Spec):
     path: str = Field(min_length=1)
 
 
+class TokenSecretRef(_Spec):
+    name: str = Field(min_length=1)
+    key: str = "token"
+
+
+class HuggingFaceSource(_Spec):
+    """A Hub repo each pod's init container pulls (``pdd models pull``) before it starts."""
+
+    repo: str = Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+    revision: str = "main"
+    token_secret: TokenSecretRef | None = None
+    #: Another hub (a mirror, a private one): the pull's HF_ENDPOINT.
+    endpoint: str | None = None
+    #: A PVC to pull into (kept across restarts, shared by the pods that mount it);
+    #: none: an emptyDir per pod.
+    claim_name: str | None = None
+
+
 class ModelSource(_Spec):
-    """Where the checkpoint lives; exactly one of the three (checked in validation)."""
+    """Where the checkpoint lives; exactly one of the four (checked in validation)."""
 
     pvc: PvcSource | None = None
     host_path: HostPathSource | None = None
     image: ImageSource | None = None
+    hugging_face: HuggingFaceSource | None = None
 
 
 KVDtype = Literal["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8"]
@@ -77,6 +97,56 @@ class Images(_Spec):
     pull_secrets: list[str] = Field(default_factory=list)
 
 
+#: A resource quantity as the API server reads one (the pattern of its OpenAPI ``Quantity``):
+#: ``8``, ``500m``, ``64Gi``, ``1e3``. The CRD's schema carries the same pattern.
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+
+
+def _quantity(value: int | str) -> int | str:
+    if isinstance(value, str) and not re.fullmatch(QUANTITY_PATTERN, value):
+        raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 2, 500m, 16Gi)")
+    return value
+
+
+Quantity = Annotated[int | str, AfterValidator(_quantity)]
+
+
+class Resources(_Spec):
+    """A container's requests and limits (``{cpu: "4", memory: 16Gi, nvidia.com/gpu: 1}``).
+
+    A role's resources lie over its pool's key by key (the pool names the GPUs, the role
+    its CPU and memory); ``validation.py`` checks the result as the API server would."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+
+    def over(self, base: Resources) -> Resources:
+        """These resources over ``base``, key by key within requests and within limits."""
+        return Resources(
+            requests={**base.requests, **self.requests}, limits={**base.limits, **self.limits}
+        )
+
+    def manifest(self) -> dict[str, Any]:
+        """A container's ``resources``: the parts that are set."""
+        return {part: dict(v) for part, v in (("requests", self.requests),
+                                             ("limits", self.limits)) if v}  # fmt: skip
+
+
+#: Each worker pod's CPU and memory unless its role says otherwise: room for the engine's
+#: host-side work and the tokenizer; no CPU limit (throttling stalls decode steps), and a
+#: memory limit well above the request (weights pass through host memory while loading).
+WORKER_RESOURCES = Resources(requests={"cpu": "4", "memory": "16Gi"}, limits={"memory": "64Gi"})
+#: The router's: tokenizing prompts is its main CPU work.
+ROUTER_RESOURCES = Resources(requests={"cpu": "1", "memory": "1Gi"}, limits={"memory": "4Gi"})
+
+
+def _default(resources: Resources) -> Any:
+    return Field(default_factory=lambda: resources)
+
+
 class GpuType(_Spec):
     label_key: str = "nvidia.com/gpu.product"
     value: str = Field(min_length=1)
@@ -89,7 +159,7 @@ class Pool(_Spec):
 
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
-    resources: dict[str, Any] = Field(default_factory=dict)
+    resources: Resources = Field(default_factory=Resources)
     gpu_type: GpuType | None = None
 
     def node_selector_with_gpu(self) -> dict[str, str]:
@@ -103,6 +173,7 @@ class Pool(_Spec):
 class RoleReplicas(_Spec):
     replicas: int = Field(default=1, ge=0)
     engine: EngineSettings = Field(default_factory=EngineSettings)
+    resources: Resources = _default(WORKER_RESOURCES)
 
 
 class Relay(_Spec):
@@ -110,6 +181,7 @@ class Relay(_Spec):
     max_replicas: int = Field(default=4, ge=1)
     target_load: float = Field(default=0.7, gt=0, le=1)
     engine: EngineSettings = Field(default_factory=EngineSettings)
+    resources: Resources = _default(WORKER_RESOURCES)
 
 
 class SecretKeyRef(_Spec):
@@ -166,7 +238,7 @@ class Router(_Spec):
     api_keys_secret: ApiKeysSecret | None = None
     redis_url: str | None = None
     managed_redis: bool = False
-    resources: dict[str, Any] = Field(default_factory=dict)
+    resources: Resources = _default(ROUTER_RESOURCES)
 
 
 class Handoff(_Spec):
@@ -200,6 +272,9 @@ class PDDSpec(_Spec):
     engine: EngineSettings = Field(default_factory=EngineSettings)
     #: How long a worker pod told to stop may take to finish what it runs.
     drain_seconds: int = Field(default=30, ge=0)
+    #: How long a worker pod may take from start to serving (loading the model) before
+    #: kubelet restarts it: its startup probe's budget.
+    startup_seconds: int = Field(default=900, ge=10)
 
     @property
     def main_pool(self) -> Pool:
@@ -207,6 +282,16 @@ class PDDSpec(_Spec):
         if self.remote_cluster is not None:
             return self.remote_cluster.pool
         return self.pool_b if self.pool_b is not None else Pool()
+
+    @property
+    def container_resources(self) -> dict[str, Resources]:
+        """Each role's container resources by its spec field: a worker role's over its pool's."""
+        return {
+            "prefill": self.prefill.resources.over(self.pool_a.resources),
+            "relay": self.relay.resources.over(self.pool_a.resources),
+            "mainDecode": self.main_decode.resources.over(self.main_pool.resources),
+            "router": self.router.resources,
+        }
 
     @property
     def redis_enabled(self) -> bool:

@@ -8,11 +8,13 @@ before a rule existed all reach the handlers. Every message says what to change.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
+from kubernetes.utils.quantity import parse_quantity
 from pydantic import ValidationError
 
-from pdd.operator.spec import PDDSpec
+from pdd.operator.spec import PDDSpec, Resources
 
 #: Child names append up to 22 characters ("-shared-secret") to the PDDDeployment's
 #: name and Service names must stay DNS labels (<= 63); 40 leaves room for the role.
@@ -65,10 +67,12 @@ def spec_problems(spec: PDDSpec) -> list[str]:
         )
     source = spec.model.source
     given = [n for n, v in (("pvc", source.pvc), ("hostPath", source.host_path),
-                            ("image", source.image)) if v is not None]  # fmt: skip
+                            ("image", source.image), ("huggingFace", source.hugging_face))
+             if v is not None]  # fmt: skip
     if len(given) != 1:
         problems.append(
-            f"model.source needs exactly one of pvc, hostPath or image; got {given or 'none'}"
+            "model.source needs exactly one of pvc, hostPath, image or huggingFace; "
+            f"got {given or 'none'}"
         )
     router = spec.router
     if router.managed_redis and router.redis_url is not None:
@@ -89,7 +93,55 @@ def spec_problems(spec: PDDSpec) -> list[str]:
         )
     problems += _anomalous_threshold_problems(spec)
     problems += _engine_fit_problems(spec)
+    problems += _resource_problems(spec)
     return problems
+
+
+def _resource_problems(spec: PDDSpec) -> list[str]:
+    """What the API server would refuse in a container's resources, found before any
+    Deployment is written: a negative quantity, a request above its limit, a fractional
+    or limitless extended resource (a GPU cannot be shared or overcommitted)."""
+    return [
+        problem
+        for role, resources in spec.container_resources.items()
+        for problem in container_resource_problems(role, resources)
+    ]
+
+
+def container_resource_problems(role: str, resources: Resources) -> list[str]:
+    """One container's resources checked as the API server checks a pod's."""
+    problems = []
+    where = f"{role} resources (the role's over its pool's)"
+    values = {part: {k: Decimal(parse_quantity(v)) for k, v in getattr(resources, part).items()}
+              for part in ("requests", "limits")}  # fmt: skip
+    for part, amounts in values.items():
+        for name, amount in amounts.items():
+            if amount < 0:
+                problems.append(f"{where}: {part}.{name} is negative; use a quantity >= 0")
+            elif _extended(name) and amount != amount.to_integral_value():
+                problems.append(
+                    f"{where}: {part}.{name} ({getattr(resources, part)[name]}) must be a whole "
+                    "number: an extended resource such as a GPU is not divisible"
+                )
+    requests, limits = values["requests"], values["limits"]
+    for name, amount in requests.items():
+        if name in limits and amount > limits[name]:
+            problems.append(
+                f"{where}: requests.{name} ({resources.requests[name]}) is above "
+                f"limits.{name} ({resources.limits[name]}); a request must be <= its limit"
+            )
+        elif _extended(name) and limits.get(name) != amount:
+            problems.append(
+                f"{where}: requests.{name} needs an equal limits.{name}: extended resources "
+                "cannot be overcommitted (or set only limits, the usual way for GPUs)"
+            )
+    return problems
+
+
+def _extended(name: str) -> bool:
+    """An extended resource (nvidia.com/gpu): a domain-prefixed name outside kubernetes.io."""
+    domain, slash, _ = name.partition("/")
+    return bool(slash) and not domain.endswith("kubernetes.io")
 
 
 def _engine_fit_problems(spec: PDDSpec) -> list[str]:

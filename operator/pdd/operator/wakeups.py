@@ -24,6 +24,21 @@ def snapshot(deployment: dict[str, Any]) -> Snapshot:
     return tuple(sorted(role_status(0, deployment).items()))
 
 
+def pull_snapshot(pod: dict[str, Any]) -> Snapshot:
+    """What the ModelAvailable condition reads of a pod: its model-pull init container's
+    state and termination (restart counts left out: a failing pull's restarts say
+    nothing new)."""
+    statuses = (pod.get("status") or {}).get("initContainerStatuses") or []
+    out: list[tuple[str, Any]] = []
+    for status in statuses:
+        for key in ("state", "lastState"):
+            for kind, detail in (status.get(key) or {}).items():
+                detail = detail or {}
+                where = f"{status.get('name')}.{key}.{kind}"
+                out.append((where, (detail.get("exitCode"), detail.get("message"))))
+    return tuple(sorted(out, key=str))
+
+
 def next_poll_s(previous: float | None, changed: bool, first_s: float, max_s: float) -> float:
     """Seconds until the next poll of cluster B: ``first_s`` after a change (a rollout is
     under way), doubling up to ``max_s`` while nothing changes."""

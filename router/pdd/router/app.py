@@ -31,6 +31,8 @@ from pdd.common.openai_protocol import (
     ErrorResponse,
     unrecognized_argument,
 )
+from pdd.router.access_log import AccessLogMiddleware
+from pdd.router.access_log import current as current_access
 from pdd.router.admission import StreamSlots, releasing
 from pdd.router.errors import (
     AuthenticationError,
@@ -59,8 +61,8 @@ def create_app(runtime: RouterRuntime) -> FastAPI:
             await runtime.close()
 
     app = FastAPI(title="pdd router", lifespan=lifespan)
-    config = runtime.config
-    slots = StreamSlots(config.max_streams_per_key, config.retry_after_s)
+    app.add_middleware(AccessLogMiddleware)
+    slots = StreamSlots(runtime.config.max_streams_per_key, runtime.config.retry_after_s)
     admission = runtime.admission
     chat = OpenAIServingChat(runtime)
     completions = OpenAIServingCompletion(runtime)
@@ -69,6 +71,17 @@ def create_app(runtime: RouterRuntime) -> FastAPI:
     @app.get("/health")
     async def health() -> dict:
         return {"status": "ok"}
+
+    # Kubernetes' probes, one endpoint each (the operator's manifests point at them).
+    @app.get("/startup")
+    async def startup() -> dict:
+        """Answers once the lifespan has started the runtime (uvicorn serves after it)."""
+        return {"started": True}
+
+    @app.get("/live")
+    async def live() -> dict:
+        """The event loop answers: the process is worth keeping."""
+        return {"live": True}
 
     @app.get("/ready")
     async def ready() -> JSONResponse:
@@ -224,11 +237,13 @@ def _install_errors(app: FastAPI, runtime: RouterRuntime) -> None:
     @app.exception_handler(RouterError)
     async def router_error(_: Request, exc: RouterError) -> JSONResponse:
         runtime.metrics.rejected.labels(exc.cause).inc()
+        _note_refusal(exc.cause, exc.message)
         return error_response(exc.status, exc.body(), exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         body = ErrorResponse.of(str(exc.detail), "invalid_request_error", code=exc.status_code)
+        _note_refusal("invalid_request", str(exc.detail))
         return error_response(exc.status_code, body, getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
@@ -239,5 +254,13 @@ def _install_errors(app: FastAPI, runtime: RouterRuntime) -> None:
     async def internal(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
         runtime.metrics.rejected.labels("internal").inc()
+        _note_refusal("internal", repr(exc))
         body = ErrorResponse.of(f"internal error: {exc!r}", "internal_error", code=500)
         return error_response(500, body)
+
+
+def _note_refusal(cause: str, message: str) -> None:
+    """The access-log line of this request says why it was refused."""
+    record = current_access()
+    if record is not None:
+        record.refused(cause, message)

@@ -16,7 +16,9 @@ from typing import Any, Literal
 
 from pdd.common.config_document import ConfigDocument
 from pdd.common.cost_model import LinkState, kv_bytes_per_token, kv_bytes_per_token_from_hf_config
-from pdd.common.kv_codec import NO_CODEC, KVCodec
+from pdd.common.gguf_file import GGUFModelFile, gguf_checkpoint
+from pdd.common.kv_codec import KV_CODECS, NO_CODEC, KVCodec
+from pdd.common.settings import config_value, setting, settings_of
 from pdd.common.vocabulary import Role, ToolCallFormat
 from pdd.common.wan_tls import HTTPS_ROLES
 from pdd.router.tokenization import TINY_MODEL
@@ -66,65 +68,181 @@ class RouterConfig:
 
     workers: tuple[WorkerRef, ...]
     secret: str
-    model: str = TINY_MODEL
-    served_model_name: str | None = None
+    model: str = field(
+        default=TINY_MODEL,
+        metadata=setting(
+            '"tiny" or a checkpoint directory (its tokenizer and chat template)',
+            field="model.path",
+        ),
+    )
+    served_model_name: str | None = field(
+        default=None,
+        metadata=setting(
+            "the model name clients send",
+            default_text="the --model folder's name",
+            field="model.servedName",
+        ),
+    )
     redis_url: str | None = None
     #: The longest a request waits for Redis (prefix lookup, loads) before it is routed
     #: on this replica's local state and the store counts Redis as down.
-    redis_deadline_s: float = 0.25
+    redis_deadline_s: float = field(
+        default=0.25,
+        metadata=setting("longest a request waits for Redis before it is routed on local state"),
+    )
     api_keys: tuple[str, ...] = ()
-    link_gbps: float = 10.0
-    link_rtt_ms: float = 0.0
-    ttft_budget_s: float = 2.0
+    link_gbps: float = field(
+        default=10.0,
+        metadata=setting("declared WAN line rate P -> MD, Gbit/s", field="wan.declaredGbps"),
+    )
+    link_rtt_ms: float = field(
+        default=0.0, metadata=setting("declared WAN round-trip time, ms", field="wan.rttMs")
+    )
+    ttft_budget_s: float = field(
+        default=2.0, metadata=setting("TTFT budget the P -> MD path must meet, seconds")
+    )
     #: P's prefill throughput until the router has measured it (the estimator's prior).
-    prefill_tokens_per_s: float = 10_000.0
+    prefill_tokens_per_s: float = field(
+        default=10_000.0,
+        metadata=setting("P's prefill throughput before any is measured (the prior)"),
+    )
     #: Decide on the declared link and prefill rate, learning nothing (a benchmark's
     #: baseline for the live view: ``pdd.common.link_estimator``).
-    static_link_view: bool = False
+    static_link_view: bool = field(
+        default=False,
+        metadata=setting(
+            "decide on the declared link and prefill rate only, learning nothing (a baseline "
+            "for benchmarks; the KV backlog is still counted)"
+        ),
+    )
     #: KV bytes per token on the WAN; None: from the checkpoint's shape and ``kv_codec``.
-    kv_bytes_per_token: int | None = None
+    kv_bytes_per_token: int | None = field(
+        default=None,
+        metadata=setting(
+            "KV bytes per token on the WAN",
+            default_text="from the checkpoint's shape and --kv-codec",
+            field="model.kvBytesPerToken",
+        ),
+    )
     #: How P codes the KV it sends MD across the WAN (spec.wan.kvCodec).
-    kv_codec: KVCodec = NO_CODEC
-    block_size: int = 16
-    host: str = "0.0.0.0"
-    port: int = 8080
+    kv_codec: KVCodec = field(
+        default=NO_CODEC,
+        metadata=setting("how P codes the KV it sends MD", choices=KV_CODECS, field="wan.kvCodec"),
+    )
+    block_size: int = field(default=16, metadata=setting("tokens per KV block (the workers')"))
+    host: str = field(default="0.0.0.0", metadata=setting("address to listen on"))
+    port: int = field(
+        default=8080, metadata=setting("port of the OpenAI API", field="ports.router")
+    )
     #: Requests one instance may hold at once before the router stops sending more:
-    #: what the worker reports (its max_running); a number here caps every instance
+    #: what the worker reports (its max_running_requests); a number here caps every instance
     #: below that (an operator's override, e.g. to shed load before the workers queue).
-    instance_capacity: int | None = None
-    max_body_bytes: int = 4 << 20
+    instance_capacity: int | None = field(
+        default=None,
+        metadata=setting(
+            "cap on requests per instance before 429",
+            default_text="each worker's reported capacity",
+        ),
+    )
+    max_body_bytes: int = field(
+        default=4 << 20, metadata=setting("largest request body accepted (413 above)")
+    )
     #: A cap below what the prefill instances take (they report their own limit); None:
     #: theirs alone. Longer prompts get a 400 before anything is dispatched.
-    max_prompt_tokens: int | None = None
-    default_max_tokens: int = 256
+    max_prompt_tokens: int | None = field(
+        default=None,
+        metadata=setting(
+            "longest prompt accepted (400 above)", default_text="what the prefill workers take"
+        ),
+    )
+    default_max_tokens: int = field(
+        default=256,
+        metadata=setting("max_tokens of a request that sets none (bounded by the context)"),
+    )
     #: The most output tokens one request may ask for (None: only the model's context
     #: bounds it); more is a 400 with the limit, before anything is dispatched.
-    max_tokens_limit: int | None = None
+    max_tokens_limit: int | None = field(
+        default=None,
+        metadata=setting(
+            "most output tokens a request may ask for (400 above)",
+            default_text="the context left after the prompt",
+        ),
+    )
     #: Requests one API key (or, without keys, all clients together) may have in flight;
     #: one more is a 429 with Retry-After. None: no limit.
-    max_streams_per_key: int | None = None
+    max_streams_per_key: int | None = field(
+        default=None,
+        metadata=setting(
+            "requests one API key may have in flight (429 above; without keys: all clients)",
+            default_text="no limit",
+        ),
+    )
     #: Requests the router admits at once, all keys together (``fair_admission``): past
     #: it a request waits up to ``admission_wait_s`` in its key's queue, served in turn
     #: with the other keys', then gets a 429. None: no router-wide cap.
-    max_inflight_requests: int | None = None
-    admission_wait_s: float = 0.5
-    poll_interval_s: float = 0.5
-    request_timeout_s: float = 300.0
+    max_inflight_requests: int | None = field(
+        default=None,
+        metadata=setting(
+            "requests in flight, all keys together, before new ones queue (fair per key)",
+            default_text="no cap",
+        ),
+    )
+    admission_wait_s: float = field(
+        default=0.5,
+        metadata=setting("longest a request queues for a slot before its 429, seconds"),
+    )
+    poll_interval_s: float = field(
+        default=0.5, metadata=setting("seconds between polls of each worker's load")
+    )
+    request_timeout_s: float = field(
+        default=300.0, metadata=setting("longest a request may run end to end, seconds")
+    )
     retry_after_s: float = 1.0
-    handoff: Literal["auto", "one-shot", "catch-up"] = "auto"
-    catchup_threshold: int = 64
+    handoff: Literal["auto", "one-shot", "catch-up"] = field(
+        default="auto", metadata=setting("how RLD hands requests to MD")
+    )
+    catchup_threshold: int = field(
+        default=64,
+        metadata=setting(
+            "catch-up handoff: tokens MD may lag before it takes over",
+            field="handoff.catchUpThreshold",
+        ),
+    )
     anomalous_min_input_tokens: int = 32_000
     anomalous_output_tokens_below: int = 500
     #: Baselines for benchmarks: "naive" sends every request P -> MD shipping the full
     #: KV with no decode-side cache (naive cross-datacenter PD); None lets the policy choose.
-    force_pipeline: Literal["naive"] | None = None
-    replica_id: str = field(default_factory=lambda: f"router-{os.getpid()}")
+    force_pipeline: Literal["naive"] | None = field(
+        default=None,
+        metadata=setting(
+            "baseline for benchmarks: every request P -> MD with the full KV, no DRC",
+            default_text="the policy chooses",
+        ),
+    )
+    replica_id: str = field(
+        default_factory=lambda: f"router-{os.getpid()}",
+        metadata=setting(
+            "this replica's name in the shared store", default_text="router-<process id>"
+        ),
+    )
     #: The WAN TLS folder (only its ``ca.crt`` is read): https workers' certificates must
     #: chain to it. None: https workers are checked against the system's CAs.
-    wan_tls_dir: Path | None = None
+    wan_tls_dir: Path | None = field(
+        default=None,
+        metadata=setting(
+            "WAN TLS is on: a folder with the deployment's ca.crt; the workers reached across "
+            "the WAN (main) are dialled with https and must chain to it",
+            default_text="off",
+        ),
+    )
     #: How the model writes tool calls (what the tool-call parser reads); None: detected
     #: from the chat template (``pdd.router.tool_calls.detect_format``).
-    tool_call_format: ToolCallFormat | None = None
+    tool_call_format: ToolCallFormat | None = field(
+        default=None,
+        metadata=setting(
+            "how the model writes tool calls", default_text="detected from its chat template"
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not self.secret:
@@ -168,6 +286,10 @@ class RouterConfig:
             return self.kv_bytes_per_token
         if self.model == TINY_MODEL:
             return kv_bytes_per_token(*TINY_KV_SHAPE, codec=self.kv_codec)
+        gguf_file = gguf_checkpoint(self.model)
+        if gguf_file is not None:  # the shape is in the file's metadata
+            gguf_config = GGUFModelFile(gguf_file).hf_config()
+            return kv_bytes_per_token_from_hf_config(gguf_config, codec=self.kv_codec)
         config_file = Path(self.model) / "config.json"
         if not config_file.is_file():
             raise ConfigError(f"{config_file} not found: pass --kv-bytes-per-token")
@@ -188,17 +310,12 @@ def file_settings(doc: ConfigDocument, wan_tls: bool = False) -> dict[str, Any]:
 
     ``wan_tls``: WAN TLS is on (the router was given the CA), so the roles it reaches
     across the WAN (``HTTPS_ROLES``) are dialled with https."""
+    wire = doc.to_wire()
     settings: dict[str, Any] = {
-        "model": doc.model.path,
-        "served_model_name": doc.model.served_name,
-        "kv_bytes_per_token": doc.model.kv_bytes_per_token,
-        "kv_codec": doc.wan.kv_codec,
-        "link_gbps": doc.wan.declared_gbps,
-        "link_rtt_ms": doc.wan.rtt_ms,
+        # The settings whose field the table names (RouterConfig's ``setting(field=...)``).
+        **{s.name: config_value(wire, s.field) for s in settings_of(RouterConfig) if s.field},
         "redis_url": doc.store.redis_url,
-        "port": doc.ports.router,
         "handoff": doc.handoff.flag,
-        "catchup_threshold": doc.handoff.catch_up_threshold,
         "anomalous_min_input_tokens": doc.anomalous_traffic.min_input_tokens,
         "anomalous_output_tokens_below": doc.anomalous_traffic.max_output_tokens,
         "ttft_budget_s": doc.slo.ttft_p99_ms / 1000.0,

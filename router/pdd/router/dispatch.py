@@ -322,6 +322,7 @@ class Dispatcher:
         result = decide(
             features, hits, self._view.fleet, link, traffic, self._policy, retry, doubt,
             self._estimator.prefill_rates(), self._estimator.relay_slot_s, awaited,
+            self._estimator.overhead_s,
         )  # fmt: skip
         if isinstance(result, Saturated):
             raise SaturatedError(result.reason, result.retry_after_s)

@@ -44,6 +44,12 @@ class PromptTooLongError(InvalidRequestError):
     cause = "prompt_too_long"
 
 
+class ContextLengthError(InvalidRequestError):
+    """Prompt plus ``max_tokens`` exceeds the model's context window."""
+
+    cause = "context_length_exceeded"
+
+
 class AuthenticationError(RouterError):
     status, type = 401, "authentication_error"
     cause = "unauthorized"

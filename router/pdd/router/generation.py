@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pdd.common.openai_protocol import UsageInfo
 from pdd.common.vocabulary import FinishReason
 from pdd.common.wire import KVShipment, PipelinePlan, TokenEvent, TokenLogprobs
+from pdd.router import access_log
 from pdd.router.detokenize import IncrementalDetokenizer, StopStrings
 from pdd.router.dispatch import Lease, Route
 from pdd.router.errors import UpstreamError
@@ -117,6 +118,8 @@ class Generation:
         self.completion_tokens = 0
         self.relayed_tokens = 0
         self.finish_reason: FinishReason | None = None
+        #: Seconds from the request's arrival to its first output token (None before).
+        self.ttft_s: float | None = None
         self._stops = StopStrings(stop)
         self._detok = IncrementalDetokenizer(runtime.tokenizer.tokenizer)
         self._arrived_at = arrived_at
@@ -129,6 +132,9 @@ class Generation:
         self._unsent_logprobs = 0  # of those, how many no delta has carried yet
         self._use(attempt)
         self._first_hits = self.hits
+        record = access_log.current()
+        if record is not None:
+            record.add(self)
 
     def _use(self, attempt: Attempt) -> None:
         self.route, self.plan, self._lease = attempt.route, attempt.plan, attempt.lease
@@ -231,7 +237,8 @@ class Generation:
                 self.past_prefill.set()
                 if last is None:
                     if self.completion_tokens == 0:
-                        rt.metrics.ttft.observe(now - self._arrived_at)
+                        self.ttft_s = now - self._arrived_at
+                        rt.metrics.ttft.observe(self.ttft_s)
                     if self.plan.prefill is not None:
                         self._lease.release(self.plan.prefill.instance_id)
                     if relay_id is not None and event.source == relay_id:

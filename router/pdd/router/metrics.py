@@ -4,6 +4,10 @@ Latency is measured where the client sees it: TTFT from the request's arrival to
 first released token, ITL between released tokens (a handoff pause shows up here).
 Prefix hit ratios are the index's estimate at decision time, per role, so a drifting
 MD hit rate (the sign that P's and MD's caches fell out of step) is visible.
+
+Names follow Prometheus' conventions: one prefix (``pdd_router_``), base units (bytes,
+seconds), counters end in ``_total`` (prometheus_client appends it to a ``Counter``'s
+name), no label named ``instance`` or ``job`` (Prometheus' own target labels).
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ _RATIO_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
 
 
 class RouterMetrics:
-    def __init__(self) -> None:
+    """``redis``: a shared Redis store is configured; only then is ``redis_up`` exported
+    (a router on local state has no Redis to be down)."""
+
+    def __init__(self, redis: bool = False) -> None:
         self.registry = r = CollectorRegistry()
         self.requests = Counter(
             "pdd_router_requests", "Routed requests", ["pipeline", "reason"], registry=r
@@ -46,7 +53,7 @@ class RouterMetrics:
             "pdd_router_output_tokens", "Tokens relayed to clients", ["source_role"], registry=r
         )
         self.relayed_share = Histogram(
-            "pdd_router_relayed_token_share",
+            "pdd_router_relayed_token_ratio",
             "Per request: share of output tokens that came from a relay (RLD)",
             buckets=_RATIO_BUCKETS,
             registry=r,
@@ -76,7 +83,9 @@ class RouterMetrics:
             "pdd_router_asyncio_tasks", "The router's asyncio tasks now", registry=r
         )
         self.redis_up = Gauge(
-            "pdd_router_redis_up", "1 when the shared Redis store is reachable", registry=r
+            "pdd_router_redis_up",
+            "1 when the shared Redis store is reachable (only where one is configured)",
+            registry=r if redis else None,
         )
         self.redis_reads_waiting = Gauge(
             "pdd_router_redis_reads_waiting",
@@ -96,7 +105,7 @@ class RouterMetrics:
             registry=r,
         )
         self.link_goodput = Gauge(
-            "pdd_router_link_goodput_gbps",
+            "pdd_router_link_goodput_bytes_per_second",
             "The WAN line's goodput the router decides on (measured, or the declared prior)",
             ["link"],
             registry=r,
@@ -113,9 +122,9 @@ class RouterMetrics:
             registry=r,
         )
         self.prefill_rate = Gauge(
-            "pdd_router_prefill_tokens_per_s",
+            "pdd_router_prefill_tokens_per_second",
             "P's prefill throughput the router decides on (measured, or the configured prior)",
-            ["instance"],
+            ["worker"],
             registry=r,
         )
         self.instances_ready = Gauge(

@@ -7,26 +7,29 @@ decision; no clock, no I/O.
 
 The rules, in order (the technique's "only two pipelines, plus one filter"):
 
-1. **P-MD** when the first token can come from MD in time:
-   ``prefill(P's miss) + wan_transfer_seconds(MD's miss) <= ttft_budget_s``, on the
+1. **P-MD** when the first token can come from MD in time: ``pmd_first_token_seconds``
+   (one RTT + the longer of P's prefill of its miss and the serialization of MD's miss,
+   since P streams KV while it prefills, + MD's first step) ``<= ttft_budget_s``, on the
    live view of the line (``pdd.common.link_estimator``: measured goodput, the KV
    already queued on it, all of an earlier transfer still crossing to MD that the
-   request's hit counts on) and P's measured prefill throughput. Except where a relay
-   sits **idle** and the transfer would take at least ``idle_relay_min_transfer_s``:
-   then P-RLD-MD, since the relay's first token does not wait for the transfer and
-   the relay would otherwise do nothing. A relay holding any request is not idle, so
-   under load this never takes relay capacity that a request over budget needs; at
-   light load it keeps the tail of new conversations (their whole KV crosses) near
-   same-datacenter PD's.
+   request's hit counts on), P's measured prefill throughput and the P-MD path's
+   measured fixed cost (MD's step). Except where a relay sits **idle** and MD's first
+   token would come at least ``idle_relay_min_transfer_s`` after the prefill ends: then
+   P-RLD-MD, since the relay's first token does not wait for the transfer and the relay
+   would otherwise do nothing. A relay holding any request is not idle, so under load
+   this never takes relay capacity that a request over budget needs; at light load it
+   keeps the tail of new conversations (their whole KV crosses) near same-datacenter
+   PD's.
 2. **P-RLD** for anomalous traffic only (input >= ``anomalous_min_input_tokens`` and a
    declared output below ``anomalous_output_tokens_below``) whose transfer does not
    fit, while relay-only traffic stays under its caps (share of recent requests and
    input tokens/s), so it can never absorb normal traffic.
 3. **P-RLD-MD** when the transfer does not fit, a relay has room and the relay's own
-   queue costs its first token less than the transfer costs MD's. The relay hides the
-   WAN transfer, not P's prefill (both paths wait for that), so relaying pays only
-   while the relay's queue is shorter than the transfer; past that it would only load
-   the relay further (``relay_slot_s``, measured by the link estimator).
+   queue costs its first token less than the transfer costs MD's. The relay hides what
+   MD's first token waits for after the prefill (one RTT and the serialization the
+   prefill did not cover), not the prefill (both paths wait for that), so relaying pays
+   only while the relay's queue is shorter than that; past that it would only load the
+   relay further (``relay_slot_s``, measured by the link estimator).
 4. **P-MD** anyway when every relay is saturated, saying so in the reason.
 
 A **retry** (the router recovering a request a worker failed) keeps a relay on the
@@ -49,7 +52,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from pdd.common.block_hash import ROOT_HASH, hash_block
-from pdd.common.cost_model import LinkState, wan_transfer_seconds
+from pdd.common.cost_model import LinkState, pmd_first_token_seconds, wan_transfer_seconds
 from pdd.common.vocabulary import Pipeline
 from pdd.router.fleet import Fleet
 from pdd.router.instance_choice import (
@@ -83,9 +86,13 @@ class PolicyConfig:
     relay_only_max_tokens_per_s: float | None = None
     #: Seconds a client should wait before retrying a saturated router.
     retry_after_s: float = 1.0
-    #: An idle relay takes a request that fits the budget when its WAN transfer would
-    #: take at least this long (rule 1); None: only requests over budget relay.
+    #: An idle relay takes a request that fits the budget when MD's first token would
+    #: come at least this long after the prefill (rule 1); None: only requests over
+    #: budget relay.
     idle_relay_min_transfer_s: float | None = 0.05
+    #: MD's first step in the P-MD estimate where nothing measured it (the router's link
+    #: estimator learns the path's fixed cost; the simulator charges its decode step).
+    md_first_step_s: float = 0.0
     weights: ChoiceWeights = field(default_factory=ChoiceWeights)
 
     @classmethod
@@ -129,15 +136,24 @@ class Estimate:
     p_hit_tokens: int
     md_hit_tokens: int
     prefill_s: float
+    #: ``wan_transfer_seconds`` of MD's miss: its serialization (and queue) plus one RTT.
     transfer_s: float
     #: Requests on the chosen relay, and what its queue adds to a relayed first token
     #: (0: no relay, or none measured).
     relay_active: int = 0
     relay_queue_s: float = 0.0
+    rtt_s: float = 0.0
+    md_step_s: float = 0.0  # MD's first step (the path's measured fixed cost)
 
     @property
     def md_first_token_s(self) -> float:
-        return self.prefill_s + self.transfer_s
+        return pmd_first_token_seconds(self.prefill_s, self.transfer_s, self.rtt_s, self.md_step_s)
+
+    @property
+    def after_prefill_s(self) -> float:
+        """How long after P's prefill MD's first token comes, its step aside: one RTT and
+        the serialization the prefill did not cover. What a relay hides."""
+        return self.md_first_token_s - self.prefill_s - self.md_step_s
 
 
 @dataclass(frozen=True)
@@ -175,6 +191,7 @@ def decide(
     prefill_rates: Mapping[str, float] | None = None,
     relay_slot_s: float = 0.0,
     awaited_bytes: Mapping[str, int] | None = None,
+    md_step_s: float | None = None,
 ) -> Decision | Saturated:
     """Choose P and MD, estimate MD's first token, then pick the pipeline.
 
@@ -187,6 +204,8 @@ def decide(
     request's first token (the link estimator's ``relay_slot_s``; 0: none measured).
     ``awaited_bytes``: per MD, the KV still crossing to it that this prompt's hit there
     counts on (the link estimator's ``awaited_bytes``).
+    ``md_step_s``: MD's first step, as measured (the link estimator's fixed cost of the
+    P-MD path); None: the config's ``md_first_step_s``.
     """
     n = request.input_tokens
     p = choose_prefill(fleet, hits, n, config.weights)
@@ -197,6 +216,8 @@ def decide(
     rate = (prefill_rates or {}).get(p.instance_id, config.prefill_tokens_per_s)
     awaited = (awaited_bytes or {}).get(md.instance_id, 0) if md else 0
     estimate = _estimate(request, hits.get(p.instance_id, 0), md, hits, link, config, rate, awaited)
+    step = config.md_first_step_s if md_step_s is None else md_step_s
+    estimate = replace(estimate, rtt_s=link.rtt_s, md_step_s=step)
     if relay is not None:
         queue_s = relay_slot_s * relay.active
         estimate = replace(estimate, relay_active=relay.active, relay_queue_s=queue_s)
@@ -252,7 +273,7 @@ def choose_pipeline(
         if relay_available and idle_relay_hides(estimate, config):
             return Pipeline.P_RLD_MD, (
                 f"MD's first token in {eta:.2f}s fits the {budget:.2f}s budget, but an idle "
-                f"relay hides its {estimate.transfer_s:.2f}s transfer: relaying"
+                f"relay hides its {estimate.after_prefill_s:.2f}s after the prefill: relaying"
             )
         return Pipeline.P_MD, f"MD's first token in {eta:.2f}s fits the {budget:.2f}s budget"
     slow = f"MD's first token in {eta:.2f}s exceeds the {budget:.2f}s budget"
@@ -267,7 +288,7 @@ def choose_pipeline(
     if relay_not_sooner(estimate):
         return Pipeline.P_MD, (
             f"{slow}, but the relay's queue ({estimate.relay_queue_s:.2f}s) would cost more than "
-            f"the transfer it hides ({estimate.transfer_s:.2f}s): P-MD"
+            f"the transfer it hides ({estimate.after_prefill_s:.2f}s): P-MD"
         )
     if cap is not None:
         return Pipeline.P_RLD_MD, f"{slow}; anomalous but {cap}: relaying"
@@ -275,14 +296,15 @@ def choose_pipeline(
 
 
 def idle_relay_hides(estimate: Estimate, config: PolicyConfig) -> bool:
-    """The chosen relay holds no request and the transfer is long enough to hide."""
+    """The chosen relay holds no request and MD's first token lags the prefill enough to
+    be worth hiding."""
     least = config.idle_relay_min_transfer_s
-    return least is not None and estimate.relay_active == 0 and estimate.transfer_s >= least
+    return least is not None and estimate.relay_active == 0 and estimate.after_prefill_s >= least
 
 
 def relay_not_sooner(estimate: Estimate) -> bool:
-    """The relay's queue costs at least the WAN transfer it would hide."""
-    return estimate.relay_queue_s > 0 and estimate.relay_queue_s >= estimate.transfer_s
+    """The relay's queue costs at least the wait for MD it would hide."""
+    return estimate.relay_queue_s > 0 and estimate.relay_queue_s >= estimate.after_prefill_s
 
 
 def retry_pipeline(md_available: bool) -> tuple[Pipeline, str]:

@@ -161,6 +161,19 @@ class InstanceRegistry:
         mono), as of the last poll; None before any has answered."""
         return self._prompt_limit
 
+    def context_limit(self) -> int | None:
+        """The model's context window (prompt plus output), the smallest any ready instance
+        has (a request's tokens end on MD or RLD, after P), as of the last poll; None
+        before any has answered."""
+        return min(
+            (
+                i.engine.max_model_len
+                for i in self._instances.values()
+                if i.ready and i.engine is not None
+            ),
+            default=None,
+        )
+
     def _update_prompt_limit(self) -> None:
         limits = [
             i.engine.max_prompt_tokens

@@ -81,7 +81,7 @@ class RoutingView:
 
     def _load(self, instance_id: str) -> InstanceLoad | None:
         """Active = the larger of the routers' in-flight count and the worker's own report;
-        capacity = what the worker reports (its max_running), capped by the config's."""
+        capacity = what the worker reports (its max_running_requests), capped by the config's."""
         inst = self._by_id.get(instance_id)
         if inst is None or inst.load is None:  # gone, or not polled yet
             return None

@@ -47,7 +47,7 @@ class RouterRuntime:
     def __init__(self, config: RouterConfig, client: WorkerClient | None = None) -> None:
         """``client``: the workers reached another way than TCP (in-process tests)."""
         self.config = config
-        self.metrics = RouterMetrics()
+        self.metrics = RouterMetrics(redis=config.redis_url is not None)
         #: The router-wide capacity, shared fairly across API keys.
         self.admission = FairAdmission(
             config.max_inflight_requests, config.admission_wait_s, config.retry_after_s
@@ -142,7 +142,7 @@ class RouterRuntime:
         self.metrics.asyncio_tasks.set(len(asyncio.all_tasks()))
         self.metrics.redis_reads_waiting.set(self.store.reads_waiting)
         view = self.link_estimator.link()
-        self.metrics.link_goodput.labels(WAN_LINK).set(view.effective_gbps)
+        self.metrics.link_goodput.labels(WAN_LINK).set(view.effective_gbps * 1e9 / 8)
         self.metrics.link_backlog.labels(WAN_LINK).set(view.backlog_bytes)
         self.metrics.relay_slot.set(self.link_estimator.relay_slot_s)
         for instance, rate in self.link_estimator.prefill_rates().items():

@@ -21,8 +21,10 @@ from pydantic import BaseModel
 from pdd.common.openai_protocol import SSE_DONE, ErrorResponse, SamplingFields, new_id, sse_frame
 from pdd.common.vocabulary import FinishReason
 from pdd.common.wire import GuidedDecoding, SamplingSpec
+from pdd.router import access_log
 from pdd.router.dispatch import Lease, Route
 from pdd.router.errors import (
+    ContextLengthError,
     InvalidRequestError,
     ModelNotFoundError,
     PromptTooLongError,
@@ -88,9 +90,12 @@ class OpenAIServing:
         max_tokens: int | None,
         sample: int = 0,
         guided: GuidedDecoding | None = None,
+        prompt_tokens: int = 0,
     ) -> SamplingSpec:
         """OpenAI's sampling fields in the workers' terms (top_k -1 means off: 0 there).
-        A request without ``max_tokens`` gets the default, within the router's limit.
+        A request without ``max_tokens`` gets the default, within the router's limit and
+        the context the prompt leaves; one whose prompt plus ``max_tokens`` exceeds the
+        model's context window is a 400 naming both numbers, as vLLM answers it.
         Sample ``i`` of ``n`` draws with ``seed + i``, so the samples differ.
         ``guided``: the grammar the output must follow (structured output)."""
         config = self.runtime.config
@@ -101,6 +106,17 @@ class OpenAIServing:
                 param="max_tokens",
             )
         default = min(config.default_max_tokens, limit or config.default_max_tokens)
+        context = self.runtime.registry.context_limit()
+        if context is not None:
+            left = context - prompt_tokens
+            if max_tokens is not None and max_tokens > left:
+                raise ContextLengthError(
+                    f"max_tokens is too large: {max_tokens}. This model's maximum context "
+                    f"length is {context} tokens and your request has {prompt_tokens} input "
+                    f"tokens ({max_tokens} > {context} - {prompt_tokens})",
+                    param="max_tokens",
+                )
+            default = max(1, min(default, left))
         if request.min_tokens > (max_tokens or default):
             raise InvalidRequestError(
                 f"min_tokens {request.min_tokens} is more than max_tokens "
@@ -176,7 +192,7 @@ class OpenAIServing:
                 param=param,
             )
         request_id = new_id("pdd")
-        sampling = self.sampling(request, max_tokens, sample, guided)
+        sampling = self.sampling(request, max_tokens, sample, guided, len(prompt_ids))
 
         async def routed(
             exclude: frozenset[str], attempt: int, emitted: Sequence[int] = ()
@@ -235,10 +251,19 @@ class OpenAIServing:
                     yield sse_frame(frame)
         except RouterError as exc:
             self.runtime.metrics.rejected.labels(exc.cause).inc()
+            _note_refusal(exc.cause, exc.message)
             yield sse_frame(exc.body())
         except Exception as exc:  # the client must get an error frame, whatever broke
             log.exception("stream failed")
             self.runtime.metrics.rejected.labels("internal").inc()
             message = f"internal error in the stream: {exc!r}"
+            _note_refusal("internal", message)
             yield sse_frame(ErrorResponse.of(message, "internal_error", code=500))
         yield SSE_DONE
+
+
+def _note_refusal(cause: str, message: str) -> None:
+    """The access-log line of this request says why it failed mid-stream."""
+    record = access_log.current()
+    if record is not None:
+        record.refused(cause, message)

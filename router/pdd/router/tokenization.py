@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from tokenizers import Tokenizer as HFRustTokenizer
 from tokenizers.decoders import ByteLevel as ByteLevelDecoder
 
+from pdd.common.gguf_file import GGUFError, GGUFModelFile, gguf_checkpoint
 from pdd.common.tokenizer import ByteTokenizer
 from pdd.router.chat_template import (
     PLAIN_TOOL_INSTRUCTION,
@@ -83,8 +84,8 @@ class TinyTokenizer:
 class HFTokenizer:
     """A checkpoint's ``tokenizer.json`` through the Rust ``tokenizers`` package."""
 
-    def __init__(self, path: Path) -> None:
-        self._tok = HFRustTokenizer.from_file(str(path))
+    def __init__(self, path: Path | None, tokenizer: HFRustTokenizer | None = None) -> None:
+        self._tok = tokenizer if tokenizer is not None else HFRustTokenizer.from_file(str(path))
         added = self._tok.get_added_tokens_decoder()
         self._special = frozenset(i for i, t in added.items() if t.special)
 
@@ -176,9 +177,13 @@ class PromptTokenizer:
 
 
 def load_prompt_tokenizer(model: str | Path) -> PromptTokenizer:
-    """``tiny`` -> the byte tokenizer; a checkpoint directory -> its tokenizer and template."""
+    """``tiny`` -> the byte tokenizer; a checkpoint directory -> its tokenizer and template;
+    a GGUF file -> the tokenizer and template in its metadata."""
     if str(model) == TINY_MODEL:
         return PromptTokenizer(TinyTokenizer())
+    gguf_file = gguf_checkpoint(model)
+    if gguf_file is not None:
+        return _gguf_prompt_tokenizer(gguf_file)
     model_dir = Path(model)
     tokenizer_file = model_dir / "tokenizer.json"
     if not tokenizer_file.is_file():
@@ -191,3 +196,15 @@ def load_prompt_tokenizer(model: str | Path) -> PromptTokenizer:
     source = find_chat_template(model_dir, config)
     template = ChatTemplate(source, special_tokens_from_config(config)) if source else None
     return PromptTokenizer(HFTokenizer(tokenizer_file), template)
+
+
+def _gguf_prompt_tokenizer(path: Path) -> PromptTokenizer:
+    try:
+        gguf = GGUFModelFile(path)
+        tokenizer = HFTokenizer(None, gguf.tokenizer())
+    except GGUFError as e:
+        raise TokenizerNotFoundError(str(e)) from e
+    config = gguf.tokenizer_config()
+    source = gguf.chat_template
+    template = ChatTemplate(source, special_tokens_from_config(config)) if source else None
+    return PromptTokenizer(tokenizer, template)

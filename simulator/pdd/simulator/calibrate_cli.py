@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from pdd.common.settings import parser as settings_parser
 from pdd.simulator.calibration import (
     CalibrationError,
     FitResult,
@@ -24,7 +25,7 @@ from pdd.simulator.scenario import EfficiencySpec, GpuSpec
 def main(argv: Sequence[str] | None = None) -> int:
     """``pdd calibrate PROFILE.json --gpu-name ... [--out gpu.yaml]``; 2 on bad input."""
     try:
-        args = _parser().parse_args(argv)
+        args = build_parser().parse_args(argv)
     except SystemExit as e:  # argparse has printed usage and the error (or --help)
         return int(e.code or 0)
     try:
@@ -66,17 +67,17 @@ def gpu_yaml(gpu: GpuType, eff: Efficiency) -> dict:
     return {gpu.name: spec.model_dump()}
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="pdd calibrate", description="fit mfu, mbu and overhead_s to a step profile"
-    )
+def build_parser() -> argparse.ArgumentParser:
+    p = settings_parser("pdd calibrate", "fit mfu, mbu and overhead_s to a step profile")
     p.add_argument("profile", type=Path, help="JSON written by bench/step_profile.py")
-    p.add_argument("--gpu-name", required=True)
+    p.add_argument("--gpu-name", required=True, help="name the fitted GPU spec gets")
     p.add_argument("--peak-tflops", type=float, required=True, help="dense, in the model's dtype")
-    p.add_argument("--memory-gb", type=float, required=True)
+    p.add_argument("--memory-gb", type=float, required=True, help="device memory, GB")
     p.add_argument("--bandwidth-tbps", type=float, required=True, help="memory bandwidth, TB/s")
     p.add_argument("--interconnect-gbps", type=float, required=True, help="GB/s between chips")
-    p.add_argument("--price-per-hour", type=float, required=True)
+    p.add_argument(
+        "--price-per-hour", type=float, required=True, help="cost per GPU hour (cost model)"
+    )
     p.add_argument("--gpus", type=int, default=1, help="chips the profile ran on (tensor parallel)")
     p.add_argument("--out", type=Path, default=None, help="write the YAML here (else stdout)")
     return p

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from pdd.common.settings import parser as settings_parser
 from pdd.local.traces.base import TraceFormatError
 from pdd.simulator import plots
 from pdd.simulator.analysis import compare, sweep
@@ -44,7 +45,11 @@ COLUMNS = (
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="pdd simulate", description=__doc__.splitlines()[0])
+    return build_parser().parse_args(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = settings_parser("pdd simulate", __doc__.splitlines()[0])
     p.add_argument("scenario", nargs="?", help="shipped name or path to a .yaml scenario")
     p.add_argument("--list", action="store_true", help="list the shipped scenarios")
     p.add_argument("--json", type=Path, help="write the full report here")
@@ -64,7 +69,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 1, help="systems simulated in parallel"
     )
-    return p.parse_args(argv)
+    return p
 
 
 def apply_overrides(

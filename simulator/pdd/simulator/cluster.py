@@ -53,7 +53,7 @@ class Cluster:
                 env,
                 f"p{i}",
                 scenario.shape(spec.prefill),
-                spec.prefill.chunk_tokens,
+                spec.prefill.max_num_batched_tokens,
                 spec.prefill.max_queue,
                 self._cache(f"p{i}", spec.prefill),
                 self.fleet.update,
@@ -114,7 +114,7 @@ class Cluster:
         r = self.scenario.router
         throughput = r.prefill_tokens_per_s or self.scenario.shape(
             self.spec.prefill
-        ).prefill_tokens_per_s(self.spec.prefill.chunk_tokens)
+        ).prefill_tokens_per_s(self.spec.prefill.max_num_batched_tokens)
         return PolicyConfig(
             kv_bytes_per_token=self.kv_bytes_per_token,
             ttft_budget_s=r.ttft_budget_s,

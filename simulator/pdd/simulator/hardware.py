@@ -168,6 +168,8 @@ class InstanceShape:
         """One decode step: ``batch`` sequences holding ``context_tokens`` tokens in all."""
         return self.step_seconds(batch, context_tokens, context_tokens)
 
-    def prefill_tokens_per_s(self, chunk_tokens: int, cached_tokens: float = 0.0) -> float:
+    def prefill_tokens_per_s(
+        self, max_num_batched_tokens: int, cached_tokens: float = 0.0
+    ) -> float:
         """Steady prefill throughput with full chunks: what the router's policy assumes."""
-        return chunk_tokens / self.prefill_seconds(chunk_tokens, cached_tokens)
+        return max_num_batched_tokens / self.prefill_seconds(max_num_batched_tokens, cached_tokens)

@@ -4,7 +4,9 @@ The steps mirror the live data plane (docs/dataplane.md):
 
 1. the router decides (``Cluster.route``, the router's own policy); a ``Saturated``
    answer is a 429 the client retries after ``Retry-After``;
-2. P prefills its miss and caches the prompt;
+2. P prefills its miss and caches the prompt, streaming MD's miss as it writes it:
+   all but the last prefill chunk's KV crosses while P computes (from the end of the
+   request's first step), the last chunk's once the prefill ends (``_stream_kv``);
 3. **P-MD**: MD's miss crosses to MD (WAN, or RDMA in the same-datacenter baseline);
    MD streams the first token when the sequence joins its batch;
 4. **P-RLD-MD**: the whole KV goes to RLD over RDMA while MD's miss crosses the WAN;
@@ -30,6 +32,7 @@ from pdd.common.vocabulary import Pipeline
 from pdd.router.policy import Decision
 from pdd.simulator.cluster import Cluster, SimRequest
 from pdd.simulator.decode import DecodeInstance, DecodeSeq
+from pdd.simulator.prefill import PrefillJob
 
 #: A TOKEN_IDS handoff frame: a 4-byte id per token after an 8-byte (start, count) header
 #: (``pdd.worker.transport.payloads.encode_token_ids``; a test checks they agree).
@@ -94,15 +97,21 @@ def serve(c: Cluster, req: SimRequest, rec: RequestRecord) -> Proc:
         if inst is not None:
             inst.reserve()
     transfer = _commit(c, req, rec, pipeline)
-    yield p.submit(n - rec.p_hit_tokens, rec.p_hit_tokens)
+    job = p.enqueue(n - rec.p_hit_tokens, rec.p_hit_tokens)
+    kv_at_md = None
+    if pipeline != Pipeline.P_RLD:
+        miss = n - rec.md_hit_tokens
+        kv_at_md = c.env.process(_stream_kv(c, rec, miss, p.max_num_batched_tokens, job, transfer))
+    yield job.done
     if p.cache is not None:
         p.cache.insert(req.keys)
     if pipeline == Pipeline.P_MD:
-        yield from _ship_then_decode(c, req, rec, md, transfer)
+        yield kv_at_md
+        yield from _decode_on_main(c, req, rec, md)
     elif pipeline == Pipeline.P_RLD:
         yield from _relay_only(c, req, rec, rld)
     else:
-        yield from _relay_then_hand_off(c, req, rec, rld, md, transfer)
+        yield from _relay_then_hand_off(c, req, rec, rld, md, kv_at_md)
 
 
 def _commit(c: Cluster, req: SimRequest, rec: RequestRecord, pipeline: Pipeline) -> Transfer | None:
@@ -136,11 +145,19 @@ def _send_kv(c: Cluster, rec: RequestRecord, tokens: int, transfer: Transfer | N
     return landed
 
 
-def _ship_then_decode(
-    c: Cluster, req: SimRequest, rec: RequestRecord, md, transfer: Transfer | None
-) -> Proc:
-    yield _send_kv(c, rec, req.input_tokens - rec.md_hit_tokens, transfer)
-    yield from _decode_on_main(c, req, rec, md)
+def _stream_kv(
+    c: Cluster, rec: RequestRecord, tokens: int, chunk_tokens: int, job: PrefillJob,
+    transfer: Transfer | None,
+) -> Proc:  # fmt: skip
+    """MD's miss streamed as P writes it (``PrefillRole``): all but the last prefill
+    chunk's KV goes on the line once P's first step for the request ends, never landing
+    before the prefill could have written it; the last chunk's follows the prefill."""
+    tail = min(tokens, chunk_tokens)
+    if tokens > tail:
+        yield job.written
+        yield _send_kv(c, rec, tokens - tail, None)
+    yield job.done
+    yield _send_kv(c, rec, tail, transfer)
 
 
 def _relay_only(c: Cluster, req: SimRequest, rec: RequestRecord, rld) -> Proc:
@@ -155,10 +172,9 @@ def _relay_then_hand_off(
     rec: RequestRecord,
     rld: DecodeInstance,
     md: DecodeInstance,
-    transfer: Transfer | None,
+    kv_at_md: simpy.Event,
 ) -> Proc:
     n, out = req.input_tokens, req.output_tokens
-    kv_at_md = _send_kv(c, rec, n - rec.md_hit_tokens, transfer)
     yield c.in_dc.transfer(n * c.kv_bytes_per_token)
     rseq = rld.submit(n, out - 1, reserved=True)
     yield rseq.started | kv_at_md

@@ -1,6 +1,6 @@
 """A prefill instance (P) with chunked prefill: one step per chunk of queued work.
 
-Each step takes up to ``chunk_tokens`` uncached tokens from the FIFO queue (the tail
+Each step takes up to ``max_num_batched_tokens`` uncached tokens from the FIFO queue (the tail
 of one request and the head of the next share a step, as continuous batching does)
 and costs ``InstanceShape.step_seconds`` for those tokens, their cached context and
 their attention pairs. A small tail chunk alone in a step pays the whole weight read
@@ -26,6 +26,9 @@ class PrefillJob:
     new_tokens: int  # P's miss
     cached_tokens: int  # P's hit
     done: simpy.Event
+    #: Fires when the first step that computes any of it ends: its first chunk's KV is
+    #: written, and P starts streaming KV from there.
+    written: simpy.Event
     processed: int = 0
     queued_at: float = 0.0
 
@@ -44,15 +47,17 @@ class PrefillInstance:
         env: simpy.Environment,
         instance_id: str,
         shape: InstanceShape,
-        chunk_tokens: int,
+        max_num_batched_tokens: int,
         max_queue: int,
         cache: PrefixCache | None,
         on_load: Callable[[InstanceLoad], None] = lambda load: None,
     ) -> None:
-        if chunk_tokens <= 0 or max_queue <= 0:
-            raise ValueError(f"{instance_id}: chunk_tokens and max_queue must be positive")
+        if max_num_batched_tokens <= 0 or max_queue <= 0:
+            raise ValueError(
+                f"{instance_id}: max_num_batched_tokens and max_queue must be positive"
+            )
         self.env, self.instance_id, self.shape = env, instance_id, shape
-        self.chunk_tokens = chunk_tokens
+        self.max_num_batched_tokens = max_num_batched_tokens
         self.max_queue = max_queue
         self.cache = cache
         self.stats = PrefillStats()
@@ -79,9 +84,15 @@ class PrefillInstance:
             self._on_load(self._load)
 
     def submit(self, new_tokens: int, cached_tokens: int) -> simpy.Event:
-        """Queue a prefill; the event fires when its last chunk is computed. A full hit
-        still computes one token: the first output token needs the last position's logits."""
-        job = PrefillJob(max(1, new_tokens), cached_tokens, self.env.event(), 0, self.env.now)
+        """Queue a prefill; the event fires when its last chunk is computed."""
+        return self.enqueue(new_tokens, cached_tokens).done
+
+    def enqueue(self, new_tokens: int, cached_tokens: int) -> PrefillJob:
+        """Queue a prefill; its ``written`` fires when its first chunk is computed, ``done``
+        when its last is. A full hit still computes one token: the first output token
+        needs the last position's logits."""
+        done, written = self.env.event(), self.env.event()
+        job = PrefillJob(max(1, new_tokens), cached_tokens, done, written, 0, self.env.now)
         self._queue.append(job)
         self._publish()
         if not self._stepping:
@@ -89,7 +100,7 @@ class PrefillInstance:
             # before the wake-up fires join the first step.
             self._stepping = True
             self.env.timeout(0).callbacks.append(self._start_step)
-        return job.done
+        return job
 
     # The step loop runs on event callbacks, not in a simpy process: a step costs one
     # timeout, without a generator to resume.
@@ -108,6 +119,8 @@ class PrefillInstance:
         for job, n in batch:
             job.processed += n
             self.stats.tokens += n
+            if not job.written.triggered:
+                job.written.succeed()
             if job.processed >= job.new_tokens:
                 self._queue.remove(job)
                 job.done.succeed()
@@ -115,8 +128,8 @@ class PrefillInstance:
         self._start_step()
 
     def _take_chunk(self) -> list[tuple[PrefillJob, int]]:
-        """Jobs and token counts for the next step, FIFO, up to ``chunk_tokens``."""
-        budget, batch = self.chunk_tokens, []
+        """Jobs and token counts for the next step, FIFO, up to ``max_num_batched_tokens``."""
+        budget, batch = self.max_num_batched_tokens, []
         for job in self._queue:
             if budget <= 0:
                 break

@@ -133,7 +133,7 @@ class PoolSpec(_Spec):
     gpus_per_instance: int = Field(1, gt=0)
     max_batch: int = Field(64, gt=0, description="decode: sequences per batch")
     max_queue: int = Field(16, gt=0, description="prefill: requests queued per instance")
-    chunk_tokens: int = Field(8192, gt=0, description="prefill: tokens per step")
+    max_num_batched_tokens: int = Field(8192, gt=0, description="prefill: tokens per step")
     cache_tokens: int | None = Field(
         None, ge=0, description="prefix cache per instance; default: its KV capacity"
     )

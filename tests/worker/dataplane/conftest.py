@@ -53,6 +53,9 @@ TRANSFER_TIMEOUT_S = 5.0
 PROCESS_TRANSFER_TIMEOUT_S = 60.0
 RUN_TIMEOUT_S = 120.0
 LINK = LinkSpec(gbps=1.0, rtt_ms=4.0, jitter_ms=1.0, partition_grace_s=1.0)
+#: In-process engines' step budget: the tests' 40-140-token prompts prefill in 2-5
+#: chunks, so every in-process test has P streaming its KV while it still prefills.
+PREFILL_CHUNK_TOKENS = 32
 
 SPECS = [
     WorkerSpec("p", "prefill"),
@@ -229,7 +232,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         LINK,
         common_args=[
             "--num-blocks", "1024", "--block-size", str(BLOCK_SIZE), "--torch-threads", "1",
-            "--transfer-timeout-s", str(PROCESS_TRANSFER_TIMEOUT_S), "--max-running", "64",
+            "--transfer-timeout-s", str(PROCESS_TRANSFER_TIMEOUT_S), "--max-running-requests", "64",
         ],
     )  # fmt: skip
     yield c
@@ -269,6 +272,7 @@ async def _in_process(tiny: LoadedModel, transfer_timeout_s: float) -> AsyncIter
         block_size=BLOCK_SIZE,
         num_blocks=256,  # 4096 tokens per instance: more than any in-process test holds
         transfer_timeout_s=transfer_timeout_s,
+        max_num_batched_tokens=PREFILL_CHUNK_TOKENS,
     )
     async with cluster:
         yield DataPlane(cluster, cluster.client, cluster.wait_quiescent)
@@ -293,6 +297,7 @@ async def cvdp(tiny: LoadedModel) -> AsyncIterator[DataPlane]:
         num_blocks=256,
         transfer_timeout_s=TRANSFER_TIMEOUT_S,
         kv_codecs={"p": "int8", "md": "int8"},
+        max_num_batched_tokens=PREFILL_CHUNK_TOKENS,
     )
     async with cluster:
         yield DataPlane(cluster, cluster.client, cluster.wait_quiescent)

@@ -93,6 +93,7 @@ class InProcessCluster(PlanBuilder):
         num_blocks: int = 1024,
         transfer_timeout_s: float = 30.0,
         kv_codecs: Mapping[str, KVCodec] | None = None,
+        max_num_batched_tokens: int | None = None,
     ) -> None:
         self.model = model
         self.specs = specs
@@ -102,6 +103,9 @@ class InProcessCluster(PlanBuilder):
         self.num_blocks = num_blocks
         self.transfer_timeout_s = transfer_timeout_s
         self.kv_codecs = dict(kv_codecs or {})  # a worker's --kv-codec, by name (else none)
+        #: Every engine's step budget (None: the engine's default): a small one prefills a
+        #: test's prompt in several chunks, so P streams its KV while it prefills.
+        self.max_num_batched_tokens = max_num_batched_tokens
         self.network = MemoryNetwork()
         self.http = StreamingASGITransport()
         self.workers: dict[str, InProcessWorker] = {}
@@ -214,7 +218,12 @@ class InProcessCluster(PlanBuilder):
         )
         if spec.args:
             raise ValueError(f"in-process workers take no worker flags, not {spec.args}")
-        engine = Engine(self.model, block_size=self.block_size, num_blocks=self.num_blocks)
+        options = {}
+        if self.max_num_batched_tokens is not None:
+            options["max_num_batched_tokens"] = self.max_num_batched_tokens
+        engine = Engine(
+            self.model, block_size=self.block_size, num_blocks=self.num_blocks, **options
+        )
         runner = LoopEngineRunner(engine, asyncio.get_running_loop(), STEP_S)
         instance = WorkerInstance(settings, runner, self.network.host(name))
         await instance.start(f"{name}:{DATA_PORT}")

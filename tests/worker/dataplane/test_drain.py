@@ -67,8 +67,8 @@ async def test_a_draining_relay_leaves_the_routers_choice_and_hands_everything_o
     assert [r.token_ids for r in results] == expected  # nothing lost, nothing repeated
     assert all(r.duplicates == 0 and not r.errors for r in results)
     assert all(r.sources[-1] == "md" for r in results)  # every request ended on MD
-    assert delta("rld", "pdd_handoff", 'mode="one-shot"') == len(plans)
-    assert delta("rld", "pdd_handoff", 'mode="catch-up"') == 0
+    assert delta("rld", "pdd_worker_handoffs", 'mode="one-shot"') == len(plans)
+    assert delta("rld", "pdd_worker_handoffs", 'mode="catch-up"') == 0
 
     assert (await client.load(relay.url)).draining
     async with httpx.AsyncClient(transport=vdp.cluster.http) as probe:

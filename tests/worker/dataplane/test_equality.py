@@ -56,8 +56,11 @@ async def test_pipeline_equals_mono(dp, batch, pipeline: str, handoff: str) -> N
 
     bpt = dp.kv_bytes_per_token
     n = len(plans)
-    md_miss = delta("md", "pdd_prompt_tokens") - delta("md", "pdd_prefix_hit_tokens")
-    wan, wan_wire = delta("p", "pdd_wan_bytes"), delta("p", "pdd_wan_wire_bytes", gauge=True)
+    md_miss = delta("md", "pdd_worker_prompt_tokens") - delta("md", "pdd_worker_prefix_hit_tokens")
+    wan, wan_wire = (
+        delta("p", "pdd_worker_wan_kv_bytes"),
+        delta("p", "pdd_worker_wan_wire_bytes"),
+    )
     if pipeline in ("P-RLD-MD", "P-MD", "naive"):
         assert md_miss > 0
         assert wan == md_miss * bpt  # only MD's miss crosses the WAN
@@ -65,8 +68,10 @@ async def test_pipeline_equals_mono(dp, batch, pipeline: str, handoff: str) -> N
     else:
         assert wan == wan_wire == 0  # P-RLD: nothing crosses the WAN
     if pipeline in ("P-RLD-MD", "P-RLD"):
-        rld_miss = delta("rld", "pdd_prompt_tokens") - delta("rld", "pdd_prefix_hit_tokens")
-        assert delta("p", "pdd_fastpath_bytes") == rld_miss * bpt
+        rld_miss = delta("rld", "pdd_worker_prompt_tokens") - delta(
+            "rld", "pdd_worker_prefix_hit_tokens"
+        )
+        assert delta("p", "pdd_worker_fastpath_kv_bytes") == rld_miss * bpt
     await dp.assert_quiescent()
 
 
@@ -80,8 +85,8 @@ async def test_naive_ships_the_full_kv_even_when_md_holds_the_prefix(dp) -> None
         plan = dp.cluster.plan(f"naive-rep-{i}", prompt, "naive", dp.sampling(0, 4))
         (result,) = await dp.run_all([plan])
         assert result.events[0].md_hit_tokens is None  # no handshake hit to report
-    assert delta("md", "pdd_prefix_hit_tokens") == 0
-    assert delta("p", "pdd_wan_bytes") == 2 * n * bpt
+    assert delta("md", "pdd_worker_prefix_hit_tokens") == 0
+    assert delta("p", "pdd_worker_wan_kv_bytes") == 2 * n * bpt
     # MD still holds the prompt from the P-MD turn: the naive requests neither evicted nor
     # replaced it.
     plan = dp.cluster.plan("naive-after", prompt, "P-MD", dp.sampling(0, 4))

@@ -48,9 +48,9 @@ async def test_late_kv_handoff_in_both_modes_matches_mono(vdp) -> None:
     for r in results:  # RLD streamed the start, MD the end
         assert r.sources[0] == "rld" and r.sources[-1] == "md"
         assert r.sources.index("md") > THRESHOLD
-    assert delta("rld", "pdd_handoff", 'mode="catch-up"') == 2
-    assert delta("rld", "pdd_handoff", 'mode="one-shot"') == 2
-    assert delta("rld", "pdd_handoff_tokens") > 4 * THRESHOLD
+    assert delta("rld", "pdd_worker_handoffs", 'mode="catch-up"') == 2
+    assert delta("rld", "pdd_worker_handoffs", 'mode="one-shot"') == 2
+    assert delta("rld", "pdd_worker_handoff_tokens") > 4 * THRESHOLD
     await vdp.assert_quiescent()
 
 
@@ -76,10 +76,10 @@ async def test_handoff_carries_token_ids_not_kv(vdp) -> None:
     results = await vdp.run_all(plans, on_token=release_once_every_relay_streamed_a_few)
     assert [r.token_ids for r in results] == expected
 
-    handoffs = delta("rld", "pdd_handoff")
-    tokens = delta("rld", "pdd_handoff_tokens")
-    payload = delta("rld", "pdd_handoff_bytes")
-    assert handoffs == delta("rld", "pdd_handoff", 'mode="one-shot"') == len(plans)
+    handoffs = delta("rld", "pdd_worker_handoffs")
+    tokens = delta("rld", "pdd_worker_handoff_tokens")
+    payload = delta("rld", "pdd_worker_handoff_bytes")
+    assert handoffs == delta("rld", "pdd_worker_handoffs", 'mode="one-shot"') == len(plans)
     assert tokens == sum(r.sources.count("rld") for r in results) - len(plans)  # but the first
     headers, rest = divmod(payload - 4 * tokens, 8)
     assert rest == 0 and headers == len(plans)  # one 8-byte header per (single) reply
@@ -127,10 +127,10 @@ async def test_second_turn_hits_main_decode_radix_cache(vdp) -> None:
     bs = vdp.block_size
     # MD cached each turn-1 prompt and (where it decoded to the end) the answer too.
     least_hit = sum(len(p) // bs * bs for p in turn1)
-    hit = delta("md", "pdd_prefix_hit_tokens")
+    hit = delta("md", "pdd_worker_prefix_hit_tokens")
     assert hit >= least_hit
     miss = sum(len(p) for p in turn2) - hit
-    assert delta("p", "pdd_wan_bytes") == miss * vdp.kv_bytes_per_token
+    assert delta("p", "pdd_worker_wan_kv_bytes") == miss * vdp.kv_bytes_per_token
     await vdp.assert_quiescent()
 
 
@@ -143,7 +143,9 @@ async def test_p_md_caches_the_whole_conversation(vdp) -> None:
     delta = vdp.counters("md")
     await vdp.run_all([vdp.cluster.plan("pmd2-0", turn2, "P-MD", vdp.sampling(0, 4))])
     computed = len(prompt) + len(out[0]) - 1  # the last sampled token has no KV yet
-    assert delta("md", "pdd_prefix_hit_tokens") == computed // vdp.block_size * vdp.block_size
+    assert (
+        delta("md", "pdd_worker_prefix_hit_tokens") == computed // vdp.block_size * vdp.block_size
+    )
     await vdp.assert_quiescent()
 
 
@@ -164,16 +166,18 @@ async def test_md_caches_the_answer_of_a_request_the_relay_finished(vdp) -> None
     plan = vdp.cluster.plan("rf1-0", prompt, "P-RLD-MD", vdp.sampling(0, 30), handoff="one-shot")
     (turn1,) = await vdp.run_all([plan], on_token=release_once_the_relay_finished)
     assert turn1.token_ids == out[0] and set(turn1.sources) == {"rld"}
-    assert delta("rld", "pdd_handoff") == 0  # nothing was handed over: the relay finished it
+    assert (
+        delta("rld", "pdd_worker_handoffs") == 0
+    )  # nothing was handed over: the relay finished it
     await vdp.assert_quiescent()  # MD has taken the KV, asked the relay and computed
 
     turn2 = prompt + out[0] + [7, 8, 9]
     delta = vdp.counters("p", "md")
     await vdp.run_all([vdp.cluster.plan("rf2-0", turn2, "P-MD", vdp.sampling(0, 4))])
     bs = vdp.block_size
-    hit = delta("md", "pdd_prefix_hit_tokens")
+    hit = delta("md", "pdd_worker_prefix_hit_tokens")
     assert hit == (len(prompt) + len(out[0])) // bs * bs > len(prompt)
-    assert delta("p", "pdd_wan_bytes") == (len(turn2) - hit) * vdp.kv_bytes_per_token
+    assert delta("p", "pdd_worker_wan_kv_bytes") == (len(turn2) - hit) * vdp.kv_bytes_per_token
     await vdp.assert_quiescent()
 
 
@@ -212,8 +216,10 @@ async def test_a_next_turn_waits_for_the_answer_md_is_computing(vdp) -> None:
     to_relay.resume()
     (result,) = await turn2_run
     assert result.token_ids == expected[0]
-    assert delta("md", "pdd_prefix_hit_tokens") == predicted
-    assert delta("p", "pdd_wan_bytes") == (len(turn2) - predicted) * vdp.kv_bytes_per_token
+    assert delta("md", "pdd_worker_prefix_hit_tokens") == predicted
+    assert (
+        delta("p", "pdd_worker_wan_kv_bytes") == (len(turn2) - predicted) * vdp.kv_bytes_per_token
+    )
     await vdp.assert_quiescent()
 
 

@@ -35,8 +35,8 @@ async def test_int8_ships_half_the_bytes_to_md_and_the_relay_stays_exact(cvdp) -
     expected = await run_greedy(cvdp, prompts, "c-ref", "mono", main="mono")
     delta = cvdp.counters("p", "md")
     via_md = await run_greedy(cvdp, prompts, "c-md", "P-MD")
-    raw, wire = delta("p", "pdd_wan_bytes"), delta("p", "pdd_wan_kv_wire_bytes")
-    md_miss = delta("md", "pdd_prompt_tokens") - delta("md", "pdd_prefix_hit_tokens")
+    raw, wire = delta("p", "pdd_worker_wan_kv_bytes"), delta("p", "pdd_worker_wan_kv_coded_bytes")
+    md_miss = delta("md", "pdd_worker_prompt_tokens") - delta("md", "pdd_worker_prefix_hit_tokens")
     assert raw == md_miss * cvdp.kv_bytes_per_token  # the raw counter still counts raw KV
     assert 0 < wire <= 0.52 * raw  # float32 KV, head dim 16: int8 is about 0.31x with its scales
     agree = sum(
@@ -59,9 +59,9 @@ async def test_codec_mismatch_fails_the_handshake_and_the_relay_carries_on(cvdp)
     )
     [result] = await cvdp.run_all([plan])
     assert result.token_ids == expected[0] and set(result.sources) == {"rld"}
-    assert delta("p", "pdd_transfer_failures", 'path="wan"') == 1
-    assert delta("p", "pdd_wan_bytes") == 0  # refused before any KV was sent
-    assert delta("md_plain", "pdd_prompt_tokens") == 0  # nothing was attached
+    assert delta("p", "pdd_worker_transfer_failures", 'path="wan"') == 1
+    assert delta("p", "pdd_worker_wan_kv_bytes") == 0  # refused before any KV was sent
+    assert delta("md_plain", "pdd_worker_prompt_tokens") == 0  # nothing was attached
     await cvdp.assert_quiescent()
 
 

@@ -41,7 +41,7 @@ async def test_wan_cut_ends_transfers_and_relay_finishes(vdp) -> None:
     assert result.token_ids == expected[0]
     assert result.duplicates == 0 and set(result.sources) == {"rld"}
     await vdp.assert_quiescent()  # P's transfer and MD's attached request ended
-    assert delta("p", "pdd_transfer_failures", 'path="wan"') == 1
+    assert delta("p", "pdd_worker_transfer_failures", 'path="wan"') == 1
 
 
 async def test_wan_cut_without_relay_fails_the_request_at_once_naming_md(vdp) -> None:
@@ -95,8 +95,8 @@ async def test_stalled_wan_times_out_on_both_ends_and_relay_finishes(vdp) -> Non
     [result] = await vdp.run_all([plan], on_token=lambda event: path.pause())
     assert result.token_ids == expected[0] and set(result.sources) == {"rld"}
     await vdp.assert_quiescent()
-    assert delta("p", "pdd_transfer_failures", 'path="wan"') == 1
-    assert delta("md", "pdd_prefix_hit_tokens") == 0  # MD took nothing from this request
+    assert delta("p", "pdd_worker_transfer_failures", 'path="wan"') == 1
+    assert delta("md", "pdd_worker_prefix_hit_tokens") == 0  # MD took nothing from this request
 
 
 async def test_lossy_slow_wan_changes_nothing_but_time(vdp) -> None:
@@ -118,10 +118,10 @@ async def test_lossy_slow_wan_changes_nothing_but_time(vdp) -> None:
     results = await vdp.run_all(plans)
     assert [r.token_ids for r in results] == expected
     assert all(r.duplicates == 0 and r.sources[-1] == "md" for r in results)
-    md_miss = delta("md", "pdd_prompt_tokens") - delta("md", "pdd_prefix_hit_tokens")
-    assert delta("p", "pdd_wan_bytes") == md_miss * vdp.kv_bytes_per_token
-    assert delta("rld", "pdd_handoff") == len(plans)
-    assert delta("p", "pdd_transfer_failures") == 0
+    md_miss = delta("md", "pdd_worker_prompt_tokens") - delta("md", "pdd_worker_prefix_hit_tokens")
+    assert delta("p", "pdd_worker_wan_kv_bytes") == md_miss * vdp.kv_bytes_per_token
+    assert delta("rld", "pdd_worker_handoffs") == len(plans)
+    assert delta("p", "pdd_worker_transfer_failures") == 0
     await vdp.assert_quiescent()
 
 
@@ -135,7 +135,7 @@ async def test_relay_never_gets_its_kv_and_main_decode_streams_it_all(vdp) -> No
     [result] = await vdp.run_all([plan])
     assert result.token_ids == expected[0]
     assert set(result.sources) == {"md"} and result.duplicates == 0
-    assert delta("p", "pdd_transfer_failures", 'path="fast"') == 1
+    assert delta("p", "pdd_worker_transfer_failures", 'path="fast"') == 1
     await vdp.assert_quiescent()
 
 

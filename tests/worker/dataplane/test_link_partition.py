@@ -120,7 +120,7 @@ async def test_a_p_md_request_caught_mid_transfer_is_served_through_the_relay(
         line.set_rate(TRICKLE_GBPS)  # the router's policy still counts on the declared rate
         sent = vdp.counters("p")
         request = asyncio.ensure_future(complete(rt, prompt))
-        await until(lambda: sent("p", "pdd_wan_bytes") > 0, "P's KV on the line")
+        await until(lambda: sent("p", "pdd_worker_wan_kv_bytes") > 0, "P's KV on the line")
         line.partition(True)
         cut_at = loop.time()
         caught = await request

@@ -46,8 +46,8 @@ async def test_a_right_prediction_sends_exactly_the_miss(vdp) -> None:
     )
     [result] = await vdp.run_all([plan])
     assert result.token_ids == expected[0] and result.sources == ["md"] * MAX_TOKENS
-    assert delta("p", "pdd_wan_bytes") == len(prompt) * vdp.kv_bytes_per_token
-    assert delta("md", "pdd_prefix_hit_tokens") == 0
+    assert delta("p", "pdd_worker_wan_kv_bytes") == len(prompt) * vdp.kv_bytes_per_token
+    assert delta("md", "pdd_worker_prefix_hit_tokens") == 0
     await vdp.assert_quiescent()
 
 
@@ -63,8 +63,8 @@ async def test_md_holding_less_than_predicted_gets_the_gap(vdp) -> None:
     )
     [result] = await vdp.run_all([plan])
     assert result.token_ids == expected[0] and result.sources == ["md"] * MAX_TOKENS
-    assert delta("p", "pdd_wan_bytes") == len(prompt) * vdp.kv_bytes_per_token
-    assert delta("p", "pdd_transfer_failures") == 0
+    assert delta("p", "pdd_worker_wan_kv_bytes") == len(prompt) * vdp.kv_bytes_per_token
+    assert delta("p", "pdd_worker_transfer_failures") == 0
     await vdp.assert_quiescent()
 
 
@@ -82,9 +82,9 @@ async def test_md_holding_more_than_predicted_skips_what_it_holds(vdp) -> None:
     [result] = await vdp.run_all([plan])
     hit = result.events[0].md_hit_tokens
     assert result.token_ids == expected[0] and hit is not None and hit > 0
-    assert delta("md", "pdd_prefix_hit_tokens") == hit
+    assert delta("md", "pdd_worker_prefix_hit_tokens") == hit
     # P sent it all before MD's answer came back (the line's delay), MD kept its own.
-    assert delta("p", "pdd_wan_bytes") == len(prompt) * vdp.kv_bytes_per_token
+    assert delta("p", "pdd_worker_wan_kv_bytes") == len(prompt) * vdp.kv_bytes_per_token
     await vdp.assert_quiescent()
 
 
@@ -157,8 +157,8 @@ async def test_the_router_predicts_the_next_turn_from_what_md_was_sent(vdp) -> N
         delta = vdp.counters("p", "md")
         second = await complete(runtime, turn2, 4)
     held = (len(prompt) + MAX_TOKENS - 1) // vdp.block_size * vdp.block_size
-    assert second.route.md_hit_tokens == held == delta("md", "pdd_prefix_hit_tokens")
-    assert delta("p", "pdd_wan_bytes") == (len(turn2) - held) * vdp.kv_bytes_per_token
+    assert second.route.md_hit_tokens == held == delta("md", "pdd_worker_prefix_hit_tokens")
+    assert delta("p", "pdd_worker_wan_kv_bytes") == (len(turn2) - held) * vdp.kv_bytes_per_token
     await vdp.assert_quiescent()
 
 

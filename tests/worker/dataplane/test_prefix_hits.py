@@ -34,8 +34,8 @@ async def test_streams_report_the_real_hits_of_p_and_md(dp) -> None:
     delta = dp.counters("p", "md")
     (warm,) = await dp.run_all([dp.cluster.plan("hits-warm", prompt, "P-MD", sampling)])
     assert hits(warm) == [(0, "md", p_hit, n)]  # MD's DRC kept the whole prompt
-    assert delta("p", "pdd_prefix_hit_tokens") == p_hit
-    assert delta("md", "pdd_prefix_hit_tokens") == n
+    assert delta("p", "pdd_worker_prefix_hit_tokens") == p_hit
+    assert delta("md", "pdd_worker_prefix_hit_tokens") == n
 
     plan = dp.cluster.plan("hits-relay", prompt, "P-RLD-MD", sampling, handoff="one-shot")
     (relayed,) = await dp.run_all([plan])

@@ -36,7 +36,7 @@ async def test_main_decode_dies_mid_transfer(dp) -> None:
     assert set(result.sources) == {"rld"} and result.duplicates == 0
     assert victim.proc.poll() is not None
     await dp.assert_quiescent()  # P holds the KV until its WAN transfer has ended
-    assert delta("p", "pdd_transfer_failures", 'path="wan"') == 1
+    assert delta("p", "pdd_worker_transfer_failures", 'path="wan"') == 1
 
 
 async def test_relay_dies_before_handoff(dp) -> None:

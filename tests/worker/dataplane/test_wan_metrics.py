@@ -26,7 +26,7 @@ RLD_MD = link("rld", "md", "relay", "main")
 
 
 def wan_series(metrics: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in metrics.items() if k.startswith("pdd_wan_") and "{" in k}
+    return {k: v for k, v in metrics.items() if k.startswith("pdd_worker_wan_") and "{" in k}
 
 
 async def test_each_wan_end_exports_its_links_and_the_fast_path_none(vdp) -> None:
@@ -39,18 +39,18 @@ async def test_each_wan_end_exports_its_links_and_the_fast_path_none(vdp) -> Non
 
     # P's sender and MD's receiver both measured P -> MD.
     for end in (p, md):
-        assert 0 < end[f"pdd_wan_goodput_bytes_per_second{P_MD}"] <= LINE_BPS
-        rtt = end[f"pdd_wan_rtt_min_seconds{P_MD}"]
+        assert 0 < end[f"pdd_worker_wan_goodput_bytes_per_second{P_MD}"] <= LINE_BPS
+        rtt = end[f"pdd_worker_wan_rtt_min_seconds{P_MD}"]
         assert LINE_RTT_S <= rtt <= LINE_RTT_S + 2 * LINE_JITTER_S
-        assert end[f"pdd_wan_rtt_seconds{P_MD}"] >= LINE_RTT_S
-        assert end[f"pdd_wan_transfer_timeouts_total{P_MD}"] == 0
+        assert end[f"pdd_worker_wan_rtt_seconds{P_MD}"] >= LINE_RTT_S
+        assert end[f"pdd_worker_wan_transfer_timeouts_total{P_MD}"] == 0
     # The transfer is over: nothing queued or in flight is left on the link.
-    assert p[f"pdd_wan_bytes_queued{P_MD}"] == 0
-    assert p[f"pdd_wan_bytes_in_flight{P_MD}"] == 0
+    assert p[f"pdd_worker_wan_queued_bytes{P_MD}"] == 0
+    assert p[f"pdd_worker_wan_in_flight_bytes{P_MD}"] == 0
     # Both handoff ends measured RLD -> MD (MD dialled, RLD sent the IDs).
     for end in (md, rld):
-        assert end[f"pdd_wan_goodput_bytes_per_second{RLD_MD}"] > 0
-        assert end[f"pdd_wan_rtt_min_seconds{RLD_MD}"] >= LINE_RTT_S
+        assert end[f"pdd_worker_wan_goodput_bytes_per_second{RLD_MD}"] > 0
+        assert end[f"pdd_worker_wan_rtt_min_seconds{RLD_MD}"] >= LINE_RTT_S
     # Nothing failed, and P -> RLD (the fast path) is no WAN link.
     assert not any("failures" in k for end in (p, md, rld) for k in end)
     assert not any('dst="rld",dst_pool="relay",src="p"' in k for k in p)
@@ -68,8 +68,8 @@ async def test_a_stalled_line_is_one_timeout_at_each_end_and_leaves_no_backlog(v
 
     def stall_once_the_kv_is_on_the_link(event) -> None:
         p = wan_series(vdp.cluster["p"].metrics())
-        backlog = p.get(f"pdd_wan_bytes_queued{P_MD}", 0) + p.get(
-            f"pdd_wan_bytes_in_flight{P_MD}", 0
+        backlog = p.get(f"pdd_worker_wan_queued_bytes{P_MD}", 0) + p.get(
+            f"pdd_worker_wan_in_flight_bytes{P_MD}", 0
         )
         if backlog >= miss and not backlog_at_stall:
             backlog_at_stall.append(backlog)
@@ -82,7 +82,7 @@ async def test_a_stalled_line_is_one_timeout_at_each_end_and_leaves_no_backlog(v
     assert backlog_at_stall
     await vdp.assert_quiescent()
     p, md = (wan_series(vdp.cluster[n].metrics()) for n in ("p", "md"))
-    assert p[f"pdd_wan_transfer_timeouts_total{P_MD}"] == 1
-    assert md[f"pdd_wan_transfer_timeouts_total{P_MD}"] == 1
-    assert p[f"pdd_wan_bytes_queued{P_MD}"] == 0
-    assert p[f"pdd_wan_bytes_in_flight{P_MD}"] == 0
+    assert p[f"pdd_worker_wan_transfer_timeouts_total{P_MD}"] == 1
+    assert md[f"pdd_worker_wan_transfer_timeouts_total{P_MD}"] == 1
+    assert p[f"pdd_worker_wan_queued_bytes{P_MD}"] == 0
+    assert p[f"pdd_worker_wan_in_flight_bytes{P_MD}"] == 0

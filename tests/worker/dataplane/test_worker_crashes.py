@@ -35,7 +35,7 @@ async def test_main_decode_dies_mid_transfer_and_relay_finishes(vdp) -> None:
     assert set(result.sources) == {"rld"} and result.duplicates == 0
     assert "md_v" in result.errors  # the router saw MD's stream break and routed around it
     await vdp.assert_quiescent()
-    assert delta("p", "pdd_transfer_failures", 'path="wan"') == 1
+    assert delta("p", "pdd_worker_transfer_failures", 'path="wan"') == 1
 
 
 @pytest.mark.parametrize("at_token", [0, 4, 30])

@@ -82,7 +82,11 @@ def test_continuous_batching_matches_transformers(
     assert_no_leaks: Callable[[Engine], None],
 ) -> None:
     engine = Engine(
-        str(checkpoint), block_size=8, num_blocks=128, max_num_batched_tokens=BUDGET, max_running=4
+        str(checkpoint),
+        block_size=8,
+        num_blocks=128,
+        max_num_batched_tokens=BUDGET,
+        max_running_requests=4,
     )
     ps = prompts(engine.model_config.vocab_size)
     outs, steps = run_staggered(engine, ps)

@@ -101,7 +101,9 @@ def test_random_arrivals_and_aborts_on_a_tiny_pool_keep_every_invariant(
     reference = Engine(tiny, block_size=4, num_blocks=512).generate(
         [p for p, _ in jobs], [sp for _, sp in jobs]
     )
-    engine = Engine(tiny, block_size=4, num_blocks=20, max_num_batched_tokens=16, max_running=5)
+    engine = Engine(
+        tiny, block_size=4, num_blocks=20, max_num_batched_tokens=16, max_running_requests=5
+    )
     tokens: dict[str, list[int]] = {}
     live: list[str] = []
     aborted: set[str] = set()
@@ -186,7 +188,7 @@ def test_stop_on_eos_stop_ids_and_max_tokens(
 def test_loader_errors_surface_through_engine_construction(
     hf_checkpoint: Callable[..., Path],
 ) -> None:
-    with pytest.raises(CheckpointNotFoundError, match="neither 'tiny' nor a checkpoint"):
+    with pytest.raises(CheckpointNotFoundError, match="neither 'tiny', an existing checkpoint"):
         Engine("/no/such/model")
     ckpt = hf_checkpoint("llama")
     config = json.loads((ckpt / "config.json").read_text())

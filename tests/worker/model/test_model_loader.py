@@ -64,7 +64,7 @@ def test_unsupported_architecture(llama_dir: Path) -> None:
 
 
 def test_not_a_directory(tmp_path: Path) -> None:
-    with pytest.raises(CheckpointNotFoundError, match="neither 'tiny' nor"):
+    with pytest.raises(CheckpointNotFoundError, match="neither 'tiny', an existing checkpoint"):
         load_model(str(tmp_path / "nope"))
 
 

@@ -1,8 +1,8 @@
 """The worker's HTTP control API (FastAPI): health, load, metrics, and the request verbs.
 
 Every ``/v1/pdd/*`` route requires ``Authorization: Bearer <shared secret>``;
-``/health``, ``/ready``, ``/load`` and ``/metrics`` are open (probes and
-scrapers). Errors have one JSON shape, ``{"error": {"type", "message"}}``.
+``/health``, the probes (``/startup``, ``/live``, ``/ready``), ``/load`` and ``/metrics``
+are open (kubelet and scrapers). Errors have one JSON shape, ``{"error": {"type", "message"}}``.
 Streams are NDJSON: one ``TokenEvent`` per line, ending when the instance is
 done with the request (a status event with ``error`` set if it failed).
 """
@@ -56,6 +56,17 @@ def create_app(role: RoleBase, feed: CacheFeed, ready: Callable[[], bool]) -> Fa
         return WorkerHealth(
             role=role.role, endpoint=role.settings.endpoint, engine=role.engine_info
         )
+
+    # Kubernetes' probes, one endpoint each: /startup (the model is loaded: this API only
+    # serves once the worker started), /live (the engine thread runs), /ready (traffic).
+    @app.get("/startup")
+    async def startup() -> dict:
+        return {"started": True}
+
+    @app.get("/live")
+    async def live() -> JSONResponse:
+        ok = role.runner.alive
+        return JSONResponse({"live": ok}, status_code=200 if ok else 503)
 
     @app.get("/ready")
     async def is_ready() -> JSONResponse:

@@ -48,15 +48,5 @@ def flag_defaults(
 
 
 def engine_flags(settings: EngineSettings) -> dict[str, Any]:
-    """The engine flags (by ``dest``) that ``settings`` set; None where they set nothing."""
-    gib = settings.kv_cache_gib
-    return {
-        "device": settings.device,
-        "dtype": settings.dtype,
-        "kv_cache_fraction": settings.kv_cache_memory_fraction,
-        "kv_budget_mb": None if gib is None else round(gib * 1024),
-        "max_running": settings.max_running_requests,
-        "max_prompt_tokens": settings.max_prompt_tokens,
-        "chunked_prefill_tokens": settings.chunked_prefill_tokens,
-        "torch_threads": settings.torch_threads,
-    }
+    """The engine flags (by ``dest``: the settings' own field names) that ``settings`` set."""
+    return settings.model_dump(exclude_none=True)

@@ -75,6 +75,12 @@ class EngineRunner(abc.ABC):
     @abc.abstractmethod
     def stop(self) -> None: ...
 
+    @property
+    @abc.abstractmethod
+    def alive(self) -> bool:
+        """Whether the engine is being driven: false once its driver died (the liveness
+        probe's answer, so kubelet restarts a worker that can no longer step)."""
+
     @abc.abstractmethod
     async def call(self, fn: Callable[[Engine], T]) -> T:
         """Run ``fn(engine)`` between steps; its result or exception."""
@@ -131,6 +137,10 @@ class ThreadEngineRunner(EngineRunner):
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(_JOIN_TIMEOUT_S)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     async def call(self, fn: Callable[[Engine], T]) -> T:
         """Run ``fn(engine)`` on the engine thread between steps; its result or exception."""
@@ -190,6 +200,10 @@ class LoopEngineRunner(EngineRunner):
     def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
+
+    @property
+    def alive(self) -> bool:
+        return self._task is not None and not self._task.done()
 
     async def call(self, fn: Callable[[Engine], T]) -> T:
         """Run ``fn(engine)`` now (whenever a coroutine runs, the loop is between steps)."""

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
+from pdd.common.settings import HelpFormatter
 from pdd.worker.engine import Engine, EngineConfigError
 from pdd.worker.engine.request import RequestError
 from pdd.worker.engine.sampling import SamplingParams
@@ -37,19 +38,29 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="pdd generate", description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="'tiny' or a checkpoint directory")
+    p = _Parser(
+        prog="pdd generate",
+        description=__doc__.splitlines()[0].replace("``", ""),
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument(
+        "--model", required=True,
+        help="'tiny' (random weights, for tests), a checkpoint directory or a GGUF file",
+    )  # fmt: skip
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt-ids", help="comma-separated token IDs, e.g. 1,2,3")
     prompt.add_argument("--prompt", help="text, encoded with the model's tokenizer")
-    p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--ignore-eos", action="store_true")
-    p.add_argument("--dtype", default=None, help="float32|bfloat16|float16; default: checkpoint's")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--max-tokens", type=int, default=16, help="tokens to generate at most")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0: greedy")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest; 0: all")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling's probability mass")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
+    p.add_argument(
+        "--dtype", default=None,
+        help="compute dtype: float32, bfloat16 or float16 (default: the checkpoint's)",
+    )  # fmt: skip
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--json", action="store_true", help='print {"token_ids": [...]}')
     return p
 

@@ -3,7 +3,7 @@
 Counters are bumped where the event happens (a KV chunk leaves on the WAN, a
 handoff completes); gauges that mirror engine state are refreshed from the
 engine runner's latest stats snapshot right before each scrape, so a scrape
-never has to wait for the engine thread. The per-link WAN series (``pdd_wan_*`` with
+never has to wait for the engine thread. The per-link WAN series (``pdd_worker_wan_*`` with
 ``src``/``dst``) are read off the link meters at scrape time, so a link the meters
 forgot is gone from the next scrape with no bookkeeping here.
 """
@@ -20,13 +20,22 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from pdd.common.link_meter import LinkMeters
+from pdd.common.vocabulary import RELAY_LOAD_METRIC
 from pdd.common.wire import EngineInfo
 
 __all__ = ["CONTENT_TYPE_LATEST", "WorkerMetrics"]
 
 
+#: Every worker metric's name starts with this (the router's with ``pdd_router_``).
+PREFIX = "pdd_worker_"
+
+
 class WorkerMetrics:
-    """Every metric a worker exports, labelled with its role where the issue asks for it."""
+    """Every metric a worker exports, labelled with its role where the issue asks for it.
+
+    Names follow Prometheus' conventions: base units (bytes, seconds), counters end in
+    ``_total`` (prometheus_client appends it to a ``Counter``'s name), one prefix.
+    """
 
     def __init__(self, role: str) -> None:
         self.role = role
@@ -35,62 +44,71 @@ class WorkerMetrics:
         #: Every WAN link this instance is an end of (see ``pdd.common.link_meter``).
         self.links = LinkMeters()
         r.register(WanLinkCollector(self.links))
+        #: All bytes sent on WAN / in-datacenter channels (framing too), as the transport
+        #: counts them; exported as counters at scrape time (``refresh_gauges`` updates them).
+        self.wire_sent = {"wan": 0, "fastpath": 0}
+        r.register(WireBytesCollector(self.wire_sent))
         self.wan_bytes = Counter(
-            "pdd_wan_bytes",
+            "pdd_worker_wan_kv_bytes",
             "KV bytes sent over the WAN path (tensor bytes, no framing)",
             registry=r,
         )
         self.wan_kv_wire_bytes = Counter(
-            "pdd_wan_kv_wire_bytes",
+            "pdd_worker_wan_kv_coded_bytes",
             "KV chunk bytes sent over the WAN path as coded (spec.wan.kvCodec; header included)",
             registry=r,
         )
         self.fastpath_bytes = Counter(
-            "pdd_fastpath_bytes", "KV bytes sent over the in-datacenter path", registry=r
+            "pdd_worker_fastpath_kv_bytes",
+            "KV bytes sent over the in-datacenter path",
+            registry=r,
         )
         self.handoffs = Counter(
-            "pdd_handoff", "Completed relay->main handoffs", ["mode"], registry=r
+            "pdd_worker_handoffs", "Completed relay->main handoffs", ["mode"], registry=r
         )
         self.handoff_tokens = Counter(
-            "pdd_handoff_tokens", "Token IDs handed from relay to main decode", registry=r
+            "pdd_worker_handoff_tokens", "Token IDs handed from relay to main decode", registry=r
         )
         self.handoff_bytes = Counter(
-            "pdd_handoff_bytes", "Payload bytes of token-ID handoff frames", registry=r
+            "pdd_worker_handoff_bytes", "Payload bytes of token-ID handoff frames", registry=r
         )
         self.prefix_hit_tokens = Counter(
-            "pdd_prefix_hit_tokens",
+            "pdd_worker_prefix_hit_tokens",
             "Prompt tokens found in this instance's prefix cache",
             ["role"],
             registry=r,
         )
         self.prompt_tokens = Counter(
-            "pdd_prompt_tokens",
+            "pdd_worker_prompt_tokens",
             "Prompt tokens of requests taken by this instance",
             ["role"],
             registry=r,
         )
         self.transfer_failures = Counter(
-            "pdd_transfer_failures",
+            "pdd_worker_transfer_failures",
             "KV transfers or handoffs that ended in an error",
             ["path"],
             registry=r,
         )
-        self.wan_wire_bytes = Gauge(
-            "pdd_wan_wire_bytes",
-            "All bytes this instance sent on WAN channels (framing too)",
-            registry=r,
-        )
-        self.fast_wire_bytes = Gauge(
-            "pdd_fastpath_wire_bytes",
-            "All bytes this instance sent on in-datacenter channels",
-            registry=r,
-        )
         self.relay_load = Gauge(
-            "pdd_relay_load", "Relay load in [0, 1] (scaling signal)", registry=r
+            RELAY_LOAD_METRIC, "Relay load in [0, 1] (the relay HPA's signal)", registry=r
         )
-        self.kv_blocks_free = Gauge("pdd_kv_blocks_free", "Free KV blocks", registry=r)
-        self.kv_blocks_total = Gauge("pdd_kv_blocks_total", "KV blocks in the pool", registry=r)
-        self.running = Gauge("pdd_running_requests", "Requests in the decode batch", registry=r)
+        self.kv_blocks_free = Gauge("pdd_worker_kv_blocks_free", "Free KV blocks", registry=r)
+        self.kv_blocks_total = Gauge("pdd_worker_kv_blocks", "KV blocks in the pool", registry=r)
+        self.kv_usage = Gauge(
+            "pdd_worker_kv_usage_ratio",
+            "Share of the KV blocks requests hold (0..1; blocks the prefix cache keeps count "
+            "as free: they are evicted on demand)",
+            registry=r,
+        )
+        self.running = Gauge(
+            "pdd_worker_running_requests", "Requests in the decode batch", registry=r
+        )
+        self.waiting = Gauge(
+            "pdd_worker_waiting_requests",
+            "Requests queued for the engine (not yet running): the queue depth",
+            registry=r,
+        )
         self.engine = Gauge(
             "pdd_worker_engine_info",
             "Always 1; the labels say what the engine runs on",
@@ -100,15 +118,17 @@ class WorkerMetrics:
         self.kv_capacity_tokens = Gauge(
             "pdd_worker_kv_capacity_tokens", "KV cache capacity in tokens", registry=r
         )
-        self.max_running = Gauge(
-            "pdd_worker_max_running", "Requests this instance decodes at once", registry=r
+        self.max_running_requests = Gauge(
+            "pdd_worker_max_running_requests",
+            "Requests this instance decodes at once",
+            registry=r,
         )
 
     def report_engine(self, info: EngineInfo) -> None:
         """What the engine got, exported once at start (it never changes afterwards)."""
         self.engine.labels(self.role, info.device, info.dtype).set(1)
         self.kv_capacity_tokens.set(info.kv_tokens)
-        self.max_running.set(info.max_running)
+        self.max_running_requests.set(info.max_running_requests)
 
     def count_prompt(self, prompt_tokens: int, hit_tokens: int) -> None:
         self.prompt_tokens.labels(self.role).inc(prompt_tokens)
@@ -116,6 +136,23 @@ class WorkerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class WireBytesCollector(Collector):
+    """``pdd_worker_{wan,fastpath}_wire_bytes_total``: the transport's own running totals
+    of bytes sent (they only grow), read when scraped."""
+
+    def __init__(self, sent: dict[str, int]) -> None:
+        self.sent = sent
+
+    def collect(self) -> Iterator[Metric]:
+        for path, doc in (
+            ("wan", "All bytes this instance sent on WAN channels (framing too)"),
+            ("fastpath", "All bytes this instance sent on in-datacenter channels"),
+        ):
+            family = CounterMetricFamily(f"pdd_worker_{path}_wire_bytes", doc)
+            family.add_metric([], self.sent[path])
+            yield family
 
 
 LINK_LABELS = ("src", "dst", "src_pool", "dst_pool")
@@ -131,7 +168,7 @@ def loop_time() -> float:
 
 
 class WanLinkCollector(Collector):
-    """``pdd_wan_*`` per directed link, from the link meters' snapshots at scrape time.
+    """``pdd_worker_wan_*`` per directed link, from the link meters' snapshots at scrape time.
 
     Both ends of a link export their own view with the same ``src``/``dst``; the scrape
     target's labels (pod, instance) tell them apart. Queued and in-flight bytes are the
@@ -146,22 +183,25 @@ class WanLinkCollector(Collector):
             return GaugeMetricFamily(name, doc, labels=LINK_LABELS)
 
         goodput = gauge(
-            "pdd_wan_goodput_bytes_per_second",
+            "pdd_worker_wan_goodput_bytes_per_second",
             "Bytes the link delivered per second over the sliding window (frames as sent)",
         )
-        rtt = gauge("pdd_wan_rtt_seconds", "Smoothed round-trip time (RFC 6298)")
+        rtt = gauge("pdd_worker_wan_rtt_seconds", "Smoothed round-trip time (RFC 6298)")
         rtt_min = gauge(
-            "pdd_wan_rtt_min_seconds", "Least round-trip time of the last minute (propagation)"
+            "pdd_worker_wan_rtt_min_seconds",
+            "Least round-trip time of the last minute (propagation)",
         )
-        queued = gauge("pdd_wan_bytes_queued", "Bytes committed to the link, not yet sent")
-        in_flight = gauge("pdd_wan_bytes_in_flight", "Bytes sent, not yet confirmed by the peer")
+        queued = gauge("pdd_worker_wan_queued_bytes", "Bytes committed to the link, not yet sent")
+        in_flight = gauge(
+            "pdd_worker_wan_in_flight_bytes", "Bytes sent, not yet confirmed by the peer"
+        )
         failures = CounterMetricFamily(
-            "pdd_wan_transfer_failures",
+            "pdd_worker_wan_transfer_failures",
             "Transfers on the link that failed, by reason",
             labels=(*LINK_LABELS, "reason"),
         )
         timeouts = CounterMetricFamily(
-            "pdd_wan_transfer_timeouts",
+            "pdd_worker_wan_transfer_timeouts",
             "Waits for the peer on the link that ran out (connect, credit, read)",
             labels=LINK_LABELS,
         )

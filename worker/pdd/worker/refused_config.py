@@ -1,7 +1,7 @@
 """A worker whose engine settings this machine refuses: it stays up, not ready, and says why.
 
-Some settings only the node can judge (``dtype: bfloat16`` on a CPU without native
-bfloat16, ``device: cuda`` in a pod that sees no GPU). A worker that exited on them
+Some settings only the node can judge (``device: cuda`` in a pod that sees no GPU, a
+KV cache larger than the node's memory). A worker that exited on them
 would crash-loop (CrashLoopBackOff): restarts forever, each hiding the reason a little
 deeper in a previous container's log, while nothing in the pod's state says what to
 change. Instead the worker stays up and serves only this: ``/ready`` answers 503 with the
@@ -50,16 +50,31 @@ def log_line(refusal: WorkerRefusal, http: str, about: tuple[str, str] = ENGINE_
     )
 
 
-def create_refused_app(refusal: WorkerRefusal) -> FastAPI:
-    """``/ready``, ``/health`` and ``/metrics`` say the refusal; every other path is 503 too."""
-    app = FastAPI(title=f"pdd worker ({refusal.role}, settings refused)")
+def refused_registry() -> CollectorRegistry:
+    """The one metric a refused worker exports (its whole ``/metrics``)."""
     registry = CollectorRegistry()
     Gauge(
         "pdd_worker_config_refused",
         "1: this worker's engine settings are refused on this machine; it serves nothing",
         registry=registry,
     ).set(1)
-    metrics = generate_latest(registry)  # fixed from now on: render it once
+    return registry
+
+
+def create_refused_app(refusal: WorkerRefusal) -> FastAPI:
+    """``/ready``, ``/health`` and ``/metrics`` say the refusal; ``/startup`` and ``/live``
+    answer 200 (a restart would not help); every other path is 503 too."""
+    app = FastAPI(title=f"pdd worker ({refusal.role}, settings refused)")
+    metrics = generate_latest(refused_registry())  # fixed from now on: render it once
+
+    # Started and live, never ready: a restart would refuse the same settings again.
+    @app.get("/startup")
+    async def startup() -> PlainTextResponse:
+        return PlainTextResponse("started (settings refused)\n")
+
+    @app.get("/live")
+    async def live() -> PlainTextResponse:
+        return PlainTextResponse("live (settings refused)\n")
 
     @app.get("/ready")
     async def ready() -> PlainTextResponse:

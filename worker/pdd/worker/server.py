@@ -26,8 +26,15 @@ from types import FrameType
 import torch
 import uvicorn
 
-from pdd.common.config_document import ConfigDocumentError, read_config_document
+from pdd.common.config_document import (
+    ConfigDocumentError,
+    EngineSettings,
+    read_config_document,
+)
 from pdd.common.kv_codec import KV_CODECS, NO_CODEC, KVCodec, parse_kv_codec
+from pdd.common.logs import add_log_flags, configure_logging
+from pdd.common.settings import add_settings, settings_of
+from pdd.common.settings import parser as settings_parser
 from pdd.common.wire import WorkerRefusal
 from pdd.worker.deploy_config import flag_defaults
 from pdd.worker.engine import Engine, EngineConfigError
@@ -43,12 +50,16 @@ from pdd.worker.transport import TlsConfigError, WanTls, load_wan_tls
 log = logging.getLogger("pdd.worker")
 
 
+#: The engine settings' flag names (``dest``): the fields of the engine's settings table.
+ENGINE_DESTS = frozenset(EngineSettings.model_fields)
+
+
 class ConfigError(ValueError):
     """A command-line option is missing or inconsistent; the message says which."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pdd worker", description=__doc__.splitlines()[0])
+    p = settings_parser("pdd worker", __doc__.splitlines()[0])
     p.add_argument(
         "--config",
         type=Path,
@@ -56,7 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="the operator's rendered config.json (else $PDD_CONFIG); flags override it",
     )
     p.add_argument("--role", choices=sorted(ROLES), help="required, or $PDD_ROLE with --config")
-    p.add_argument("--model", default="tiny", help='"tiny" or a checkpoint directory')
+    p.add_argument(
+        "--model", default="tiny",
+        help='"tiny" (random weights, for tests), a checkpoint directory or a GGUF file',
+    )  # fmt: skip
     p.add_argument("--instance-id", help="required, or $PDD_INSTANCE_ID with --config")
     p.add_argument("--http", default="127.0.0.1:8000", help="HOST:PORT of the control API")
     p.add_argument("--advertise-http", help="HOST:PORT the router uses (default: --http)")
@@ -75,40 +89,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--secret-file", type=Path, help="shared secret (else $PDD_SHARED_SECRET)")
     p.add_argument("--secret-env", default="PDD_SHARED_SECRET", help=argparse.SUPPRESS)
-    engine = p.add_argument_group("engine (the config document gives the defaults; flags win)")
-    engine.add_argument("--device", default="auto", help="auto (CUDA if visible) | cpu | cuda[:N]")
-    engine.add_argument(
-        "--dtype", default="auto", help="auto (bfloat16 on CUDA, the checkpoint's on CPU) | ..."
+    engine = p.add_argument_group(
+        "engine (the settings table pdd.common.config_document.EngineSettings, also the "
+        "CRD's spec.engine; the config document gives the defaults, flags win)"
     )
+    kv_size = {"kv_cache_memory_fraction", "kv_cache_gib"}
+    add_settings(engine, settings_of(EngineSettings), only=ENGINE_DESTS - kv_size)
     kv = engine.add_mutually_exclusive_group()
-    kv.add_argument(
-        "--kv-budget-mb",
-        type=int,
-        help="KV cache size in MiB (default: 0.9 of free memory on CUDA, 256 MiB on CPU)",
-    )
-    kv.add_argument(
-        "--kv-cache-fraction",
-        type=float,
-        help="KV cache as this share of the device memory free after the weights load",
-    )
-    kv.add_argument("--num-blocks", type=int, help="KV cache size in blocks")
-    engine.add_argument("--block-size", type=int, default=16)
-    engine.add_argument("--max-running", type=int, default=64, help="requests decoded at once")
-    engine.add_argument("--max-prompt-tokens", type=int, help="default: the context window - 1")
+    add_settings(kv, settings_of(EngineSettings), only=kv_size)
+    kv.add_argument("--num-blocks", type=int, help="KV cache size in blocks (tests, benchmarks)")
     engine.add_argument(
-        "--chunked-prefill-tokens",
-        type=int,
-        default=512,
-        help="per-step token budget; longer prefills are chunked",
+        "--block-size", type=int, default=16, help="tokens per KV block (the router's too)"
     )
-    p.add_argument("--handoff", default="auto", choices=("auto", "one-shot", "catch-up"))
+    p.add_argument(
+        "--handoff", default="auto", choices=("auto", "one-shot", "catch-up"),
+        help="how RLD hands a request to MD: one-shot, catch-up, or auto (by relay load)",
+    )  # fmt: skip
     p.add_argument(
         "--catchup-load-level",
         type=float,
         default=0.5,
         help="auto handoff: relay load above this -> one-shot",
     )
-    p.add_argument("--transfer-timeout-s", type=float, default=30.0)
+    p.add_argument(
+        "--transfer-timeout-s", type=float, default=30.0,
+        help="longest a KV transfer may take before the request fails over",
+    )  # fmt: skip
     p.add_argument(
         "--kv-codec",
         default=NO_CODEC,
@@ -116,7 +122,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="how P codes the KV it sends MD across the WAN, and what MD accepts: the same on "
         "both (spec.wan.kvCodec); the relay's copy is always exact",
     )
-    engine.add_argument("--torch-threads", type=int, default=0, help="0 = torch default")
     p.add_argument(
         "--drain-seconds",
         type=float,
@@ -130,12 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="on SIGTERM, keep serving what is still sent this long (routers poll every "
         "0.5 s; Kubernetes takes a few seconds to drop the pod from its Service)",
     )
-    p.add_argument("--log-level", default="INFO")
+    add_log_flags(p)
     return p
 
 
 #: The flags that size the KV cache (at most one applies; see build_engine).
-KV_SIZE_DESTS = ("num_blocks", "kv_cache_fraction", "kv_budget_mb")
+KV_SIZE_DESTS = ("num_blocks", "kv_cache_memory_fraction", "kv_cache_gib")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -211,11 +216,12 @@ def build_engine(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) ->
         device=args.device,
         block_size=args.block_size,
         num_blocks=args.num_blocks,
-        kv_budget_bytes=None if args.kv_budget_mb is None else args.kv_budget_mb << 20,
-        kv_memory_fraction=args.kv_cache_fraction,
-        max_running=args.max_running,
+        kv_budget_bytes=None if args.kv_cache_gib is None else round(args.kv_cache_gib * 2**30),
+        kv_cache_memory_fraction=args.kv_cache_memory_fraction,
+        max_running_requests=args.max_running_requests,
+        max_model_len=args.max_model_len,
         max_prompt_tokens=args.max_prompt_tokens,
-        max_num_batched_tokens=args.chunked_prefill_tokens,
+        max_num_batched_tokens=args.max_num_batched_tokens,
     )
 
 
@@ -248,7 +254,8 @@ async def run(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> No
     assert worker.data is not None
     info = worker.role.engine_info
     log.info(
-        "%s %s: data on %s, port %d, WAN data %s, %s on %s; engine on %s %s, KV %d blocks "
+        "%s %s: data on %s, port %d, WAN data %s, %s on %s; engine on %s %s (%s), CPU "
+        "kernels %s, KV %d blocks "
         "x %d = %d tokens (%.2f GiB), max running %d, max prompt %d tokens, chunked prefill "
         "%d tokens",
         args.role,
@@ -262,13 +269,15 @@ async def run(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> No
         args.http,
         info.device,
         info.dtype,
+        info.dtype_reason,
+        info.cpu_kernels or "none (torch's ops)",
         info.kv_blocks,
         info.block_size,
         info.kv_tokens,
         info.kv_bytes / 2**30,
-        info.max_running,
+        info.max_running_requests,
         info.max_prompt_tokens,
-        info.max_batched_tokens,
+        info.max_num_batched_tokens,
     )
     try:
         await server.serve()
@@ -331,9 +340,7 @@ class DrainingServer(uvicorn.Server):
 def main(argv: list[str], probe: DeviceProbe = SYSTEM_PROBE) -> int:
     """``pdd worker``; ``probe`` stands in for the machine (tests fake a CPU or a GPU)."""
     args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s"
-    )
+    configure_logging(args.log_level, args.log_format)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     try:

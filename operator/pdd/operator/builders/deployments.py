@@ -9,6 +9,12 @@ from pdd.common.vocabulary import Role
 from pdd.common.wan_tls import CA_FILE, HTTPS_ROLES
 from pdd.operator.builders.config import model_path
 from pdd.operator.builders.meta import Site, metadata
+from pdd.operator.builders.model_pull import (
+    MODEL_VOLUME,
+    model_pull_container,
+    model_pull_volume,
+    pulls_model,
+)
 from pdd.operator.builders.wan_tls import wan_tls_secret_name
 from pdd.operator.naming import (
     CONFIG_DIR,
@@ -30,6 +36,17 @@ from pdd.operator.spec import PDDSpec, Pool
 EXIT_MARGIN_SECONDS = 10
 #: GPU pools rarely have a spare node for a surge pod: replace pods one at a time.
 WORKER_STRATEGY = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+#: Seconds between two startup probes of a worker; spec.startupSeconds sets how many.
+WORKER_STARTUP_PERIOD_S = 10
+#: The router starts in seconds (no model): a minute before kubelet gives up on it.
+ROUTER_STARTUP = {"periodSeconds": 2, "failureThreshold": 30}
+#: Liveness: a minute of failed answers (a dead engine thread, a wedged process) before a
+#: restart; long enough that a busy pod is not killed for one slow answer.
+LIVENESS = {"periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6}
+#: Readiness: out of its Service within 15 s of turning unready (a drain says so at once).
+READINESS = {"periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 3}
+#: The managed Redis: memory for its soft state (prefix index, load counters).
+REDIS_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}}
 
 
 def worker_pool(spec: PDDSpec, role: Component) -> Pool:
@@ -43,6 +60,17 @@ def worker_replicas(spec: PDDSpec, role: Component) -> int | None:
     if role is Component.MAIN:
         return spec.main_decode.replicas
     return None
+
+
+#: A worker role's field in the spec (where its resources are).
+ROLE_FIELDS = {Component.PREFILL: "prefill", Component.RELAY: "relay", Component.MAIN: "mainDecode"}
+
+
+def _worker_startup(spec: PDDSpec) -> dict[str, int]:
+    """The startup probe's budget: spec.startupSeconds to load the model and start serving
+    (liveness and readiness wait until it passes, so a slow load is not a restart loop)."""
+    periods = -(-spec.startup_seconds // WORKER_STARTUP_PERIOD_S)  # ceiling
+    return {"periodSeconds": WORKER_STARTUP_PERIOD_S, "failureThreshold": periods}
 
 
 def build_worker_deployment(
@@ -65,9 +93,8 @@ def build_worker_deployment(
             {"name": "wan", "containerPort": WORKER_WAN_PORT},
         ],
         "env": _common_env(owner, role),
-        "resources": pool.resources,
-        # /ready turns false the moment a drain starts: the pod leaves its Service at once.
-        "readinessProbe": _http_probe("/ready", "http", https),
+        "resources": spec.container_resources[ROLE_FIELDS[role]].manifest(),
+        **_probes(https, _worker_startup(spec)),
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
     }
     volumes = [_config_volume(owner)]
@@ -82,7 +109,7 @@ def build_worker_deployment(
     if model_volume is not None:
         volumes.append(model_volume)
         container["volumeMounts"].append(_model_mount(spec))
-    pod_spec = {
+    pod_spec: dict[str, Any] = {
         "containers": [container],
         "volumes": volumes,
         "nodeSelector": pool.node_selector_with_gpu(),
@@ -90,6 +117,8 @@ def build_worker_deployment(
         # SIGTERM starts the worker's drain (up to drainSeconds), then it exits by itself.
         "terminationGracePeriodSeconds": spec.drain_seconds + EXIT_MARGIN_SECONDS,
     }
+    if pulls_model(spec):
+        pod_spec["initContainers"] = [model_pull_container(spec, model_path(spec), router=False)]
     deployment_spec: dict[str, Any] = {
         "selector": {"matchLabels": owner.selector_labels(role)},
         "strategy": WORKER_STRATEGY,
@@ -111,8 +140,8 @@ def build_router_deployment(spec: PDDSpec, owner: Owner, config_hash: str) -> di
         "args": ["router", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"],
         "ports": [{"name": "http", "containerPort": ROUTER_PORT}],
         "env": _common_env(owner, Component.ROUTER) + _api_keys_env(spec),
-        "resources": spec.router.resources,
-        "readinessProbe": _http_probe("/health", "http"),
+        "resources": spec.container_resources["router"].manifest(),
+        **_probes(False, ROUTER_STARTUP),
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
     }
     volumes = [_config_volume(owner)]
@@ -126,7 +155,13 @@ def build_router_deployment(spec: PDDSpec, owner: Owner, config_hash: str) -> di
             {"name": "wan-tls", "mountPath": WAN_TLS_DIR, "readOnly": True}
         )
         container["args"] += ["--wan-tls-dir", WAN_TLS_DIR]
-    pod_spec = {"containers": [container], "volumes": volumes}
+    pod_spec: dict[str, Any] = {"containers": [container], "volumes": volumes}
+    if pulls_model(spec):  # the router tokenizes: it needs the tokenizer files only
+        volumes.append(model_pull_volume(spec, router=True))
+        container["volumeMounts"].append(
+            {"name": MODEL_VOLUME, "mountPath": model_path(spec), "readOnly": True}
+        )
+        pod_spec["initContainers"] = [model_pull_container(spec, model_path(spec), router=True)]
     site = Site(owner.namespace)
     return _deployment(
         owner,
@@ -154,7 +189,9 @@ def build_redis_deployment(spec: PDDSpec, owner: Owner) -> dict[str, Any]:
         "imagePullPolicy": spec.images.pull_policy,
         "args": ["--save", "", "--appendonly", "no"],
         "ports": [{"name": "redis", "containerPort": REDIS_PORT}],
-        "readinessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 5},
+        "resources": REDIS_RESOURCES,
+        "livenessProbe": {"tcpSocket": {"port": "redis"}, **LIVENESS},
+        "readinessProbe": {"tcpSocket": {"port": "redis"}, **READINESS},
     }
     labels = owner.labels(Component.REDIS)
     return _deployment(
@@ -228,13 +265,26 @@ def _api_keys_env(spec: PDDSpec) -> list[dict[str, Any]]:
     ]
 
 
-def _http_probe(path: str, port: str, https: bool = False) -> dict[str, Any]:
+def _probes(https: bool, startup: dict[str, int]) -> dict[str, Any]:
+    """Startup, liveness and readiness probes, each on its own endpoint of the http port.
+
+    /startup answers once the process serves (the model loaded); /live while it can do its
+    work (a worker's engine thread runs); /ready while it should get traffic (false the
+    moment a drain starts, so the pod leaves its Service at once, but stays live)."""
+    return {
+        "startupProbe": _http_probe("/startup", https, startup),
+        "livenessProbe": _http_probe("/live", https, LIVENESS),
+        "readinessProbe": _http_probe("/ready", https, READINESS),
+    }
+
+
+def _http_probe(path: str, https: bool, budget: dict[str, int]) -> dict[str, Any]:
     """An HTTP GET probe; on an https port kubelet speaks TLS without checking the
     certificate and without presenting one (why the control API asks for none)."""
-    get: dict[str, Any] = {"path": path, "port": port}
+    get: dict[str, Any] = {"path": path, "port": "http"}
     if https:
         get["scheme"] = "HTTPS"
-    return {"httpGet": get, "periodSeconds": 5, "failureThreshold": 3}
+    return {"httpGet": get, **budget}
 
 
 def _config_volume(owner: Owner) -> dict[str, Any]:
@@ -248,6 +298,8 @@ def _model_volume(spec: PDDSpec) -> dict[str, Any] | None:
         return {"name": "model", "persistentVolumeClaim": claim}
     if source.host_path is not None:
         return {"name": "model", "hostPath": {"path": source.host_path.path, "type": "Directory"}}
+    if source.hugging_face is not None:
+        return model_pull_volume(spec, router=False)
     return None
 
 

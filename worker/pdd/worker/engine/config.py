@@ -17,7 +17,7 @@ class EngineConfigError(ValueError):
 @dataclass(frozen=True)
 class EngineConfig:
     """Engine options. The KV pool is ``num_blocks`` blocks, else what fits in
-    ``kv_memory_fraction`` of the device memory free after the weights loaded, else
+    ``kv_cache_memory_fraction`` of the device memory free after the weights loaded, else
     what fits ``kv_budget_bytes``, else the default for the device: ``DEFAULT_CUDA_KV_FRACTION``
     of free memory on CUDA, ``DEFAULT_CPU_KV_BYTES`` on the CPU (which the host shares).
     See ``device`` for ``auto`` devices and dtypes."""
@@ -27,23 +27,23 @@ class EngineConfig:
     block_size: int = 16
     num_blocks: int | None = None
     kv_budget_bytes: int | None = None
-    kv_memory_fraction: float | None = None
+    kv_cache_memory_fraction: float | None = None
     max_num_batched_tokens: int = 512  # per-step token budget; prefills beyond it are chunked
-    max_running: int = 64  # capped at max_num_batched_tokens: every running request decodes
+    max_running_requests: int = 64  # capped at max_num_batched_tokens: each running one decodes
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     max_prompt_tokens: int | None = None  # None: the context window less one token
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "max_num_batched_tokens", "max_running"):
+        for name in ("block_size", "max_num_batched_tokens", "max_running_requests"):
             if getattr(self, name) < 1:
                 raise EngineConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("num_blocks", "kv_budget_bytes", "max_model_len", "max_prompt_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise EngineConfigError(f"{name} must be >= 1 (or None), got {value}")
-        fraction = self.kv_memory_fraction
+        fraction = self.kv_cache_memory_fraction
         if fraction is not None and not 0 < fraction <= 1:
-            raise EngineConfigError(f"kv_memory_fraction must be in (0, 1], got {fraction}")
+            raise EngineConfigError(f"kv_cache_memory_fraction must be in (0, 1], got {fraction}")
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,14 @@ can give, through a ``DeviceProbe`` so tests can stand in for a GPU they do not 
 
 * ``auto`` device: CUDA when a CUDA device is visible (a pod that requests
   ``nvidia.com/gpu`` sees one), else the CPU.
-* ``auto`` dtype: bfloat16 on CUDA; on the CPU the checkpoint's own dtype (float16
-  becomes float32 there, see ``pdd.worker.model.loader``). bfloat16 asked for on a
-  CPU without native bfloat16 support is refused rather than run slowly.
+* ``auto`` dtype: bfloat16 on CUDA; on a CPU with native bfloat16 (AVX512-BF16, AMX,
+  Arm's BF16) the checkpoint's own dtype (float16 becomes float32 there, see
+  ``pdd.worker.model.loader``); on a CPU without it float32, weights and KV cache,
+  since bfloat16 is emulated there (each product widened in software) and slower than
+  float32. bfloat16 asked for on such a CPU runs, with a warning. The choice and its
+  reason are said at start and on ``/health`` (``EngineInfo.dtype_reason``). Tiers on
+  different CPU families may resolve ``auto`` differently, and KV moves between tiers
+  only in one dtype: set the dtype explicitly for such a deployment.
 * KV cache by fraction: that share of the device memory still free once the weights
   are loaded, the way vLLM's ``gpu-memory-utilization`` and SGLang's
   ``mem-fraction-static`` size theirs.
@@ -90,18 +95,37 @@ def resolve_device(requested: str, probe: DeviceProbe = SYSTEM_PROBE) -> torch.d
     return device
 
 
+@dataclass(frozen=True)
+class DtypeChoice:
+    """The dtype to load in (None: the checkpoint's own, which the loader decides), why,
+    and a warning to log where the choice is a poor fit for this machine."""
+
+    name: str | None
+    reason: str
+    warning: str | None = None
+
+
+NO_NATIVE_BF16 = "this CPU has no native bfloat16 (AVX512-BF16 or AMX)"
+
+
 def resolve_dtype(
     requested: str | None, device: torch.device, probe: DeviceProbe = SYSTEM_PROBE
-) -> str | None:
-    """The dtype name to load in; None means the checkpoint's own (the loader decides)."""
+) -> DtypeChoice:
+    """The dtype to load in, resolved against this machine (see the module's docstring)."""
     if requested in (None, "auto"):
-        return "bfloat16" if device.type == "cuda" else None
+        if device.type == "cuda":
+            return DtypeChoice("bfloat16", "auto: bfloat16 on CUDA")
+        if not probe.cpu_has_bf16():
+            return DtypeChoice("float32", f"auto: float32, {NO_NATIVE_BF16}")
+        return DtypeChoice(None, "auto: the checkpoint's own, this CPU has native bfloat16")
     if requested == "bfloat16" and device.type == "cpu" and not probe.cpu_has_bf16():
-        raise EngineConfigError(
-            "dtype bfloat16 asked for on a CPU without native bfloat16 (AVX-512 BF16 or AMX); "
-            "use dtype auto or float32"
+        return DtypeChoice(
+            "bfloat16",
+            f"asked for, though {NO_NATIVE_BF16}",
+            f"dtype bfloat16 asked for, but {NO_NATIVE_BF16}: it is emulated, slower than "
+            "float32 here; dtype auto would run float32",
         )
-    return requested
+    return DtypeChoice(requested, "asked for")
 
 
 def kv_budget_bytes(
@@ -109,5 +133,5 @@ def kv_budget_bytes(
 ) -> int:
     """``fraction`` of the memory free on ``device`` now (call it after the weights load)."""
     if not 0 < fraction <= 1:
-        raise EngineConfigError(f"kv_memory_fraction must be in (0, 1], got {fraction}")
+        raise EngineConfigError(f"kv_cache_memory_fraction must be in (0, 1], got {fraction}")
     return int(probe.free_memory_bytes(device) * fraction)

@@ -19,6 +19,7 @@ event loop runs it in an executor).
 from __future__ import annotations
 
 import itertools
+import logging
 import secrets
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -66,6 +67,8 @@ from pdd.worker.model.loader import LoadedModel, load_model
 
 GIB = 2**30
 
+log = logging.getLogger(__name__)
+
 
 class Engine:
     """Continuous-batching engine for one model on one device.
@@ -88,10 +91,14 @@ class Engine:
         self.config = config
         if isinstance(model, LoadedModel):
             self.loaded = model
+            self.dtype_reason = "as loaded by the caller"
         else:
             device = resolve_device(config.device, probe)
             dtype = resolve_dtype(config.dtype, device, probe)
-            self.loaded = load_model(model, dtype=dtype, device=device)
+            if dtype.warning:
+                log.warning("%s", dtype.warning)
+            self.loaded = load_model(model, dtype=dtype.name, device=device)
+            self.dtype_reason = dtype.reason
         self.model_config = self.loaded.config
         self.device = torch.device(self.loaded.device)
         self.layout = KVLayout.from_config(self.model_config, config.block_size, self.loaded.dtype)
@@ -103,7 +110,7 @@ class Engine:
             SchedulerConfig(
                 config.block_size,
                 config.max_num_batched_tokens,
-                min(config.max_running, config.max_num_batched_tokens),
+                min(config.max_running_requests, config.max_num_batched_tokens),
             ),
             self.pool,
             self.cache,
@@ -359,23 +366,25 @@ class Engine:
             raise RuntimeError("a request holds a prefix lock but no blocks")
 
     @property
-    def max_running(self) -> int:
-        """Requests decoded at once: the instance's capacity (``max_running``, capped)."""
-        return self.scheduler.config.max_running
+    def max_running_requests(self) -> int:
+        """Requests decoded at once: the instance's capacity (``max_running_requests``, capped)."""
+        return self.scheduler.config.max_running_requests
 
     def info(self) -> EngineInfo:
         """What this engine got: device, dtype, KV capacity and limits, as resolved."""
         return EngineInfo(
             device=str(self.device),
             dtype=str(self.loaded.dtype).removeprefix("torch."),
+            dtype_reason=self.dtype_reason,
+            cpu_kernels=self.loaded.model.kernels.variant if self.loaded.model.kernels else None,
             block_size=self.config.block_size,
             kv_blocks=self.kv.num_blocks,
             kv_tokens=self.kv.num_blocks * self.config.block_size,
             kv_bytes=self.kv.num_blocks * self.layout.bytes_per_block,
-            max_running=self.max_running,
+            max_running_requests=self.max_running_requests,
             max_model_len=self.max_model_len,
             max_prompt_tokens=self.limits.max_prompt_tokens,
-            max_batched_tokens=self.config.max_num_batched_tokens,
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
         )
 
     @property
@@ -431,6 +440,12 @@ class Engine:
     def cached_prefix_tokens(self, token_ids: Sequence[int]) -> int:
         """Tokens of ``token_ids`` the prefix cache holds now (nothing is locked)."""
         return self.cache.match_prefix(token_ids).num_tokens
+
+    def computed_tokens(self, request_id: str) -> int:
+        """Tokens of a live request whose KV is in the cache now: what ``export_kv`` can
+        read. It grows chunk by chunk while a long prompt prefills (and falls back to 0
+        if the request is preempted), so a prefill can ship its KV as it is written."""
+        return self._get(request_id).num_computed
 
     def export_kv(
         self, request_id: str, start: int, end: int, chunk_tokens: int = 256,
@@ -544,13 +559,13 @@ class Engine:
         """KV blocks for the budget; a budget this device cannot hold, or one below a
         block, is a setting to change (EngineConfigError), not an out-of-memory crash."""
         budget = self._kv_budget(probe)
-        if self.config.kv_memory_fraction is None:
+        if self.config.kv_cache_memory_fraction is None:
             free = probe.free_memory_bytes(self.device)
             if budget > free:
                 raise EngineConfigError(
                     f"a KV cache of {budget / GIB:.2f} GiB was asked for, but {self.device} has "
                     f"{free / GIB:.2f} GiB free after the weights; lower kvCacheGiB (or "
-                    "--kv-budget-mb), or give kvCacheMemoryFraction instead"
+                    "--kv-cache-gib), or give kvCacheMemoryFraction instead"
                 )
         try:
             return PagedKVCache.blocks_for_budget(self.layout, budget)
@@ -559,7 +574,7 @@ class Engine:
 
     def _kv_budget(self, probe: DeviceProbe) -> int:
         """Bytes for the KV pool (see ``EngineConfig``); call it once the weights are in."""
-        fraction = self.config.kv_memory_fraction
+        fraction = self.config.kv_cache_memory_fraction
         if fraction is None and self.config.kv_budget_bytes is not None:
             return self.config.kv_budget_bytes
         if fraction is None and self.device.type == "cpu":

@@ -7,7 +7,7 @@ Policy (vLLM v1 style, in one pass per step):
    stalls running decodes. Each is charged against the step's token budget;
    extends are never split (the handoff recomputes its tokens in ONE pass), so
    an extend may exceed the budget.
-2. Then waiting requests, FCFS, while budget and ``max_running`` allow: match
+2. Then waiting requests, FCFS, while budget and ``max_running_requests`` allow: match
    the longest cached prefix (locked), allocate blocks for the first chunk.
 3. Blocks come from the free pool, else by evicting unlocked prefix-cache
    leaves, else by preempting the most recently admitted running request not
@@ -35,7 +35,7 @@ from pdd.worker.engine.request import NoFreeBlocksError, Request, RequestStatus
 class SchedulerConfig:
     block_size: int
     max_num_batched_tokens: int  # token budget per step: bounds prefill chunks
-    max_running: int  # requests admitted at once (decode batch size bound)
+    max_running_requests: int  # requests admitted at once (decode batch size bound)
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class Scheduler:
                 continue
             scheduled.append(ScheduledSeq(req, n))
             budget -= min(n, budget)
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_running_requests:
             req = self.waiting[0]
             # at least one token left to compute
             self._claim_prefix(req, req.token_range(0, req.num_tokens - 1))

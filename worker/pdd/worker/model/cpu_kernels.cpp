@@ -1,6 +1,8 @@
-// The engine's CPU kernels (AVX-512): attention over the paged KV cache, and the fused
-// row-wise ops of a decoder layer (residual add + RMSNorm, SiLU-and-mul, RoPE with the
-// write of the new K and V into the cache).
+// The engine's CPU kernels: attention over the paged KV cache, and the fused row-wise
+// ops of a decoder layer (residual add + RMSNorm, SiLU-and-mul, RoPE with the write of
+// the new K and V into the cache). One source for two vector widths: compiled with
+// AVX-512 (F, BW, VL, DQ; AVX512-BF16's dot products where enabled) it works on 16
+// floats at a time, with AVX2 + FMA + F16C on 8; only the thin layer below differs.
 //
 // Why attention is here: every query token of a step (a decode's one, a prefill
 // chunk's many) attends over its own sequence's keys in the paged cache, read in place
@@ -20,14 +22,18 @@
 // (fp32 inside, rounded to the model's dtype where the eager op rounds), row by row, so
 // a row's result does not depend on the other rows.
 //
-// Built at setup (or on first use) by pdd/worker/model/cpu_kernels.py, which falls
-// back to torch's own ops wherever this file cannot be compiled or does not apply.
+// Built at setup (or on first use) by pdd/worker/model/cpu_kernels.py, once per variant
+// (the compiler flags choose the width), which falls back to torch's own ops wherever
+// this file cannot be compiled or does not apply.
 
-#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__) || \
-    !defined(__AVX512DQ__)
-#error "cpu_kernels.cpp needs AVX-512 (F, BW, VL, DQ); the caller falls back to torch's ops"
-#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512DQ__)
 #define CPU_CAPABILITY_AVX512
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define CPU_CAPABILITY_AVX2
+#else
+#error "cpu_kernels.cpp needs AVX-512 (F, BW, VL, DQ) or AVX2 with FMA and F16C"
+#endif
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
@@ -41,71 +47,68 @@
 
 namespace {
 
+// ---- The vector-width layer: everything below is written once against it. ----------
+// Vf holds kLanes floats; bf16 is loaded widened to fp32 and stored rounded from it.
+// The kernels never depend on the width for their numerics contract (fp32 inside,
+// rounded where the eager ops round); only the order of fp32 sums differs by width.
+
 using fVec = at::vec::Vectorized<float>;
-constexpr int64_t kLanes = 16;  // floats per AVX-512 register
 
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+#if defined(CPU_CAPABILITY_AVX512)
+using Vf = __m512;
+using Vi = __m512i;
+constexpr int64_t kLanes = 16;    // floats per register
+constexpr int kRegisters = 32;    // vector registers (zmm0-31)
 
-inline __m512 load16(const at::BFloat16* p) {
+inline Vf vzero() { return _mm512_setzero_ps(); }
+inline Vf vset(float x) { return _mm512_set1_ps(x); }
+inline Vf vadd(Vf a, Vf b) { return _mm512_add_ps(a, b); }
+inline Vf vsub(Vf a, Vf b) { return _mm512_sub_ps(a, b); }
+inline Vf vmul(Vf a, Vf b) { return _mm512_mul_ps(a, b); }
+inline Vf vdiv(Vf a, Vf b) { return _mm512_div_ps(a, b); }
+inline Vf vfmadd(Vf a, Vf b, Vf c) { return _mm512_fmadd_ps(a, b, c); }  // a * b + c, one rounding
+inline float vsum(Vf x) { return _mm512_reduce_add_ps(x); }
+
+inline Vf vload(const float* p) { return _mm512_loadu_ps(p); }
+inline Vf vload(const at::BFloat16* p) {
   // bf16 is the top half of an fp32: widen and shift, exactly.
   const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
-
-inline void store16(float* p, __m512 x) { _mm512_storeu_ps(p, x); }
+inline void vstore(float* p, Vf x) { _mm512_storeu_ps(p, x); }
 
 // x rounded to bf16 (nearest even, as c10::BFloat16's conversion does; NaN stays NaN),
 // as fp32 bit patterns whose low 16 bits are to be dropped.
-inline __m512i bf16_rounded_bits(__m512 x) {
-  const __m512i bits = _mm512_castps_si512(x);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+inline Vi bf16_rounded_bits(Vf x) {
+  const Vi bits = _mm512_castps_si512(x);
+  const Vi lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const Vi rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
   const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
   return _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7fc00000));
 }
-
-inline void store16(at::BFloat16* p, __m512 x) {
-  const __m512i top = _mm512_srli_epi32(bf16_rounded_bits(x), 16);
+inline void vstore(at::BFloat16* p, Vf x) {
+  const Vi top = _mm512_srli_epi32(bf16_rounded_bits(x), 16);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(top));
 }
+inline Vf keep_high_halves(Vi bits) {
+  return _mm512_castsi512_ps(_mm512_and_si512(bits, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+}
 
-// One query head held in registers, dotted with key rows: an unreduced 16-lane fp32
-// sum per row. bf16 with AVX512-BF16: dot products of bf16 pairs straight from memory
-// (exact products, fp32 sums), half the instructions of widening first; otherwise each
-// row is widened to fp32 and multiplied there.
-template <typename T, int NC>
-struct QueryHead {
-  __m512 q[NC];
-  explicit QueryHead(const T* head) {
-    for (int c = 0; c < NC; ++c) q[c] = load16(head + c * kLanes);
-  }
-  __m512 dot(const T* row) const {
-    __m512 sum = _mm512_mul_ps(q[0], load16(row));
-    for (int c = 1; c < NC; ++c) sum = _mm512_fmadd_ps(q[c], load16(row + c * kLanes), sum);
-    return sum;
-  }
-};
-#if defined(__AVX512BF16__)
-template <int NC>
-  requires(NC % 2 == 0)
-struct QueryHead<at::BFloat16, NC> {
-  __m512bh q[NC / 2];
-  explicit QueryHead(const at::BFloat16* head) {
-    for (int c = 0; c < NC / 2; ++c)
-      q[c] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(head + c * 2 * kLanes));
-  }
-  __m512 dot(const at::BFloat16* row) const {
-    __m512 sum = _mm512_setzero_ps();
-    for (int c = 0; c < NC / 2; ++c)
-      sum = _mm512_dpbf16_ps(sum, q[c], reinterpret_cast<__m512bh>(_mm512_loadu_si512(row + c * 2 * kLanes)));
-    return sum;
-  }
-};
-#endif
+// The first n (< kLanes) elements, masked: rows of any length.
+inline Vf vload_n(const float* p, int64_t n) {
+  return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1), p);
+}
+inline Vf vload_n(const at::BFloat16* p, int64_t n) {
+  const __m256i raw = _mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << n) - 1), p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+inline void vstore_n(float* p, Vf x, int64_t n) {
+  _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1), x);
+}
 
 // r[j] = the sum of v[j]'s 16 lanes, for 16 vectors at once: a transpose-and-add tree of
 // 45 instructions where 16 separate horizontal sums take about 130.
-inline __m512 sum_each(const __m512 (&v)[kLanes]) {
+inline Vf sum_each(const Vf (&v)[kLanes]) {
   __m512 a[8], b[4];
   for (int k = 0; k < 8; ++k)  // per 128-bit lane: [x0+x2, y0+y2, x1+x3, y1+y3]
     a[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]),
@@ -120,34 +123,152 @@ inline __m512 sum_each(const __m512 (&v)[kLanes]) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xDD));
 }
 
+#else  // AVX2 + FMA + F16C
+using Vf = __m256;
+using Vi = __m256i;
+constexpr int64_t kLanes = 8;     // floats per register
+constexpr int kRegisters = 16;    // vector registers (ymm0-15)
+
+inline Vf vzero() { return _mm256_setzero_ps(); }
+inline Vf vset(float x) { return _mm256_set1_ps(x); }
+inline Vf vadd(Vf a, Vf b) { return _mm256_add_ps(a, b); }
+inline Vf vsub(Vf a, Vf b) { return _mm256_sub_ps(a, b); }
+inline Vf vmul(Vf a, Vf b) { return _mm256_mul_ps(a, b); }
+inline Vf vdiv(Vf a, Vf b) { return _mm256_div_ps(a, b); }
+inline Vf vfmadd(Vf a, Vf b, Vf c) { return _mm256_fmadd_ps(a, b, c); }  // a * b + c, one rounding
+inline float vsum(Vf x) {
+  const __m128 quad = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  const __m128 pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
+  return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
+}
+
+inline Vf vload(const float* p) { return _mm256_loadu_ps(p); }
+inline Vf vload(const at::BFloat16* p) {
+  // bf16 is the top half of an fp32: widen and shift, exactly.
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+inline void vstore(float* p, Vf x) { _mm256_storeu_ps(p, x); }
+
+// x rounded to bf16 (nearest even, as c10::BFloat16's conversion does; NaN stays NaN),
+// as fp32 bit patterns whose low 16 bits are to be dropped.
+inline Vi bf16_rounded_bits(Vf x) {
+  const Vi bits = _mm256_castps_si256(x);
+  const Vi lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const Vi rounded = _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+  const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  return _mm256_castps_si256(_mm256_blendv_ps(
+      _mm256_castsi256_ps(rounded), _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)), nan));
+}
+inline void vstore(at::BFloat16* p, Vf x) {
+  const Vi top = _mm256_srli_epi32(bf16_rounded_bits(x), 16);  // each in [0, 0xffff]
+  const __m128i packed =
+      _mm_packus_epi32(_mm256_castsi256_si128(top), _mm256_extracti128_si256(top, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+inline Vf keep_high_halves(Vi bits) {
+  return _mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+
+// The first n (< kLanes) elements, through a zeroed buffer: rows of any length.
+template <typename T>
+inline Vf vload_n(const T* p, int64_t n) {
+  alignas(32) T tmp[kLanes] = {};
+  std::memcpy(tmp, p, n * sizeof(T));
+  return vload(tmp);
+}
+inline void vstore_n(float* p, Vf x, int64_t n) {
+  alignas(32) float tmp[kLanes];
+  vstore(tmp, x);
+  std::memcpy(p, tmp, n * sizeof(float));
+}
+
+// r[j] = the sum of v[j]'s 8 lanes, for 8 vectors at once: a transpose-and-add tree.
+inline Vf sum_each(const Vf (&v)[kLanes]) {
+  __m256 a[4], b[2];
+  for (int k = 0; k < 4; ++k)  // per 128-bit lane: [x0+x2, y0+y2, x1+x3, y1+y3]
+    a[k] = _mm256_add_ps(_mm256_unpacklo_ps(v[2 * k], v[2 * k + 1]),
+                         _mm256_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+  for (int k = 0; k < 2; ++k)  // per 128-bit lane: that lane's sums of v[4k .. 4k+3]
+    b[k] = _mm256_add_ps(_mm256_shuffle_ps(a[2 * k], a[2 * k + 1], 0x44),
+                         _mm256_shuffle_ps(a[2 * k], a[2 * k + 1], 0xEE));
+  // b[0] = [v0..v3 low halves' sums | v0..v3 high halves' sums]; likewise b[1] for v4..v7
+  return _mm256_add_ps(_mm256_permute2f128_ps(b[0], b[1], 0x20),
+                       _mm256_permute2f128_ps(b[0], b[1], 0x31));
+}
+#endif
+
+inline void vstore_n(at::BFloat16* p, Vf x, int64_t n) {
+  alignas(64) at::BFloat16 tmp[kLanes];
+  vstore(tmp, x);
+  std::memcpy(p, tmp, n * sizeof(at::BFloat16));
+}
+
+// ---- The kernels. ---------------------------------------------------------------------
+
+// One query head held in registers, dotted with key rows: an unreduced kLanes-wide fp32
+// sum per row. bf16 with AVX512-BF16: dot products of bf16 pairs straight from memory
+// (exact products, fp32 sums), half the instructions of widening first; otherwise each
+// row is widened to fp32 and multiplied there.
+template <typename T, int NC>
+struct QueryHead {
+  Vf q[NC];
+  explicit QueryHead(const T* head) {
+    for (int c = 0; c < NC; ++c) q[c] = vload(head + c * kLanes);
+  }
+  Vf dot(const T* row) const {
+    Vf sum = vmul(q[0], vload(row));
+    for (int c = 1; c < NC; ++c) sum = vfmadd(q[c], vload(row + c * kLanes), sum);
+    return sum;
+  }
+};
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+template <int NC>
+  requires(NC % 2 == 0)
+struct QueryHead<at::BFloat16, NC> {
+  __m512bh q[NC / 2];
+  explicit QueryHead(const at::BFloat16* head) {
+    for (int c = 0; c < NC / 2; ++c)
+      q[c] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(head + c * 2 * kLanes));
+  }
+  Vf dot(const at::BFloat16* row) const {
+    Vf sum = vzero();
+    for (int c = 0; c < NC / 2; ++c)
+      sum = _mm512_dpbf16_ps(sum, q[c], reinterpret_cast<__m512bh>(_mm512_loadu_si512(row + c * 2 * kLanes)));
+    return sum;
+  }
+};
+#endif
+
 // out[g] = sum over t of p[g][t] v[t], for query heads [g0, g0 + GC): the accumulators
-// stay in registers (16 / NC heads at a time), so each token costs FMAs, not stores.
+// stay in registers (half the register file's worth of heads at a time, at most 4), so
+// each token costs FMAs, not stores.
 template <typename T, int NC, int GC>
 void weigh_values(const T* v_head, const int64_t* table, int64_t L, int64_t block_size,
                   const float* scores, const float* inverse, int64_t g0, T* out) {
   constexpr int64_t D = kLanes * NC;
-  __m512 acc[GC][NC];
+  Vf acc[GC][NC];
   for (int g = 0; g < GC; ++g)
-    for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_setzero_ps();
+    for (int c = 0; c < NC; ++c) acc[g][c] = vzero();
   for (int64_t t0 = 0, blk = 0; t0 < L; t0 += block_size, ++blk) {
     const int64_t n = std::min(block_size, L - t0);
     const T* rows = v_head + table[blk] * block_size * D;
     for (int64_t i = 0; i < n; ++i) {
-      __m512 value[NC];
-      for (int c = 0; c < NC; ++c) value[c] = load16(rows + i * D + c * kLanes);
+      Vf value[NC];
+      for (int c = 0; c < NC; ++c) value[c] = vload(rows + i * D + c * kLanes);
       for (int g = 0; g < GC; ++g) {
-        const __m512 p = _mm512_set1_ps(scores[(g0 + g) * L + t0 + i]);
-        for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_fmadd_ps(p, value[c], acc[g][c]);
+        const Vf p = vset(scores[(g0 + g) * L + t0 + i]);
+        for (int c = 0; c < NC; ++c) acc[g][c] = vfmadd(p, value[c], acc[g][c]);
       }
     }
   }
   for (int g = 0; g < GC; ++g) {
-    const __m512 inv = _mm512_set1_ps(inverse[g0 + g]);
-    for (int c = 0; c < NC; ++c) store16(out + (g0 + g) * D + c * kLanes, _mm512_mul_ps(acc[g][c], inv));
+    const Vf inv = vset(inverse[g0 + g]);
+    for (int c = 0; c < NC; ++c) vstore(out + (g0 + g) * D + c * kLanes, vmul(acc[g][c], inv));
   }
 }
 
-// One task: the G query heads of one KV head of one sequence. D = 16 * NC.
+// One task: the G query heads of one KV head of one sequence. D = kLanes * NC.
 // q: [G, D] of this task; k_head, v_head: this KV head's [slots, D] rows;
 // table: the sequence's block ids; scores: [G, L] and inverse: [G] scratch.
 template <typename T, int NC>
@@ -156,8 +277,8 @@ void attend_one(const T* q, const T* k_head, const T* v_head, const int64_t* tab
                 T* out) {
   constexpr int64_t D = kLanes * NC;
 
-  // Scores, 16 keys at a time: each query head is dotted with the 16 rows (L1-resident
-  // after the first head), and the 16 sums are reduced together.
+  // Scores, kLanes keys at a time: each query head is dotted with those rows
+  // (L1-resident after the first head), and their sums are reduced together.
   const T* rows[kLanes];
   for (int64_t t0 = 0; t0 < L; t0 += kLanes) {
     const int64_t n = std::min<int64_t>(kLanes, L - t0);
@@ -167,10 +288,10 @@ void attend_one(const T* q, const T* k_head, const T* v_head, const int64_t* tab
     }
     for (int64_t g = 0; g < G; ++g) {
       const QueryHead<T, NC> head(q + g * D);
-      __m512 dots[kLanes];
-      for (int j = 0; j < kLanes; ++j) dots[j] = j < n ? head.dot(rows[j]) : _mm512_setzero_ps();
-      const __m512 r = _mm512_mul_ps(sum_each(dots), _mm512_set1_ps(scale));
-      _mm512_mask_storeu_ps(scores + g * L + t0, static_cast<__mmask16>((1u << n) - 1), r);
+      Vf dots[kLanes];
+      for (int j = 0; j < kLanes; ++j) dots[j] = j < n ? head.dot(rows[j]) : vzero();
+      const Vf r = vmul(sum_each(dots), vset(scale));
+      if (n == kLanes) vstore(scores + g * L + t0, r); else vstore_n(scores + g * L + t0, r, n);
     }
   }
 
@@ -184,7 +305,7 @@ void attend_one(const T* q, const T* k_head, const T* v_head, const int64_t* tab
   }
 
   // Weighted sum of values, a few query heads at a time.
-  constexpr int kHeadsAtOnce = std::max(1, std::min(4, 16 / NC));
+  constexpr int kHeadsAtOnce = std::max(1, std::min(4, (kRegisters / 2) / NC));
   for (int64_t g0 = 0; g0 < G; g0 += kHeadsAtOnce) {
     const int64_t heads = std::min<int64_t>(kHeadsAtOnce, G - g0);
     if (heads == kHeadsAtOnce) {
@@ -222,14 +343,14 @@ void attend_all(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& tab
 template <typename T>
 void dispatch_head_dim(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& tables,
                        const at::Tensor& lens, int64_t block_size, double scale, at::Tensor& out) {
-  switch (q.size(3) / kLanes) {
-    case 1: return attend_all<T, 1>(q, kv, tables, lens, block_size, scale, out);
-    case 2: return attend_all<T, 2>(q, kv, tables, lens, block_size, scale, out);
-    case 4: return attend_all<T, 4>(q, kv, tables, lens, block_size, scale, out);
-    case 5: return attend_all<T, 5>(q, kv, tables, lens, block_size, scale, out);
-    case 6: return attend_all<T, 6>(q, kv, tables, lens, block_size, scale, out);
-    case 8: return attend_all<T, 8>(q, kv, tables, lens, block_size, scale, out);
-    case 16: return attend_all<T, 16>(q, kv, tables, lens, block_size, scale, out);
+  switch (q.size(3)) {  // the head dims cpu_kernels.py lists (HEAD_DIMS)
+    case 16: return attend_all<T, 16 / kLanes>(q, kv, tables, lens, block_size, scale, out);
+    case 32: return attend_all<T, 32 / kLanes>(q, kv, tables, lens, block_size, scale, out);
+    case 64: return attend_all<T, 64 / kLanes>(q, kv, tables, lens, block_size, scale, out);
+    case 80: return attend_all<T, 80 / kLanes>(q, kv, tables, lens, block_size, scale, out);
+    case 96: return attend_all<T, 96 / kLanes>(q, kv, tables, lens, block_size, scale, out);
+    case 128: return attend_all<T, 128 / kLanes>(q, kv, tables, lens, block_size, scale, out);
+    case 256: return attend_all<T, 256 / kLanes>(q, kv, tables, lens, block_size, scale, out);
     default: TORCH_CHECK(false, "paged decode attention: unsupported head dim ", q.size(3));
   }
 }
@@ -266,29 +387,12 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& kv, const at::
 
 namespace {
 
-// Masked 16-lane load / store of the first n (< 16) elements: rows of any length.
-inline __m512 load_n(const float* p, int64_t n) {
-  return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1), p);
-}
-inline __m512 load_n(const at::BFloat16* p, int64_t n) {
-  const __m256i raw = _mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << n) - 1), p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-template <typename T>
-inline void store_n(T* p, __m512 x, int64_t n) {
-  alignas(64) T tmp[kLanes];
-  store16(tmp, x);
-  std::memcpy(p, tmp, n * sizeof(T));
-}
 // What storing x in T and reading it back gives (the eager ops' intermediate rounding),
 // without leaving the register.
-inline __m512 round_to(float*, __m512 x) { return x; }
-inline __m512 round_to(at::BFloat16*, __m512 x) {
-  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-  return _mm512_castsi512_ps(_mm512_and_si512(bf16_rounded_bits(x), high));
-}
+inline Vf round_to(float*, Vf x) { return x; }
+inline Vf round_to(at::BFloat16*, Vf x) { return keep_high_halves(bf16_rounded_bits(x)); }
 
-// Apply f(chunk index, lanes) over a row of n elements, 16 at a time, the tail masked.
+// Apply f(chunk index, lanes) over a row of n elements, kLanes at a time, then the tail.
 template <typename F>
 inline void over_row(int64_t n, F f) {
   int64_t i = 0;
@@ -296,25 +400,25 @@ inline void over_row(int64_t n, F f) {
   if (i < n) f(i, n - i);
 }
 template <typename T>
-inline __m512 load_any(const T* p, int64_t lanes) { return lanes == kLanes ? load16(p) : load_n(p, lanes); }
+inline Vf load_any(const T* p, int64_t lanes) { return lanes == kLanes ? vload(p) : vload_n(p, lanes); }
 template <typename T>
-inline void store_any(T* p, __m512 x, int64_t lanes) {
-  if (lanes == kLanes) store16(p, x); else store_n(p, x, lanes);
+inline void store_any(T* p, Vf x, int64_t lanes) {
+  if (lanes == kLanes) vstore(p, x); else vstore_n(p, x, lanes);
 }
 
 // out = weight * T(x * rsqrt(mean(x^2) + eps)), x's squares summed in fp32.
 template <typename T>
 void rms_norm_row(const T* x, const T* weight, float eps, int64_t n, T* out) {
-  __m512 squares = _mm512_setzero_ps();
+  Vf squares = vzero();
   over_row(n, [&](int64_t i, int64_t lanes) {
-    const __m512 v = load_any(x + i, lanes);
-    squares = _mm512_fmadd_ps(v, v, squares);
+    const Vf v = load_any(x + i, lanes);
+    squares = vfmadd(v, v, squares);
   });
-  const float inv = 1.f / std::sqrt(_mm512_reduce_add_ps(squares) / static_cast<float>(n) + eps);
-  const __m512 scale = _mm512_set1_ps(inv);
+  const float inv = 1.f / std::sqrt(vsum(squares) / static_cast<float>(n) + eps);
+  const Vf scale = vset(inv);
   over_row(n, [&](int64_t i, int64_t lanes) {
-    const __m512 normed = round_to(static_cast<T*>(nullptr), _mm512_mul_ps(load_any(x + i, lanes), scale));
-    store_any(out + i, _mm512_mul_ps(load_any(weight + i, lanes), normed), lanes);
+    const Vf normed = round_to(static_cast<T*>(nullptr), vmul(load_any(x + i, lanes), scale));
+    store_any(out + i, vmul(load_any(weight + i, lanes), normed), lanes);
   });
 }
 
@@ -334,7 +438,7 @@ void rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps, co
       if (rp != nullptr) {  // residual += x, rounded to T as the eager add rounds
         T* res = rp + r * n;
         over_row(n, [&](int64_t i, int64_t lanes) {
-          store_any(res + i, _mm512_add_ps(load_any(res + i, lanes), load_any(row + i, lanes)), lanes);
+          store_any(res + i, vadd(load_any(res + i, lanes), load_any(row + i, lanes)), lanes);
         });
         row = res;
       }
@@ -349,16 +453,16 @@ void silu_and_mul_rows(const at::Tensor& gate_up, at::Tensor& out) {
   const int64_t n = out.size(-1), rows = out.numel() / n;
   const T* gp = gate_up.data_ptr<T>();
   T* op = out.data_ptr<T>();
-  const __m512 one = _mm512_set1_ps(1.f);
+  const Vf one = vset(1.f);
   at::parallel_for(0, rows, grain_for(2 * n), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* gate = gp + r * 2 * n;
       const T* up = gate + n;
       over_row(n, [&](int64_t i, int64_t lanes) {
-        const __m512 g = load_any(gate + i, lanes);
-        const __m512 e = fVec(_mm512_sub_ps(_mm512_setzero_ps(), g)).exp();
-        const __m512 silu = round_to(static_cast<T*>(nullptr), _mm512_div_ps(g, _mm512_add_ps(one, e)));
-        store_any(op + r * n + i, _mm512_mul_ps(silu, load_any(up + i, lanes)), lanes);
+        const Vf g = load_any(gate + i, lanes);
+        const Vf e = fVec(vsub(vzero(), g)).exp();
+        const Vf silu = round_to(static_cast<T*>(nullptr), vdiv(g, vadd(one, e)));
+        store_any(op + r * n + i, vmul(silu, load_any(up + i, lanes)), lanes);
       });
     }
   });
@@ -424,10 +528,10 @@ template <typename T>
 inline void rotate_head(const T* x, const T* cos, const T* sin, int64_t half, T* out) {
   T* tag = nullptr;
   over_row(half, [&](int64_t i, int64_t lanes) {
-    const __m512 x1 = load_any(x + i, lanes), x2 = load_any(x + half + i, lanes);
-    const __m512 c = load_any(cos + i, lanes), s = load_any(sin + i, lanes);
-    const __m512 a = _mm512_sub_ps(round_to(tag, _mm512_mul_ps(x1, c)), round_to(tag, _mm512_mul_ps(x2, s)));
-    const __m512 b = _mm512_add_ps(round_to(tag, _mm512_mul_ps(x2, c)), round_to(tag, _mm512_mul_ps(x1, s)));
+    const Vf x1 = load_any(x + i, lanes), x2 = load_any(x + half + i, lanes);
+    const Vf c = load_any(cos + i, lanes), s = load_any(sin + i, lanes);
+    const Vf a = vsub(round_to(tag, vmul(x1, c)), round_to(tag, vmul(x2, s)));
+    const Vf b = vadd(round_to(tag, vmul(x2, c)), round_to(tag, vmul(x1, s)));
     store_any(out + i, a, lanes);
     store_any(out + half + i, b, lanes);
   });

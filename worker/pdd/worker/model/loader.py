@@ -1,4 +1,4 @@
-"""``load_model``: a local Hugging Face checkpoint directory, or the built-in ``tiny``.
+"""``load_model``: a Hugging Face checkpoint directory, a GGUF file, or the built-in ``tiny``.
 
 The one entry point the worker calls at startup; it returns the model, its config
 and tokenizer together so nothing else reads checkpoint files.
@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from pdd.common.gguf_file import GGUFError, GGUFModelFile, gguf_checkpoint
+from pdd.common.model_store import ModelNotPulledError, resolve_model
 from pdd.common.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from pdd.worker.model.config import ModelConfig, tiny_config
 from pdd.worker.model.cpu_kernels import kernels_for
@@ -27,6 +29,7 @@ from pdd.worker.model.kv_cache import KVLayout
 from pdd.worker.model.layers import can_pack
 from pdd.worker.model.llama import LlamaForCausalLM
 from pdd.worker.model.weights import (
+    GGUFCheckpoint,
     SafetensorsCheckpoint,
     init_random_weights,
     load_checkpoint_weights,
@@ -67,7 +70,8 @@ def load_model(
     device: str | torch.device = "cpu",
     require_tokenizer: bool = True,
 ) -> LoadedModel:
-    """Load ``tiny`` (seeded random weights, byte tokenizer) or a checkpoint directory.
+    """Load ``tiny`` (seeded random weights, byte tokenizer), a checkpoint directory or a
+    GGUF file (dequantized into ``dtype``; float32 unless asked otherwise).
 
     dtype None means the checkpoint's own dtype, except float16 on the CPU, which
     becomes float32 (CPU fp16 kernels are slow or missing; bf16 is the fast choice).
@@ -75,6 +79,10 @@ def load_model(
     caller that only passes token IDs: its tokenizer is an ``IdsOnlyTokenizer``.
     """
     device = torch.device(device)
+    try:
+        source = resolve_model(source)  # a pulled built-in or Hub name: its folder
+    except ModelNotPulledError as e:
+        raise CheckpointNotFoundError(str(e)) from e
     if source == TINY:
         config = tiny_config()
         torch_dtype = resolve_dtype(dtype, config, device)
@@ -82,10 +90,14 @@ def load_model(
         init_random_weights(model, TINY_SEED, torch_dtype, device)
         _prepare_for_device(model, torch_dtype, device)
         return LoadedModel(model, config, ByteTokenizer(), torch_dtype, device)
+    gguf_file = gguf_checkpoint(source)
+    if gguf_file is not None:
+        return _load_gguf(gguf_file, dtype, device)
     directory = Path(source)
     if not directory.is_dir():
         raise CheckpointNotFoundError(
-            f"model {source!r} is neither {TINY!r} nor a checkpoint directory"
+            f"model {source!r} is neither {TINY!r}, a checkpoint directory nor a GGUF file "
+            "(`pdd models pull NAME` fetches one; `pdd models list` names the built-ins)"
         )
     config = ModelConfig.from_hf_dict(_read_config(directory), name=directory.name)
     torch_dtype = resolve_dtype(dtype, config, device)
@@ -96,6 +108,22 @@ def load_model(
     model = _empty_model(config, device)
     with SafetensorsCheckpoint(directory) as ckpt:
         load_checkpoint_weights(model, ckpt, torch_dtype, device)
+    _prepare_for_device(model, torch_dtype, device)
+    return LoadedModel(model, config, tokenizer, torch_dtype, device)
+
+
+def _load_gguf(path: Path, dtype: str | torch.dtype | None, device: torch.device) -> LoadedModel:
+    """A GGUF file: config, tokenizer and chat template from its metadata, tensors
+    dequantized (``pdd.common.gguf_file`` translates names and layouts)."""
+    try:
+        gguf = GGUFModelFile(path)
+        config = ModelConfig.from_hf_dict(gguf.hf_config(), name=path.stem)
+        tokenizer = HFTokenizer.from_tokenizer(gguf.tokenizer(), config.eos_token_ids)
+    except GGUFError as e:
+        raise CorruptCheckpointError(str(e)) from e
+    torch_dtype = resolve_dtype(dtype, config, device)
+    model = _empty_model(config, device)
+    load_checkpoint_weights(model, GGUFCheckpoint(gguf), torch_dtype, device)
     _prepare_for_device(model, torch_dtype, device)
     return LoadedModel(model, config, tokenizer, torch_dtype, device)
 

@@ -17,6 +17,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
+from pdd.common.gguf_file import GGUFError, GGUFModelFile
 from pdd.worker.model.errors import CheckpointNotFoundError, CorruptCheckpointError
 
 SINGLE_FILE = "model.safetensors"
@@ -92,8 +93,31 @@ class SafetensorsCheckpoint:
         )
 
 
+class GGUFCheckpoint:
+    """A GGUF file's tensors under their transformers names (dequantized to float32 as
+    they are asked for, so only one layer's float copy exists besides the model's)."""
+
+    def __init__(self, gguf: GGUFModelFile) -> None:
+        self.gguf = gguf
+        self.directory = gguf.path
+
+    def get(self, name: str) -> torch.Tensor:
+        try:
+            return torch.from_numpy(self.gguf.tensor(name))
+        except KeyError:
+            raise CorruptCheckpointError(
+                f"tensor {name!r} is missing from {self.gguf.path}; the file's metadata and "
+                "tensors disagree (a partial or foreign conversion)"
+            ) from None
+        except GGUFError as e:
+            raise CorruptCheckpointError(str(e)) from e
+
+
 def load_checkpoint_weights(
-    model: nn.Module, ckpt: SafetensorsCheckpoint, dtype: torch.dtype, device: torch.device
+    model: nn.Module,
+    ckpt: SafetensorsCheckpoint | GGUFCheckpoint,
+    dtype: torch.dtype,
+    device: torch.device,
 ) -> None:
     """Fill every parameter of a meta-device ``model`` from the checkpoint."""
     state = {}

@@ -192,13 +192,14 @@ class RoleBase:
 
     # --- reports ----------------------------------------------------------------------------
     @property
-    def max_running(self) -> int:
-        return self.runner.engine.max_running  # fixed at start: safe to read off the engine thread
+    def max_running_requests(self) -> int:
+        # fixed at start: safe to read off the engine thread
+        return self.runner.engine.max_running_requests
 
     def relay_load(self) -> float:
         s = self.runner.snapshot.stats
         held = s.num_total_blocks - s.num_free_blocks - s.num_cached_blocks
-        return min(1.0, max(s.num_running / self.max_running, held / s.num_total_blocks))
+        return min(1.0, max(s.num_running / self.max_running_requests, held / s.num_total_blocks))
 
     def load_report(self) -> LoadReport:
         s = self.runner.snapshot.stats
@@ -210,7 +211,7 @@ class RoleBase:
             kv_blocks_free=s.num_free_blocks,
             kv_blocks_total=s.num_total_blocks,
             relay_load=self.relay_load(),
-            capacity=self.max_running,
+            capacity=self.max_running_requests,
             draining=self.draining,
         )
 
@@ -229,12 +230,16 @@ class RoleBase:
 
     def refresh_gauges(self) -> None:
         s = self.runner.snapshot.stats
-        self.metrics.kv_blocks_free.set(s.num_free_blocks)
-        self.metrics.kv_blocks_total.set(s.num_total_blocks)
-        self.metrics.running.set(s.num_running)
-        self.metrics.relay_load.set(self.relay_load())
-        self.metrics.wan_wire_bytes.set(self.wan_counters.wire_sent)
-        self.metrics.fast_wire_bytes.set(self.fast_counters.wire_sent)
+        m = self.metrics
+        m.kv_blocks_free.set(s.num_free_blocks)
+        m.kv_blocks_total.set(s.num_total_blocks)
+        held = s.num_total_blocks - s.num_free_blocks - s.num_cached_blocks
+        m.kv_usage.set(held / max(1, s.num_total_blocks))
+        m.running.set(s.num_running)
+        m.waiting.set(s.num_waiting)
+        m.relay_load.set(self.relay_load())
+        m.wire_sent["wan"] = self.wan_counters.wire_sent
+        m.wire_sent["fastpath"] = self.fast_counters.wire_sent
 
     # --- helpers ----------------------------------------------------------------------------
     def spawn(self, coro: Awaitable[None], name: str) -> None:

@@ -1,9 +1,11 @@
 """Prefill (P): prefill what its own cache misses, then ship KV on two paths at once.
 
 Per request: announce it to the decode-side receivers (each answers how much of the
-prompt it already holds, and locks it) while prefilling; then stream the KV each
-receiver lacks, all of it to the relay over the fast path, only the main decode's
-miss over the WAN, each followed by the first token. Across the WAN nothing waits a
+prompt it already holds, and locks it) while prefilling, and stream the KV each
+receiver lacks as the prefill writes it (each prefill chunk's KV goes on the line
+when its step ends, so the transfer overlaps the chunks after it): all of it to the
+relay over the fast path, only the main decode's miss over the WAN, each followed by
+the first token as soon as the last chunk is written. Across the WAN nothing waits a
 round trip: the channel to MD is a warm one from ``wan_pool`` (no connect, no TLS or
 HMAC handshake per request), and the KV starts from the router's predicted MD hit
 (``PipelinePlan.main_hit_tokens``) unless MD's answer is already in; MD's real hit,
@@ -27,13 +29,14 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from pdd.common.kv_codec import NO_CODEC, KVCodec, chunk_wire_bytes, handshake_name
 from pdd.common.vocabulary import LinkFault, Pipeline, Role
 from pdd.common.wire import Endpoint, KVShipment, PipelinePlan, TokenEvent, TokenLogprobs
+from pdd.worker.engine import Engine
 from pdd.worker.engine.request import RequestOutput
 from pdd.worker.roles.base import NoSuchRequestError, RoleBase, sampling_params
 from pdd.worker.roles.protocol import ProtocolError, expect_meta, int_field, send_meta
@@ -108,6 +111,45 @@ class _ShipClock:
             self.first_sent_at = asyncio.get_running_loop().time()
         self.kv_bytes += tokens * bytes_per_token
 
+    def waited(self) -> None:
+        """P waited for the prefill to write more KV: the line may have idled, so the
+        timing starts again from the next chunk. (Bytes sent before and still crossing
+        only make the rest look slower, and the router takes P's timing only where it
+        shows the line faster than it believed.)"""
+        self.first_sent_at = None
+        self.kv_bytes = 0
+
+
+@dataclass(frozen=True)
+class _Sending:
+    """One transfer in progress: to whom, on which channel, in which codec, and the
+    futures it watches (the receiver's answer, P's prefill)."""
+
+    request_id: str
+    target: Target
+    channel: Channel
+    answer: asyncio.Future[int]
+    codec: KVCodec
+    clock: _ShipClock
+    prefill: asyncio.Future[Prefilled]
+
+
+def _written_chunk(
+    request_id: str, first: int, end: int, chunk_tokens: int, codec: KVCodec
+) -> Callable[[Engine], tuple[int, bytes] | None]:
+    """On the engine thread: the next chunk of ``[first, end)`` the prefill has written
+    (read in the same call, so no step can preempt the request in between), as
+    ``(its end, its bytes)``; None while nothing past ``first`` is written."""
+
+    def take(engine: Engine) -> tuple[int, bytes] | None:
+        written = min(engine.computed_tokens(request_id), end)
+        if written <= first:
+            return None
+        last = min(first + chunk_tokens, written)
+        return last, next(engine.export_kv(request_id, first, last, last - first, codec))
+
+    return take
+
 
 def with_seed(plan: PipelinePlan) -> PipelinePlan:
     """Fix the seed here, so every instance that samples this request draws the same."""
@@ -122,6 +164,11 @@ def _known(answer: asyncio.Future[int]) -> int | None:
     if answer.done() and not answer.cancelled() and answer.exception() is None:
         return answer.result()
     return None
+
+
+def _errored(future: asyncio.Future) -> bool:
+    """The future ended with an error (not cancelled)."""
+    return future.done() and not future.cancelled() and future.exception() is not None
 
 
 def _refusal(answer: asyncio.Future[int]) -> BaseException | None:
@@ -294,7 +341,8 @@ class PrefillRole(RoleBase):
         self, plan: PipelinePlan, target: Target, channel: Channel, answer: asyncio.Future[int],
         prefill: asyncio.Future[Prefilled], codec: KVCodec,
     ) -> bool:  # fmt: skip
-        """Send the receiver's miss, then the first token; True when it imported all of it.
+        """Send the receiver's miss as the prefill writes it, then the first token; True
+        when it imported all of it.
 
         Across the WAN with a predicted hit the KV starts from the receiver's answer if it
         already came, else from the prediction; chunks the answer shows it holds are then
@@ -303,15 +351,16 @@ class PrefillRole(RoleBase):
         predicted = plan.main_hit_tokens if target.wan else None
         if predicted is None and not await self._answered(plan, target, channel, answer):
             return False
-        prefilled = await asyncio.shield(prefill)  # a failed prefill is no transfer failure
         try:
             start = _known(answer)
             start = min(predicted or 0, n) if start is None else start
             clock = _ShipClock()
-            await self._send_kv(rid, target, channel, start, n, answer, codec, clock)
+            send = _Sending(rid, target, channel, answer, codec, clock, prefill)
+            await self._send_kv(send, start, n)
+            prefilled = await asyncio.shield(prefill)
             hit = await asyncio.shield(answer)
             if hit < start:  # MD holds less than predicted: it lacks [hit, start)
-                await self._send_kv(rid, target, channel, hit, start, answer, codec, clock)
+                await self._send_kv(send, hit, start)
             logprobs = prefilled.first_logprobs
             done = {
                 "first_token": prefilled.first_token,
@@ -323,6 +372,8 @@ class PrefillRole(RoleBase):
             if target.wan:
                 self._shipped(plan, clock)
         except Exception as exc:
+            if _errored(prefill):
+                raise  # a failed prefill is no transfer failure: nothing to say of the line
             if not answer.done() and not channel.is_open:
                 await asyncio.wait({answer})  # a failed channel fails it at once
             cause = _refusal(answer) or exc  # the receiver's own answer says why, if it came
@@ -343,34 +394,61 @@ class PrefillRole(RoleBase):
             return False
         return True
 
-    async def _send_kv(
-        self, rid: str, target: Target, channel: Channel, start: int, end: int,
-        answer: asyncio.Future[int], codec: KVCodec, clock: _ShipClock,
-    ) -> None:  # fmt: skip
-        """KV chunks of ``[start, end)``, skipping those the receiver's answer says it holds;
-        ``clock`` notes when the first went on the line and the KV bytes sent."""
+    async def _send_kv(self, send: _Sending, start: int, end: int) -> None:
+        """KV of ``[start, end)`` as the prefill writes it: whatever part of the range the
+        engine has computed goes on the line at once (in chunks of at most
+        ``chunk_bytes``), so the transfer overlaps the prefill's later chunks and only the
+        last one's KV follows its step. What the receiver's answer says it holds is
+        skipped. A refusal from the receiver stops the transfer, as does a failed prefill."""
         if start >= end:
             return
+        rid, channel, codec = send.request_id, send.channel, send.codec
         key = request_key(rid)
-        counter = self.metrics.wan_bytes if target.wan else self.metrics.fastpath_bytes
+        counter = self.metrics.wan_bytes if send.target.wan else self.metrics.fastpath_bytes
         chunk_tokens = max(1, self.settings.chunk_bytes // self._bytes_per_token - 1)
         channel.commit(self._coded_bytes(start, end, codec))  # the backlog
-        chunks = await self.runner.call(lambda e: e.export_kv(rid, start, end, chunk_tokens, codec))
-        for first in range(start, end, chunk_tokens):
-            last = min(first + chunk_tokens, end)
-            blob = await self.runner.call(lambda e: next(chunks))
-            refused = _refusal(answer)
+        first = start
+        while first < end:
+            refused = _refusal(send.answer)
             if refused is not None:  # the receiver said no (or is gone): stop sending
                 raise refused
-            held = _known(answer)
-            if held is not None and last <= held:
-                channel.commit(-len(blob))  # announced, never sent: off the backlog
+            held = _known(send.answer)
+            if held is not None and channel.has_inbound:
+                # After its answer a receiver says nothing until "imported": this is its
+                # ERROR (a chunk it could not take), or the channel's failure. Stop here
+                # rather than stream the rest of the prefill into a refusal.
+                await expect_meta(channel, "imported")
+            if held is not None and held > first:  # the receiver holds these: skip them
+                skipped = min(held, end)
+                channel.commit(-self._coded_bytes(first, skipped, codec))  # never sent
+                first = skipped
                 continue
-            clock.sending(last - first, self._bytes_per_token)
+            taken = await self.runner.call(_written_chunk(rid, first, end, chunk_tokens, codec))
+            if taken is None:  # the prefill has not written KV past ``first`` yet
+                await self._next_write(send.prefill)
+                send.clock.waited()  # the line may idle meanwhile: time it afresh
+                continue
+            last, blob = taken
+            send.clock.sending(last - first, self._bytes_per_token)
             await channel.send(MsgType.KV_CHUNK, key, blob)
             counter.inc((last - first) * self._bytes_per_token)
-            if target.wan:
+            if send.target.wan:
                 self.metrics.wan_kv_wire_bytes.inc(len(blob))
+            first = last
+
+    async def _next_write(self, prefill: asyncio.Future[Prefilled]) -> None:
+        """Wait for the engine's next step (which may write more of the prompt's KV); a
+        failed prefill raises its error, and one that ended leaves nothing to wait for."""
+        if prefill.done():
+            prefill.result()  # raises the prefill's own error
+            raise RuntimeError("the prefill ended without the KV it was to write")
+        step = asyncio.ensure_future(self.runner.next_step())
+        try:
+            await asyncio.wait({step, prefill}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            step.cancel()
+        if _errored(prefill):
+            prefill.result()
 
     def _shipped(self, plan: PipelinePlan, clock: _ShipClock) -> None:
         """Tell the router on P's stream that MD imported the KV, and how long the line

@@ -79,6 +79,12 @@ class Channel:
         return self._buffered
 
     @property
+    def has_inbound(self) -> bool:
+        """A frame (or the channel's failure) waits for ``recv()``: lets a sender that
+        expects nothing yet notice a peer's ERROR between its own frames."""
+        return not self._inbox.empty()
+
+    @property
     def is_open(self) -> bool:
         return self._failure is None and not self._closed
 

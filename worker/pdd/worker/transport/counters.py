@@ -1,6 +1,6 @@
 """Byte counters per channel, optionally rolled up into a per-link total.
 
-The data plane exports ``pdd_wan_bytes_total`` and ``pdd_fastpath_bytes_total``
+The data plane exports ``pdd_worker_wan_kv_bytes_total`` and ``pdd_worker_fastpath_kv_bytes_total``
 from a parent counter per link kind; each channel also keeps its own so one
 transfer's cost can be read back (e.g. "only MD's miss crossed the WAN").
 """

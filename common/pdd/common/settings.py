@@ -1,0 +1,265 @@
+"""Settings tables: each component's settings declared once, with their help and defaults.
+
+A component's settings are the fields of one class: a dataclass whose fields carry
+``setting(...)`` metadata (the router's ``RouterConfig``), or a pydantic model whose
+fields carry descriptions (the engine's ``EngineSettings``, which is also a section
+of the config document and of the CRD). ``add_settings`` turns such a table into
+argparse flags (``--name-with-dashes``, the names vLLM uses for the same meaning
+accepted as aliases), and docs/configuration.md's tables are generated from the
+resulting parsers, so a setting has one name from the CRD to the engine and its
+help, default and aliases are written in one place.
+
+``HelpFormatter`` is what every ``pdd`` command's parser uses: it shows each flag's
+default in ``--help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+#: The metadata key under which a dataclass field carries its ``Setting`` parts.
+_KEY = "pdd.setting"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: its name (the argparse ``dest`` and the config field), help and default.
+
+    ``aliases`` are other flag spellings accepted for the same meaning (vLLM's names);
+    ``default_text`` says what an unset (None) default means, e.g. "the checkpoint's".
+    """
+
+    name: str
+    help: str
+    default: Any = None
+    type: Callable[[str], Any] | None = None
+    choices: tuple[Any, ...] | None = None
+    aliases: tuple[str, ...] = ()
+    metavar: str | None = None
+    default_text: str | None = None
+    action: str | None = None
+    #: The config document / CRD field it is read from, where there is one.
+    field: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        return (self.flag, *self.aliases)
+
+
+def setting(
+    help: str,
+    *,
+    aliases: Sequence[str] = (),
+    metavar: str | None = None,
+    default_text: str | None = None,
+    choices: Sequence[Any] | None = None,
+    field: str | None = None,
+) -> dict[str, Any]:
+    """A dataclass field's metadata that makes it a setting (flag and docs row).
+
+    ``field``: the config document's field (a dotted camelCase path, ``wan.declaredGbps``)
+    the setting is read from where the operator renders one (``config_value``)."""
+    return {
+        _KEY: {
+            "help": help,
+            "field": field,
+            "aliases": tuple(aliases),
+            "metavar": metavar,
+            "default_text": default_text,
+            "choices": None if choices is None else tuple(choices),
+        }
+    }
+
+
+def _unwrap(annotation: Any) -> tuple[Any, bool]:
+    """``X | None`` -> (X, True); anything else -> (it, False)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return annotation, False
+
+
+def _parse_kind(annotation: Any) -> tuple[Callable[[str], Any] | None, tuple[Any, ...] | None]:
+    """(argparse type, choices) for a field's annotation."""
+    kind, _ = _unwrap(annotation)
+    if typing.get_origin(kind) is Literal:
+        return None, tuple(typing.get_args(kind))
+    if isinstance(kind, type) and issubclass(kind, Enum):
+        return kind, tuple(kind)
+    if kind in (int, float, Path):
+        return kind, None
+    return None, None
+
+
+def settings_of(cls: type) -> list[Setting]:
+    """The settings table of a dataclass (fields with ``setting`` metadata) or of a
+    pydantic model (every field; help from its description, aliases and default from
+    ``json_schema_extra``: ``{"flagAliases": [...], "flagDefault": X, "defaultText": S}``,
+    and ``"flagMetavar": M`` where the flag takes more than the field's choices)."""
+    hints = typing.get_type_hints(cls)
+    table: list[Setting] = []
+    if isinstance(cls, type) and issubclass(cls, BaseModel):
+        for name, info in cls.model_fields.items():
+            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+            parse, choices = _parse_kind(hints[name])
+            metavar = typing.cast(str | None, extra.get("flagMetavar"))
+            table.append(
+                Setting(
+                    name=name,
+                    help=info.description or "",
+                    default=extra.get("flagDefault"),
+                    type=parse,
+                    choices=None if metavar else choices,
+                    metavar=metavar,
+                    aliases=tuple(typing.cast(list[str], extra.get("flagAliases", []))),
+                    default_text=typing.cast(str | None, extra.get("defaultText")),
+                    field=info.alias or name,
+                )
+            )
+        return table
+    for f in dataclasses.fields(typing.cast(Any, cls)):
+        meta = f.metadata.get(_KEY)
+        if meta is None:
+            continue
+        parse, choices = _parse_kind(hints[f.name])
+        default = None if f.default is dataclasses.MISSING else f.default
+        is_bool = _unwrap(hints[f.name])[0] is bool
+        table.append(
+            Setting(
+                name=f.name,
+                help=meta["help"],
+                default=default,
+                type=None if is_bool else parse,
+                choices=meta["choices"] or choices,
+                aliases=meta["aliases"],
+                metavar=meta["metavar"],
+                default_text=meta["default_text"],
+                action="store_true" if is_bool else None,
+                field=meta["field"],
+            )
+        )
+    return table
+
+
+def add_settings(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    table: Iterable[Setting],
+    *,
+    only: Iterable[str] | None = None,
+    flag_defaults: bool = True,
+) -> None:
+    """Add a flag per setting of ``table`` (those named in ``only``, if given).
+
+    ``flag_defaults``: the flags default to the table's defaults; False leaves them None
+    (so a caller sees which were given, e.g. to let them override a config file), while
+    ``--help`` still shows the table's default.
+    """
+    wanted = None if only is None else set(only)
+    for s in table:
+        if wanted is not None and s.name not in wanted:
+            continue
+        kwargs: dict[str, Any] = {"dest": s.name, "help": _help(s)}
+        if s.action == "store_true":
+            kwargs["action"] = "store_true"
+            kwargs["default"] = s.default if flag_defaults else None
+        else:
+            kwargs["default"] = s.default if flag_defaults else None
+            if s.type is not None:
+                kwargs["type"] = s.type
+            if s.choices is not None:
+                kwargs["choices"] = s.choices
+            if s.metavar is not None:
+                kwargs["metavar"] = s.metavar
+        parser.add_argument(*s.flags, **kwargs)
+
+
+def _help(s: Setting) -> str:
+    """The help line with its default, written once here (``HelpFormatter`` adds none)."""
+    if s.action == "store_true":
+        return s.help
+    if s.default is not None:
+        shown = s.default.value if isinstance(s.default, Enum) else s.default
+        return f"{s.help} (default: {shown})"
+    if s.default_text:
+        return f"{s.help} (default: {s.default_text})"
+    return s.help
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Shows each flag's default (unless its help already says it), choices included."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS, []):
+            return text
+        if action.option_strings and action.nargs != 0:
+            return text + " (default: %(default)s)"
+        return text
+
+
+def parser(prog: str, description: str | None = None, **kwargs: Any) -> argparse.ArgumentParser:
+    """An argparse parser for a ``pdd`` command, with defaults shown in ``--help`` (and
+    the description's reStructuredText quotes dropped: it is read in a terminal)."""
+    text = None if description is None else description.replace("``", "")
+    return argparse.ArgumentParser(
+        prog=prog, description=text, formatter_class=HelpFormatter, **kwargs
+    )
+
+
+def flag_table(p: argparse.ArgumentParser) -> str:
+    """A Markdown table of ``p``'s flags and arguments: what docs/configuration.md shows."""
+    formatter = p._get_formatter()
+    rows = ["| Flag | Meaning |", "|---|---|"]
+    for action in p._actions:
+        if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+            continue
+        if isinstance(action, argparse._SubParsersAction):
+            names = ", ".join(f"`{name}`" for name in action.choices)
+            rows.append(f"| {names} | {action.help or 'verbs'} |")
+            continue
+        name = " / ".join(f"`{o}`" for o in action.option_strings) or f"`{action.dest.upper()}`"
+        text = formatter._expand_help(action).replace("|", "\\|")
+        rows.append(f"| {name} | {text} |")
+    return "\n".join(rows) + "\n"
+
+
+def config_value(document: dict[str, Any], path: str) -> Any:
+    """The value at a dotted path of a config document's wire form (``wan.declaredGbps``)."""
+    value: Any = document
+    for part in path.split("."):
+        value = value[part]
+    return value
+
+
+def settings_table(table: Iterable[Setting], field_prefix: str) -> str:
+    """A Markdown table of settings with their config-document / CRD fields and aliases
+    (a setting read from no field shows none)."""
+    rows = [
+        "| Flag | Field | Also accepted | Default | Meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for s in table:
+        default = s.default if s.default is not None else (s.default_text or "unset")
+        aliases = ", ".join(f"`{a}`" for a in s.aliases) or ""
+        rows.append(
+            f"| `{s.flag}` | {f'`{field_prefix}{s.field}`' if s.field else ''} | {aliases} "
+            f"| {default} "
+            f"| {s.help} |"
+        )
+    return "\n".join(rows) + "\n"
