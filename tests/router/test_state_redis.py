@@ -112,25 +112,61 @@ async def test_other_replicas_counts_are_read_on_a_budget(own_redis):
         await client.aclose()
 
 
-async def test_replicas_that_stop_refreshing_are_pruned_from_the_set(redis_url):
-    """Router pods come and go; the set of replicas holds the live ones only: a reader
-    drops each member whose load hash expired."""
+async def test_replicas_that_stop_refreshing_leave_the_set(redis_url):
+    """Router pods come and go; the set of replicas holds the live ones only: each
+    member's mark expires with its TTL, and any replica's next write drops it, whether
+    or not a replica ever reads the set."""
     client = redis.asyncio.Redis.from_url(redis_url)
     inspect = redis.Redis.from_url(redis_url)
     prefix = f"t-{uuid.uuid4().hex}:"
-    live = RedisLoads(client, "live", 600, prefix)
+    now = 1000.0
+
+    def loads(replica: str, ttl_s: float) -> RedisLoads:
+        return RedisLoads(client, replica, ttl_s, prefix, clock=lambda: now)
+
+    live = loads("live", 600)
     await live.add("md1", 1)
     for pod in range(20):  # each writes once, with a 1 s TTL, and is never heard of again
-        await RedisLoads(client, f"gone-{pod}", 1, prefix).add("md1", 1)
-    reader = RedisLoads(client, "reader", 600, prefix)
+        await loads(f"gone-{pod}", 1).add("md1", 1)
+    reader = loads("reader", 600)
     assert await reader.others() == {"md1": 21}
-    assert inspect.scard(f"{prefix}replicas") == 21
+    assert inspect.zcard(f"{prefix}replicas:seen") == 21
+    now += 2  # the gone pods' marks expired; their load hashes expire in Redis
+    assert await reader.others() == {"md1": 1}  # expired marks are not read
+    await live.publish({"md1": 1})  # the live replica's heartbeat drops them
+    assert inspect.zrange(f"{prefix}replicas:seen", 0, -1) == [b"live"]
     await until(
         lambda: not inspect.keys(f"{prefix}load:gone-*"), "the gone pods' load hashes expiring"
     )
-    assert await reader.others() == {"md1": 1}
-    assert inspect.smembers(f"{prefix}replicas") == {b"live"}
     await client.aclose()
+
+
+async def test_a_hundred_replica_restarts_leave_no_growing_key_set(redis_url):
+    """Each restart is a new replica id (pod names, pids); a replica that stops leaves
+    Redis at once, so the keys after 100 restarts are the keys after one."""
+    inspect = redis.Redis.from_url(redis_url)
+    prefix = f"t-{uuid.uuid4().hex}:"
+    survivor = SharedStore(redis_url, "survivor", ttl_s=600, prefix=prefix, deadline_s=30)
+    await survivor.start()
+    survivor.add_inflight("md1", 1)
+    await survivor.settled()
+    counts = []
+    try:
+        for restart in range(100):
+            replica = SharedStore(
+                redis_url, f"router-{restart}", ttl_s=600, prefix=prefix, deadline_s=30
+            )
+            await replica.start()
+            replica.add_inflight("md1", 1)  # a request in flight on it when it stops
+            await replica.settled()
+            replica.add_inflight("md1", -1)
+            await replica.close()
+            counts.append(len(inspect.keys(f"{prefix}*")))
+        assert counts[-1] == counts[0], counts
+        assert inspect.zrange(f"{prefix}replicas:seen", 0, -1) == [b"survivor"]
+        assert not inspect.keys(f"{prefix}load:router-*")
+    finally:
+        await survivor.close()
 
 
 async def test_shared_store_keeps_serving_without_redis_and_reseeds_it(own_redis):

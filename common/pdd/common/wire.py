@@ -360,6 +360,8 @@ class StateReport(_Wire):
     kv_blocks_cached: int
     kv_blocks_locked: int
     kv_blocks_total: int
+    #: The worker's asyncio tasks now (what a soak watches for growth; not a leak alone).
+    asyncio_tasks: int = 0
 
     @property
     def quiescent(self) -> bool:

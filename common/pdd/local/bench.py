@@ -38,7 +38,7 @@ import httpx
 from pdd.common.kv_codec import KV_CODEC_SETTINGS, KVCodecSetting
 from pdd.common.settings import parser as settings_parser
 from pdd.common.vocabulary import Role
-from pdd.local import link_schedule, plots, quiescence, report
+from pdd.local import link_schedule, plots, quiescence, report, soak
 from pdd.local.chaos import Chaos, ChaosError, ChaosEvent, ChaosTarget, plan
 from pdd.local.cluster import free_port
 from pdd.local.link_schedule import LinkSchedule, LinkScheduleError, LinkViewSampler, Phase
@@ -173,6 +173,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--chaos-events", type=int, default=4, metavar="K", help="events per mode (default 4)"
     )
+    p.add_argument(
+        "--soak", type=soak.parse_duration, metavar="DURATION",
+        help="loop the replay for DURATION (90s, 30m, 1h; one mode), sampling every process's "
+        "memory, fds, tasks, live requests and held KV blocks; writes soak-MODE.json/.png",
+    )  # fmt: skip
+    p.add_argument(
+        "--soak-sample-s", type=float, default=60.0, help="seconds between soak samples (60)"
+    )
     add_stack_flags(p, None)
     return p
 
@@ -219,6 +227,8 @@ def main(argv: list[str]) -> int:
         modes = parse_modes(args)
         args.model = stack_model(args.model)  # once: the fallback is said once
         args.scale_down = parse_roles(args.scale_down)
+        if args.soak is not None and (args.url or len(modes) != 1):
+            raise ScaleDownError("--soak runs one mode (--modes pdd) on a stack bench starts")
         if args.scale_down and args.url:
             raise ScaleDownError("--scale-down stops workers of the stacks bench starts: not --url")
         for mode in modes:  # refused now, before any stack is brought up
@@ -310,7 +320,7 @@ def chaos_schedules(
         )
         for mode in modes
     }
-    if schedules[modes[0]]:
+    if schedules[modes[0]] and args.soak is None:  # a soak compares with its first replay
         raise ChaosError(
             f"--chaos compares with the first mode, left untouched: put mono first "
             f"(--modes mono,{','.join(modes)})"
@@ -340,6 +350,8 @@ def _run_mode(
     stack = LocalStack.start(config, say)
     try:
         target = ReplayTarget(stack.info.base_url, stack.info.model, args.request_timeout_s)
+        if args.soak is not None:
+            return _soak(args, mode, workload, stack, target, out_dir, schedule, phases)
         scale = _scale_down(args, config, stack, len(workload))
         chaos = Chaos(schedule, chaos_target(stack)) if schedule else None
 
@@ -381,6 +393,76 @@ def _run_mode(
         return run
     finally:
         stack.stop()
+
+
+def _soak(
+    args: argparse.Namespace,
+    mode: str,
+    workload: Trace[Job],
+    stack: LocalStack,
+    target: ReplayTarget,
+    out_dir: Path,
+    schedule: list[ChaosEvent] | None,
+    phases: list[Phase] | None,
+) -> report.ModeRun:
+    """Replay ``workload`` again and again until ``--soak`` has passed, sampling what every
+    process holds (``soak``); the last replay's run is the mode's, the soak's own figures
+    go to ``soak-MODE.json`` and its plot to ``soak-MODE.png``."""
+    sampler = soak.ResourceSampler(
+        stack.supervisor.pids, stack.info.workers, stack.secret, stack.info.router_url,
+        args.soak_sample_s, redis_url=stack.config.redis_url,
+    )  # fmt: skip
+    sampler.start()
+    deadline = time.monotonic() + args.soak
+    reference: dict[str, str] | None = None
+    loops = requests = mismatches = unclean = failed = 0
+    run: report.ModeRun | None = None
+    while run is None or time.monotonic() < deadline:
+        chaos = Chaos(schedule, chaos_target(stack)) if schedule else None
+        links = (phases, tuple(stack.info.links.values()), stack.info.router_url)
+        run = asyncio.run(
+            measure(
+                mode, workload, target, stack.info.probes, False,
+                chaos.on_outcome if chaos is not None else None, chaos,
+                links if phases else None,
+            )
+        )  # fmt: skip
+        loops += 1
+        requests += len(run.outcomes)
+        failed += sum(1 for o in run.outcomes if o.error is not None)
+        unclean += sum(1 for o in run.outcomes if o.error is not None and not o.failed_cleanly)
+        texts = {o.key: o.text for o in run.outcomes if o.ok}
+        if reference is None:
+            reference = texts
+        else:
+            mismatches += sum(1 for k, t in texts.items() if k in reference and reference[k] != t)
+        say(f"soak {mode}: replay {loops} done ({requests} requests, {mismatches} mismatches)")
+    sampler.stop()
+    states = asyncio.run(quiescence.settle(stack.info.workers, stack.secret))
+    run.leaks = quiescence.leaks(states)
+    sampler.sample("idle")
+    document = {
+        "mode": mode,
+        "duration_s": args.soak,
+        "sample_s": args.soak_sample_s,
+        "replays": loops,
+        "requests": requests,
+        "failed": failed,
+        "unclean_failures": unclean,
+        "mismatches": mismatches,
+        "chaos": bool(schedule),
+        "link_schedule": bool(phases),
+        "idle": sampler.rows[-1],
+        "leaks": run.leaks,
+        "series": soak.summarize(sampler.rows),
+        "rows": sampler.rows,
+    }
+    report.write_json(document, out_dir / f"soak-{mode}.json")
+    if not args.no_plots:
+        title = f"pdd bench --soak {args.soak:g}s, {mode}: {loops} replays, {requests} requests"
+        soak.plot(sampler.rows, out_dir / f"soak-{mode}.png", title)
+    say(f"soak {mode}: {mismatches} mismatches, {unclean} unclean failures; leaks {run.leaks}")
+    return run
 
 
 def mode_config(args: argparse.Namespace, label: str, log_dir: Path) -> StackConfig:

@@ -8,7 +8,8 @@ which for a stream means when its last byte went out or the client went away.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import contextlib
+from collections.abc import AsyncGenerator, Callable
 
 from pdd.router.errors import TooManyStreamsError
 
@@ -45,11 +46,12 @@ class StreamSlots:
 
 
 async def releasing(
-    body: AsyncIterator[bytes], release: Callable[[], None]
-) -> AsyncIterator[bytes]:
+    body: AsyncGenerator[bytes, None], release: Callable[[], None]
+) -> AsyncGenerator[bytes, None]:
     """``body``, giving the slot back when it ends, fails or is closed (client gone)."""
     try:
-        async for chunk in body:
-            yield chunk
+        async with contextlib.aclosing(body):
+            async for chunk in body:
+                yield chunk
     finally:
         release()

@@ -8,6 +8,7 @@ and scrapers), everything under ``/v1`` needs a key when keys are configured.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
@@ -15,11 +16,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TypeVar
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive, Scope, Send
 
 from pdd.common.openai_protocol import (
     UNRECOGNIZED_FIELD_ERROR,
@@ -60,6 +63,7 @@ def create_app(runtime: RouterRuntime) -> FastAPI:
     app = FastAPI(title="pdd router", lifespan=lifespan)
     app.add_middleware(AccessLogMiddleware)
     slots = StreamSlots(runtime.config.max_streams_per_key, runtime.config.retry_after_s)
+    admission = runtime.admission
     chat = OpenAIServingChat(runtime)
     completions = OpenAIServingCompletion(runtime)
     _install_errors(app, runtime)
@@ -99,10 +103,19 @@ def create_app(runtime: RouterRuntime) -> FastAPI:
     async def serve(
         request: Request, model: type[T], create: Callable[[T], Awaitable[Served]]
     ) -> Response:
-        """Key, stream slot, body, then the response; the slot is held until it is sent."""
-        release = slots.take(_authenticate(runtime, request))
+        """Key, stream slot, body, a slot of the router's capacity (fair per key), then
+        the response; the slots are held until it is sent."""
+        key = _authenticate(runtime, request)
+        releases = [slots.take(key)]
+
+        def release() -> None:
+            for give_back in releases:
+                give_back()
+
         try:
-            return _respond(await create(await _parse(runtime, request, model)), release)
+            parsed = await _parse(runtime, request, model)
+            releases.append(await admission.admit(key))
+            return _respond(await create(parsed), release)
         except BaseException:
             release()
             raise
@@ -164,13 +177,55 @@ async def _parse(runtime: RouterRuntime, request: Request, model: type[T]) -> T:
         raise InvalidRequestError(f"{param}: {first['msg']}", param=param) from exc
 
 
+class ClosingStreamingResponse(StreamingResponse):
+    """A stream whose body is closed when the response ends, however it ends.
+
+    Where the client goes away Starlette cancels the sending task; if that task was in
+    ``send`` (a slow reader: the socket's buffer full), the body generator is left
+    suspended, and only the garbage collector would close it, some time later. Its
+    close is what cancels the request on the workers, so it is done here, at once;
+    then ``closed`` runs (for what a body that never started would leave held)."""
+
+    def __init__(
+        self, body: AsyncIterator[bytes], closed: Callable[[], None], headers: dict[str, str]
+    ) -> None:
+        super().__init__(body, media_type="text/event-stream", headers=headers)
+        self._body = body
+        self._closed = closed
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                close = getattr(self._body, "aclose", None)
+                if close is not None:
+                    await close()
+            self._closed()
+
+
 def _respond(served: Served, release: Callable[[], None]) -> Response:
-    """The response; the request's stream slot is given back once it is all sent."""
+    """The response; the request's stream slot is given back once it is all sent. A
+    stream the client left before its first byte was asked for never ran: its slot and
+    the route's in-flight lease are given back when the response is closed."""
     if isinstance(served.body, BaseModel):
         release()
         return JSONResponse(served.body.model_dump(mode="json"), headers=served.headers)
-    body = releasing(served.body, release)
-    return StreamingResponse(body, media_type="text/event-stream", headers=served.headers)
+    stream, began = served.body, False
+
+    async def body() -> AsyncIterator[bytes]:
+        nonlocal began
+        began = True
+        async with contextlib.aclosing(releasing(stream, release)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    def closed() -> None:
+        release()
+        if not began:
+            served.generation.release()
+
+    return ClosingStreamingResponse(body(), closed, served.headers)
 
 
 def _install_errors(app: FastAPI, runtime: RouterRuntime) -> None:

@@ -190,6 +190,20 @@ class RouterConfig:
             default_text="no limit",
         ),
     )
+    #: Requests the router admits at once, all keys together (``fair_admission``): past
+    #: it a request waits up to ``admission_wait_s`` in its key's queue, served in turn
+    #: with the other keys', then gets a 429. None: no router-wide cap.
+    max_inflight_requests: int | None = field(
+        default=None,
+        metadata=setting(
+            "requests in flight, all keys together, before new ones queue (fair per key)",
+            default_text="no cap",
+        ),
+    )
+    admission_wait_s: float = field(
+        default=0.5,
+        metadata=setting("longest a request queues for a slot before its 429, seconds"),
+    )
     poll_interval_s: float = field(
         default=0.5, metadata=setting("seconds between polls of each worker's load")
     )
@@ -259,7 +273,7 @@ class RouterConfig:
             raise ConfigError(f"instance_capacity must be positive, got {self.instance_capacity}")
         for name in (
             "max_body_bytes", "max_prompt_tokens", "block_size", "max_tokens_limit",
-            "max_streams_per_key",
+            "max_streams_per_key", "max_inflight_requests",
         ):  # fmt: skip
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")

@@ -21,11 +21,12 @@ conversation's next turn often comes sooner.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from pdd.common.openai_protocol import UsageInfo
@@ -163,7 +164,7 @@ class Generation:
     def usage(self) -> UsageInfo:
         return UsageInfo.of(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
 
-    async def deltas(self) -> AsyncIterator[TextDelta]:
+    async def deltas(self) -> AsyncGenerator[TextDelta, None]:
         """The request's text. A failure that names the instances at fault is recovered,
         up to ``MAX_RECOVERIES`` times, invisibly to the client: before the first token by
         routing the request again without them (``redispatch``); after it by resuming on
@@ -175,8 +176,9 @@ class Generation:
         try:
             for attempt in itertools.count(1):
                 try:
-                    async for delta in self._attempt():
-                        yield delta
+                    async with contextlib.aclosing(self._attempt()) as deltas:
+                        async for delta in deltas:
+                            yield delta
                     return
                 except UpstreamError as exc:
                     if not self._may_recover(exc, attempt):
@@ -214,7 +216,7 @@ class Generation:
         )
         self._use(await self._reroute(exclude, attempt, emitted))
 
-    async def _attempt(self) -> AsyncIterator[TextDelta]:
+    async def _attempt(self) -> AsyncGenerator[TextDelta, None]:
         rt = self.runtime
         detok = self._detok
         relay_id = self.plan.relay.instance_id if self.plan.relay else None

@@ -71,6 +71,24 @@ class RouterMetrics:
             ["kind"],
             registry=r,
         )
+        self.admitted = Gauge(
+            "pdd_router_admitted_requests",
+            "Requests holding a slot of the router's capacity (--max-inflight-requests)",
+            registry=r,
+        )
+        self.queued = Gauge(
+            "pdd_router_queued_requests",
+            "Requests waiting for a slot of the router's capacity",
+            registry=r,
+        )
+        self.admitting_keys = Gauge(
+            "pdd_router_admitted_api_keys",
+            "API keys holding at least one slot of the router's capacity",
+            registry=r,
+        )
+        self.asyncio_tasks = Gauge(
+            "pdd_router_asyncio_tasks", "The router's asyncio tasks now", registry=r
+        )
         self.redis_up = Gauge(
             "pdd_router_redis_up",
             "1 when the shared Redis store is reachable (only where one is configured)",

@@ -11,6 +11,7 @@ from pdd.common.vocabulary import Role, ToolCallFormat
 from pdd.common.wan_tls import load_wan_ca
 from pdd.router.config import RouterConfig
 from pdd.router.dispatch import Dispatcher
+from pdd.router.fair_admission import FairAdmission
 from pdd.router.link_health import LinkCondition, LinkHealth, Transition
 from pdd.router.metrics import RouterMetrics
 from pdd.router.policy import PolicyConfig
@@ -48,6 +49,10 @@ class RouterRuntime:
         """``client``: the workers reached another way than TCP (in-process tests)."""
         self.config = config
         self.metrics = RouterMetrics(redis=config.redis_url is not None)
+        #: The router-wide capacity, shared fairly across API keys.
+        self.admission = FairAdmission(
+            config.max_inflight_requests, config.admission_wait_s, config.retry_after_s
+        )
         self.tokenizer: PromptTokenizer = load_prompt_tokenizer(config.model)
         #: How the model writes tool calls: the configured format, else the template's.
         self.tool_call_format: ToolCallFormat | None = config.tool_call_format or detect_format(
@@ -132,6 +137,10 @@ class RouterRuntime:
         return min((n for n in limits if n is not None), default=None)
 
     def refresh_gauges(self) -> None:
+        self.metrics.admitted.set(self.admission.admitted)
+        self.metrics.queued.set(self.admission.queued)
+        self.metrics.admitting_keys.set(len(self.admission.held))
+        self.metrics.asyncio_tasks.set(len(asyncio.all_tasks()))
         self.metrics.redis_reads_waiting.set(self.store.reads_waiting)
         view = self.link_estimator.link()
         self.metrics.link_goodput.labels(WAN_LINK).set(view.effective_gbps * 1e9 / 8)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from pdd.common.openai_protocol import UsageInfo
 from pdd.router.generation import Generation, TextDelta
@@ -32,11 +32,12 @@ class Samples:
         self._start = start
         self.generations: list[Generation] = [first]
 
-    async def deltas(self) -> AsyncIterator[tuple[int, TextDelta]]:
+    async def deltas(self) -> AsyncGenerator[tuple[int, TextDelta], None]:
         """Every sample's deltas, each tagged with its choice index, as they arrive."""
         if self.n == 1:
-            async for delta in self.first.deltas():
-                yield 0, delta
+            async with contextlib.aclosing(self.first.deltas()) as deltas:
+                async for delta in deltas:
+                    yield 0, delta
             return
         queue: asyncio.Queue[tuple[int, TextDelta | _Done | BaseException]] = asyncio.Queue()
         tasks = [asyncio.create_task(self._pump(0, self.first, queue))]

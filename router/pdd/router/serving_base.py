@@ -9,9 +9,10 @@ stream they become an ``ErrorResponse`` frame followed by ``[DONE]``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -49,7 +50,7 @@ class Choice:
 @dataclass(frozen=True)
 class Served:
     generation: Generation
-    body: BaseModel | AsyncIterator[bytes]
+    body: BaseModel | AsyncGenerator[bytes, None]
 
     @property
     def headers(self) -> dict[str, str]:
@@ -243,12 +244,13 @@ class OpenAIServing:
             for text, finish, entries in zip(texts, finishes, logprobs, strict=True)
         ]
 
-    async def sse(self, frames: AsyncIterator[BaseModel]) -> AsyncIterator[bytes]:
+    async def sse(self, frames: AsyncGenerator[BaseModel, None]) -> AsyncGenerator[bytes, None]:
         """SSE bytes of ``frames``, then ``[DONE]``; an error mid-stream becomes one
         ``ErrorResponse`` frame (the status line has already gone out)."""
         try:
-            async for frame in frames:
-                yield sse_frame(frame)
+            async with contextlib.aclosing(frames):
+                async for frame in frames:
+                    yield sse_frame(frame)
         except RouterError as exc:
             self.runtime.metrics.rejected.labels(exc.cause).inc()
             _note_refusal(exc.cause, exc.message)

@@ -10,8 +10,9 @@ text.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from pdd.common.openai_protocol import (
@@ -125,7 +126,7 @@ class OpenAIServingChat(OpenAIServing):
 
     async def _chunks(
         self, request: ChatCompletionRequest, samples: Samples, fmt: ToolCallFormat | None
-    ) -> AsyncIterator[ChatCompletionChunk]:
+    ) -> AsyncGenerator[ChatCompletionChunk, None]:
         rid = new_id("chatcmpl")
 
         def chunk(
@@ -148,24 +149,25 @@ class OpenAIServingChat(OpenAIServing):
         held: list[list[TokenLogprobEntry]] = [[] for _ in range(samples.n)]
         for index in range(samples.n):
             yield chunk(index, DeltaMessage(role="assistant", content=""))
-        async for index, delta in samples.deltas():
-            stream = streams[index]
-            if stream is None:
-                if delta.text or delta.finish_reason:
-                    content = DeltaMessage(content=delta.text or None)
-                    yield chunk(index, content, delta.finish_reason, delta.logprobs)
-                continue
-            held[index] += delta.logprobs
-            events = stream.feed(delta.text)
-            if delta.finish_reason:
-                events += stream.finish()
-            for event in events:
-                if request.parallel_tool_calls or not _later_call(event):
-                    yield chunk(index, _delta_of(event), entries=held[index])
-                    held[index] = []
-            if delta.finish_reason:
-                finish = _finish_reason(delta.finish_reason, stream.calls > 0)
-                yield chunk(index, DeltaMessage(), finish, held[index])
+        async with contextlib.aclosing(samples.deltas()) as deltas:
+            async for index, delta in deltas:
+                stream = streams[index]
+                if stream is None:
+                    if delta.text or delta.finish_reason:
+                        content = DeltaMessage(content=delta.text or None)
+                        yield chunk(index, content, delta.finish_reason, delta.logprobs)
+                    continue
+                held[index] += delta.logprobs
+                events = stream.feed(delta.text)
+                if delta.finish_reason:
+                    events += stream.finish()
+                for event in events:
+                    if request.parallel_tool_calls or not _later_call(event):
+                        yield chunk(index, _delta_of(event), entries=held[index])
+                        held[index] = []
+                if delta.finish_reason:
+                    finish = _finish_reason(delta.finish_reason, stream.calls > 0)
+                    yield chunk(index, DeltaMessage(), finish, held[index])
         if request.include_usage_in_stream:
             yield ChatCompletionChunk(
                 id=rid, model=request.model, choices=[], usage=samples.usage()

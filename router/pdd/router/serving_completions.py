@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import contextlib
+from collections.abc import AsyncGenerator, Sequence
 
 from pdd.common.openai_protocol import (
     CompletionChoice,
@@ -63,7 +64,7 @@ class OpenAIServingCompletion(OpenAIServing):
 
     async def _chunks(
         self, request: CompletionRequest, samples: Samples, echo: str
-    ) -> AsyncIterator[CompletionResponse]:
+    ) -> AsyncGenerator[CompletionResponse, None]:
         rid = new_id("cmpl")
 
         def frame(
@@ -81,11 +82,12 @@ class OpenAIServingCompletion(OpenAIServing):
             for index in range(samples.n):
                 yield frame(index, echo)
         offsets = [0] * samples.n  # where each choice's next token text starts in its output
-        async for index, delta in samples.deltas():
-            if delta.text or delta.finish_reason:
-                logprobs = self._logprobs(request, delta.logprobs, offsets[index])
-                if logprobs is not None:
-                    offsets[index] += sum(len(t) for t in logprobs.tokens)
-                yield frame(index, delta.text, delta.finish_reason, logprobs)
+        async with contextlib.aclosing(samples.deltas()) as deltas:
+            async for index, delta in deltas:
+                if delta.text or delta.finish_reason:
+                    logprobs = self._logprobs(request, delta.logprobs, offsets[index])
+                    if logprobs is not None:
+                        offsets[index] += sum(len(t) for t in logprobs.tokens)
+                    yield frame(index, delta.text, delta.finish_reason, logprobs)
         if request.include_usage_in_stream:
             yield CompletionResponse(id=rid, model=request.model, choices=[], usage=samples.usage())

@@ -13,7 +13,8 @@ P's stream is read on in the background until it comes (bounded by the request's
 deadline): the KV is still crossing the line, and the router counts it there until
 then. Whenever the stream ends before the request finished (client disconnect,
 timeout, failure), the request is cancelled on every worker it touched, so their KV
-and locks are freed.
+and locks are freed: after its start at the entry has settled (a cancel sent first
+would find nothing there), and retried where the connection failed.
 """
 
 from __future__ import annotations
@@ -79,11 +80,14 @@ async def relay_tokens(
     deadline = asyncio.get_running_loop().time() + timeout_s
     p_reported = asyncio.Event()  # P's report (or its stream's end) was read
     listeners = (on_link_fault, on_kv_shipped)
+    entry = plan.main if plan.pipeline == "mono" else plan.prefill
+    assert entry is not None  # PipelinePlan's validator guarantees it
+    # Its own task, so a client gone mid-POST does not abort it half-sent: the cancel
+    # below waits for it and so reaches the entry after the plan, never before.
+    started = asyncio.create_task(client.start(entry.http_url, plan))
     try:
-        entry = plan.main if plan.pipeline == "mono" else plan.prefill
-        assert entry is not None  # PipelinePlan's validator guarantees it
         try:
-            await client.start(entry.http_url, plan)
+            await asyncio.shield(started)
         except WorkerCallError as exc:
             if exc.error_type == GRAMMAR_ERROR_TYPE:  # the request's fault: no retry helps
                 raise InvalidRequestError(exc.message, param="response_format") from exc
@@ -99,7 +103,7 @@ async def relay_tokens(
         for task in readers[:-1] if awaits_p else readers:
             task.cancel()
         if not merger.finished:
-            _spawn(_cancel_everywhere(plan, client))
+            _spawn(_cancel_everywhere(plan, client, started))
         if awaits_p:
             _spawn(_p_report(plan, queue, deadline, listeners, readers[-1], on_reports_over))
         elif on_reports_over is not None:
@@ -265,7 +269,14 @@ async def _read(
     queue.put_nowait(_StreamEnd(endpoint.instance_id, broken))
 
 
-async def _cancel_everywhere(plan: PipelinePlan, client: WorkerClient) -> None:
+async def _cancel_everywhere(
+    plan: PipelinePlan, client: WorkerClient, started: asyncio.Future[None]
+) -> None:
+    """Cancel the request on every instance of its plan, once its start has settled (a
+    cancel that overtook the plan would find nothing to stop at the entry; the relay
+    and MD, which P's ``prepare`` may reach after their cancel, remember it instead)."""
+    with contextlib.suppress(Exception):
+        await started
     endpoints = [e for e in (plan.prefill, plan.relay, plan.main) if e is not None]
     await asyncio.gather(*(client.cancel(e.http_url, plan.request_id) for e in endpoints))
 

@@ -9,7 +9,7 @@ in words (whose certificate, OpenSSL's reason), not as a bare exception.
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import ssl
 from collections.abc import AsyncIterator
 
@@ -56,6 +56,10 @@ def failure(exc: httpx.HTTPError) -> str:
 #: (its keep-alive timeout is 5 s); reusing one the server is closing at that moment
 #: fails the request with a bare ReadError before a byte is sent.
 KEEPALIVE_EXPIRY_S = 2.0
+#: How many times a cancel is sent before the router gives up on reaching the worker,
+#: and the pause before the next try (times the attempt number).
+CANCEL_ATTEMPTS = 3
+CANCEL_RETRY_S = 0.2
 
 
 class WorkerClient:
@@ -117,9 +121,19 @@ class WorkerClient:
         await self._post(f"{http_url}/v1/pdd/requests/{request_id}/takeover", "{}", expect=200)
 
     async def cancel(self, http_url: str, request_id: str) -> None:
-        """Best effort: the request may already have finished there (404 is fine)."""
-        with contextlib.suppress(httpx.HTTPError):
-            await self._http.delete(f"{http_url}/v1/pdd/requests/{request_id}")
+        """Tell the worker to stop the request; any answer will do (404: it already
+        ended there). A cancel lost on the way leaves the request running for nobody, so
+        one that got no answer (a pooled connection the worker was closing, a timeout on
+        a loaded machine) is sent again, ``CANCEL_ATTEMPTS`` times in all."""
+        url = f"{http_url}/v1/pdd/requests/{request_id}"
+        for attempt in range(1, CANCEL_ATTEMPTS + 1):
+            try:
+                await self._http.delete(url)
+                return
+            except httpx.HTTPError:
+                if attempt == CANCEL_ATTEMPTS:
+                    return  # the worker is unreachable: its own timeouts free the request
+                await asyncio.sleep(CANCEL_RETRY_S * attempt)
 
     async def _post(self, url: str, body: str, expect: int) -> None:
         headers = {"Content-Type": "application/json"}

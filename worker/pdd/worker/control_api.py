@@ -23,6 +23,7 @@ from pdd.worker.engine.request import RequestError
 from pdd.worker.metrics import CONTENT_TYPE_LATEST
 from pdd.worker.roles.base import NoSuchRequestError, RoleBase, RoleMismatchError
 from pdd.worker.roles.cache_feed import CacheFeed
+from pdd.worker.roles.cancellations import RequestCancelledError
 
 
 class ApiError(Exception):
@@ -146,6 +147,10 @@ def _install_errors(app: FastAPI) -> None:
     @app.exception_handler(ValueError)
     async def bad_value(_: Request, exc: ValueError) -> JSONResponse:
         return _error(400, "invalid_request", str(exc))
+
+    @app.exception_handler(RequestCancelledError)
+    async def cancelled(_: Request, exc: RequestCancelledError) -> JSONResponse:
+        return _error(409, "cancelled", str(exc))
 
     @app.exception_handler(NoSuchRequestError)
     async def unknown(_: Request, exc: NoSuchRequestError) -> JSONResponse:

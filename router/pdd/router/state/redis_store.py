@@ -6,9 +6,12 @@ Layout (every key under ``prefix``, default ``pdd:``):
 * ``idx:i:<instance>``: ZSET hash scored by last seen; for clear and expiry.
 * ``load:<replica>``: HASH instance -> requests that replica has in flight; it
   expires unless the replica refreshes it, so a dead replica's load fades out.
-* ``replicas``: SET of replica ids with a load hash. A reader that finds a member's
-  hash gone (expired: the replica stopped refreshing it) removes the member, so the
-  set holds the live replicas, not every replica that ever ran.
+* ``replicas:seen``: ZSET replica id -> when its entry expires (Unix time: its last
+  write plus its load TTL). Every write and heartbeat drops the expired members, and
+  the key itself expires with the last of them, so a replica that is gone (SIGKILLed,
+  rescheduled under a new id) leaves the set within its TTL even if no other replica
+  ever reads it, and one that stops cleanly leaves at once (``leave``). However often
+  replicas restart, the set holds the live ones.
 
 Index keys also carry a Redis TTL, so entries of instances nobody expires any more
 cannot pile up. The client is ``redis.asyncio``: every call here is a coroutine and
@@ -19,10 +22,12 @@ outage means.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 
 #: Hashes looked up per round trip; a chain usually breaks early, so small batches.
 _LOOKUP_BATCH = 64
@@ -104,19 +109,34 @@ class RedisLoads:
     """Per-replica in-flight counts; a reader sums every other live replica's hash (its
     own counts it has in memory, fresher than what it last wrote)."""
 
-    def __init__(self, client: Redis, replica_id: str, ttl_s: float, prefix: str = "pdd:") -> None:
+    def __init__(
+        self,
+        client: Redis,
+        replica_id: str,
+        ttl_s: float,
+        prefix: str = "pdd:",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._r = client
         self._key = f"{prefix}load:{replica_id}"
-        self._replicas = f"{prefix}replicas"
+        self._replicas = f"{prefix}replicas:seen"
         self._prefix = prefix
         self._replica_id = replica_id
         self._ttl = max(1, int(ttl_s))
+        self._clock = clock  # Unix time: replicas on other hosts compare it
+
+    def _seen(self, pipe: Pipeline) -> None:
+        """Mark this replica alive for a TTL, and drop those whose mark expired."""
+        now = self._clock()
+        pipe.zadd(self._replicas, {self._replica_id: now + self._ttl})
+        pipe.zremrangebyscore(self._replicas, "-inf", now)
+        pipe.expire(self._replicas, self._ttl)  # gone with the last live replica
 
     async def add(self, instance: str, delta: int) -> None:
         pipe = self._r.pipeline(transaction=False)
         pipe.hincrby(self._key, instance, delta)
         pipe.expire(self._key, self._ttl)
-        pipe.sadd(self._replicas, self._replica_id)
+        self._seen(pipe)
         await pipe.execute()
 
     async def publish(self, counts: dict[str, int]) -> None:
@@ -126,28 +146,26 @@ class RedisLoads:
         if counts:
             pipe.hset(self._key, mapping=dict[Any, Any](counts))  # redis-py types keys narrowly
         pipe.expire(self._key, self._ttl)
-        pipe.sadd(self._replicas, self._replica_id)
+        self._seen(pipe)
+        await pipe.execute()
+
+    async def leave(self) -> None:
+        """This replica stops: its counts and its id go now, not a TTL later."""
+        pipe = self._r.pipeline(transaction=True)
+        pipe.delete(self._key)
+        pipe.zrem(self._replicas, self._replica_id)
         await pipe.execute()
 
     async def others(self) -> dict[str, int]:
-        """The other live replicas' counts summed; members whose hash expired are pruned.
-
-        A replica with nothing in flight has no hash either (Redis drops empty hashes),
-        so it may be pruned too; it adds itself back on its next write or heartbeat, and
-        had nothing to count meanwhile."""
-        members: set[bytes] = await self._r.smembers(self._replicas)  # type: ignore[assignment]
+        """The other live replicas' counts summed (those whose mark has not expired)."""
+        members: list[bytes] = await self._r.zrangebyscore(self._replicas, self._clock(), "+inf")  # type: ignore[assignment]
         replicas = [r for r in (m.decode() for m in members) if r != self._replica_id]
         pipe = self._r.pipeline(transaction=False)
         for replica in replicas:
             pipe.hgetall(f"{self._prefix}load:{replica}")
         totals: dict[str, int] = {}
-        gone: list[str] = []
-        for replica, counts in zip(replicas, await pipe.execute(), strict=True):
-            if not counts:
-                gone.append(replica)
+        for counts in await pipe.execute():
             for instance, n in counts.items():
                 name = instance.decode()
                 totals[name] = totals.get(name, 0) + int(n)
-        if gone:
-            await self._r.srem(self._replicas, *gone)
         return {i: n for i, n in totals.items() if n > 0}

@@ -189,6 +189,8 @@ class SharedStore:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._up:  # leave the replica set now (a killed replica's entry expires)
+            await self._call(self._loads.leave, self._deadline_s)
         await self._client.aclose()
 
     async def _read(self, op: Callable[[], Awaitable[T]]) -> T | None:

@@ -25,6 +25,7 @@ from pdd.worker.engine.request import UnknownRequestError
 from pdd.worker.engine.sampling import SamplingParams
 from pdd.worker.engine_runner import EngineRunner
 from pdd.worker.metrics import WorkerMetrics, loop_time
+from pdd.worker.roles.cancellations import CancelledRequests
 from pdd.worker.roles.protocol import send_error, split_addr
 from pdd.worker.roles.streams import StreamHub
 from pdd.worker.transport import (
@@ -144,6 +145,8 @@ class RoleBase:
         self.fast_counters = ByteCounters()
         self._tasks: set[asyncio.Task] = set()
         self.live: set[str] = set()  # requests holding engine or transfer state here
+        #: Cancels seen here, so a request that arrives after its cancel is refused.
+        self.cancelled = CancelledRequests(ttl_s=2 * settings.transfer_timeout_s)
         self.ops: dict[str, OpHandler] = {}
         #: Set by ``WorkerInstance.drain``: no new work is routed here; what runs finishes.
         self.draining = False
@@ -156,6 +159,14 @@ class RoleBase:
         raise RoleMismatchError(f"a {self.role} instance does not accept plans")
 
     async def cancel(self, request_id: str) -> None:
+        """Stop ``request_id`` here and free what it holds; NoSuchRequestError when it is
+        not (or no longer, or not yet) here. The cancel is recorded either way: it may
+        have overtaken the request, which is then refused when it arrives."""
+        self.cancelled.add(request_id)
+        await self.stop_request(request_id)
+
+    async def stop_request(self, request_id: str) -> None:
+        """The role's part of ``cancel``."""
         raise NoSuchRequestError(request_id)
 
     async def handoff(self, request_id: str, token_ids: list[int]) -> None:
@@ -214,6 +225,7 @@ class RoleBase:
             kv_blocks_cached=s.num_cached_blocks,
             kv_blocks_locked=s.num_locked_blocks,
             kv_blocks_total=s.num_total_blocks,
+            asyncio_tasks=len(asyncio.all_tasks()),
         )
 
     def refresh_gauges(self) -> None:

@@ -25,7 +25,7 @@ from pdd.worker.engine.request import RequestError
 from pdd.worker.roles.base import NoSuchRequestError, RoleBase
 from pdd.worker.roles.kv_receiver import KVReceiveError, first_position_logprobs, receive_kv
 from pdd.worker.roles.landing import LandingKV
-from pdd.worker.roles.protocol import FLAG_FINAL, FLAG_FINISHED, expect, send_meta
+from pdd.worker.roles.protocol import FLAG_FINAL, FLAG_FINISHED, expect, send_error, send_meta
 from pdd.worker.roles.session import DecodeSession
 from pdd.worker.transport import (
     Channel,
@@ -73,9 +73,12 @@ class MainDecodeRole(RoleBase):
         once all of it is in, False when the transfer failed."""
         plan = PipelinePlan.model_validate(msg.get("plan"))
         rid = plan.request_id
+        self.meter_wan(channel, Role.PREFILL, sends=False)  # P -> MD always crosses the WAN
+        if rid in self.cancelled:  # its cancel overtook P's prepare
+            await send_error(channel, rid, "cancelled", f"request {rid!r} was cancelled")
+            return False
         self.live.add(rid)
         self.hub.get(rid).start()
-        self.meter_wan(channel, Role.PREFILL, sends=False)  # P -> MD always crosses the WAN
         entry = self._entry(rid)
         use_cache = plan.pipeline != Pipeline.NAIVE
         try:
@@ -87,6 +90,10 @@ class MainDecodeRole(RoleBase):
         except KVReceiveError as exc:
             self._end(rid, error=str(exc), culprit=exc.culprit)
             return False
+        if rid in self.cancelled:  # cancelled while its KV came in: nobody reads it
+            await self.abort_engine_request(rid)
+            self._end(rid, error="cancelled")
+            return True
         entry.prefill_hit = received.prefill_hit
         entry.md_hit = received.hit if use_cache else None
         entry.logprobs = first_position_logprobs(received)
@@ -261,7 +268,7 @@ class MainDecodeRole(RoleBase):
         if request_id not in self.live:
             self.requests.pop(request_id, None)
 
-    async def cancel(self, request_id: str) -> None:
+    async def stop_request(self, request_id: str) -> None:
         if request_id not in self.requests:
             raise NoSuchRequestError(request_id)
         await self.abort_engine_request(request_id)

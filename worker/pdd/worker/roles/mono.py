@@ -23,6 +23,7 @@ class MonoRole(RoleBase):
         rid = plan.request_id
         if rid in self.sessions:
             raise ValueError(f"request {rid!r} is already running here")
+        self.cancelled.check(rid)  # its cancel overtook it
         session = DecodeSession(rid, self.hub)
         n, params = len(plan.prompt_ids), sampling_params(plan)
 
@@ -52,7 +53,7 @@ class MonoRole(RoleBase):
         self.sessions.pop(rid, None)
         self.live.discard(rid)
 
-    async def cancel(self, request_id: str) -> None:
+    async def stop_request(self, request_id: str) -> None:
         session = self.sessions.get(request_id)
         if session is None:
             raise NoSuchRequestError(request_id)

@@ -45,7 +45,7 @@ from pdd.common.vocabulary import LinkFault, Pipeline, Role
 from pdd.common.wire import Endpoint, KVShipment, PipelinePlan, TokenEvent, TokenLogprobs
 from pdd.worker.engine import Engine
 from pdd.worker.engine.request import RequestOutput
-from pdd.worker.roles.base import RoleBase, sampling_params
+from pdd.worker.roles.base import NoSuchRequestError, RoleBase, sampling_params
 from pdd.worker.roles.protocol import ProtocolError, expect_meta, int_field, send_meta
 from pdd.worker.transport import (
     Channel,
@@ -60,10 +60,6 @@ from pdd.worker.transport.pool import ChannelPool
 log = logging.getLogger(__name__)
 
 PREFILL_PIPELINES = (Pipeline.P_RLD_MD, Pipeline.P_MD, Pipeline.P_RLD, Pipeline.NAIVE)
-
-
-class PrefillCancelled(Exception):
-    """The request was cancelled before its prefill sampled the first token."""
 
 
 @dataclass(frozen=True)
@@ -196,8 +192,8 @@ class PrefillRole(RoleBase):
         super().__init__(*args, **kwargs)
         #: Warm channels to each MD across the WAN (``ChannelPool``: why a pool).
         self.wan_pool = ChannelPool()
-        #: Each prefilling request's first token, until it comes (``cancel`` fails it).
-        self._firsts: dict[str, asyncio.Future[Prefilled]] = {}
+        #: Each live request's work (``_prefill_and_ship``), so a cancel stops it in any state.
+        self._works: dict[str, asyncio.Future] = {}
 
     async def close(self) -> None:
         await super().close()
@@ -208,37 +204,49 @@ class PrefillRole(RoleBase):
             raise ValueError(f"a prefill instance runs {PREFILL_PIPELINES}, not {plan.pipeline}")
         if plan.request_id in self.live:
             raise ValueError(f"request {plan.request_id!r} is already running here")
+        self.cancelled.check(plan.request_id)  # its cancel overtook it
         self.live.add(plan.request_id)
         if plan.ships_kv_over_wan:
             self.hub.get(plan.request_id).start()  # its reader waits for a report or the end
         self.spawn(self._run(with_seed(plan)), f"prefill-{plan.request_id}")
 
-    async def cancel(self, request_id: str) -> None:
-        """Abort the prefill; one still computing never samples its first token, so its
-        transfers (streaming what was written so far) end with it."""
-        await self.abort_engine_request(request_id)
-        first = self._firsts.get(request_id)
-        if first is not None and not first.done():
-            first.set_exception(PrefillCancelled(f"request {request_id!r} was cancelled"))
+    async def stop_request(self, request_id: str) -> None:
+        """Stop the request's work wherever it is: queued for prefill (the engine's abort
+        alone would leave it waiting for a first token that never comes), shipping KV
+        (the receivers see the channel close and let go), or waiting for an answer.
+        Only the work is cancelled, never the run's cleanup (``_run``), which then aborts
+        the request in the engine, freeing its KV, and forgets it."""
+        work = self._works.get(request_id)
+        if work is None:
+            raise NoSuchRequestError(request_id)
+        work.cancel()
 
     async def _run(self, plan: PipelinePlan) -> None:
-        """Prefill and each path run at once; a slow WAN handshake never delays the relay."""
+        """The request's work, then, however it ended, its cleanup."""
         rid = plan.request_id
-        prefill = asyncio.ensure_future(self._prefill(plan))
+        work = asyncio.ensure_future(self._prefill_and_ship(plan))
+        self._works[rid] = work
         try:
-            paths = [self._path(plan, t, prefill) for t in targets_of(plan)]
-            await asyncio.gather(prefill, *paths)
-        except PrefillCancelled:
-            log.info("prefill of %s cancelled", rid)
-        except Exception:
-            log.exception("prefill of %s failed", rid)
+            await asyncio.wait({work})
+            if not work.cancelled() and work.exception() is not None:
+                log.error("prefill of %s failed", rid, exc_info=work.exception())
         finally:
-            prefill.cancel()
+            work.cancel()  # the run itself was cancelled (the worker is closing)
+            del self._works[rid]
             await self.abort_engine_request(rid)  # releases the held KV (finished or not)
             self.runner.unsubscribe(rid)
             self.live.discard(rid)
             if plan.ships_kv_over_wan:
                 self.hub.get(rid).close()  # the router's reader of P's reports stops
+
+    async def _prefill_and_ship(self, plan: PipelinePlan) -> None:
+        """Prefill and each path run at once; a slow WAN handshake never delays the relay."""
+        prefill = asyncio.ensure_future(self._prefill(plan))
+        try:
+            paths = [self._path(plan, t, prefill) for t in targets_of(plan)]
+            await asyncio.gather(prefill, *paths)
+        finally:
+            prefill.cancel()
 
     async def _path(self, plan: PipelinePlan, target: Target, prefill: asyncio.Future) -> None:
         """One receiver: open (or take a warm) channel, announce the request, ship its miss.
@@ -315,14 +323,10 @@ class PrefillRole(RoleBase):
 
         params = sampling_params(plan, max_tokens=1)
         self.runner.subscribe(plan.request_id, on_output)
-        self._firsts[plan.request_id] = first
-        try:
-            await self.runner.call(
-                lambda e: e.add_request(plan.prompt_ids, params, plan.request_id, hold_kv=True)
-            )
-            prefilled = await first
-        finally:
-            self._firsts.pop(plan.request_id, None)
+        await self.runner.call(
+            lambda e: e.add_request(plan.prompt_ids, params, plan.request_id, hold_kv=True)
+        )
+        prefilled = await first
         self.metrics.count_prompt(len(plan.prompt_ids), prefilled.cached_tokens)
         return prefilled
 

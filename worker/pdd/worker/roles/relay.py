@@ -55,6 +55,9 @@ class RelayRole(RoleBase):
     async def _on_prepare(self, channel: Channel, msg: dict[str, Any]) -> None:
         plan = PipelinePlan.model_validate(msg.get("plan"))
         rid = plan.request_id
+        if rid in self.cancelled:  # its cancel overtook P's prepare
+            await send_error(channel, rid, "cancelled", f"request {rid!r} was cancelled")
+            return
         self.live.add(rid)
         self.hub.get(rid).start()
         try:
@@ -63,6 +66,11 @@ class RelayRole(RoleBase):
             )
         except KVReceiveError as exc:
             self.hub.fail(rid, 0, str(exc))
+            self.live.discard(rid)
+            return
+        if rid in self.cancelled:  # cancelled while its KV came in: nobody reads it
+            await self.abort_engine_request(rid)
+            self.hub.get(rid).close()
             self.live.discard(rid)
             return
         first_token = received.first_token
@@ -164,7 +172,7 @@ class RelayRole(RoleBase):
             raise NoSuchRequestError(request_id)
         entry[1].unlimit()
 
-    async def cancel(self, request_id: str) -> None:
+    async def stop_request(self, request_id: str) -> None:
         entry = self.sessions.get(request_id)
         if entry is None:
             raise NoSuchRequestError(request_id)

@@ -78,6 +78,7 @@ class RequestStream:
                     source=self.source,  # the router routes around the instance it names
                     error=f"request never reached this instance within {arrival_timeout_s}s",
                 )
+                self.close()  # so the hub forgets it (else one stream per lost request stays)
                 return
 
 
