@@ -21,6 +21,7 @@ import importlib.util
 import random
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -278,10 +279,10 @@ async def _in_process(tiny: LoadedModel, transfer_timeout_s: float) -> AsyncIter
         yield DataPlane(cluster, cluster.client, cluster.wait_quiescent)
 
 
-@pytest.fixture
-async def cvdp(tiny: LoadedModel) -> AsyncIterator[DataPlane]:
-    """An in-process cluster whose P and ``md`` code the WAN's KV int8 (``--kv-codec``),
-    with ``md_plain``, a main decode left at none; the test must be ``virtual_clock``."""
+@asynccontextmanager
+async def _coded_data_plane(tiny: LoadedModel, codec: str) -> AsyncIterator[DataPlane]:
+    """An in-process cluster whose P and ``md`` run ``--kv-codec codec``, with
+    ``md_plain``, a main decode left at none."""
     specs = [
         WorkerSpec("p", "prefill"),
         WorkerSpec("rld", "relay", wan_facing=True),
@@ -296,33 +297,23 @@ async def cvdp(tiny: LoadedModel) -> AsyncIterator[DataPlane]:
         block_size=BLOCK_SIZE,
         num_blocks=256,
         transfer_timeout_s=TRANSFER_TIMEOUT_S,
-        kv_codecs={"p": "int8", "md": "int8"},
+        kv_codecs={"p": codec, "md": codec},
         max_num_batched_tokens=PREFILL_CHUNK_TOKENS,
     )
     async with cluster:
         yield DataPlane(cluster, cluster.client, cluster.wait_quiescent)
+
+
+@pytest.fixture
+async def cvdp(tiny: LoadedModel) -> AsyncIterator[DataPlane]:
+    """P and ``md`` code the WAN's KV int8, ``md_plain`` stays at none; virtual clock."""
+    async with _coded_data_plane(tiny, "int8") as dp:
+        yield dp
 
 
 @pytest.fixture
 async def avdp(tiny: LoadedModel) -> AsyncIterator[DataPlane]:
-    """An in-process cluster under ``--kv-codec adaptive``: P and ``md`` take whatever
-    codec a plan names (none, int8, int4), ``md_plain`` stays at none; virtual clock."""
-    specs = [
-        WorkerSpec("p", "prefill"),
-        WorkerSpec("rld", "relay", wan_facing=True),
-        WorkerSpec("md", "main", wan_facing=True),
-        WorkerSpec("md_plain", "main", wan_facing=True),
-        WorkerSpec("mono", "mono"),
-    ]
-    cluster = inprocess.InProcessCluster(
-        tiny,
-        specs,
-        LINK,
-        block_size=BLOCK_SIZE,
-        num_blocks=256,
-        transfer_timeout_s=TRANSFER_TIMEOUT_S,
-        kv_codecs={"p": "adaptive", "md": "adaptive"},
-        max_num_batched_tokens=PREFILL_CHUNK_TOKENS,
-    )
-    async with cluster:
-        yield DataPlane(cluster, cluster.client, cluster.wait_quiescent)
+    """Under ``--kv-codec adaptive``: P and ``md`` take whatever codec a plan names (none,
+    int8, int4), ``md_plain`` stays at none; virtual clock."""
+    async with _coded_data_plane(tiny, "adaptive") as dp:
+        yield dp
