@@ -22,9 +22,9 @@ async def test_a_noisy_key_cannot_starve_a_quiet_one():
         order.append(key)
 
     waiting = []
-    for key in ["noisy"] * 5 + ["quiet"]:
+    for queued, key in enumerate(["noisy"] * 5 + ["quiet"], start=1):
         waiting.append(asyncio.create_task(wait(key)))
-        await asyncio.sleep(0)  # queued in this order
+        await until(lambda n=queued: admission.queued == n, f"{key} queued")  # in this order
     assert admission.queued == 6 and admission.admitted == 2
     held[0]()
     held[0]()  # a release is idempotent: this frees nothing more
@@ -59,7 +59,7 @@ async def test_a_full_queue_refuses_at_once():
     admission = FairAdmission(capacity=1, max_wait_s=600.0, retry_after_s=1.0, max_queued=2)
     await admission.admit("a")
     waiting = [asyncio.create_task(admission.admit("a")) for _ in range(2)]
-    await asyncio.sleep(0)
+    await until(lambda: admission.queued == 2, "both waiters queued")
     with pytest.raises(OverloadedError, match="already waiting"):
         await admission.admit("b")
     for task in waiting:

@@ -5,6 +5,7 @@ import asyncio
 
 import pytest
 
+from pdd.testing.waiting import until
 from pdd.worker.engine import Engine
 from pdd.worker.engine.request import FinishReason, RequestOutput
 from pdd.worker.engine.sampling import SamplingParams
@@ -82,5 +83,6 @@ async def test_alive_is_whether_the_engine_is_being_driven(tiny):
             assert runner.alive
         finally:
             runner.stop()
-        await asyncio.sleep(0)  # a cancelled task is done once the loop has run it
+        # a cancelled task is done once the loop has run it
+        await until(lambda r=runner: not r.alive, "the stopped runner's task ended")
         assert not runner.alive
