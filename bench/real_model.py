@@ -19,7 +19,9 @@ where it means something, on ``tiny`` (random weights) beside it:
 - ``free``: the P -> MD path in the engine (export coded, import, decode): greedy
   agreement of 4 chat prompts x 40 tokens with the exact transfer's tokens;
 - ``stack``: through ``pdd up``'s stacks, pdd against mono token for token, with the
-  router's P-MD and P-RLD-MD pipelines (a generous and a tight TTFT budget).
+  router's P-MD and P-RLD-MD pipelines (a generous and a tight TTFT budget);
+- ``openai``: ``json_schema`` answers and tool calls (forced, and ``auto`` with the tool
+  in the system prompt) through ``pdd up``'s stack and the official openai SDK.
 """
 
 from __future__ import annotations
@@ -255,8 +257,9 @@ def codec_quality(
         scored += len(history)
         sub_scored += len(history) if w < variant_windows else 0
         kv.write_tokens(table, 0, prefix)
-        running = {n: round(kl[n] / scored, 7) for n in CODECS}
-        print(f"  window {w + 1}/{windows}: {scored} positions, KL so far {running}", flush=True)
+        running = {n: (round(kl[n] / scored, 7), round(same[n] / scored, 4)) for n in CODECS}
+        print(f"  window {w + 1}/{windows}: {scored} positions, (KL, agreement) so far "
+              f"{running}", flush=True)  # fmt: skip
     return {
         "scored_positions": scored,
         "text_tokens": windows * WINDOW,
@@ -319,6 +322,111 @@ def stack(model: str, prompts: list[list[int]], logs: Path) -> dict[str, Any]:
     }
 
 
+# -- tool calls and json_schema through the openai SDK ---------------------------------
+
+CITIES = [
+    ("France", "Paris"), ("Japan", "Tokyo"), ("Italy", "Rome"), ("Egypt", "Cairo"),
+    ("Canada", "Ottawa"), ("Spain", "Madrid"), ("Kenya", "Nairobi"), ("Peru", "Lima"),
+]  # fmt: skip
+COUNTRY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "country": {"type": "string"},
+        "capital": {"type": "string"},
+        "population_millions": {"type": "number"},
+    },
+    "required": ["country", "capital", "population_millions"],
+    "additionalProperties": False,
+}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "the city's name"}},
+            "required": ["city"],
+        },
+    },
+}
+#: SmolLM2's chat template does not render ``tools``: a user of such a model describes
+#: them in the system prompt, in the Hermes convention the router then reads.
+TOOLS_SYSTEM = (
+    "You are a helpful assistant with access to this tool:\n"
+    + json.dumps(WEATHER_TOOL["function"])
+    + '\nTo call it, answer only <tool_call>{"name": "get_weather", "arguments": '
+    '{"city": "<city>"}}</tool_call>'
+)
+
+
+def openai_outputs(model: str, logs: Path) -> dict[str, Any]:
+    """Through ``pdd up``'s stack (pdd, P-MD or P-RLD-MD as the router chooses) and the
+    official openai SDK, greedy: ``json_schema`` answers (valid against the schema, and
+    right), a forced tool call (``tool_choice`` naming the function: parsed, and naming
+    the asked city), and ``tool_choice: auto`` with the tool described in the system
+    prompt (how often the model calls it, and rightly)."""
+    import jsonschema
+    import openai
+
+    from pdd.local.stack import LocalStack
+
+    config = StackConfig(
+        model=model, port=free_port(), log_dir=logs / "openai", ready_timeout_s=900.0,
+        router_args=("--tool-call-format", "hermes"),
+    )  # fmt: skip
+    stack = LocalStack.start(config, say=lambda _: None)
+    client = openai.OpenAI(base_url=stack.info.base_url, api_key="unused", timeout=600)
+    served = stack.info.model
+    out: dict[str, Any] = {"requests": len(CITIES)}
+    try:
+        valid = right = 0
+        for country, capital in CITIES:
+            answer = client.chat.completions.create(
+                model=served, temperature=0, max_tokens=60,
+                messages=[{"role": "user", "content": f"Give the capital of {country} and its "
+                           "population in millions, as JSON."}],
+                response_format={"type": "json_schema", "json_schema": {
+                    "name": "country", "schema": COUNTRY_SCHEMA, "strict": True}},
+            )  # fmt: skip
+            text = answer.choices[0].message.content or ""
+            try:
+                value = json.loads(text)
+                jsonschema.validate(value, COUNTRY_SCHEMA)
+            except (ValueError, jsonschema.ValidationError):
+                continue
+            valid += 1
+            right += value["capital"].strip().lower() == capital.lower()
+        out["json_schema"] = {"valid": valid, "right_capital": right}
+        for label, choice, system in (
+            ("forced", {"type": "function", "function": {"name": "get_weather"}}, None),
+            ("auto", "auto", TOOLS_SYSTEM),
+        ):
+            called = parsed = right = 0
+            for _, city in CITIES:
+                messages = [{"role": "user", "content": f"What is the weather in {city}?"}]
+                if system is not None:
+                    messages.insert(0, {"role": "system", "content": system})
+                answer = client.chat.completions.create(
+                    model=served, temperature=0, max_tokens=60, messages=messages,  # type: ignore[arg-type]
+                    tools=[WEATHER_TOOL], tool_choice=choice,  # type: ignore[arg-type]
+                )  # fmt: skip
+                calls = answer.choices[0].message.tool_calls or []
+                called += bool(calls)
+                for call in calls[:1]:
+                    try:
+                        args = json.loads(call.function.arguments)  # type: ignore[union-attr]
+                    except ValueError:
+                        continue
+                    parsed += call.function.name == "get_weather" and "city" in args  # type: ignore[union-attr]
+                    right += str(args.get("city", "")).strip().lower() == city.lower()
+            out[f"tool_{label}"] = {"called": called, "parsed": parsed, "right_city": right}
+        print(f"openai {model}: {out}", flush=True)
+    finally:
+        stack.stop()
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--parts", default="parity,codecs,free,stack")
@@ -358,6 +466,8 @@ def main() -> int:
     if "stack" in parts:
         result["stack"] = {n: stack(s, chat_prompts(s), args.logs / n) for n, s in models.items()}
         print(f"stack: {json.dumps(result['stack'])}", flush=True)
+    if "openai" in parts:
+        result["openai"] = {n: openai_outputs(s, args.logs / n) for n, s in models.items()}
     result["seconds"] = time.monotonic() - started
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
