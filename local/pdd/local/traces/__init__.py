@@ -26,7 +26,7 @@ __all__ = [
 
 Format = Literal["claude-code", "mooncake"]
 
-#: The committed sample: ``bench/traces/`` at the checkout's root (the parent of ``common/``).
+#: The committed sample: ``bench/traces/`` at the checkout's root (the parent of ``local/``).
 BUNDLED_TRACES = Path(__file__).resolve().parents[4] / "bench" / "traces"
 
 
