@@ -5,10 +5,10 @@ Deployments, Services, ConfigMaps, Secrets, HorizontalPodAutoscalers (others are
 ignored: they have no process). Output: ``PodPlan``s with everything resolved that
 Kubernetes resolves before a container starts (replicas, the pod's IP, env from
 Secrets and the downward API, ConfigMap and Secret files, volumes) and each cluster's name
-table (``hosts``), so ``pdd.local.pods`` can run them without changing a byte of
+table (``hosts``), so ``pdd.testing.pods`` can run them without changing a byte of
 their command line, environment or config.
 
-Addresses (``Addressing``, for ``pdd.local.pods``): pod ``i`` of cluster ``c`` gets
+Addresses (``Addressing``, for ``pdd.testing.pods``): pod ``i`` of cluster ``c`` gets
 ``10.P.c.(i+1)``, the address every peer and Service name sees (``status.podIP``), and
 ``10.(P+1).c.(i+1)`` on the same interface, the address its node (the runner: probes, the
 test's client) and the WAN gateway use. A Service name resolves to its pods' IPs (headless

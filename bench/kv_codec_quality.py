@@ -1,4 +1,5 @@
-"""What a KV codec costs in quality, measured on a loaded model (tests and bench/kv_codec.py).
+"""What a KV codec costs in quality, measured on a loaded model (bench/kv_codec.py,
+bench/real_model.py and tests/worker/engine/test_kv_codec_quality.py).
 
 All against the same model with exact KV, greedy, after a prompt whose KV went
 through the codec (what MD holds after a coded transfer; the tokens MD then

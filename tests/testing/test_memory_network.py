@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
+from pdd.testing.memory_network import SEGMENT_BYTES, LinkFaults, MemoryNetwork
 from pdd.testing.virtual_time import advance
 from pdd.testing.waiting import until
-from pdd.worker.transport.memory import SEGMENT_BYTES, LinkFaults, MemoryNetwork
 
 pytestmark = [pytest.mark.unit, pytest.mark.virtual_clock]
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pdd.wan.kernel_shaping import (
+from pdd.testing.kernel_shaping import (
     KernelShapingError,
     QdiscStats,
     ShapedLink,
