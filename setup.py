@@ -3,17 +3,18 @@
 `pdd` is an implicit namespace package (no __init__.py at that level) whose
 subpackages live in a folder each: common/pdd/common, worker/pdd/worker,
 router/pdd/router, operator/pdd/operator, simulator/pdd/simulator, local/pdd/local
-(`pdd up`, `pdd bench`), wan/pdd/wan (`pdd wan-link`) and testing/pdd/testing (the
-test harness). The one module at the top, `pdd.cli` (the `pdd` command every image
-runs), lives in cli/pdd. setuptools' declarative `find` cannot map several roots into
-one namespace, so each package is mapped to its folder here. No folder name can
-shadow the standard library: the operator is pdd.operator.
+(`pdd up`), wan/pdd/wan (`pdd wan-link`), bench/pdd/bench (`pdd bench`, beside the
+benchmark scripts in bench/) and testing/pdd/testing (the test harness). The one
+module at the top, `pdd.cli` (the `pdd` command every image runs), lives in cli/pdd.
+setuptools' declarative `find` cannot map several roots into one namespace, so each
+package is mapped to its folder here. No folder name can shadow the standard library:
+the operator is pdd.operator.
 """
 
 from setuptools import find_namespace_packages, setup
 
 COMPONENT_ROOTS = (
-    "common", "worker", "router", "operator", "simulator", "local", "wan", "testing",
+    "common", "worker", "router", "operator", "simulator", "local", "wan", "bench", "testing",
 )
 
 packages: list[str] = []

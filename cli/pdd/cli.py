@@ -22,7 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("pdd.worker.server", "run one worker instance (prefill|relay|main|mono)"),
     "wan-link": ("pdd.wan.cli", "run the WAN link emulator (TCP proxy)"),
     "operator": ("pdd.operator.main", "run the Kubernetes operator, or render manifests"),
-    "bench": ("pdd.local.bench", "replay a trace against a stack and report"),
+    "bench": ("pdd.bench.cli", "replay a trace against a stack and report"),
     "generate": ("pdd.worker.generate_cli", "generate token IDs with the inference core"),
     "tiny-tokenizer": ("pdd.local.tiny_tokenizer", "write the tiny model's tokenizer files"),
     "simulate": ("pdd.simulator.cli", "simulate a datacenter-scale scenario (YAML)"),

@@ -12,7 +12,7 @@ at near-ties: a broken coded transfer would flip clear decisions too.
 On checkpoints trained on the synthetic corpus (``tests/worker/checkpoints.py``),
 whose top two logits are rarely tied, int8 must keep 99% of the tokens free-running
 too: the issue's bar, on the engine's export and import. The same bar through whole
-stacks (router, P, MD, the WAN line), against mono: ``tests/local/test_greedy_agreement.py``.
+stacks (router, P, MD, the WAN line), against mono: ``tests/bench/test_greedy_agreement.py``.
 """
 
 from __future__ import annotations

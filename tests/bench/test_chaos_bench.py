@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from pdd.local import bench
-from pdd.local.chaos import plan
+from pdd.bench import cli as bench
+from pdd.bench.chaos import plan
 from pdd.local.topology import Counts, mode_workers
 
 pytestmark = pytest.mark.slow

@@ -1,7 +1,8 @@
 """PNG plots for people: TTFT CDF per mode, per-request hit ratios, WAN throughput.
 
-matplotlib is imported inside each function (with the Agg backend) so the bench
-module stays importable where matplotlib is not installed.
+matplotlib is imported inside each function (with the Agg backend, through
+``pdd.common.figures``) so the bench module stays importable where matplotlib is not
+installed.
 """
 
 from __future__ import annotations
@@ -10,32 +11,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pdd.bench.report import ModeRun
+from pdd.common.figures import pyplot, save_figure
 from pdd.local.probes import throughput_mbps
-from pdd.local.report import ModeRun
-
-
-def pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(
-    plt: Any, fig: Any, ax: Any, path: Path, title: str, xlabel: str, ylabel: str, grid: bool
-) -> None:
-    """Label, lay out, write and close one figure: the common tail of every plot here."""
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    if grid:
-        ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def ttft_cdf(runs: Sequence[ModeRun], path: Path) -> None:

@@ -11,9 +11,9 @@ import json
 import httpx
 import pytest
 
-from pdd.local.replay import Replayer, ReplayTarget
+from pdd.bench.replay import Replayer, ReplayTarget
+from pdd.bench.synth import Job
 from pdd.local.traces.base import Chain, Spawn, Trace
-from pdd.local.traces.synth import Job
 
 pytestmark = pytest.mark.unit
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from pdd.local import bench, report
-from pdd.local.chaos import WAN, plan
-from pdd.local.replay import Outcome
+from pdd.bench import cli as bench
+from pdd.bench import report
+from pdd.bench.chaos import WAN, plan
+from pdd.bench.replay import Outcome
 from pdd.local.topology import Counts, mode_workers
 
 pytestmark = pytest.mark.unit

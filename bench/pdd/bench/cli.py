@@ -35,16 +35,17 @@ from typing import Any
 
 import httpx
 
+from pdd.bench import link_schedule, plots, quiescence, report, soak
+from pdd.bench.chaos import Chaos, ChaosError, ChaosEvent, ChaosTarget, plan
+from pdd.bench.link_schedule import LinkSchedule, LinkScheduleError, LinkViewSampler, Phase
+from pdd.bench.replay import Outcome, Replayer, ReplayTarget
+from pdd.bench.scale_down import ScaleDown, ScaleDownError, parse_roles, pick_victims
+from pdd.bench.synth import Job, Scaling, ScalingError, synthesize
 from pdd.common.kv_codec import KV_CODEC_SETTINGS, KVCodecSetting
 from pdd.common.settings import parser as settings_parser
 from pdd.common.vocabulary import Role
-from pdd.local import link_schedule, plots, quiescence, report, soak
-from pdd.local.chaos import Chaos, ChaosError, ChaosEvent, ChaosTarget, plan
 from pdd.local.cluster import free_port
-from pdd.local.link_schedule import LinkSchedule, LinkScheduleError, LinkViewSampler, Phase
 from pdd.local.probes import Probes, WanSampler, delta, summed
-from pdd.local.replay import Outcome, Replayer, ReplayTarget
-from pdd.local.scale_down import ScaleDown, ScaleDownError, parse_roles, pick_victims
 from pdd.local.stack import LocalStack, StackInfo, StackStartError
 from pdd.local.topology import (
     CROSS_DATACENTER,
@@ -57,7 +58,6 @@ from pdd.local.topology import (
 )
 from pdd.local.traces import TraceFormatError, bundled_traces, detect, load_trace
 from pdd.local.traces.base import Trace, ideal_hit_ratios
-from pdd.local.traces.synth import Job, Scaling, ScalingError, synthesize
 from pdd.local.up import add_stack_flags, say, stack_config, stack_model
 
 #: Synthesized tokens per trace block, by format: both land prompts at a few hundred

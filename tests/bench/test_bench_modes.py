@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from pdd.bench import cli as bench
 from pdd.common.kv_codec import KV_CODECS
-from pdd.local import bench
 from pdd.local.topology import stack_deployment
 
 pytestmark = pytest.mark.integration  # mode_config draws a free port (binds a socket)

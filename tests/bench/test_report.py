@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from pdd.local import plots, report
+from pdd.bench import plots, report
+from pdd.bench.replay import Outcome
 from pdd.local.probes import by_label, delta, flatten, throughput_mbps, total
-from pdd.local.replay import Outcome
 
 pytestmark = pytest.mark.unit
 

@@ -31,9 +31,9 @@ from typing import Any
 
 import httpx
 
+from pdd.bench.replay import Outcome
 from pdd.common.stats import percentile
 from pdd.local.probes import Samples, by_label, flatten
-from pdd.local.replay import Outcome
 
 #: The value that cuts the line in a schedule entry.
 CUT = "cut"

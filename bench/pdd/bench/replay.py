@@ -21,8 +21,8 @@ from typing import Literal
 
 import httpx
 
+from pdd.bench.synth import Job
 from pdd.local.traces.base import Chain, Trace
-from pdd.local.traces.synth import Job
 
 #: How a request failed, as the client saw it: an OpenAI error body with an error status
 #: (``body``) or an SSE error frame mid-stream (``frame``) are the clean ways; an error

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from pdd.bench import quiescence
+from pdd.bench.report import share_of_equal_positions
 from pdd.common.openai_protocol import TOKEN_ID_PREFIX
-from pdd.local import quiescence
 from pdd.local.probes import summed, total
-from pdd.local.report import share_of_equal_positions
 from pdd.local.stack import LocalStack, Say
 from pdd.local.topology import StackConfig
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from pdd.bench.synth import Scaling, ScalingError, TokenSynthesizer, synthesize
 from pdd.local.traces.base import Chain, Spawn, Trace, TraceRequest
-from pdd.local.traces.synth import Scaling, ScalingError, TokenSynthesizer, synthesize
 
 pytestmark = pytest.mark.unit
 

@@ -32,9 +32,9 @@ from typing import Any, Literal
 
 import httpx
 
+from pdd.bench.scale_down import Worker
 from pdd.common.vocabulary import Role
 from pdd.local.probes import flatten, total
-from pdd.local.scale_down import Worker
 from pdd.local.supervisor import Child
 
 EventKind = Literal["kill", "cut"]

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
+from pdd.bench.greedy_agreement import StackGreedy, run_greedy
 from pdd.common.cost_model import kv_bytes_per_token
 from pdd.common.vocabulary import Pipeline
 from pdd.local.cluster import free_port
-from pdd.local.greedy_agreement import StackGreedy, run_greedy
 from pdd.local.topology import StackConfig
 
 pytestmark = pytest.mark.slow

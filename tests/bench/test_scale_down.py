@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from pdd.bench.scale_down import ScaleDown, ScaleDownError, parse_roles, pick_victims
 from pdd.common.vocabulary import Role
-from pdd.local.scale_down import ScaleDown, ScaleDownError, parse_roles, pick_victims
 from pdd.local.supervisor import Child
 from pdd.local.topology import Counts, mode_workers
 
@@ -92,7 +92,7 @@ def test_a_worker_still_draining_is_reported_as_such(tmp_path: Path) -> None:
 
 
 def test_bench_refuses_a_scale_down_the_stack_cannot_do_before_starting_anything(capsys) -> None:
-    from pdd.local import bench
+    from pdd.bench import cli as bench
 
     assert bench.main(["--modes", "mono,pdd", "--scale-down", "relay", "--max-requests", "2"]) == 2
     assert "needs at least 2 relay workers (pass --relay 2)" in capsys.readouterr().err

@@ -9,8 +9,9 @@ import json
 import httpx
 import pytest
 
-from pdd.local import bench, link_schedule, plots
-from pdd.local.link_schedule import (
+from pdd.bench import cli as bench
+from pdd.bench import link_schedule, plots
+from pdd.bench.link_schedule import (
     LinkSchedule,
     LinkScheduleError,
     LinkViewSampler,
@@ -19,9 +20,9 @@ from pdd.local.link_schedule import (
     phase_summaries,
     phase_table,
 )
+from pdd.bench.replay import Outcome
+from pdd.bench.report import ModeRun
 from pdd.local.probes import flatten
-from pdd.local.replay import Outcome
-from pdd.local.report import ModeRun
 from pdd.testing import virtual_time
 from pdd.wan.admin import handle
 from pdd.wan.link import WanLink

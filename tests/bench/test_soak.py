@@ -2,7 +2,7 @@
 
 import pytest
 
-from pdd.local import soak
+from pdd.bench import soak
 
 pytestmark = pytest.mark.unit
 

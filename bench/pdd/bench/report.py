@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pdd.bench.replay import Outcome
 from pdd.common.stats import percentile
 from pdd.local.probes import Samples, by_label, total
-from pdd.local.replay import Outcome
 
 
 @dataclass(frozen=True)
