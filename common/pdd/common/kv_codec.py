@@ -90,7 +90,7 @@ def shared_in_receiver_cache(codec: KVCodec, setting: KVCodecSetting) -> bool:
     recovered (the prefix-cache key says which tokens, not how their KV was made;
     vLLM's ``cache_salt`` and LMCache's format-qualified keys keep such KV apart the
     same way). The router's index counts it as MD's only when this says so."""
-    return codec == NO_CODEC or codec == setting
+    return codec in (NO_CODEC, setting)
 
 
 def codec_of_handshake(name: object) -> KVCodec | None:

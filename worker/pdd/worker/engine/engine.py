@@ -491,8 +491,9 @@ class Engine:
         prefix cache for this request only (no match, hit 0, nothing inserted when
         it ends): the naive pipeline ships the full KV without disturbing what the
         cache holds for others. ``private_kv`` matches the cache but inserts nothing
-        (KV that crosses coded where the cache must hold exact KV). Raises ``RequestError`` subclasses
-        (``NoFreeBlocksError`` when the pool cannot make room now).
+        (KV that crosses coded where the cache must hold exact KV). Raises
+        ``RequestError`` subclasses (``NoFreeBlocksError`` when the pool cannot make
+        room now).
         """
         req = self._new_request(token_ids, params, request_id, hold_kv=False)
         req.use_cache = use_cache
