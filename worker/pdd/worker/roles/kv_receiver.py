@@ -21,6 +21,7 @@ from pdd.common.kv_codec import (
     KVCodecSetting,
     codec_of_handshake,
     handshake_name,
+    shared_in_receiver_cache,
     takes_codec,
 )
 from pdd.common.wire import PipelinePlan, TokenLogprobs
@@ -72,7 +73,8 @@ async def receive_kv(
 
     ``use_cache=False`` (the naive baseline) attaches without the prefix cache
     (no match, nothing cached at the end), so the whole KV crosses the link and
-    what the cache holds for other requests is left alone.
+    what the cache holds for other requests is left alone. KV coded where the cache
+    must stay exact (``shared_in_receiver_cache``) hits the cache but is not added to it.
     """
     rid, n = plan.request_id, len(plan.prompt_ids)
     params = sampling_params(plan)
@@ -87,9 +89,12 @@ async def receive_kv(
         await send_error(channel, rid, "codec_mismatch", message)
         raise KVReceiveError(f"cannot take the request: {message}")
 
+    private = not shared_in_receiver_cache(codec, expected)
     try:
         hit = await role.runner.call(
-            lambda e: e.attach_request(plan.prompt_ids, params, rid, use_cache=use_cache)
+            lambda e: e.attach_request(
+                plan.prompt_ids, params, rid, use_cache=use_cache, private_kv=private
+            )
         )
     except RequestError as exc:
         await send_error(channel, rid, "attach_failed", str(exc))
