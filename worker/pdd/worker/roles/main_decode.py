@@ -81,12 +81,14 @@ class MainDecodeRole(RoleBase):
         self.hub.get(rid).start()
         entry = self._entry(rid)
         use_cache = plan.pipeline != Pipeline.NAIVE
+        answer_by = self.answer_deadline()
         try:
             if use_cache:
                 await self._wait_for_landing_kv(rid, plan.prompt_ids)
             received = await receive_kv(
-                self, channel, plan, use_cache, msg.get("codec", NO_CODEC), self.settings.kv_codec
-            )
+                self, channel, plan, use_cache, msg.get("codec", NO_CODEC), self.settings.kv_codec,
+                attach_wait_s=answer_by - asyncio.get_running_loop().time(),
+            )  # fmt: skip
         except KVReceiveError as exc:
             self._end(rid, error=str(exc), culprit=exc.culprit)
             return False
