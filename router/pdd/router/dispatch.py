@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from pdd.common.cost_model import LinkState
-from pdd.common.kv_codec import KVCodec
+from pdd.common.kv_codec import ADAPTIVE, KVCodec, shared_in_receiver_cache
 from pdd.common.link_estimator import Arrival, Backlog, LinkEstimator, Transfer
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.common.wire import Endpoint, KVShipment, PipelinePlan, SamplingSpec
@@ -97,8 +97,10 @@ class Route:
 
     @property
     def fills_main_cache(self) -> bool:
-        """MD keeps what P ships in its prefix cache (naive bypasses it)."""
-        return self.ships_kv and self.pipeline != Pipeline.NAIVE
+        """MD keeps what P ships in its prefix cache (naive bypasses it, and under adaptive
+        KV coded lossily stays the request's own: ``shared_in_receiver_cache``)."""
+        shared = self.kv_codec is None or shared_in_receiver_cache(self.kv_codec, ADAPTIVE)
+        return self.ships_kv and self.pipeline != Pipeline.NAIVE and shared
 
     @property
     def lease_keys(self) -> list[str]:

@@ -74,7 +74,7 @@ class MeasuredHits:
     def observe(self, event: TokenEvent) -> None:
         if event.cached_tokens is not None:
             self.cached_tokens = min(event.cached_tokens, len(self.plan.prompt_ids))
-        if event.md_hit_tokens is not None and self.plan.main is not None:
+        if event.md_hit_tokens is not None and self.main_caches and self.plan.main is not None:
             # MD streams, so the whole prompt has landed there and is cached, whatever it
             # held at the handshake (``md_hit_tokens``, the usage report's figure).
             hashes = self.prompt_hashes or self.index.hashes(self.plan.prompt_ids)

@@ -30,6 +30,7 @@ from pdd.common.kv_codec import (
     KVCodecSetting,
     codec_of_handshake,
     handshake_name,
+    shared_in_receiver_cache,
     takes_codec,
 )
 from pdd.common.wire import PipelinePlan, TokenLogprobs
@@ -81,7 +82,8 @@ async def receive_kv(
 
     ``use_cache=False`` (the naive baseline) attaches without the prefix cache
     (no match, nothing cached at the end), so the whole KV crosses the link and
-    what the cache holds for other requests is left alone.
+    what the cache holds for other requests is left alone. KV coded where the cache
+    must stay exact (``shared_in_receiver_cache``) hits the cache but is not added to it.
 
     ``attach_wait_s``: how long the attach may wait for blocks (see the module's note).
     """
@@ -98,8 +100,9 @@ async def receive_kv(
         await send_error(channel, rid, "codec_mismatch", message)
         raise KVReceiveError(f"cannot take the request: {message}")
 
+    private = not shared_in_receiver_cache(codec, expected)
     try:
-        hit = await _attach_when_room(role, plan, params, use_cache, attach_wait_s)
+        hit = await _attach_when_room(role, plan, params, use_cache, private, attach_wait_s)
     except RequestError as exc:
         await send_error(channel, rid, "attach_failed", str(exc))
         raise KVReceiveError(f"cannot take the request: {exc}") from exc
@@ -122,8 +125,9 @@ async def receive_kv(
 
 
 async def _attach_when_room(
-    role: RoleBase, plan: PipelinePlan, params: Any, use_cache: bool, wait_s: float
-) -> int:
+    role: RoleBase, plan: PipelinePlan, params: Any, use_cache: bool, private: bool,
+    wait_s: float,
+) -> int:  # fmt: skip
     """Attach ``plan``'s request as soon as the pool has room for it, trying again after
     each turn of the engine's loop (a step that finished requests, a release) until
     ``wait_s`` has passed; then ``NoFreeBlocksError``. A request cancelled while it
@@ -134,7 +138,9 @@ async def _attach_when_room(
     while True:
         try:
             hit = await role.runner.call(
-                lambda e: e.attach_request(plan.prompt_ids, params, rid, use_cache=use_cache)
+                lambda e: e.attach_request(
+                    plan.prompt_ids, params, rid, use_cache=use_cache, private_kv=private
+                )
             )
         except NoFreeBlocksError:
             left = deadline - loop.time()
