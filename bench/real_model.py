@@ -36,14 +36,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from kv_codec_quality import transferred_generation
 
+from pdd.bench.greedy_agreement import run_greedy
 from pdd.common.model_store import DEFAULT_MODEL, cached
 from pdd.local.cluster import LinkSpec, free_port
-from pdd.local.greedy_agreement import run_greedy
 from pdd.local.topology import DEFAULT_LINK, StackConfig
 from pdd.router.tokenization import load_prompt_tokenizer
 from pdd.worker.engine.kv_codec import decode, encode
-from pdd.worker.engine.kv_codec_quality import transferred_generation
 from pdd.worker.model.batch import ForwardBatch, SeqInput
 from pdd.worker.model.kv_cache import PagedKVCache
 from pdd.worker.model.loader import LoadedModel, load_model

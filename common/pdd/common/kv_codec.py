@@ -78,6 +78,21 @@ def takes_codec(setting: KVCodecSetting, codec: KVCodec) -> bool:
     return codec in ADAPTIVE_CODECS if setting == ADAPTIVE else codec == setting
 
 
+def shared_in_receiver_cache(codec: KVCodec, setting: KVCodecSetting) -> bool:
+    """A receiver keeps KV that crossed coded ``codec`` in its prefix cache for later
+    requests to hit: only the exact KV, or the one codec a deployment set for every
+    transfer (then every request's KV is coded alike and reusing it changes nothing).
+
+    Under ``adaptive`` a lossy codec is chosen for one transfer, because the line was
+    slow then: its KV, and everything the receiver computes on top of it, stays that
+    request's own. Were it cached, every later turn of the conversation would attend
+    to the approximate prefix and keep deviating from an exact run after the line
+    recovered (the prefix-cache key says which tokens, not how their KV was made;
+    vLLM's ``cache_salt`` and LMCache's format-qualified keys keep such KV apart the
+    same way). The router's index counts it as MD's only when this says so."""
+    return codec in (NO_CODEC, setting)
+
+
 def codec_of_handshake(name: object) -> KVCodec | None:
     """The codec a ``prepare`` names (``handshake_name``), None for one of another build
     or none at all."""

@@ -57,6 +57,12 @@ LINK = LinkSpec(gbps=1.0, rtt_ms=4.0, jitter_ms=1.0, partition_grace_s=1.0)
 #: In-process engines' step budget: the tests' 40-140-token prompts prefill in 2-5
 #: chunks, so every in-process test has P streaming its KV while it still prefills.
 PREFILL_CHUNK_TOKENS = 32
+#: The engines' own default budget (512), for bursts: dozens of short prompts sent at
+#: once prefill in one or a few steps, so their relays start decoding together. Under
+#: ``PREFILL_CHUNK_TOKENS`` P works through such a burst 32 tokens a step, the first
+#: relays finish before the last start, and a test that holds MD's KV until every
+#: relay streamed a few tokens can hand none of the early ones over.
+BURST_CHUNK_TOKENS = None
 
 SPECS = [
     WorkerSpec("p", "prefill"),
@@ -265,7 +271,16 @@ async def vdp_default_timeouts(tiny: LoadedModel) -> AsyncIterator[DataPlane]:
         yield plane
 
 
-async def _in_process(tiny: LoadedModel, transfer_timeout_s: float) -> AsyncIterator[DataPlane]:
+@pytest.fixture
+async def vdp_burst(tiny: LoadedModel) -> AsyncIterator[DataPlane]:
+    """``vdp`` with the engines' default step budget (``BURST_CHUNK_TOKENS``: why)."""
+    async for plane in _in_process(tiny, TRANSFER_TIMEOUT_S, BURST_CHUNK_TOKENS):
+        yield plane
+
+
+async def _in_process(
+    tiny: LoadedModel, transfer_timeout_s: float, step_tokens: int | None = PREFILL_CHUNK_TOKENS
+) -> AsyncIterator[DataPlane]:
     cluster = inprocess.InProcessCluster(
         tiny,
         SPECS,
@@ -273,7 +288,7 @@ async def _in_process(tiny: LoadedModel, transfer_timeout_s: float) -> AsyncIter
         block_size=BLOCK_SIZE,
         num_blocks=256,  # 4096 tokens per instance: more than any in-process test holds
         transfer_timeout_s=transfer_timeout_s,
-        max_num_batched_tokens=PREFILL_CHUNK_TOKENS,
+        max_num_batched_tokens=step_tokens,
     )
     async with cluster:
         yield DataPlane(cluster, cluster.client, cluster.wait_quiescent)

@@ -103,6 +103,43 @@ async def test_adaptive_md_decodes_the_codec_each_plan_names(avdp) -> None:
     await avdp.assert_quiescent()
 
 
+@pytest.mark.parametrize("codec", ["int8", "int4"])
+async def test_adaptive_md_never_lets_a_later_turn_hit_kv_that_crossed_coded(avdp, codec) -> None:
+    """Under adaptive, a turn whose KV crossed lossily (the line was slow then) leaves
+    nothing of it in MD's prefix cache: the next turn, sent exact once the line
+    recovered, gets its whole prompt's KV exact from P and answers as mono does. The
+    same two turns with an exact first turn hit it (the cache still works)."""
+    bpt = avdp.kv_bytes_per_token
+    for tag, first_codec in ((f"lossy-{codec}", codec), (f"exact-{codec}", "none")):
+        prompt = avdp.prompts(1, seed=870 if first_codec == "none" else 871, lo=100, hi=101)[0]
+        (answer,) = await run_greedy(avdp, [prompt], f"t1-{tag}", "P-MD", kv_codec=first_codec)
+        turn2 = prompt + answer + avdp.prompts(1, seed=872, lo=8, hi=9)[0]
+        expected = await run_greedy(avdp, [turn2], f"t2-ref-{tag}", "mono", main="mono")
+        delta = avdp.counters("p")
+        got = await run_greedy(avdp, [turn2], f"t2-{tag}", "P-MD", kv_codec="none")
+        shipped = delta("p", "pdd_worker_wan_kv_bytes") / bpt
+        assert got == expected
+        if first_codec == "none":  # MD held turn 1's full blocks: only the rest crossed
+            held = (len(prompt) + len(answer) - 1) // avdp.block_size * avdp.block_size
+            assert shipped == len(turn2) - held
+        else:
+            assert shipped == len(turn2)
+    await avdp.assert_quiescent()
+
+
+async def test_a_fixed_int8_deployment_keeps_reusing_its_coded_kv(cvdp) -> None:
+    """With one codec for every transfer (``--kv-codec int8``) MD's cache holds the coded
+    KV as before: every turn's is coded alike, and the next turn misses only what is new."""
+    prompt = cvdp.prompts(1, seed=873, lo=100, hi=101)[0]
+    (answer,) = await run_greedy(cvdp, [prompt], "fixed-t1", "P-MD")
+    turn2 = prompt + answer + cvdp.prompts(1, seed=874, lo=8, hi=9)[0]
+    delta = cvdp.counters("p")
+    await run_greedy(cvdp, [turn2], "fixed-t2", "P-MD")
+    held = (len(prompt) + len(answer) - 1) // cvdp.block_size * cvdp.block_size
+    assert delta("p", "pdd_worker_wan_kv_bytes") == (len(turn2) - held) * cvdp.kv_bytes_per_token
+    await cvdp.assert_quiescent()
+
+
 async def test_a_fixed_md_refuses_a_codec_the_router_chose_for_adaptive(avdp) -> None:
     """An MD left at none (not adaptive) refuses int8 at the handshake, naming both."""
     prompt = avdp.prompts(1, seed=85, lo=90, hi=91)[0]
@@ -119,25 +156,38 @@ async def test_the_adaptive_router_names_its_codec_in_the_plan_reason_and_counte
     """The router under ``--kv-codec adaptive`` on a line declared too slow for the exact
     KV of a new 200-token prompt within the budget (0.33 s at 0.01 Gbit/s against 0.2 s),
     but not for int8's: it codes that prompt int8, and says so in the reason (the
-    ``x-pdd-reason`` header's text) and the labelled counter; a next turn's few new
-    tokens fit exact."""
+    ``x-pdd-reason`` header's text) and the labelled counter. A short conversation's
+    KV fits exact, and its next turn's few new tokens too (MD holds the first turn).
+    The coded turn left nothing in MD's cache, and the router's index knows it: its
+    next turn counts on no hit there and is coded again."""
     workers = ((Role.PREFILL, "p"), (Role.RELAY, "rld"), (Role.MAIN, "md"))
-    prompt = avdp.prompts(1, seed=86, lo=200, hi=201)[0]
+    long, short = (
+        avdp.prompts(2, seed=86, lo=200, hi=201)[0],
+        avdp.prompts(1, seed=88, lo=60, hi=61)[0],
+    )
+    new_tokens = avdp.prompts(1, seed=87, lo=8, hi=9)[0]
     async with avdp.cluster.router(
         workers, kv_codec="adaptive", link_gbps=0.01, link_rtt_ms=4.0, ttft_budget_s=0.2,
         prefill_tokens_per_s=1e6, static_link_view=True,
     ) as rt:  # fmt: skip
         serving = OpenAIServing(rt)
-        first = await complete(serving, rt, prompt)
-        assert first.route.kv_codec == "int8" and "KV coded int8" in first.route.reason
-        assert first.route.kv_bytes < len(prompt) * avdp.kv_bytes_per_token * 0.52
-        assert len(first.token_ids) == MAX_TOKENS
-        turn2 = prompt + first.token_ids + avdp.prompts(1, seed=87, lo=8, hi=9)[0]
-        second = await complete(serving, rt, turn2)
-        assert second.route.kv_codec == "none" and "KV coded none" in second.route.reason
+        first = await complete(serving, rt, short)
+        assert first.route.kv_codec == "none" and "KV coded none" in first.route.reason
+        second = await complete(serving, rt, short + first.token_ids + new_tokens)
+        assert second.route.kv_codec == "none" and second.route.md_hit_tokens > len(short)
+        coded = await complete(serving, rt, long)
+        assert coded.route.kv_codec == "int8" and "KV coded int8" in coded.route.reason
+        assert coded.route.kv_bytes < len(long) * avdp.kv_bytes_per_token * 0.52
+        assert len(coded.token_ids) == MAX_TOKENS
+        after = await complete(serving, rt, long + coded.token_ids + new_tokens)
+        assert after.route.md_hit_tokens == 0 and after.route.kv_codec in ("int8", "int4")
         metrics = flatten(rt.metrics.render().decode())
-        for codec, count in (("int8", 1), ("none", 1), ("int4", 0)):
-            assert metrics.get(f'pdd_router_kv_codec_choices_total{{codec="{codec}"}}', 0) == count
+        choices = {
+            c: metrics.get(f'pdd_router_kv_codec_choices_total{{codec="{c}"}}', 0)
+            for c in ("none", "int8", "int4")
+        }
+        assert choices["none"] == 2 and choices["int8"] + choices["int4"] == 2
+        assert choices[after.route.kv_codec] >= 1
     await avdp.assert_quiescent()
 
 

@@ -488,6 +488,7 @@ class Engine:
         params: SamplingParams | None,
         request_id: str,
         use_cache: bool = True,
+        private_kv: bool = False,
     ) -> int:
         """Receive a request whose KV comes from elsewhere; returns the prefix hit in tokens.
 
@@ -496,11 +497,14 @@ class Engine:
         :meth:`import_kv` before :meth:`resume`. ``use_cache=False`` bypasses the
         prefix cache for this request only (no match, hit 0, nothing inserted when
         it ends): the naive pipeline ships the full KV without disturbing what the
-        cache holds for others. Raises ``RequestError`` subclasses
-        (``NoFreeBlocksError`` when the pool cannot make room now).
+        cache holds for others. ``private_kv`` matches the cache but inserts nothing
+        (KV that crosses coded where the cache must hold exact KV). Raises
+        ``RequestError`` subclasses (``NoFreeBlocksError`` when the pool cannot make
+        room now).
         """
         req = self._new_request(token_ids, params, request_id, hold_kv=False)
         req.use_cache = use_cache
+        req.private_kv = private_kv
         hit = self.scheduler.attach(req)
         self._requests[req.request_id] = req
         return hit

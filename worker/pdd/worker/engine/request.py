@@ -158,6 +158,10 @@ class Request:
     seed: int
     hold_kv: bool = False  # keep the blocks after finishing until Engine.release()
     use_cache: bool = True  # False: never matched against nor inserted into the prefix cache
+    #: True: its KV came (in part) through a codec whose KV the cache must not share
+    #: (``pdd.common.kv_codec.shared_in_receiver_cache``): it may hit the prefix cache,
+    #: but adds nothing to it, and neither does anything computed on top of that KV.
+    private_kv: bool = False
     status: RequestStatus = RequestStatus.WAITING
     output_ids: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens[:num_computed] have KV in block_table

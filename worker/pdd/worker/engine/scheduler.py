@@ -133,7 +133,7 @@ class Scheduler:
         before the release (the next of ``n`` samples, the next turn) hits them. The
         release's own insert then finds them cached and adopts nothing twice."""
         full_blocks = req.num_computed // self.config.block_size
-        if req.use_cache and full_blocks:
+        if req.use_cache and not req.private_kv and full_blocks:
             computed = req.token_range(0, full_blocks * self.config.block_size)
             self.cache.insert(computed, req.block_table[:full_blocks])
 

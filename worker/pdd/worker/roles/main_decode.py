@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdd.common.kv_codec import NO_CODEC
+from pdd.common.kv_codec import NO_CODEC, codec_of_handshake, shared_in_receiver_cache
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.common.wire import PipelinePlan, TokenLogprobs
 from pdd.worker.engine.request import RequestError
@@ -50,6 +50,9 @@ class MainRequest:
     md_hit: int | None = None  # MD's handshake hit (None for naive: it bypasses the cache)
     #: P's logprobs of the first token (position 0), streamed if MD streams that position.
     logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)
+    #: Its KV goes into MD's prefix cache (``shared_in_receiver_cache``); False where it
+    #: crossed coded under ``adaptive``: then neither it nor its answer is cached.
+    shares_kv: bool = True
 
 
 class MainDecodeRole(RoleBase):
@@ -81,12 +84,18 @@ class MainDecodeRole(RoleBase):
         self.hub.get(rid).start()
         entry = self._entry(rid)
         use_cache = plan.pipeline != Pipeline.NAIVE
+        answer_by = self.answer_deadline()
+        codec = codec_of_handshake(msg.get("codec", NO_CODEC))
+        entry.shares_kv = codec is not None and shared_in_receiver_cache(
+            codec, self.settings.kv_codec
+        )
         try:
             if use_cache:
-                await self._wait_for_landing_kv(rid, plan.prompt_ids)
+                await self._wait_for_landing_kv(rid, plan.prompt_ids, entry.shares_kv)
             received = await receive_kv(
-                self, channel, plan, use_cache, msg.get("codec", NO_CODEC), self.settings.kv_codec
-            )
+                self, channel, plan, use_cache, msg.get("codec", NO_CODEC), self.settings.kv_codec,
+                attach_wait_s=answer_by - asyncio.get_running_loop().time(),
+            )  # fmt: skip
         except KVReceiveError as exc:
             self._end(rid, error=str(exc), culprit=exc.culprit)
             return False
@@ -100,10 +109,12 @@ class MainDecodeRole(RoleBase):
         self.spawn(self._continue(plan, entry, received.first_token), f"main-{rid}")
         return True
 
-    async def _wait_for_landing_kv(self, rid: str, prompt_ids: list[int]) -> None:
+    async def _wait_for_landing_kv(self, rid: str, prompt_ids: list[int], lands: bool) -> None:
         """Let KV already on its way (an earlier turn's) land before attaching, so it is
-        not asked for again; bounded by half of P's wait for the answer to ``prepare``."""
-        self.landing.expect(rid, prompt_ids)
+        not asked for again; bounded by half of P's wait for the answer to ``prepare``.
+        ``lands``: this request's own KV will be cached (later turns may wait for it)."""
+        if lands:
+            self.landing.expect(rid, prompt_ids)
 
         async def cached() -> int:
             return await self.runner.call(lambda e: e.cached_prefix_tokens(prompt_ids))
@@ -204,8 +215,14 @@ class MainDecodeRole(RoleBase):
         """The relay streamed the whole answer: stream nothing, but compute the KV of the
         output it did not hand over (``rest``), so the DRC holds the whole conversation for
         the next turn as it does after a P-MD request; that turn waits for it (``landing``).
-        If the engine cannot take the tokens, only the prompt's KV stays cached."""
+        If the engine cannot take the tokens, only the prompt's KV stays cached. KV that
+        is not shared (``MainRequest.shares_kv``) is not worth computing: it is freed."""
         rid = plan.request_id
+        if not entry.shares_kv:
+            await self.abort_engine_request(rid)
+            if entry.session is not None:
+                entry.session.end_silently()
+            return
         handed = entry.session.output if entry.session is not None else []
         self.landing.answered(rid, [*handed, *rest])
         computed = asyncio.Event()
