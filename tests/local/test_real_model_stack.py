@@ -20,9 +20,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pdd.bench.greedy_agreement import StackGreedy, run_greedy
 from pdd.common.model_store import DEFAULT_MODEL, cached
 from pdd.local.cluster import LinkSpec, free_port
-from pdd.local.greedy_agreement import StackGreedy, run_greedy
 from pdd.local.stack import StackInfo
 from pdd.local.topology import DEFAULT_LINK, StackConfig
 from pdd.router.tokenization import load_prompt_tokenizer
@@ -49,7 +49,7 @@ def model_dir() -> Path:
 def test_pdd_up_answers_paris_and_equals_one_engine(model_dir: Path, tmp_path: Path) -> None:
     log_dir, output = tmp_path / "logs", tmp_path / "up.out"
     argv = [sys.executable, "-m", "pdd.cli", "up", "--port", str(free_port()),
-            "--log-dir", str(log_dir)]  # fmt: skip
+            "--log-dir", str(log_dir), "--ready-timeout-s", str(READY_TIMEOUT_S)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with output.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
