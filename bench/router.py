@@ -43,10 +43,11 @@ from pdd.common.vocabulary import Role
 from pdd.common.wire import Endpoint, LoadReport, SamplingSpec
 from pdd.local.cluster import LocalCluster, WorkerSpec, free_port
 from pdd.router.config import RouterConfig, WorkerRef
-from pdd.router.dispatch import Dispatcher
+from pdd.router.dispatcher import Dispatcher
 from pdd.router.fleet import Fleet
 from pdd.router.instance_choice import InstanceLoad
 from pdd.router.link_health import LinkHealth
+from pdd.router.link_view import LinkView
 from pdd.router.policy import Decision, PolicyConfig, RequestFeatures, decide
 from pdd.router.prefix_index import PrefixIndex, PrefixIndexConfig
 from pdd.router.recent_traffic import RecentTraffic, TrafficWindow
@@ -157,7 +158,7 @@ def bench_decision(
         start = time.process_time()  # CPU time: other processes on the machine don't count
         hits = index.match(index.hashes(ids))
         features = RequestFeatures.from_prompt(ids, 64, 16)
-        decision = decide(features, hits, fleet, link, traffic, policy)
+        decision = decide(features, hits, fleet, LinkView(link), traffic, policy)
         if isinstance(decision, Decision):
             a = decision.instances
             chosen = [x for x in (a.prefill, a.relay, a.main_decode) if x is not None]

@@ -44,7 +44,7 @@ import redis
 import redis.asyncio
 
 from pdd.common.cache_events import BlockStored
-from pdd.router.dispatch import Lease
+from pdd.router.lease import Lease
 from pdd.router.prefix_index import InMemoryIndexStore, PrefixIndex, PrefixIndexConfig
 from pdd.router.state.redis_store import RedisIndexStore, RedisLoads
 from pdd.router.state.shared import LOADS_REFRESH_S, SharedStore

@@ -3,8 +3,9 @@
 #
 # Build from the repository root:
 #   docker build -f docker/router.Dockerfile -t ghcr.io/pdd-project/pdd-router:0.1.0 .
-# The base package only: pdd.common and pdd.router, no worker code and no torch (the layering
-# contracts in pyproject.toml keep it so; `pdd` loads components lazily).
+# The base package only: the `pdd` command (cli/), pdd.common and pdd.router, no worker code
+# and no torch (the layering contracts in pyproject.toml keep it so; `pdd` loads components
+# lazily).
 ARG PYTHON_IMAGE=python:3.11-slim
 
 FROM ${PYTHON_IMAGE} AS build
@@ -13,6 +14,7 @@ RUN python -m venv /opt/pdd
 ENV PATH=/opt/pdd/bin:$PATH
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
+COPY cli cli
 COPY common common
 COPY router router
 RUN pip install .

@@ -18,6 +18,7 @@ ENV PATH=/opt/pdd/bin:$PATH
 RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
+COPY cli cli
 COPY common common
 COPY worker worker
 COPY router router

@@ -92,7 +92,7 @@ def test_dockerignore_keeps_the_build_context_to_the_sources() -> None:
     ]
     assert lines[0] == "*", "start from an empty context and allow-list the sources"
     included = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
-    for component in ("common", "worker", "router", "operator"):
+    for component in ("cli", "common", "worker", "router", "operator"):
         assert component in included
     copied = {
         src
@@ -106,10 +106,11 @@ def test_dockerignore_keeps_the_build_context_to_the_sources() -> None:
 
 @pytest.mark.parametrize("component", ["router", "operator"])
 def test_router_and_operator_images_carry_no_worker_code(component: str) -> None:
-    """Only pdd.common and the component's own package go in (setup.py maps what exists)."""
+    """Only the `pdd` command, pdd.common and the component's own package go in (setup.py
+    maps what exists)."""
     copied = re.findall(r"(?m)^COPY (?!--from)(\S+)", dockerfile(component))
     sources = {c for c in copied if c not in ("pyproject.toml",)}
-    assert sources == {"common", component}, copied
+    assert sources == {"cli", "common", component}, copied
 
 
 def test_buildx_bake_builds_each_dockerfile_under_the_charts_names(chart) -> None:

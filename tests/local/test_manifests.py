@@ -17,7 +17,7 @@ from pdd.local.manifests import (
     hosts_file,
     plan_pods,
 )
-from pdd.local.pods import Naming, gateway_argv, network_commands
+from pdd.testing.pods import Naming, gateway_argv, network_commands
 
 pytestmark = pytest.mark.unit
 

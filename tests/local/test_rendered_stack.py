@@ -1,7 +1,7 @@
 """What the operator renders is what runs: both examples, as rendered, on local processes.
 
 ``pdd operator render``'s pure core turns each example into manifests, which run two ways:
-``pdd.local.pods`` (root) runs every container's exact command line, environment and
+``pdd.testing.pods`` (root) runs every container's exact command line, environment and
 mounted config, each pod in its own network namespace with the Service names of its
 cluster; ``pdd.local.hostnet`` (what ``pdd up`` uses, no privileges) runs them on the
 host's loopback with only the pod network's part given as flags. In the two-cluster
@@ -37,8 +37,8 @@ from pdd.common.tokenizer import ByteTokenizer
 from pdd.local.cluster import LinkSpec
 from pdd.local.hostnet import start_host_pods
 from pdd.local.manifests import COMPONENT_LABEL, ClusterObjects, HostAddressing, plan_pods
-from pdd.local.pods import RunningPods, start_pods
 from pdd.operator.render import render_file
+from pdd.testing.pods import RunningPods, start_pods
 from pdd.testing.waiting import until_sync
 
 pytestmark = pytest.mark.integration

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pdd.local import bench, traces
+from pdd.bench import cli as bench
+from pdd.local import traces
 from pdd.local.traces import TraceFormatError, bundled_traces, detect, load_trace
 from pdd.local.traces.base import ideal_hit_ratios
 from pdd.local.traces.claude_code import read_json, session_files

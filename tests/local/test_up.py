@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from pdd.local import bench
+from pdd.bench import cli as bench
 from pdd.local.cluster import free_port
 from pdd.local.stack import StackInfo
 from pdd.testing.waiting import WaitTimeout, until_sync

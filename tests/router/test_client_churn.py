@@ -4,14 +4,20 @@ A client may go away at any moment of a request's life: before the router has th
 plan on P, while P prefills or ships the KV, while the relay streams, after MD took
 over. Wherever it happens, the router's cancel must reach every instance the request
 touched, or find it refused when it arrives there later, so no request, lock or KV
-block outlives its client on P, RLD or MD.
+block outlives its client on P, RLD or MD. Nor does the router keep anything of it: once
+idle, each router holds the file descriptors it held idle before the churn (its
+listening socket, its logs, one pooled connection per worker it polls); a connection
+whose close was cut short stays open for good and would keep the count above that.
 """
 
 import asyncio
+import os
 import random
 
 import httpx
 import pytest
+
+from pdd.testing.waiting import until_sync
 
 pytestmark = pytest.mark.integration
 
@@ -78,7 +84,12 @@ async def _churn(urls: list[str], seed: int) -> tuple[dict[str, int], dict[str, 
     return seen, kills
 
 
+def _open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
 def test_clients_killed_at_random_points_leave_no_block_held(routers, cluster):
+    idle = {r.url: _open_fds(r.proc.pid) for r in routers}
     seen, kills = asyncio.run(_churn([r.url for r in routers], seed=39))
     # The kills covered both pipelines (so P, RLD and MD) and every point of a stream.
     assert seen.get("P-MD", 0) > 0 and seen.get("P-RLD-MD", 0) > 0, seen
@@ -90,3 +101,10 @@ def test_clients_killed_at_random_points_leave_no_block_held(routers, cluster):
         s = states[name]
         assert s.live_requests == 0 and s.engine_requests == 0 and s.kv_blocks_locked == 0
         assert s.kv_blocks_free + s.kv_blocks_cached == s.kv_blocks_total
+    # Connections the streams opened are idle in the pool now, closed once they expire
+    # (worker_client.KEEPALIVE_EXPIRY_S) at the router's next poll.
+    for r in routers:
+        until_sync(
+            lambda r=r: _open_fds(r.proc.pid) <= idle[r.url],
+            f"router {r.url} back to the {idle[r.url]} fds it held idle before the churn",
+        )

@@ -9,11 +9,13 @@ from pdd.common.cost_model import LinkState
 from pdd.common.link_estimator import Backlog, LinkEstimator
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.common.wire import Endpoint, KVShipment
-from pdd.router.dispatch import WAN_BACKLOG_KIB, WAN_TRANSFERS, Lease, Route
 from pdd.router.fleet import Fleet
 from pdd.router.instance_choice import InstanceLoad
+from pdd.router.lease import Lease
+from pdd.router.link_view import LinkView
 from pdd.router.policy import PolicyConfig, RequestFeatures, decide
 from pdd.router.recent_traffic import TrafficWindow
+from pdd.router.route import WAN_BACKLOG_KIB, WAN_TRANSFERS, Route
 from pdd.router.state.memory import LocalStore
 
 pytestmark = pytest.mark.unit
@@ -84,10 +86,8 @@ def test_a_request_the_relay_finished_keeps_its_kv_on_the_line_until_p_reports()
 
 def choose(estimator: LinkEstimator, miss_tokens: int = 600) -> Pipeline:
     request = RequestFeatures(miss_tokens, 100, 1)
-    result = decide(
-        request, {}, FLEET, estimator.link(), TrafficWindow(60.0, 100), POLICY,
-        prefill_rates=estimator.prefill_rates(),
-    )  # fmt: skip
+    link = LinkView(estimator.link(), prefill_rates=estimator.prefill_rates())
+    result = decide(request, {}, FLEET, link, TrafficWindow(60.0, 100), POLICY)
     return result.pipeline  # type: ignore[union-attr]
 
 
@@ -138,10 +138,10 @@ def test_the_next_turn_relays_while_the_kv_its_hit_counts_on_still_crosses():
     hashes = (*turn1_blocks, 119)
 
     def pipeline() -> Pipeline:
+        link = LinkView(estimator.link(), awaited_bytes=estimator.awaited_bytes(hashes))
         result = decide(
-            turn2, {"md0": 300, "p0": 300}, FLEET, estimator.link(), TrafficWindow(60.0, 100),
-            policy, awaited_bytes=estimator.awaited_bytes(hashes),
-        )  # fmt: skip
+            turn2, {"md0": 300, "p0": 300}, FLEET, link, TrafficWindow(60.0, 100), policy
+        )
         return result.pipeline  # type: ignore[union-attr]
 
     assert pipeline() == Pipeline.P_RLD_MD

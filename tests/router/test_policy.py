@@ -7,9 +7,9 @@ import pytest
 from pdd.common.block_hash import block_hashes
 from pdd.common.cost_model import LinkState, pmd_first_token_seconds, wan_transfer_seconds
 from pdd.common.vocabulary import Pipeline, Role
-from pdd.router.dispatch import reason_code
 from pdd.router.fleet import Fleet
 from pdd.router.instance_choice import InstanceLoad
+from pdd.router.link_view import LinkView
 from pdd.router.policy import (
     Assignment,
     Decision,
@@ -17,6 +17,7 @@ from pdd.router.policy import (
     RequestFeatures,
     Saturated,
     decide,
+    reason_code,
 )
 from pdd.router.recent_traffic import TrafficWindow
 
@@ -50,7 +51,7 @@ def req(input_tokens, output=2000, key=1):
 
 
 def run(request, hits, link=SLOW, instances=None, traffic=QUIET, config=CONFIG):
-    return decide(request, hits, instances or fleet(), link, traffic, config)
+    return decide(request, hits, instances or fleet(), LinkView(link), traffic, config)
 
 
 def test_high_hit_goes_p_md():
@@ -241,7 +242,7 @@ def test_kv_already_on_the_line_sends_the_next_request_to_a_relay():
 
 def test_routes_that_ship_kv_count_on_the_link_until_md_has_it():
     from pdd.common.wire import Endpoint
-    from pdd.router.dispatch import WAN_BACKLOG_KIB, WAN_TRANSFERS, Route
+    from pdd.router.route import WAN_BACKLOG_KIB, WAN_TRANSFERS, Route
 
     def ep(name):
         return Endpoint(
@@ -259,7 +260,7 @@ def test_routes_that_ship_kv_count_on_the_link_until_md_has_it():
 
 def test_a_retry_keeps_a_relay_on_the_route_even_when_md_would_be_in_time():
     assert run(req(500), {}).pipeline == Pipeline.P_MD
-    d = decide(req(500), {}, fleet(), SLOW, QUIET, CONFIG, retry=True)
+    d = decide(req(500), {}, fleet(), LinkView(SLOW), QUIET, CONFIG, retry=True)
     assert isinstance(d, Decision) and d.pipeline == Pipeline.P_RLD_MD
     assert (d.instances.relay, d.instances.main_decode) == ("rld0", "md0")
     assert "retry" in d.reason
@@ -269,21 +270,22 @@ def test_a_retry_with_no_main_decode_left_ends_on_the_relay():
     no_md = Fleet.of(
         [InstanceLoad("p0", Role.PREFILL, 0, 8), InstanceLoad("rld0", Role.RELAY, 0, 8)]
     )
-    d = decide(req(500), {}, no_md, SLOW, QUIET, CONFIG, retry=True)
+    d = decide(req(500), {}, no_md, LinkView(SLOW), QUIET, CONFIG, retry=True)
     assert isinstance(d, Decision) and d.pipeline == Pipeline.P_RLD
     assert d.instances == Assignment(prefill="p0", main_decode=None, relay="rld0")
 
 
 def test_a_retry_with_every_relay_full_follows_the_usual_rules():
     full = fleet(rld=("rld0", 8, 8))
-    assert decide(req(500), {}, full, SLOW, QUIET, CONFIG, retry=True).pipeline == Pipeline.P_MD
+    d = decide(req(500), {}, full, LinkView(SLOW), QUIET, CONFIG, retry=True)
+    assert d.pipeline == Pipeline.P_MD
 
 
 DOUBT = "the WAN line is suspected_cut (p0 could not send the KV to md0)"
 
 
 def test_a_doubted_line_puts_a_relay_on_what_would_be_p_md():
-    d = decide(req(500), {}, fleet(), SLOW, QUIET, CONFIG, link_doubt=DOUBT)
+    d = decide(req(500), {}, fleet(), LinkView(SLOW, doubt=DOUBT), QUIET, CONFIG)
     assert isinstance(d, Decision) and d.pipeline == Pipeline.P_RLD_MD
     assert (d.instances.relay, d.instances.main_decode) == ("rld0", "md0")
     assert DOUBT in d.reason
@@ -292,17 +294,17 @@ def test_a_doubted_line_puts_a_relay_on_what_would_be_p_md():
 
 def test_a_doubted_line_with_every_relay_full_still_serves_p_md():
     full = fleet(rld=("rld0", 8, 8))
-    d = decide(req(500), {}, full, SLOW, QUIET, CONFIG, link_doubt=DOUBT)
+    d = decide(req(500), {}, full, LinkView(SLOW, doubt=DOUBT), QUIET, CONFIG)
     assert isinstance(d, Decision) and d.pipeline == Pipeline.P_MD
     assert "saturated" in d.reason
 
 
 def test_a_doubted_line_leaves_the_other_rules_alone():
-    relayed = decide(req(64_000), {}, fleet(), SLOW, QUIET, CONFIG, link_doubt=DOUBT)
+    relayed = decide(req(64_000), {}, fleet(), LinkView(SLOW, doubt=DOUBT), QUIET, CONFIG)
     assert relayed.pipeline == Pipeline.P_RLD_MD
     assert reason_code(relayed, req(64_000), CONFIG, link_doubted=True) == "transfer_exceeds_budget"
     anomalous = req(64_000, output=100)
-    d = decide(anomalous, {}, fleet(), SLOW, QUIET, CONFIG, link_doubt=DOUBT)
+    d = decide(anomalous, {}, fleet(), LinkView(SLOW, doubt=DOUBT), QUIET, CONFIG)
     assert d.pipeline == Pipeline.P_RLD
 
 
@@ -315,7 +317,7 @@ def test_a_relay_whose_queue_outlasts_the_transfer_is_not_chosen():
     n, hits = 64_000, {"p0": 60_000, "md0": 4_000}
     transfer = wan_transfer_seconds(60_000, KVB, SLOW)
     busy = fleet(rld=("rld0", 4, 8))
-    stays = decide(req(n), hits, busy, SLOW, QUIET, CONFIG, relay_slot_s=0.6)
+    stays = decide(req(n), hits, busy, LinkView(SLOW, relay_slot_s=0.6), QUIET, CONFIG)
     assert isinstance(stays, Decision) and stays.pipeline == Pipeline.P_MD
     assert stays.estimate.md_first_token_s == pytest.approx(transfer)  # the line paces it
     assert stays.estimate.md_first_token_s > CONFIG.ttft_budget_s
@@ -323,11 +325,11 @@ def test_a_relay_whose_queue_outlasts_the_transfer_is_not_chosen():
     assert stays.estimate.relay_queue_s == pytest.approx(2.4)
     assert "relay's queue" in stays.reason
     assert reason_code(stays, req(n), CONFIG) == "relay_not_sooner"
-    relays = decide(req(n), hits, busy, SLOW, QUIET, CONFIG, relay_slot_s=0.05)
+    relays = decide(req(n), hits, busy, LinkView(SLOW, relay_slot_s=0.05), QUIET, CONFIG)
     assert isinstance(relays, Decision) and relays.pipeline == Pipeline.P_RLD_MD
     assert relays.instances.relay == "rld0" and relays.estimate.relay_active == 4
     # An idle relay has no queue, whatever a request ahead would cost.
-    idle = decide(req(n), hits, fleet(), SLOW, QUIET, CONFIG, relay_slot_s=5.0)
+    idle = decide(req(n), hits, fleet(), LinkView(SLOW, relay_slot_s=5.0), QUIET, CONFIG)
     assert isinstance(idle, Decision) and idle.pipeline == Pipeline.P_RLD_MD
 
 

@@ -2,7 +2,7 @@
 
 The streams are what ``relay_tokens`` yields for a plan (token events, then an
 ``UpstreamError`` naming the instance that broke); everything else is the router's:
-the reroute callable ``OpenAIServing.start`` builds (here: recorded), the detokenizer,
+what recovery asks the dispatcher for (``Dispatcher.attempt``; here: recorded), the detokenizer,
 stop strings, usage and the recovery counter.
 """
 
@@ -16,9 +16,11 @@ from pdd.common.vocabulary import Pipeline, Role
 from pdd.common.wire import Endpoint, PipelinePlan, SamplingSpec, TokenEvent
 from pdd.router import generation
 from pdd.router.config import RouterConfig, WorkerRef
-from pdd.router.dispatch import Lease, Route
+from pdd.router.dispatcher import Attempt
 from pdd.router.errors import UpstreamError
-from pdd.router.generation import Attempt, Generation
+from pdd.router.generation import Generation
+from pdd.router.lease import Lease
+from pdd.router.route import Route
 from pdd.router.runtime import RouterRuntime
 
 pytestmark = pytest.mark.unit
@@ -65,22 +67,39 @@ def runtime() -> RouterRuntime:
 
 
 def start(runtime: RouterRuntime, mains: Sequence[str], stop: list[str] | None = None):
-    """A Generation whose reroute picks the next MD not excluded, as the dispatcher would."""
-    calls: list[tuple[frozenset[str], int, list[int]]] = []
-    sampling = SamplingSpec(max_tokens=MAX_TOKENS)
+    """A Generation whose dispatcher picks the next MD not excluded, as the real one would,
+    and records what each attempt asked for: (excluded, the attempt's request id, emitted)."""
+    calls: list[tuple[frozenset[str], str, list[int]]] = []
 
-    def attempt_for(exclude: frozenset[str], attempt: int, emitted: Sequence[int]) -> Attempt:
-        calls.append((exclude, attempt, list(emitted)))
+    class Dispatcher:
+        async def attempt(
+            self,
+            prompt_ids: Sequence[int],
+            sampling: SamplingSpec,
+            exclude: frozenset[str] = frozenset(),
+            emitted: Sequence[int] = (),
+            *,
+            request_id: str,
+        ) -> Attempt:
+            return attempt_for(prompt_ids, sampling, exclude, emitted, request_id)
+
+    def attempt_for(
+        prompt_ids: Sequence[int],
+        sampling: SamplingSpec,
+        exclude: frozenset[str],
+        emitted: Sequence[int],
+        request_id: str,
+    ) -> Attempt:
+        calls.append((exclude, request_id, list(emitted)))
         main = next(m for m in mains if m not in exclude)
         route = Route(Pipeline.MONO, "r", "c", prefill=None, relay=None, main=endpoint(main))
-        left = sampling.model_copy(update={"max_tokens": MAX_TOKENS - len(emitted)})
-        plan = route.plan(f"req-r{attempt}", [*PROMPT, *emitted], left, runtime.config)
+        left = sampling.model_copy(update={"max_tokens": sampling.max_tokens - len(emitted)})
+        plan = route.plan(request_id, [*prompt_ids, *emitted], left, runtime.config)
         return Attempt(route, plan, Lease(runtime.store))
 
-    async def routed(exclude: frozenset[str], attempt: int, emitted: Sequence[int] = ()) -> Attempt:
-        return attempt_for(exclude, attempt, emitted)
-
-    gen = Generation(runtime, attempt_for(frozenset(), 0, ()), stop or [], 0.0, routed)
+    runtime.dispatcher = Dispatcher()  # type: ignore[assignment]
+    first = attempt_for(PROMPT, SamplingSpec(max_tokens=MAX_TOKENS), frozenset(), (), "req")
+    gen = Generation(runtime, first, stop or [], 0.0)
     return gen, calls
 
 
@@ -97,7 +116,7 @@ async def test_a_stream_broken_mid_output_resumes_at_the_next_position(runtime, 
     monkeypatch.setattr(generation, "relay_tokens", script.relay_tokens)
     gen, calls = start(runtime, ["md0", "md1"])
     assert await text_of(gen) == "abcdefgh"  # nothing repeated, nothing missing
-    assert calls[1] == (frozenset({"md0"}), 1, list(b"abc"))
+    assert calls[1] == (frozenset({"md0"}), "req-r1", list(b"abc"))
     resumed = script.plans[1]
     assert resumed.prompt_ids == [*PROMPT, *b"abc"] and resumed.sampling.max_tokens == 5
     assert gen.completion_tokens == MAX_TOKENS and gen.finish_reason == "length"
@@ -109,7 +128,7 @@ async def test_a_failure_before_any_token_is_a_redispatch(runtime, monkeypatch):
     monkeypatch.setattr(generation, "relay_tokens", Script(breaks={"md0": 0}).relay_tokens)
     gen, calls = start(runtime, ["md0", "md1"])
     assert await text_of(gen) == "abcdefgh"
-    assert calls[1] == (frozenset({"md0"}), 1, [])
+    assert calls[1] == (frozenset({"md0"}), "req-r1", [])
     assert recoveries(runtime, "redispatch") == 1 and recoveries(runtime, "resume") == 0
 
 

@@ -7,7 +7,7 @@ import pytest
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.common.wire import Endpoint, SamplingSpec
 from pdd.router.config import RouterConfig, WorkerRef
-from pdd.router.dispatch import Route
+from pdd.router.route import Route
 
 pytestmark = pytest.mark.unit
 

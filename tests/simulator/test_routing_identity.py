@@ -40,7 +40,7 @@ def test_handoff_payload_size_matches_the_worker_wire_format() -> None:
 
 def test_the_link_view_is_the_routers_estimator() -> None:
     import pdd.common.link_estimator as link_estimator
-    import pdd.router.dispatch as dispatch
+    import pdd.router.dispatcher as dispatcher
 
     assert cluster.LinkEstimator is link_estimator.LinkEstimator
-    assert dispatch.LinkEstimator is link_estimator.LinkEstimator
+    assert dispatcher.LinkEstimator is link_estimator.LinkEstimator

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
+from pdd.testing.memory_network import MemoryNetwork
 from pdd.testing.virtual_time import advance
 from pdd.testing.waiting import until
 from pdd.wan.link import Route, WanLink, parse_addr
-from pdd.worker.transport.memory import MemoryNetwork
 
 pytestmark = [pytest.mark.unit, pytest.mark.virtual_clock]
 

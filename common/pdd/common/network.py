@@ -2,10 +2,10 @@
 
 Everything above this seam (framing, the handshake, channels, the WAN link
 emulator) works on asyncio's ``StreamReader``/``StreamWriter`` pairs and asks a
-``Network`` for them. ``TCP`` is the real one (asyncio's sockets);
-``memory.MemoryNetwork`` is an in-process one with injectable delay, loss,
-pauses and cuts, so protocols can be tested without sockets and, under a
-virtual clock, without depending on how fast the machine is.
+``Network`` for them. ``TCP`` is the real one (asyncio's sockets); the test
+harness's ``pdd.testing.memory_network.MemoryNetwork`` is an in-process one with
+injectable delay, loss, pauses and cuts, so protocols can be tested without sockets
+and, under a virtual clock, without depending on how fast the machine is.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ builds the same plan (``build_plan``), then writes one ``kind: List`` per cluste
 ``local.yaml`` for cluster A and, with ``remoteCluster``, ``remote.yaml`` for B. Standard
 output takes one cluster only (``--cluster``, needed when there are two), so a pipe into
 ``kubectl apply`` can never put one cluster's objects into the other. It is how GitOps
-users review what a spec becomes, and what the local pod runner (``pdd.local.pods``)
+users review what a spec becomes, and what the local pod runner (``pdd.testing.pods``)
 starts, so the manifests the operator renders are the ones that run in our tests.
 
 A render is deterministic: the same file gives the same bytes, so it can be kept in Git

@@ -26,7 +26,7 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 
 from pdd.common.openai_protocol import UsageInfo
@@ -34,9 +34,11 @@ from pdd.common.vocabulary import FinishReason
 from pdd.common.wire import KVShipment, PipelinePlan, TokenEvent, TokenLogprobs
 from pdd.router import access_log
 from pdd.router.detokenize import IncrementalDetokenizer, StopStrings
-from pdd.router.dispatch import Lease, Route
+from pdd.router.dispatcher import Attempt
 from pdd.router.errors import UpstreamError
+from pdd.router.lease import Lease
 from pdd.router.prefix_index import PrefixIndex
+from pdd.router.route import Route
 from pdd.router.runtime import RouterRuntime
 from pdd.router.stream_relay import relay_tokens
 
@@ -89,20 +91,6 @@ class MeasuredHits:
             self.index.expect(self.plan.main.instance_id, self.index.hashes(tokens))
 
 
-@dataclass(frozen=True)
-class Attempt:
-    """One try at serving the request: its route, the plan sent, the in-flight lease."""
-
-    route: Route
-    plan: PipelinePlan
-    lease: Lease
-
-
-#: ``(instances to leave out, attempt number, token IDs already sent) -> Attempt``: the
-#: request routed again, or resumed after the tokens already sent.
-Reroute = Callable[[frozenset[str], int, Sequence[int]], Awaitable[Attempt]]
-
-
 class Generation:
     def __init__(
         self,
@@ -110,7 +98,6 @@ class Generation:
         attempt: Attempt,
         stop: list[str],
         arrived_at: float,
-        reroute: Reroute | None = None,
     ) -> None:
         self.runtime = runtime
         self.prompt_tokens = len(attempt.plan.prompt_ids)
@@ -123,7 +110,8 @@ class Generation:
         self._stops = StopStrings(stop)
         self._detok = IncrementalDetokenizer(runtime.tokenizer.tokenizer)
         self._arrived_at = arrived_at
-        self._reroute = reroute
+        #: The request as first routed: what a recovery routes again (``_recover``).
+        self._request = attempt.plan
         #: Set once the first output token arrived (the prompt's KV is in the prefix
         #: cache by then) or the request ended without one.
         self.past_prefill = asyncio.Event()
@@ -193,14 +181,12 @@ class Generation:
 
     def _may_recover(self, exc: UpstreamError, attempt: int) -> bool:
         return (
-            self._reroute is not None
-            and bool(exc.failed)
+            bool(exc.failed)
             and attempt <= MAX_RECOVERIES
             and len(self._detok.ids) < self._max_tokens  # else there is nothing left to do
         )
 
     async def _recover(self, exc: UpstreamError, exclude: frozenset[str], attempt: int) -> None:
-        assert self._reroute is not None
         for instance_id in exc.failed:
             self.runtime.registry.suspect(instance_id, f"a request failed on it: {exc.message}")
         emitted = self.token_ids
@@ -214,7 +200,15 @@ class Generation:
             "resuming from the tokens sent" if emitted else "re-dispatching",
             ", ".join(sorted(exclude)),
         )
-        self._use(await self._reroute(exclude, attempt, emitted))
+        request = self._request
+        retried = await self.runtime.dispatcher.attempt(
+            request.prompt_ids,
+            request.sampling,
+            exclude,
+            emitted,
+            request_id=f"{request.request_id}-r{attempt}",
+        )
+        self._use(retried)
 
     async def _attempt(self) -> AsyncGenerator[TextDelta, None]:
         rt = self.runtime

@@ -49,7 +49,7 @@ hair under the budget at an estimate of the line that lags a throttle by seconds
 they overran it; and it would code requests on a healthy line, whose lossy KV then
 deviates from an exact run.
 
-A **doubted line** (``link_doubt``: a transfer over it failed lately, see
+A **doubted line** (``LinkView.doubt``: a transfer over it failed lately, see
 ``pdd.router.link_health``) turns rule 1's P-MD into P-RLD-MD where a relay has room:
 the relay serves if the KV cannot cross, and the KV that does cross proves the line.
 
@@ -75,6 +75,7 @@ from pdd.router.instance_choice import (
     choose_prefill,
     choose_relay,
 )
+from pdd.router.link_view import LinkView
 from pdd.router.recent_traffic import TrafficWindow
 
 
@@ -205,29 +206,17 @@ def decide(
     request: RequestFeatures,
     hits: Mapping[str, int],
     fleet: Fleet,
-    link: LinkState,
+    link: LinkView,
     traffic: TrafficWindow,
     config: PolicyConfig,
     retry: bool = False,
-    link_doubt: str | None = None,
-    prefill_rates: Mapping[str, float] | None = None,
-    relay_slot_s: float = 0.0,
-    awaited_bytes: Mapping[str, int] | None = None,
-    md_step_s: float | None = None,
 ) -> Decision | Saturated:
     """Choose P and MD, estimate MD's first token, then pick the pipeline.
 
     ``hits`` is ``PrefixIndex.match``: tokens of this prompt each instance holds.
+    ``link``: what is known of the WAN line (its state, doubt, measured rates and the KV
+    still crossing that the hits count on; see ``LinkView``).
     ``retry``: the request failed on a worker before; keep a relay on the route.
-    ``link_doubt``: why the WAN line is not trusted now (None: it is).
-    ``prefill_rates``: measured prefill tokens/s per P instance (the config's rate for
-    one not in it).
-    ``relay_slot_s``: seconds each request already on the relay adds to a relayed
-    request's first token (the link estimator's ``relay_slot_s``; 0: none measured).
-    ``awaited_bytes``: per MD, the KV still crossing to it that this prompt's hit there
-    counts on (the link estimator's ``awaited_bytes``).
-    ``md_step_s``: MD's first step, as measured (the link estimator's fixed cost of the
-    P-MD path); None: the config's ``md_first_step_s``.
     """
     n = request.input_tokens
     p = choose_prefill(fleet, hits, n, config.weights)
@@ -235,26 +224,26 @@ def decide(
         return Saturated("every prefill instance is at capacity", config.retry_after_s)
     md = choose_main_decode(fleet, hits, n, request.affinity_key, config.weights)
     relay = choose_relay(fleet)
-    rate = (prefill_rates or {}).get(p.instance_id, config.prefill_tokens_per_s)
-    awaited = (awaited_bytes or {}).get(md.instance_id, 0) if md else 0
-    step = config.md_first_step_s if md_step_s is None else md_step_s
+    rate = link.prefill_rates.get(p.instance_id, config.prefill_tokens_per_s)
+    awaited = link.awaited_bytes.get(md.instance_id, 0) if md else 0
+    step = config.md_first_step_s if link.md_step_s is None else link.md_step_s
     p_hit = hits.get(p.instance_id, 0)
 
     def at(kv_bpt: int | None) -> Estimate:
-        e = _estimate(request, p_hit, md, hits, link, config, rate, awaited, kv_bpt)
-        return replace(e, rtt_s=link.rtt_s, md_step_s=step)
+        e = _estimate(request, p_hit, md, hits, link.state, config, rate, awaited, kv_bpt)
+        return replace(e, rtt_s=link.state.rtt_s, md_step_s=step)
 
     # The deployment's codec; under adaptive the exact one (the first it chooses from).
     estimate = at(config.adaptive_codecs[0][1] if config.adaptive_codecs else None)
     if relay is not None:
-        queue_s = relay_slot_s * relay.active
+        queue_s = link.relay_slot_s * relay.active
         estimate = replace(estimate, relay_active=relay.active, relay_queue_s=queue_s)
     if retry and relay is not None:
         pipeline, reason = retry_pipeline(md is not None)
     else:
         pipeline, reason = choose_pipeline(request, estimate, relay is not None, traffic, config)
-        if pipeline == Pipeline.P_MD and link_doubt is not None:
-            pipeline, reason = doubted_line_pipeline(link_doubt, relay is not None)
+        if pipeline == Pipeline.P_MD and link.doubt is not None:
+            pipeline, reason = doubted_line_pipeline(link.doubt, relay is not None)
     if pipeline != Pipeline.P_RLD and md is None:
         return Saturated("every main-decode instance is at capacity", config.retry_after_s)
     assignment = Assignment(
@@ -405,3 +394,29 @@ def relay_only_cap_reason(
         if rate > limit:
             return f"P-RLD would take {rate:.0f} input tokens/s (cap {limit:.0f})"
     return None
+
+
+def reason_code(
+    decision: Decision,
+    features: RequestFeatures,
+    config: PolicyConfig,
+    retry: bool = False,
+    link_doubted: bool = False,
+) -> str:
+    """A bounded label for the decision, for metrics (the reason text carries numbers):
+    why the policy chose this pipeline. ``retry``: a recovering request; ``link_doubted``:
+    the line was doubted when it decided."""
+    if retry and decision.pipeline != Pipeline.P_MD:
+        return "retry"
+    fits = decision.estimate.md_first_token_s <= config.ttft_budget_s
+    if link_doubted and fits and decision.pipeline == Pipeline.P_RLD_MD:
+        return "link_doubted"
+    if fits and decision.pipeline == Pipeline.P_RLD_MD:
+        return "idle_relay"
+    if decision.pipeline == Pipeline.P_MD:
+        if fits:
+            return "fits_ttft_budget"
+        return "relay_not_sooner" if relay_not_sooner(decision.estimate) else "relays_saturated"
+    if decision.pipeline == Pipeline.P_RLD:
+        return "anomalous"
+    return "anomalous_capped" if is_anomalous(features, config) else "transfer_exceeds_budget"

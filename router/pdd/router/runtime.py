@@ -10,7 +10,7 @@ from pdd.common.tls_rotation import TlsRotation
 from pdd.common.vocabulary import Role, ToolCallFormat
 from pdd.common.wan_tls import load_wan_ca
 from pdd.router.config import RouterConfig
-from pdd.router.dispatch import Dispatcher
+from pdd.router.dispatcher import Dispatcher
 from pdd.router.fair_admission import FairAdmission
 from pdd.router.link_health import LinkCondition, LinkHealth, Transition
 from pdd.router.metrics import RouterMetrics

@@ -16,6 +16,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from pdd.common.openai_protocol import UsageInfo
 from pdd.router.generation import Generation, TextDelta
+from pdd.router.stoppable import StoppableTask
 
 #: Starts sample ``i`` (routing it, taking its lease).
 StartSample = Callable[[int], Awaitable[Generation]]
@@ -40,8 +41,9 @@ class Samples:
                     yield 0, delta
             return
         queue: asyncio.Queue[tuple[int, TextDelta | _Done | BaseException]] = asyncio.Queue()
-        tasks = [asyncio.create_task(self._pump(0, self.first, queue))]
-        tasks.append(asyncio.create_task(self._start_rest(queue, tasks)))
+        # Stopped the anyio way: a pump may be inside an httpx call to a worker.
+        tasks = [StoppableTask(self._pump(0, self.first, queue))]
+        tasks.append(StoppableTask(self._start_rest(queue, tasks)))
         open_samples = self.n
         try:
             while open_samples:
@@ -54,15 +56,17 @@ class Samples:
                 yield index, item
         finally:
             for task in tasks:
-                task.cancel()
+                task.stop()
             for task in tasks:
                 with contextlib.suppress(BaseException):
-                    await task
+                    await task.task
             for generation in self.generations:
                 generation.release()
 
     async def _start_rest(
-        self, queue: asyncio.Queue[tuple[int, TextDelta | _Done | BaseException]], tasks: list
+        self,
+        queue: asyncio.Queue[tuple[int, TextDelta | _Done | BaseException]],
+        tasks: list[StoppableTask],
     ) -> None:
         await self.first.past_prefill.wait()
         for index in range(1, self.n):
@@ -72,7 +76,7 @@ class Samples:
                 queue.put_nowait((index, exc))
                 return
             self.generations.append(generation)
-            tasks.append(asyncio.create_task(self._pump(index, generation, queue)))
+            tasks.append(StoppableTask(self._pump(index, generation, queue)))
 
     @staticmethod
     async def _pump(

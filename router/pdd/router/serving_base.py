@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -22,7 +22,6 @@ from pdd.common.openai_protocol import SSE_DONE, ErrorResponse, SamplingFields, 
 from pdd.common.vocabulary import FinishReason
 from pdd.common.wire import GuidedDecoding, SamplingSpec
 from pdd.router import access_log
-from pdd.router.dispatch import Lease, Route
 from pdd.router.errors import (
     ContextLengthError,
     InvalidRequestError,
@@ -30,7 +29,8 @@ from pdd.router.errors import (
     PromptTooLongError,
     RouterError,
 )
-from pdd.router.generation import Attempt, Generation, TokenLogprobEntry
+from pdd.router.generation import Generation, TokenLogprobEntry
+from pdd.router.route import Route
 from pdd.router.runtime import RouterRuntime
 from pdd.router.samples import Samples
 
@@ -181,7 +181,8 @@ class OpenAIServing:
         sample: int = 0,
         guided: GuidedDecoding | None = None,
     ) -> Generation:
-        """Check the prompt's length, route it, and hold the route's in-flight lease."""
+        """Check the prompt's length, route it, and hold the route's in-flight lease
+        (``Dispatcher.attempt``, which a recovery asks again: ``Generation``)."""
         arrived_at = time.monotonic()
         limit = self.runtime.prompt_limit()
         if not prompt_ids:
@@ -194,31 +195,10 @@ class OpenAIServing:
         request_id = new_id("pdd")
         sampling = self.sampling(request, max_tokens, sample, guided, len(prompt_ids))
 
-        async def routed(
-            exclude: frozenset[str], attempt: int, emitted: Sequence[int] = ()
-        ) -> Attempt:
-            """Route the prompt, or, to resume, the prompt plus the tokens already sent
-            with what is left of ``max_tokens``: the new instances prefill the known tokens
-            and go on from the next position. They count the tokens sent as output
-            (``prior_output_tokens``: penalties, ``min_tokens``, the grammar), so the
-            resumed output is the one an unbroken request makes."""
-            prompt = [*prompt_ids, *emitted]
-            left = sampling.model_copy(
-                update={
-                    "max_tokens": sampling.max_tokens - len(emitted),
-                    "prior_output_tokens": len(emitted),
-                }
-            )
-            route = await self.runtime.dispatcher.route(prompt, left.max_tokens, exclude)
-            lease = Lease.of(route, self.runtime.store, self.runtime.link_estimator)
-            attempt_id = request_id if attempt == 0 else f"{request_id}-r{attempt}"
-            plan = route.plan(attempt_id, prompt, left, self.runtime.config)
-            return Attempt(route, plan, lease)
-
-        first = await routed(frozenset(), 0)
+        first = await self.runtime.dispatcher.attempt(prompt_ids, sampling, request_id=request_id)
         if sample == 0:  # the request's route; later samples follow the first
             self._record(first.route, len(prompt_ids))
-        return Generation(self.runtime, first, request.stop_strings, arrived_at, routed)
+        return Generation(self.runtime, first, request.stop_strings, arrived_at)
 
     def _record(self, route: Route, prompt_tokens: int) -> None:
         m = self.runtime.metrics

@@ -14,7 +14,9 @@ deadline): the KV is still crossing the line, and the router counts it there unt
 then. Whenever the stream ends before the request finished (client disconnect,
 timeout, failure), the request is cancelled on every worker it touched, so their KV
 and locks are freed: after its start at the entry has settled (a cancel sent first
-would find nothing there), and retried where the connection failed.
+would find nothing there), and retried where the connection failed. The readers are
+stopped as ``StoppableTask``s, so a stop never cuts httpx's close of a response short
+(which left the connection's socket open for good).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pdd.common.token_stream import TokenStreamMerger
 from pdd.common.vocabulary import Pipeline
 from pdd.common.wire import Endpoint, KVShipment, PipelinePlan, TokenEvent
 from pdd.router.errors import InvalidRequestError, UpstreamError
+from pdd.router.stoppable import StoppableTask
 from pdd.router.worker_client import WorkerCallError, WorkerClient
 
 log = logging.getLogger(__name__)
@@ -75,7 +78,7 @@ async def relay_tokens(
     watched = list(plan.decode_sources)
     if plan.ships_kv_over_wan:
         watched.append(plan.prefill)  # type: ignore[arg-type]  # its reports, no tokens
-    readers = [asyncio.create_task(_read(client, ep, plan.request_id, queue)) for ep in watched]
+    readers = [StoppableTask(_read(client, ep, plan.request_id, queue)) for ep in watched]
     merger = merger or TokenStreamMerger(plan.request_id)
     deadline = asyncio.get_running_loop().time() + timeout_s
     p_reported = asyncio.Event()  # P's report (or its stream's end) was read
@@ -100,8 +103,8 @@ async def relay_tokens(
             yield event
     finally:
         awaits_p = merger.finished and plan.ships_kv_over_wan and not p_reported.is_set()
-        for task in readers[:-1] if awaits_p else readers:
-            task.cancel()
+        for reader in readers[:-1] if awaits_p else readers:
+            reader.stop()
         if not merger.finished:
             _spawn(_cancel_everywhere(plan, client, started))
         if awaits_p:
@@ -177,7 +180,7 @@ async def _p_report(
     queue: asyncio.Queue[TokenEvent | _StreamEnd],
     deadline: float,
     listeners: tuple[LinkFaultListener | None, KVShippedListener | None],
-    reader: asyncio.Task,
+    reader: StoppableTask,
     on_reports_over: ReportsOverListener | None,
 ) -> None:
     """The client has its answer (a relay finished it) while P's KV for MD is still on
@@ -205,7 +208,7 @@ async def _p_report(
     except TimeoutError:
         return
     finally:
-        reader.cancel()
+        reader.stop()
         if on_reports_over is not None:
             on_reports_over()
 

@@ -26,6 +26,7 @@ from pdd.common.link_estimator import LinkEstimator
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.router.fleet import Fleet
 from pdd.router.instance_choice import choose_relay
+from pdd.router.link_view import LinkView
 from pdd.router.policy import Assignment, Decision, PolicyConfig, RequestFeatures, Saturated, decide
 from pdd.router.recent_traffic import RecentTraffic
 from pdd.simulator.decode import DecodeInstance
@@ -167,7 +168,7 @@ class Cluster:
             request.features,
             hits,
             self.fleet,
-            self.measured_link(),
+            self.link_view(),
             self.traffic.snapshot(),
             self.policy,
         )
@@ -198,6 +199,13 @@ class Cluster:
         instances = Assignment(decision.instances.prefill, None, relay.instance_id)
         reason = f"ablation {Ablation.LOW_HIT_TO_RELAY.value}: a low-hit request ends at RLD"
         return replace(decision, pipeline=Pipeline.P_RLD, instances=instances, reason=reason)
+
+    def link_view(self) -> LinkView:
+        """What the policy sees of the line here: its measured state only. The simulated
+        line never fails (no doubt), P and the relay run at the scenario's rates (none
+        measured), and MD's step is the policy's ``md_first_step_s``; awaited KV is not
+        modelled (a hit counts from dispatch)."""
+        return LinkView(self.measured_link())
 
     def measured_link(self) -> LinkState:
         """The line as the router's link estimator sees it: the KV committed to it and not

@@ -1,6 +1,6 @@
 """Run one system of a scenario on a workload: chains in, request records and samples out.
 
-Chains are driven as the live replay drives them (``pdd.local.replay``): each request
+Chains are driven as the live replay drives them (``pdd.bench.replay``): each request
 goes out ``think_s`` after the previous answer of its chain, and spawned chains
 (subagents) start when their parent reaches them. An open-loop workload is one
 single-request chain per arrival, started by a feeder so only live chains hold state.

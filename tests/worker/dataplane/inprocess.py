@@ -38,6 +38,7 @@ from pdd.router.config import RouterConfig, WorkerRef
 from pdd.router.runtime import RouterRuntime
 from pdd.router.worker_client import WorkerClient
 from pdd.testing.asgi import StreamingASGITransport
+from pdd.testing.memory_network import LinkFaults, MemoryNetwork
 from pdd.testing.waiting import WaitTimeout, until
 from pdd.wan.link import WanLink
 from pdd.worker.engine import Engine
@@ -45,7 +46,6 @@ from pdd.worker.engine_runner import LoopEngineRunner
 from pdd.worker.instance import WorkerInstance
 from pdd.worker.model.loader import LoadedModel
 from pdd.worker.roles.base import RoleBase, WorkerSettings
-from pdd.worker.transport.memory import LinkFaults, MemoryNetwork
 
 #: Loop time one engine step takes: 200 steps per second per instance.
 STEP_S = 0.005

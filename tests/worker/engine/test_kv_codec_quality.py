@@ -1,10 +1,10 @@
 """The WAN codecs' quality on checkpoints transformers wrote (Llama, Qwen2, Qwen3 shapes).
 
 Greedy, 64 generated tokens per prompt, against the same model with exact KV (see
-``pdd.worker.engine.kv_codec_quality`` for the views). int8 must keep 99% of the
-tokens under teacher forcing; fp8 and int4 are held to looser bounds that still catch
-a broken codec (a wrong scale or a swapped nibble is off by far more). The
-free-running agreement is reported by bench/kv_codec.py, not asserted: on these
+``bench/kv_codec_quality.py``, the measure bench/kv_codec.py reports, for the views).
+int8 must keep 99% of the tokens under teacher forcing; fp8 and int4 are held to
+looser bounds that still catch a broken codec (a wrong scale or a swapped nibble is off
+by far more). The free-running agreement is reported by bench/kv_codec.py, not asserted: on these
 random-weight models one near-tie changes every token after it. What is asserted is
 that int8's free runs (the engine's own export and import) leave the exact one only
 at near-ties: a broken coded transfer would flip clear decisions too.
@@ -12,20 +12,30 @@ at near-ties: a broken coded transfer would flip clear decisions too.
 On checkpoints trained on the synthetic corpus (``tests/worker/checkpoints.py``),
 whose top two logits are rarely tied, int8 must keep 99% of the tokens free-running
 too: the issue's bar, on the engine's export and import. The same bar through whole
-stacks (router, P, MD, the WAN line), against mono: ``tests/local/test_greedy_agreement.py``.
+stacks (router, P, MD, the WAN line), against mono: ``tests/bench/test_greedy_agreement.py``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import random
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from pdd.worker.engine.kv_codec import fp8_supported
-from pdd.worker.engine.kv_codec_quality import CodecQuality, measure
 from pdd.worker.model.loader import load_model
+
+# The measure is benchmark code (bench/), loaded by path: bench/ is not a package.
+_spec = importlib.util.spec_from_file_location(
+    "kv_codec_quality", Path(__file__).parents[3] / "bench" / "kv_codec_quality.py"
+)
+kv_codec_quality = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = kv_codec_quality  # its dataclasses look their module up
+_spec.loader.exec_module(kv_codec_quality)
+CodecQuality, measure = kv_codec_quality.CodecQuality, kv_codec_quality.measure
 
 pytestmark = pytest.mark.slow
 

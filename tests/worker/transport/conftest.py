@@ -10,10 +10,10 @@ import pytest
 
 from pdd.common.wan_tls import CA_FILE, CERT_FILE, KEY_FILE, WanTls, load_wan_tls
 from pdd.operator.builders.wan_tls import WanTlsMaterial, new_wan_tls
+from pdd.testing.memory_network import MemoryNetwork
 from pdd.testing.waiting import until
 from pdd.worker.transport import Channel, LinkDown, MsgType, TransportConfig, serve
 from pdd.worker.transport.endpoints import Server
-from pdd.worker.transport.memory import MemoryNetwork
 
 SECRET = "test-secret"
 KIB = 1024

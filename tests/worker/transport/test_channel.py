@@ -12,6 +12,7 @@ import os
 
 import pytest
 
+from pdd.testing.memory_network import MemoryNetwork
 from pdd.testing.virtual_time import advance
 from pdd.worker.transport import (
     AuthError,
@@ -29,7 +30,6 @@ from pdd.worker.transport import (
 )
 from pdd.worker.transport.counters import ByteCounters as _Counters
 from pdd.worker.transport.framing import HEADER_SIZE, Frame, encode_frame, read_frame
-from pdd.worker.transport.memory import MemoryNetwork
 from pdd.worker.transport.peer_auth import client_handshake
 from pdd.worker.transport.stream import FrameStream
 

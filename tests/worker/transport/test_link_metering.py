@@ -14,6 +14,7 @@ import asyncio
 import pytest
 
 from pdd.common.link_meter import LinkKey, LinkMeters
+from pdd.testing.memory_network import MemoryNetwork
 from pdd.wan.link import WanLink
 from pdd.worker.transport import (
     Channel,
@@ -25,7 +26,6 @@ from pdd.worker.transport import (
     connect,
     serve,
 )
-from pdd.worker.transport.memory import MemoryNetwork
 from pdd.worker.transport.metering import ChannelMeter
 
 pytestmark = [pytest.mark.unit, pytest.mark.virtual_clock]

@@ -10,6 +10,7 @@ import asyncio
 
 import pytest
 
+from pdd.testing.memory_network import MemoryNetwork
 from pdd.wan.link import WanLink
 from pdd.worker.transport import (
     Channel,
@@ -21,7 +22,6 @@ from pdd.worker.transport import (
     connect,
     serve,
 )
-from pdd.worker.transport.memory import MemoryNetwork
 
 pytestmark = [pytest.mark.unit, pytest.mark.virtual_clock]
 

@@ -1,0 +1,206 @@
+"""Send a synthesized trace through the router's OpenAI API, as its clients would.
+
+Every chain is one client: it waits for its start offset, then sends its requests one
+after another, each ``think_s`` after the previous answer finished streaming. Spawned
+chains (subagents) start beside their parent without blocking it. Requests go to
+``/v1/completions`` with the token IDs as the prompt, streamed, greedy, with
+``ignore_eos`` so output lengths follow the trace. A request too long for the model is
+not sent: it is recorded as skipped and its chain goes on. A failed request is recorded
+with how it failed (``ErrorKind``) and why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import httpx
+
+from pdd.bench.synth import Job
+from pdd.local.traces.base import Chain, Trace
+
+#: How a request failed, as the client saw it: an OpenAI error body with an error status
+#: (``body``) or an SSE error frame mid-stream (``frame``) are the clean ways; an error
+#: status without that body, a broken connection or a stream that just stops are not.
+ErrorKind = Literal["body", "frame", "malformed", "transport", "incomplete"]
+CLEAN_ERRORS: tuple[ErrorKind, ...] = ("body", "frame")
+
+
+@dataclass
+class Outcome:
+    """What the client saw of one request; times in seconds."""
+
+    key: str
+    prompt_tokens: int
+    max_tokens: int
+    sent_at: float = 0.0  # since the replay began
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    chunk_times: list[float] = field(default_factory=list)  # since sent, per streamed frame
+    text: str = ""
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    error_kind: ErrorKind | None = None
+    #: A short, countable reason: ``HTTP 503 service_unavailable``, ``frame upstream_error``.
+    error_reason: str | None = None
+    skipped: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.skipped and self.error is None
+
+    @property
+    def failed_cleanly(self) -> bool:
+        return self.error_kind in CLEAN_ERRORS
+
+    def fail(self, kind: ErrorKind, reason: str, message: str) -> None:
+        self.error_kind, self.error_reason, self.error = kind, reason, message
+
+    @property
+    def gaps(self) -> list[float]:
+        """Time between consecutive streamed frames (inter-token latency as seen)."""
+        t = self.chunk_times
+        return [b - a for a, b in itertools.pairwise(t)]
+
+
+@dataclass(frozen=True)
+class ReplayTarget:
+    base_url: str  # e.g. http://127.0.0.1:8080/v1
+    model: str
+    request_timeout_s: float = 300.0
+    api_key: str | None = None
+
+
+class Replayer:
+    """Runs one workload against one target; ``on_outcome`` is called per request."""
+
+    def __init__(
+        self,
+        target: ReplayTarget,
+        on_outcome: Callable[[Outcome], None] = lambda _: None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.target = target
+        self.on_outcome = on_outcome
+        self._transport = transport
+        self.outcomes: list[Outcome] = []
+        #: When the replay began (``time.monotonic()``); ``sent_at`` counts from it.
+        self.t0 = 0.0
+        self._tasks: set[asyncio.Task] = set()
+
+    async def run(self, workload: Trace[Job]) -> list[Outcome]:
+        headers = {"Authorization": f"Bearer {self.target.api_key}"} if self.target.api_key else {}
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        timeout = httpx.Timeout(self.target.request_timeout_s, connect=30.0)
+        async with httpx.AsyncClient(
+            limits=limits, timeout=timeout, headers=headers, transport=self._transport
+        ) as client:
+            self._client = client
+            self.t0 = time.monotonic()
+            for chain in workload.chains:
+                self._launch(chain, delay_s=chain.start_s)
+            while self._tasks:
+                await asyncio.gather(*list(self._tasks))
+        return self.outcomes
+
+    def _launch(self, chain: Chain[Job], delay_s: float) -> None:
+        task = asyncio.create_task(self._run_chain(chain, delay_s))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_chain(self, chain: Chain[Job], delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        self._spawn_after(chain, -1)
+        for i, job in enumerate(chain.requests):
+            if i > 0:
+                await asyncio.sleep(job.think_s)
+            outcome = await self._send(job)
+            self.outcomes.append(outcome)
+            self.on_outcome(outcome)
+            self._spawn_after(chain, i)
+
+    def _spawn_after(self, chain: Chain[Job], index: int) -> None:
+        for spawn in chain.spawns:
+            if spawn.after == index:
+                self._launch(spawn.chain, spawn.delay_s)
+
+    async def _send(self, job: Job) -> Outcome:
+        out = Outcome(job.key, len(job.prompt_ids), job.max_tokens)
+        out.sent_at = time.monotonic() - self.t0
+        if not job.fits:
+            out.skipped = True
+            return out
+        body = {
+            "model": self.target.model,
+            "prompt": list(job.prompt_ids),
+            "max_tokens": job.max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        start = time.monotonic()
+        try:
+            await self._stream(body, out, start)
+        except httpx.HTTPError as exc:
+            out.fail("transport", type(exc).__name__, f"{type(exc).__name__}: {exc}")
+        except json.JSONDecodeError as exc:
+            out.fail("malformed", "frame not JSON", f"a frame that is not JSON: {exc}")
+        out.e2e_s = time.monotonic() - start
+        if out.error is None and out.finish_reason is None:
+            reason = "stream ended without a finish_reason"
+            out.fail("incomplete", reason, reason)
+        return out
+
+    async def _stream(self, body: dict, out: Outcome, start: float) -> None:
+        url = f"{self.target.base_url}/completions"
+        async with self._client.stream("POST", url, json=body) as resp:
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")
+                _apply_error_body(resp.status_code, text, out)
+                return
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    return
+                _apply_frame(json.loads(data), out, time.monotonic() - start)
+
+
+def _apply_error_body(status: int, text: str, out: Outcome) -> None:
+    """An error status: clean when its body is the OpenAI error shape."""
+    message = f"HTTP {status}: {text[:300]}"
+    try:
+        detail = json.loads(text)["error"]
+        out.fail("body", f"HTTP {status} {detail['type']}", message)
+    except (ValueError, KeyError, TypeError):
+        out.fail("malformed", f"HTTP {status} without an OpenAI error body", message)
+
+
+def _apply_frame(frame: dict, out: Outcome, elapsed: float) -> None:
+    """One SSE frame: an error, a usage-only frame, or a token frame."""
+    if "error" in frame:
+        error = frame["error"]
+        message = str(error.get("message", error))
+        out.fail("frame", f"frame {error.get('type', 'error')}", message)
+        return
+    usage = frame.get("usage")
+    if usage:
+        out.completion_tokens = usage.get("completion_tokens")
+        details = usage.get("prompt_tokens_details") or {}
+        out.cached_tokens = details.get("cached_tokens")
+    for choice in frame.get("choices", []):
+        if out.ttft_s is None:
+            out.ttft_s = elapsed
+        out.chunk_times.append(elapsed)
+        out.text += choice.get("text") or ""
+        if choice.get("finish_reason"):
+            out.finish_reason = choice["finish_reason"]

@@ -1,0 +1,116 @@
+"""Where one request goes and why: a ``Route``, what it counts in flight on its
+instances and on the WAN line, and the plan the entry instance receives.
+
+A route whose KV crosses the link counts under ``WAN_TRANSFERS`` (and its KiB under
+``WAN_BACKLOG_KIB``) beside its instances, in the store every router replica shares,
+until MD has the KV (``pdd.router.lease``): so each replica's policy sees the backlog
+all of them committed (``committed_backlog``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from pdd.common.kv_codec import ADAPTIVE, KVCodec, shared_in_receiver_cache
+from pdd.common.link_estimator import Backlog
+from pdd.common.vocabulary import Pipeline
+from pdd.common.wire import Endpoint, PipelinePlan, SamplingSpec
+from pdd.router.config import RouterConfig
+
+#: The in-flight counter of KV transfers on the WAN link, beside the instances' counters:
+#: every replica adds its own, so all of them see the line's load (no instance has this id).
+WAN_TRANSFERS = "~wan-transfers"
+#: ... and of the KiB of KV those transfers carry (the store counts integers).
+WAN_BACKLOG_KIB = "~wan-backlog-kib"
+_KIB = 1024
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where one request goes and why (``reason`` for people, ``reason_code`` for metrics)."""
+
+    pipeline: Pipeline
+    reason: str
+    reason_code: str
+    prefill: Endpoint | None
+    relay: Endpoint | None
+    main: Endpoint | None
+    p_hit_tokens: int = 0
+    md_hit_tokens: int = 0
+    #: The prompt's chained block hashes, computed once for the lookup and reused when
+    #: MD reports its real hit (``MeasuredHits``).
+    prompt_hashes: tuple[int, ...] = ()
+    #: ``LinkHealth.ticket`` when this route was chosen: its KV landing on MD proves the
+    #: line only if no transfer failed since.
+    link_ticket: int = 0
+    #: KV bytes P ships to MD over the link (MD's miss; 0 when nothing crosses).
+    kv_bytes: int = 0
+    #: Tokens P computes (its miss): what the link estimator's samples take P's time from.
+    prefill_tokens: int = 0
+    #: The line's backlog (every replica's) when this route was chosen.
+    backlog: Backlog = field(default_factory=Backlog)
+    #: Requests already on the relay when this route was chosen: the link estimator
+    #: reads the relay's first token as P's time only when there were none.
+    relay_active: int = 0
+    #: The hashes of the prompt blocks P ships into MD's cache (past MD's hit): a later
+    #: request counting on them waits for this transfer (``LinkEstimator.awaited_bytes``).
+    carried_hashes: tuple[int, ...] = ()
+    #: The codec the router chose for MD's KV (``spec.wan.kvCodec: adaptive``) and its
+    #: KV bytes per token on the WAN; None: the deployment's codec.
+    kv_codec: KVCodec | None = None
+    kv_bytes_per_token: int | None = None
+
+    @property
+    def endpoints(self) -> list[Endpoint]:
+        return [e for e in (self.prefill, self.relay, self.main) if e is not None]
+
+    @property
+    def ships_kv(self) -> bool:
+        """P sends the prompt's KV (MD's miss) to MD: a transfer on the link."""
+        return self.prefill is not None and self.main is not None
+
+    @property
+    def fills_main_cache(self) -> bool:
+        """MD keeps what P ships in its prefix cache (naive bypasses it, and under adaptive
+        KV coded lossily stays the request's own: ``shared_in_receiver_cache``)."""
+        shared = self.kv_codec is None or shared_in_receiver_cache(self.kv_codec, ADAPTIVE)
+        return self.ships_kv and self.pipeline != Pipeline.NAIVE and shared
+
+    @property
+    def lease_keys(self) -> list[str]:
+        """What this route counts in flight: its instances, and the link when it ships KV."""
+        keys = [e.instance_id for e in self.endpoints]
+        return [*keys, WAN_TRANSFERS, WAN_BACKLOG_KIB] if self.ships_kv else keys
+
+    @property
+    def lease_amounts(self) -> dict[str, int]:
+        """Counts other than 1 a lease holds: the KiB of KV this route commits to the line."""
+        return {WAN_BACKLOG_KIB: math.ceil(self.kv_bytes / _KIB)} if self.ships_kv else {}
+
+    def plan(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: SamplingSpec,
+        config: RouterConfig,
+    ) -> PipelinePlan:
+        return PipelinePlan(
+            request_id=request_id,
+            prompt_ids=prompt_ids,
+            sampling=sampling,
+            pipeline=self.pipeline,
+            prefill=self.prefill,
+            relay=self.relay,
+            main=self.main,
+            handoff=config.handoff,
+            catchup_threshold=config.catchup_threshold,
+            main_hit_tokens=self.md_hit_tokens if self.ships_kv else None,
+            kv_codec=self.kv_codec if self.ships_kv else None,
+        )
+
+
+def committed_backlog(inflight: Mapping[str, int]) -> Backlog:
+    """The line's backlog as every replica's leases count it in the shared store."""
+    return Backlog(inflight.get(WAN_BACKLOG_KIB, 0) * _KIB, inflight.get(WAN_TRANSFERS, 0))
