@@ -20,9 +20,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pdd.bench.greedy_agreement import StackGreedy, run_greedy
 from pdd.common.model_store import DEFAULT_MODEL, cached
 from pdd.local.cluster import LinkSpec, free_port
-from pdd.local.greedy_agreement import StackGreedy, run_greedy
 from pdd.local.stack import StackInfo
 from pdd.local.topology import DEFAULT_LINK, StackConfig
 from pdd.router.tokenization import load_prompt_tokenizer
