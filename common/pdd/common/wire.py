@@ -288,6 +288,17 @@ class TokenEvent(_Wire):
         return self.token_id is not None
 
 
+class KVShape(_Wire):
+    """The shape of a worker's KV cache, as its loaded checkpoint and dtype give it: what
+    the operator sizes the WAN link with when the spec does not give ``model.config``."""
+
+    num_layers: int = Field(ge=1)
+    num_kv_heads: int = Field(ge=1)
+    head_dim: int = Field(ge=1)
+    dtype: str = Field(description="the KV cache's dtype (float32, bfloat16, ...)")
+    bytes_per_token: int = Field(ge=1, description="K and V of one token over all layers")
+
+
 class EngineInfo(_Wire):
     """What an instance's engine actually got (``GET /health``'s ``engine``, the start-up
     log line, the ``pdd_worker_engine_*`` gauges): settings resolved against the machine."""
@@ -308,6 +319,8 @@ class EngineInfo(_Wire):
     max_model_len: int = Field(ge=1)
     max_prompt_tokens: int = Field(ge=1)
     max_num_batched_tokens: int = Field(ge=1, description="per-step token budget (chunked prefill)")
+    #: None from a worker older than this field.
+    kv_shape: KVShape | None = None
 
 
 class WorkerHealth(_Wire):

@@ -28,6 +28,7 @@ from pdd.operator.sizing import kv_capacity, size_link
 from pdd.operator.spec import PDDSpec
 from pdd.operator.status import write_status
 from pdd.operator.validation import InvalidSpecError, parse_spec
+from pdd.operator.worker_reports import read_reported_shape
 
 HEALTHY = Condition("Degraded", "False", "AsExpected", "spec is valid and every child is written")
 
@@ -53,7 +54,8 @@ async def reconcile(runtime: OperatorRuntime, body: kopf.Body, logger: logging.L
     plan = build_plan(spec, owner, token, wan_tls)
     outcomes = await _apply(plan, api, remote)
     await _prune(plan, owner, api)
-    report = size_link(spec)
+    reported = await read_reported_shape(spec, owner, api)
+    report = size_link(spec, reported)
     if report.undersized:
         kopf.warn(body, reason="LinkUndersized", message=report.condition.message)
     written = ", ".join(f"{n} {o}" for o, n in outcomes.items() if o is not Outcome.UNCHANGED)
@@ -67,7 +69,7 @@ async def reconcile(runtime: OperatorRuntime, body: kopf.Body, logger: logging.L
         fields = {
             "observedGeneration": generation,
             "wan": report.wan,
-            "engine": kv_capacity(spec),
+            "engine": kv_capacity(spec, reported),
             "roles": public_roles(roles),
         }
         return fields, [report.condition, HEALTHY, *readiness_conditions(roles), *model]

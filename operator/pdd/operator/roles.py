@@ -18,9 +18,11 @@ from pdd.operator.plan import remote_namespace
 from pdd.operator.readiness import public_roles, readiness_conditions, role_status
 from pdd.operator.remote import RemoteClusterUnavailable
 from pdd.operator.runtime import OperatorRuntime
+from pdd.operator.sizing import kv_capacity, size_link
 from pdd.operator.spec import PDDSpec
 from pdd.operator.status import write_status
 from pdd.operator.validation import InvalidSpecError, parse_spec
+from pdd.operator.worker_reports import needs_reported_shape, read_reported_shape
 
 #: The roles whose Deployments status.roles reports (Redis's is not one of them).
 REPORTED_ROLES = (*WORKER_ROLES, Component.ROUTER)
@@ -88,6 +90,16 @@ async def refresh_readiness(
         return None
     roles = await read_roles(spec, owner, runtime.api, remote)
     model = await read_model_condition(spec, owner, runtime.api, remote)
+    # Without model.config the link is sized from what a ready prefill pod reports: a
+    # change in P's readiness (what wakes this) is when that becomes possible.
+    sized: dict[str, Any] = {}
+    link: list[Condition] = []
+    if needs_reported_shape(spec):
+        reported = await read_reported_shape(spec, owner, runtime.api)
+        if reported is not None:
+            report = size_link(spec, reported)
+            sized = {"wan": report.wan, "engine": kv_capacity(spec, reported)}
+            link = [report.condition]
 
     def compute(current: dict[str, Any], _: int) -> tuple[dict[str, Any], list[Condition]]:
         degraded: dict[str, Any] = next(
@@ -95,7 +107,8 @@ async def refresh_readiness(
         )
         if degraded.get("status") == "True":  # the reconcile handler's verdict stands
             return {}, []
-        return {"roles": public_roles(roles)}, [*readiness_conditions(roles), *model]
+        fields = {"roles": public_roles(roles), **sized}
+        return fields, [*readiness_conditions(roles), *model, *link]
 
     async with runtime.lock(owner.uid):
         await write_status(runtime.api, owner.namespace, owner.name, compute)

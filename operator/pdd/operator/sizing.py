@@ -12,6 +12,7 @@ from pdd.operator.builders.config import engine_settings
 from pdd.operator.conditions import Condition
 from pdd.operator.kv_size import resolve_kv_bytes_per_token, resolve_wan_kv_bytes_per_token
 from pdd.operator.spec import PDDSpec
+from pdd.operator.worker_reports import ReportedShape, needs_reported_shape, with_reported_shape
 
 
 @dataclass(frozen=True)
@@ -21,9 +22,13 @@ class LinkReport:
     undersized: bool  # worth a Warning event
 
 
-def size_link(spec: PDDSpec) -> LinkReport:
-    """Size the declared link for the expected workload, or say what is missing."""
+def size_link(spec: PDDSpec, reported: ReportedShape | None = None) -> LinkReport:
+    """Size the declared link for the expected workload, or say what is missing. The KV
+    shape is the spec's ``model.config``, else the one a worker ``reported``."""
     wan: dict[str, Any] = {"declaredGbps": spec.wan.declared_gbps, "rttMs": spec.wan.rtt_ms}
+    if reported is not None and needs_reported_shape(spec):
+        spec = with_reported_shape(spec, reported)
+        wan["kvShapeReportedBy"] = reported.pod
     kv_bpt = resolve_wan_kv_bytes_per_token(spec.model, spec.wan.kv_codec)
     if kv_bpt is None:
         return LinkReport(wan, _kv_size_unknown(spec), False)
@@ -68,16 +73,16 @@ def size_link(spec: PDDSpec) -> LinkReport:
 
 
 def _kv_size_unknown(spec: PDDSpec) -> Condition:
+    waiting = (
+        "not sized until a ready prefill pod reports the KV shape it loaded, or set "
+        "model.config (numLayers, numKVHeads, headDim, dtype; `pdd models inspect` prints it)"
+    )
     if spec.wan.kv_codec == NO_CODEC:
-        message = (
-            "cannot size the WAN link: set model.kvBytesPerToken, or model.config "
-            "(numLayers, numKVHeads, headDim, dtype) from the checkpoint's config.json"
-        )
+        message = f"KV size unknown: {waiting}, or model.kvBytesPerToken"
     else:
         message = (
-            f"cannot size the WAN link: wan.kvCodec {spec.wan.kv_codec} sizes the compressed "
-            "KV from the model's shape; set model.config (numLayers, numKVHeads, headDim, "
-            "dtype) from the checkpoint's config.json"
+            f"KV size unknown: wan.kvCodec {spec.wan.kv_codec} sizes the compressed KV from "
+            f"the model's shape; {waiting}"
         )
     return Condition("LinkSized", "Unknown", "KVSizeUnknown", message)
 
@@ -91,10 +96,11 @@ def _relay_note(spec: PDDSpec, recommended_max: int) -> str:
     )
 
 
-def kv_capacity(spec: PDDSpec) -> dict[str, dict[str, Any]]:
+def kv_capacity(spec: PDDSpec, reported: ReportedShape | None = None) -> dict[str, dict[str, Any]]:
     """status.engine: each worker role's KV cache as configured, and in tokens per pod
     where a fixed size makes that computable here (a fraction of device memory is
     resolved by each pod at start and reported on its ``/health``)."""
+    spec = with_reported_shape(spec, reported)
     kv_bpt = resolve_kv_bytes_per_token(spec.model)
     report: dict[str, dict[str, Any]] = {}
     for role, settings in engine_settings(spec).model_dump().items():

@@ -90,6 +90,12 @@ class WorkerMetrics:
             ["path"],
             registry=r,
         )
+        self.kv_waits = Counter(
+            "pdd_worker_kv_block_waits",
+            "Requests whose KV attach waited for blocks to free (none were free, even after "
+            "eviction and preemption) instead of being refused",
+            registry=r,
+        )
         self.relay_load = Gauge(
             RELAY_LOAD_METRIC, "Relay load in [0, 1] (the relay HPA's signal)", registry=r
         )

@@ -26,7 +26,7 @@ import torch
 from pdd.common.cache_events import CacheEvent
 from pdd.common.kv_codec import NO_CODEC, KVCodec
 from pdd.common.tokenizer import Tokenizer
-from pdd.common.wire import EngineInfo, TokenLogprobs
+from pdd.common.wire import EngineInfo, KVShape, TokenLogprobs
 from pdd.worker.engine.block_pool import BlockPool
 from pdd.worker.engine.config import EngineConfig, EngineStats
 from pdd.worker.engine.device import SYSTEM_PROBE, DeviceProbe, load_on_device
@@ -315,6 +315,13 @@ class Engine:
             max_model_len=self.max_model_len,
             max_prompt_tokens=self.limits.max_prompt_tokens,
             max_num_batched_tokens=self.config.max_num_batched_tokens,
+            kv_shape=KVShape(
+                num_layers=self.layout.num_layers,
+                num_kv_heads=self.layout.num_kv_heads,
+                head_dim=self.layout.head_dim,
+                dtype=str(self.layout.dtype).removeprefix("torch."),
+                bytes_per_token=self.layout.bytes_per_token,
+            ),
         )
 
     @property

@@ -124,6 +124,13 @@ def sampling_params(plan: PipelinePlan, max_tokens: int | None = None) -> Sampli
     )
 
 
+#: Share of P's wait for a receiver's answer to ``prepare`` (the transport's connect
+#: timeout) the receiver may spend before answering: waiting for KV still landing, then
+#: for free blocks. The rest is the line's margin, so a receiver that waits is never
+#: taken for a cut line.
+ANSWER_SHARE = 0.8
+
+
 class RoleBase:
     """Entry points (overridden per role) and the shared machinery."""
 
@@ -153,6 +160,11 @@ class RoleBase:
         #: What the engine got (device, dtype, KV capacity); fixed once it is built.
         self.engine_info = runner.engine.info()
         metrics.report_engine(self.engine_info)
+
+    def answer_deadline(self) -> float:
+        """Loop time by which a ``prepare`` arriving now must be answered (``ANSWER_SHARE``)."""
+        t = ANSWER_SHARE * self.settings.transport.connect_timeout_s
+        return asyncio.get_running_loop().time() + t
 
     # --- entry points -----------------------------------------------------------------------
     async def start_request(self, plan: PipelinePlan) -> None:

@@ -6,10 +6,19 @@ already holds, so it cannot be evicted while the rest is in flight; any failure
 aborts the attached request, which releases the lock and the blocks. The
 ``prepare`` names the KV codec P will send (across the WAN it may compress); one
 this instance was not configured for is refused before anything is attached.
+
+An attach the KV pool has no room for now (its free blocks, the prefix cache it may
+evict and the running requests it may preempt are all short: the blocks are held by
+other requests whose KV is still coming) waits, as a request waits in vLLM's waiting
+queue, until a step or a release frees enough, instead of being refused at once. The
+wait is bounded by the sender's patience for the answer (``attach_wait_s``): past it
+the request is refused and the router routes it elsewhere or answers 429.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +36,7 @@ from pdd.common.kv_codec import (
 from pdd.common.wire import PipelinePlan, TokenLogprobs
 from pdd.worker.engine import Engine
 from pdd.worker.engine.kv_transfer import KVGapError, KVTransferError
-from pdd.worker.engine.request import RequestError
+from pdd.worker.engine.request import NoFreeBlocksError, RequestError
 from pdd.worker.roles.base import RoleBase, sampling_params
 from pdd.worker.roles.protocol import (
     ProtocolError,
@@ -63,7 +72,7 @@ def first_position_logprobs(received: ReceivedKV) -> dict[int, TokenLogprobs]:
 
 async def receive_kv(
     role: RoleBase, channel: Channel, plan: PipelinePlan, use_cache: bool,
-    offered: object = NO_CODEC, expected: KVCodecSetting = NO_CODEC,
+    offered: object = NO_CODEC, expected: KVCodecSetting = NO_CODEC, attach_wait_s: float = 0.0,
 ) -> ReceivedKV:  # fmt: skip
     """Attach and import every chunk; the request is attached (awaiting resume) on success.
 
@@ -75,6 +84,8 @@ async def receive_kv(
     (no match, nothing cached at the end), so the whole KV crosses the link and
     what the cache holds for other requests is left alone. KV coded where the cache
     must stay exact (``shared_in_receiver_cache``) hits the cache but is not added to it.
+
+    ``attach_wait_s``: how long the attach may wait for blocks (see the module's note).
     """
     rid, n = plan.request_id, len(plan.prompt_ids)
     params = sampling_params(plan)
@@ -91,11 +102,7 @@ async def receive_kv(
 
     private = not shared_in_receiver_cache(codec, expected)
     try:
-        hit = await role.runner.call(
-            lambda e: e.attach_request(
-                plan.prompt_ids, params, rid, use_cache=use_cache, private_kv=private
-            )
-        )
+        hit = await _attach_when_room(role, plan, params, use_cache, private, attach_wait_s)
     except RequestError as exc:
         await send_error(channel, rid, "attach_failed", str(exc))
         raise KVReceiveError(f"cannot take the request: {exc}") from exc
@@ -115,6 +122,37 @@ async def receive_kv(
             f"KV transfer from {channel.peer.name} failed: {exc}", culprit
         ) from exc
     return ReceivedKV(first_token, prefill_hit, hit, first_logprobs)
+
+
+async def _attach_when_room(
+    role: RoleBase, plan: PipelinePlan, params: Any, use_cache: bool, private: bool,
+    wait_s: float,
+) -> int:  # fmt: skip
+    """Attach ``plan``'s request as soon as the pool has room for it, trying again after
+    each turn of the engine's loop (a step that finished requests, a release) until
+    ``wait_s`` has passed; then ``NoFreeBlocksError``. A request cancelled while it
+    waits stops waiting (``NoFreeBlocksError`` too: nothing was attached)."""
+    rid, loop = plan.request_id, asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    waited = False
+    while True:
+        try:
+            hit = await role.runner.call(
+                lambda e: e.attach_request(
+                    plan.prompt_ids, params, rid, use_cache=use_cache, private_kv=private
+                )
+            )
+        except NoFreeBlocksError:
+            left = deadline - loop.time()
+            if left <= 0 or rid in role.cancelled:
+                raise
+            if not waited:
+                waited = True
+                role.metrics.kv_waits.inc()
+            with contextlib.suppress(TimeoutError):  # then one last try at the deadline
+                await asyncio.wait_for(role.runner.next_step(), left)
+            continue
+        return hit
 
 
 async def _import_all(role: RoleBase, channel: Channel, rid: str, codec: KVCodec) -> dict[str, Any]:

@@ -84,6 +84,7 @@ class MainDecodeRole(RoleBase):
         self.hub.get(rid).start()
         entry = self._entry(rid)
         use_cache = plan.pipeline != Pipeline.NAIVE
+        answer_by = self.answer_deadline()
         codec = codec_of_handshake(msg.get("codec", NO_CODEC))
         entry.shares_kv = codec is not None and shared_in_receiver_cache(
             codec, self.settings.kv_codec
@@ -92,8 +93,9 @@ class MainDecodeRole(RoleBase):
             if use_cache:
                 await self._wait_for_landing_kv(rid, plan.prompt_ids, entry.shares_kv)
             received = await receive_kv(
-                self, channel, plan, use_cache, msg.get("codec", NO_CODEC), self.settings.kv_codec
-            )
+                self, channel, plan, use_cache, msg.get("codec", NO_CODEC), self.settings.kv_codec,
+                attach_wait_s=answer_by - asyncio.get_running_loop().time(),
+            )  # fmt: skip
         except KVReceiveError as exc:
             self._end(rid, error=str(exc), culprit=exc.culprit)
             return False

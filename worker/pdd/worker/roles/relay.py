@@ -62,8 +62,9 @@ class RelayRole(RoleBase):
         self.hub.get(rid).start()
         try:
             received = await receive_kv(
-                self, channel, plan, use_cache=True, offered=msg.get("codec", NO_CODEC)
-            )
+                self, channel, plan, use_cache=True, offered=msg.get("codec", NO_CODEC),
+                attach_wait_s=self.answer_deadline() - asyncio.get_running_loop().time(),
+            )  # fmt: skip
         except KVReceiveError as exc:
             self.hub.fail(rid, 0, str(exc))
             self.live.discard(rid)
