@@ -219,13 +219,15 @@ class Engine:
     def _forward(self, scheduled: list[ScheduledSeq]) -> torch.Tensor:
         """Last-token logits ``[len(scheduled), vocab]``, in ``scheduled`` order.
 
-        Decodes and multi-token passes (prefill chunks, extends) run as two
-        batches: attention pads every query to the longest in its batch, so one
-        512-token chunk beside 31 decodes would otherwise cost 32 x 512 queries.
+        Through the paged CPU kernel the whole step is one batch (no padding: each
+        query token attends over its own sequence), so the weights are read once a
+        step. Through SDPA, decodes and multi-token passes (prefill chunks, extends)
+        run as two batches: attention pads every query to the longest in its batch,
+        so one 512-token chunk beside 31 decodes would otherwise cost 32 x 512 queries.
         """
         decodes = [i for i, s in enumerate(scheduled) if s.num_tokens == 1]
         others = [i for i, s in enumerate(scheduled) if s.num_tokens > 1]
-        if not decodes or not others:
+        if not decodes or not others or self._paged():
             return self._run([self._seq_input(s) for s in scheduled])
         short = self._run([self._seq_input(scheduled[i]) for i in decodes])
         long = self._run([self._seq_input(scheduled[i]) for i in others])
@@ -235,10 +237,13 @@ class Engine:
         return logits
 
     def _run(self, seqs: list[SeqInput]) -> torch.Tensor:
-        kernels = self.loaded.model.kernels
-        paged = kernels is not None and kernels.paged_attention is not None
-        batch = ForwardBatch.build(seqs, self.config.block_size, self.device, paged=paged)
+        batch = ForwardBatch.build(seqs, self.config.block_size, self.device, paged=self._paged())
         return self.loaded.model(batch, self.kv)
+
+    def _paged(self) -> bool:
+        """Whether this step's batches are built for the paged CPU attention kernel."""
+        kernels = self.loaded.model.kernels
+        return kernels is not None and kernels.paged_attention is not None
 
     @staticmethod
     def _seq_input(s: ScheduledSeq) -> SeqInput:
