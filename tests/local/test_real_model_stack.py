@@ -49,7 +49,7 @@ def model_dir() -> Path:
 def test_pdd_up_answers_paris_and_equals_one_engine(model_dir: Path, tmp_path: Path) -> None:
     log_dir, output = tmp_path / "logs", tmp_path / "up.out"
     argv = [sys.executable, "-m", "pdd.cli", "up", "--port", str(free_port()),
-            "--log-dir", str(log_dir)]  # fmt: skip
+            "--log-dir", str(log_dir), "--ready-timeout-s", str(READY_TIMEOUT_S)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with output.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
