@@ -1,4 +1,4 @@
-"""oneDNN-prepacked projections (fp32 and bf16 on the CPU): same numbers, packed only where it pays."""
+"""oneDNN-prepacked projections (fp32, bf16 on the CPU): same numbers, packed where it pays."""
 
 from __future__ import annotations
 
