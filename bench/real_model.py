@@ -433,6 +433,7 @@ def main() -> int:
     p.add_argument("--gguf", type=Path, help="the GGUF file the built-in was converted from")
     p.add_argument("--windows", type=int, default=0, help="text windows (0: all that fit)")
     p.add_argument("--variant-windows", type=int, default=12, help="windows for the variants")
+    p.add_argument("--models", default="real,tiny", help="real, tiny or both (not parity)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--logs", type=Path, default=Path("bench-results/real-model"))
     p.add_argument("--json", type=Path)
@@ -447,7 +448,7 @@ def main() -> int:
     started = time.monotonic()
     if "parity" in parts:
         result["parity"] = parity(directory, args.gguf)
-    models = {"real": str(directory), "tiny": "tiny"}
+    models = {n: s for n, s in {"real": str(directory), "tiny": "tiny"}.items() if n in args.models}
     if "codecs" in parts:
         result["codecs"] = {}
         windows = args.windows

@@ -31,7 +31,8 @@ from pdd.worker.engine import Engine
 from pdd.worker.engine.sampling import SamplingParams
 from pdd.worker.model import load_model
 
-pytestmark = pytest.mark.slow
+# Slow: three workers load a 135M model per stack (four stacks), minutes on a busy machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 READY_TIMEOUT_S = 600
