@@ -47,3 +47,19 @@ def test_stop_kills_a_child_that_ignores_sigterm(tmp_path: Path) -> None:
     until_sync(lambda: "armed" in child.log_tail(), "the child to ignore SIGTERM")
     sup.stop(grace_s=0.5)
     assert child.proc.returncode == -9
+
+
+def test_stop_by_name_stops_only_those_and_forget_lets_them_go(tmp_path: Path) -> None:
+    """What a local cluster does with a worker that lost its port: stop it and its link,
+    forget them, and start them anew; the other children run on."""
+    sup = Supervisor()
+    sleep = "import time; time.sleep(60)"
+    for name in ("md0", "md0-wan-link", "p0"):
+        sup.add(name, python(sleep, tmp_path / name), tmp_path / name)
+    sup.stop(names={"md0", "md0-wan-link"})
+    stopped = {c.name: c.proc.poll() is not None for c in sup.children}
+    assert stopped == {"md0": True, "md0-wan-link": True, "p0": False}
+    sup.forget({"md0", "md0-wan-link"})
+    assert [c.name for c in sup.children] == ["p0"]
+    sup.stop()
+    assert sup.children[0].proc.poll() is not None

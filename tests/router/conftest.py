@@ -2,11 +2,9 @@
 ``pdd worker`` / ``pdd router`` processes on loopback for the integration tests."""
 
 import json
-import os
 import shutil
 import signal
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,10 +106,12 @@ def worker_flags(cluster):
 
 @pytest.fixture(scope="module")
 def start_router(tmp_path_factory):
-    """Start ``pdd router`` processes; each is stopped when the test module ends."""
+    """Start ``pdd router`` processes under one ``Supervisor``; it stops them all when
+    the test module ends."""
     from pdd.local.cluster import ADDRESS_IN_USE, PORT_ATTEMPTS, free_port
+    from pdd.local.supervisor import Supervisor, spawn_pdd
 
-    procs: list[RouterProc] = []
+    supervisor = Supervisor()
     tmp_path = tmp_path_factory.mktemp("routers")
 
     def start(
@@ -120,18 +120,17 @@ def start_router(tmp_path_factory):
         ready: bool = True,
         env: dict[str, str] | None = None,
     ) -> RouterProc:
-        env = {**os.environ, "PDD_SHARED_SECRET": secret, **(env or {})}
+        env = {"PDD_SHARED_SECRET": secret, **(env or {})}
         for attempt in range(1, PORT_ATTEMPTS + 1):
             port = free_port()
             log = tmp_path / f"router-{port}.log"
             argv = [
-                sys.executable, "-m", "pdd.cli", "router", "--model", ROUTER_MODEL,
-                "--host", "127.0.0.1", "--port", str(port), "--poll-interval-s", "0.2", *args,
+                "router", "--model", ROUTER_MODEL, "--host", "127.0.0.1", "--port", str(port),
+                "--poll-interval-s", "0.2", *args,
             ]  # fmt: skip
-            with log.open("wb") as out:
-                proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+            proc = spawn_pdd(argv, log, env)
+            supervisor.add(f"router-{port}", proc, log, env)
             router = RouterProc(f"http://127.0.0.1:{port}", proc, log)
-            procs.append(router)
             try:
                 wait_http(router, "/ready" if ready else "/health")
                 return router
@@ -142,13 +141,7 @@ def start_router(tmp_path_factory):
         raise AssertionError("unreachable")
 
     yield start
-    for r in procs:
-        r.proc.terminate()
-    for r in procs:
-        try:
-            r.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            r.proc.kill()
+    supervisor.stop()
 
 
 def wait_http(router: RouterProc, path: str) -> None:
@@ -165,20 +158,33 @@ def wait_http(router: RouterProc, path: str) -> None:
 
 @pytest.fixture
 def own_redis(tmp_path):
-    """A redis-server of our own, which the test may kill and restart."""
+    """A redis-server of our own, which the test may kill and restart (a ``Supervisor``
+    child: stopped at the end, whatever state the test left it in)."""
     from pdd.local.cluster import free_port
+    from pdd.local.supervisor import Child, Supervisor, spawn_process
 
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not on PATH")
     port = free_port()
     argv = ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"]
+    argv += ["--dir", str(tmp_path)]
+    supervisor = Supervisor()
 
     class Server:
         url = f"redis://127.0.0.1:{port}/0"
-        proc: subprocess.Popen | None = None
+        child: Child | None = None
+
+        @property
+        def proc(self) -> subprocess.Popen:
+            assert self.child is not None
+            return self.child.proc
 
         def start(self) -> None:
-            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, cwd=tmp_path)
+            if self.child is None:
+                log = tmp_path / "redis.log"
+                self.child = supervisor.add("redis", spawn_process(argv, log, {}), log)
+            else:
+                self.child.restart()
             until_sync(lambda: _pings(self.url), "redis-server answering")
 
         def kill(self) -> None:
@@ -196,7 +202,8 @@ def own_redis(tmp_path):
     server.start()
     yield server
     if server.proc.poll() is None:
-        server.kill()
+        server.proc.send_signal(signal.SIGCONT)  # a paused server cannot act on SIGTERM
+    supervisor.stop()
 
 
 def _pings(url: str) -> bool:

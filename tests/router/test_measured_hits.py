@@ -39,14 +39,23 @@ def index_claiming(md_blocks: int) -> PrefixIndex:
 
 def test_md_streaming_means_the_whole_prompt_landed_whatever_it_held_before() -> None:
     index = index_claiming(md_blocks=2)
-    hits = MeasuredHits(index, plan())
+    hits = MeasuredHits(index, plan(), main_caches=True)
     hits.observe(event(0, "md", cached_tokens=0, md_hit_tokens=8))  # its handshake hit
     assert index.match(index.hashes(PROMPT)) == {"md": 28}  # every full block is cached now
 
 
+def test_md_streaming_over_a_lossy_codec_confirms_nothing() -> None:
+    """KV that crossed through a lossy codec stays the request's own on MD (it is not
+    cached there), so the index must not count it as a hit for the next turn."""
+    index = index_claiming(md_blocks=2)
+    hits = MeasuredHits(index, plan(), main_caches=False)
+    hits.observe(event(0, "md", cached_tokens=0, md_hit_tokens=8))
+    assert index.match(index.hashes(PROMPT)) == {"md": 8}  # only what MD held before
+
+
 def test_md_streaming_fills_in_what_the_index_missed() -> None:
     index = index_claiming(md_blocks=0)  # the store events were lost
-    hits = MeasuredHits(index, plan("P-RLD-MD"))
+    hits = MeasuredHits(index, plan("P-RLD-MD"), main_caches=True)
     hits.observe(event(0, "rld", cached_tokens=12))
     assert index.match(index.hashes(PROMPT)) == {}
     hits.observe(event(5, "md", md_hit_tokens=12))

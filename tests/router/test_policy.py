@@ -381,20 +381,35 @@ ADAPTIVE = replace(CONFIG, adaptive_codecs=CODECS)
     ("gbps", "codec"),
     [(10.0, "none"), (3.0, "int8"), (1.5, "int4"), (0.5, "int4")],
 )
-def test_adaptive_takes_the_least_lossy_codec_whose_transfer_fits(gbps, codec):
-    """20,000 tokens of MD miss, 0.2 s of prefill, a 2 s budget: at 10 Gbit/s the exact KV
-    (0.8 s) fits; at 3, only int8's half (1.33 s) does; at 1.5, only int4's quarter (1.33 s);
-    at 0.5 nothing does and the smallest goes (the relay hides what is left)."""
+def test_adaptive_codes_p_md_with_the_least_lossy_codec_whose_transfer_fits(gbps, codec):
+    """20,000 tokens of MD miss, 0.2 s of prefill, a 2 s budget, every relay saturated (P-MD
+    serves whatever the line does): at 10 Gbit/s the exact KV (0.8 s) fits; at 3, only
+    int8's half (1.33 s) does; at 1.5, only int4's quarter (1.33 s), never int4 where int8
+    fits; at 0.5 nothing does and the smallest goes."""
     link = LinkState(declared_gbps=gbps, rtt_ms=30)
-    d = run(req(22_000), {"p0": 20_000, "md0": 2_000}, link=link, config=ADAPTIVE)
+    full = fleet(rld=("rld0", 8, 8))
+    d = run(req(22_000), {"p0": 20_000, "md0": 2_000}, link=link, instances=full, config=ADAPTIVE)
     assert isinstance(d, Decision) and d.estimate.kv_codec == codec
+    assert d.pipeline == Pipeline.P_MD
     bpt = dict(CODECS)[codec]
     assert d.estimate.kv_bytes_per_token == bpt
     assert d.estimate.transfer_s == pytest.approx(wan_transfer_seconds(20_000, bpt, link))
     assert f"KV coded {codec}" in d.reason
-    fits = d.estimate.md_first_token_s <= ADAPTIVE.ttft_budget_s
-    assert d.pipeline == (Pipeline.P_MD if fits else Pipeline.P_RLD_MD)
-    assert fits == (gbps > 1.0)
+    assert (d.estimate.md_first_token_s <= ADAPTIVE.ttft_budget_s) == (gbps > 1.0)
+
+
+@pytest.mark.parametrize("gbps", [3.0, 1.5, 0.5])
+def test_adaptive_relays_the_exact_kv_where_a_relay_serves_first(gbps):
+    """The same requests with a relay free: the exact KV misses the budget, so the relay
+    serves the first token as it would with no codec, and MD's KV crosses exact (coding
+    it would cost precision and win no first token)."""
+    link = LinkState(declared_gbps=gbps, rtt_ms=30)
+    d = run(req(22_000), {"p0": 20_000, "md0": 2_000}, link=link, config=ADAPTIVE)
+    assert d.pipeline == Pipeline.P_RLD_MD
+    assert d.estimate.kv_codec == "none" and d.estimate.kv_bytes_per_token == KVB
+    assert "KV coded none: the relay serves first" in d.reason
+    plain = run(req(22_000), {"p0": 20_000, "md0": 2_000}, link=link)
+    assert plain.pipeline == d.pipeline and plain.instances == d.instances
 
 
 def test_a_fixed_codec_names_none_in_the_estimate():

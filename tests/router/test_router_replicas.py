@@ -193,3 +193,77 @@ def test_a_replica_killed_mid_stream_leaks_nothing_and_the_retry_serves(
     assert all(s.quiescent for s in states.values()), states
     retry = chat(b, messages, max_tokens=200)
     assert retry.json()["usage"]["completion_tokens"] == 200
+
+
+@pytest.fixture
+def second_redis(tmp_path):
+    """Another redis-server, on its own port: the one that replaces ``own_redis``."""
+    import shutil
+    import subprocess
+
+    from pdd.local.cluster import free_port
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not on PATH")
+    port = free_port()
+    argv = ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, cwd=tmp_path)
+    url = f"redis://127.0.0.1:{port}/0"
+    until_sync(lambda: _pings(url), "the second redis-server answering")
+    yield url
+    proc.kill()
+    proc.wait(10)
+
+
+def _pings(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url).ping())
+    except redis.RedisError:
+        return False
+
+
+def test_a_second_redis_replacing_the_first_mid_replay_loses_no_request(
+    own_redis, second_redis, worker_flags, start_router
+):
+    """Both replicas are given the two Redis URLs in order. The first dies while a
+    conversation replays across them (a stream is in flight): every request is served,
+    both replicas fail over to the second Redis and re-seed it from their local state,
+    and what one replica learns the other then reads there."""
+    urls = f"{own_redis.url},{second_redis}"
+    a = start_router(*worker_flags(), "--redis", urls, "--replica-id", "a", *PATIENT)
+    b = start_router(*worker_flags(), "--redis", urls, "--replica-id", "b", *FROZEN, *PATIENT)
+    messages = [{"role": "user", "content": "Describe the harbour at dawn, boat by boat."}]
+    first = chat(a, messages)
+    md = route(first)["main"][0]
+    body = {"model": MODEL, "messages": messages, "max_tokens": 200, "stream": True}
+    body["ignore_eos"] = True
+    with httpx.stream("POST", f"{a.url}/v1/chat/completions", json=body, timeout=60) as inflight:
+        lines = inflight.iter_lines()
+        next(lines)
+        own_redis.kill()
+        for replica in (a, b, a, b):
+            answer = first.json()["choices"][0]["message"]["content"]
+            messages += [
+                {"role": "assistant", "content": answer}, {"role": "user", "content": "Go on."}
+            ]  # fmt: skip
+            first = chat(replica, messages, max_tokens=8)
+            assert route(first)["main"][0] == md  # the conversation stays on its MD
+        rest = [line for line in lines if line]
+    assert rest[-1] == "data: [DONE]" and '"error"' not in "".join(rest)
+    assert 'finish_reason":"length"' in "".join(rest)
+    r = redis.Redis.from_url(second_redis)
+    until_sync(lambda: r.zcard("pdd:replicas:seen") == 2, "both replicas on the second Redis")
+    for replica in (a, b):
+        until_sync(
+            lambda replica=replica: (
+                "pdd_router_redis_up 1.0" in httpx.get(f"{replica.url}/metrics").text
+            ),
+            "a replica did not fail over to the second Redis",
+        )
+    assert r.keys("pdd:idx:i:*")  # re-seeded there from the replicas' local state
+    # B polls no worker after its start: the next turn's hit on MD comes from the second
+    # Redis, where A (or the re-seed) put it.
+    answer = first.json()["choices"][0]["message"]["content"]
+    messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "More."}]
+    instance, hit = route(chat(b, messages, max_tokens=4))["main"]
+    assert instance == md and hit >= 16

@@ -205,10 +205,11 @@ def test_p_streams_kv_while_it_prefills_so_the_slower_of_the_two_sets_ttft() -> 
     assert streamed.ttft < serial_s + 0.5 * prefill_only.ttft  # far from their sum
 
 
-def test_adaptive_codes_the_kv_only_where_the_exact_transfer_misses_the_budget() -> None:
+def test_adaptive_relays_the_exact_kv_where_a_relay_serves_first() -> None:
     """``wan.kv_codec: adaptive``: on a line where turn 1's whole KV (20,480 tokens)
-    cannot make the budget exact, the router codes it (int8 or int4, at its bytes); turn
-    2's small miss crosses exact."""
+    cannot make the budget exact and the relay has room, the router relays it as it
+    would with no codec, and MD's KV crosses exact (coding would win no first token);
+    turn 2's small miss fits exact, on P-MD. Nothing is coded, so MD keeps turn 1."""
     s = budget_rules_only(small(wan_gbps=3.0))
     s = s.model_copy(
         update={
@@ -217,8 +218,9 @@ def test_adaptive_codes_the_kv_only_where_the_exact_transfer_misses_the_budget()
         }
     )
     first, second = simulate(s, "pdd", two_turns()).records
-    assert first.kv_codec in ("int8", "int4") and second.kv_codec == "none"
-    assert first.wan_bytes < 0.52 * 40 * BLOCK * KVB  # coded: about half the bytes or less
-    assert second.wan_bytes == 2 * BLOCK * KVB  # exact
+    assert first.pipeline == "P-RLD-MD" and first.kv_codec == "none"
+    assert second.pipeline == "P-MD" and second.kv_codec == "none"
+    assert second.wan_bytes == 2 * BLOCK * KVB  # MD kept turn 1
     fixed = simulate(budget_rules_only(small(wan_gbps=3.0)), "pdd", two_turns()).records[0]
     assert fixed.kv_codec == "" and fixed.wan_bytes == 40 * BLOCK * KVB
+    assert (first.pipeline, first.wan_bytes) == (fixed.pipeline, fixed.wan_bytes)

@@ -2,6 +2,7 @@
 held; the loop-stepped runner charges each step its time, so runs on a virtual clock are exact."""
 
 import asyncio
+import threading
 
 import pytest
 
@@ -86,3 +87,33 @@ async def test_alive_is_whether_the_engine_is_being_driven(tiny):
         # a cancelled task is done once the loop has run it
         await until(lambda r=runner: not r.alive, "the stopped runner's task ended")
         assert not runner.alive
+
+
+async def test_after_next_step_reads_what_a_step_wrote_before_the_next_starts(tiny):
+    """A prefill in 32-token steps, each step held at a gate: ``fn`` registered before
+    the first step runs after it and before the second, though the gate lets both go at
+    once; a ``call`` made when the first step's outputs reach the loop would run after
+    the second (the lag a streamed prefill's first chunk used to pay). On an idle
+    engine it runs at once."""
+    engine = Engine(tiny, num_blocks=64, max_num_batched_tokens=32)
+    gate, real_step = threading.Semaphore(0), engine.step
+
+    def gated_step():
+        gate.acquire()
+        return real_step()
+
+    engine.step = gated_step
+    runner = ThreadEngineRunner(engine, asyncio.get_running_loop())
+    runner.start()
+    try:
+        idle = await asyncio.wait_for(runner.after_next_step(lambda e: e.has_unfinished()), 60)
+        assert idle is False
+        params = SamplingParams(max_tokens=1, ignore_eos=True)
+        await runner.call(lambda e: e.add_request(list(range(1, 101)), params, "r"))
+        after_first = runner.after_next_step(lambda e: e.computed_tokens("r"))
+        gate.release(2)  # steps 1 and 2 may both run now
+        assert await asyncio.wait_for(after_first, 60) == 32
+        await runner.call(lambda e: e.abort("r"))
+    finally:
+        gate.release(100)
+        runner.stop()

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from pdd.common.wire import Endpoint, PipelinePlan, SamplingSpec, StateReport, WorkerRefusal
 from pdd.local.probes import flatten
-from pdd.local.supervisor import spawn_pdd
+from pdd.local.supervisor import Supervisor, spawn_pdd
 
 HOST = "127.0.0.1"
 
@@ -192,8 +192,12 @@ class PlanBuilder:
 
 @dataclass
 class LocalCluster(PlanBuilder):
+    """Workers (and the WAN link emulators in front of them) as ``pdd`` processes, run by
+    one ``Supervisor``: the process runner ``pdd up`` uses."""
+
     secret: str
     workers: dict[str, WorkerProc] = field(default_factory=dict)
+    supervisor: Supervisor = field(default_factory=Supervisor)
 
     def __getitem__(self, name: str) -> WorkerProc:
         return self.workers[name]
@@ -212,7 +216,11 @@ class LocalCluster(PlanBuilder):
         env = {"PDD_SHARED_SECRET": secret, "OMP_NUM_THREADS": "1"}
 
         def launch(spec: WorkerSpec) -> WorkerProc:
-            return _start_worker(spec, log_dir, env, link or LinkSpec(), common_args)
+            worker = _start_worker(spec, log_dir, env, link or LinkSpec(), common_args)
+            cluster.supervisor.add(spec.name, worker.proc, worker.log, env)
+            if worker.link is not None:
+                cluster.supervisor.add(_link_name(spec), worker.link.proc, worker.link.log, env)
+            return worker
 
         try:
             for spec in specs:
@@ -237,7 +245,9 @@ class LocalCluster(PlanBuilder):
                 except ClusterStartError as exc:
                     if ADDRESS_IN_USE not in str(exc) or attempt == PORT_ATTEMPTS:
                         raise
-                    _stop([w.proc] + ([w.link.proc] if w.link else []))
+                    names = {name, _link_name(w.spec)}
+                    self.supervisor.stop(names=names)
+                    self.supervisor.forget(names)
                     self.workers[name] = launch(w.spec)
 
     def wait_quiescent(self, timeout_s: float = 30.0) -> dict[str, StateReport]:
@@ -251,21 +261,11 @@ class LocalCluster(PlanBuilder):
             time.sleep(0.05)
 
     def stop(self) -> None:
-        procs = [w.proc for w in self.workers.values()]
-        procs += [w.link.proc for w in self.workers.values() if w.link is not None]
-        _stop(procs)
+        self.supervisor.stop()
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(10)
+def _link_name(spec: WorkerSpec) -> str:
+    return f"{spec.name}-wan-link"
 
 
 def _start_worker(
@@ -276,7 +276,7 @@ def _start_worker(
     wan_addr = f"{HOST}:{data}"
     if spec.wan_facing:
         listen, admin = free_port(), free_port()
-        link_log = log_dir / f"{spec.name}-wan-link.log"
+        link_log = log_dir / f"{_link_name(spec)}.log"
         argv = wan_link_argv(link, [(f"{HOST}:{listen}", f"{HOST}:{data}")], f"{HOST}:{admin}")
         wan_link = WanLinkProc(spawn_pdd(argv, link_log, env), f"http://{HOST}:{admin}", link_log)
         wan_addr = f"{HOST}:{listen}"

@@ -1,4 +1,5 @@
-"""Child processes of ``pdd up``: watched while they run, all stopped on the way out.
+"""Child processes of ``pdd up`` and of the local clusters tests and benchmarks start
+(``cluster.LocalCluster``): watched while they run, all stopped on the way out.
 
 A child that exits on its own is a fault the user must hear about (with the tail of
 its log), never a silent gap. ``stop`` sends SIGTERM to every child still alive,
@@ -11,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,9 +100,11 @@ class Supervisor:
     def pids(self) -> dict[str, int]:
         return {c.name: c.proc.pid for c in self.children}
 
-    def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM everyone alive, wait up to ``grace_s`` in all, then SIGKILL the rest."""
-        alive = [c.proc for c in self.children if c.proc.poll() is None]
+    def stop(self, grace_s: float = 10.0, names: Collection[str] | None = None) -> None:
+        """SIGTERM everyone alive (or those of the children ``names`` lists), wait up to
+        ``grace_s`` in all, then SIGKILL the rest."""
+        chosen = [c for c in self.children if names is None or c.name in names]
+        alive = [c.proc for c in chosen if c.proc.poll() is None]
         for proc in alive:
             proc.terminate()
         deadline = time.monotonic() + grace_s
@@ -111,6 +114,11 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+    def forget(self, names: Collection[str]) -> None:
+        """Stop watching the children ``names`` lists (stopped, to be started anew)."""
+        self.children = [c for c in self.children if c.name not in names]
 
 
 def wait_ready(

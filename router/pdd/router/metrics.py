@@ -86,6 +86,12 @@ class RouterMetrics:
             "API keys holding at least one slot of the router's capacity",
             registry=r,
         )
+        self.stream_buffer = Gauge(
+            "pdd_router_stream_buffered_events",
+            "Token events the fullest request's stream holds ahead of its client (a slow "
+            "reader's; bounded by the router's per-request buffer)",
+            registry=r,
+        )
         self.asyncio_tasks = Gauge(
             "pdd_router_asyncio_tasks", "The router's asyncio tasks now", registry=r
         )

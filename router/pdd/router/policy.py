@@ -37,6 +37,18 @@ route whenever one has room: P-RLD-MD, or P-RLD where no MD is left to choose. T
 failure may be the WAN line or MD itself, and a relay in datacenter A carries the
 request through either; the rules above assume both work.
 
+Under ``spec.wan.kvCodec: adaptive`` the pipeline is chosen on the **exact** KV's
+estimate, as with no codec: a transfer that fits goes P-MD exact, one that does not is
+relayed with the exact KV (the relay's first token does not wait for the line, so
+coding would only cost precision). A codec is chosen only where P-MD serves although
+its exact KV misses the budget (every relay saturated, the relay's queue longer than the
+transfer it would hide, no relay for a doubted line): the least lossy of
+``adaptive_codecs`` whose MD first token fits, int4 only where int8 does not, the
+smallest where none does. Coding to fit instead of relaying would put first tokens a
+hair under the budget at an estimate of the line that lags a throttle by seconds, so
+they overran it; and it would code requests on a healthy line, whose lossy KV then
+deviates from an exact run.
+
 A **doubted line** (``LinkView.doubt``: a transfer over it failed lately, see
 ``pdd.router.link_health``) turns rule 1's P-MD into P-RLD-MD where a relay has room:
 the relay serves if the KV cannot cross, and the KV that does cross proves the line.
@@ -47,7 +59,7 @@ No available P (or no available MD when the request must end at MD) is a typed
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -216,9 +228,13 @@ def decide(
     awaited = link.awaited_bytes.get(md.instance_id, 0) if md else 0
     step = config.md_first_step_s if link.md_step_s is None else link.md_step_s
     p_hit = hits.get(p.instance_id, 0)
-    estimate, codec_note = _estimate_with_codec(
-        request, p_hit, md, hits, link.state, config, rate, awaited, step
-    )
+
+    def at(kv_bpt: int | None) -> Estimate:
+        e = _estimate(request, p_hit, md, hits, link.state, config, rate, awaited, kv_bpt)
+        return replace(e, rtt_s=link.state.rtt_s, md_step_s=step)
+
+    # The deployment's codec; under adaptive the exact one (the first it chooses from).
+    estimate = at(config.adaptive_codecs[0][1] if config.adaptive_codecs else None)
     if relay is not None:
         queue_s = link.relay_slot_s * relay.active
         estimate = replace(estimate, relay_active=relay.active, relay_queue_s=queue_s)
@@ -235,30 +251,34 @@ def decide(
         main_decode=md.instance_id if md and pipeline != Pipeline.P_RLD else None,
         relay=relay.instance_id if relay and pipeline != Pipeline.P_MD else None,
     )
-    if codec_note and pipeline != Pipeline.P_RLD:  # nothing crosses on P-RLD
+    if config.adaptive_codecs and pipeline != Pipeline.P_RLD:  # nothing crosses on P-RLD
+        estimate, codec_note = _adaptive_codec(estimate, pipeline, at, config)
         reason = f"{reason}; {codec_note}"
     return Decision(pipeline, assignment, reason, estimate)
 
 
-def _estimate_with_codec(
-    request: RequestFeatures, p_hit: int, md: InstanceLoad | None, hits: Mapping[str, int],
-    link: LinkState, config: PolicyConfig, rate: float, awaited: int, md_step_s: float,
-) -> tuple[Estimate, str]:  # fmt: skip
-    """The estimate at the deployment's codec; under adaptive, at the least lossy codec
-    whose MD first token fits the budget (the smallest where none does), and why."""
+def _adaptive_codec(
+    exact: Estimate, pipeline: Pipeline, at: Callable[[int], Estimate], config: PolicyConfig
+) -> tuple[Estimate, str]:
+    """Under adaptive: the codec for MD's KV on this pipeline, its estimate, and why.
 
-    def at(kv_bpt: int) -> Estimate:
-        e = _estimate(request, p_hit, md, hits, link, config, rate, awaited, kv_bpt)
-        return replace(e, rtt_s=link.rtt_s, md_step_s=md_step_s)
-
-    if not config.adaptive_codecs:
-        return at(config.kv_bytes_per_token), ""
+    Exact where it fits the budget or a relay serves the first token; else the least
+    lossy codec whose MD first token fits (the smallest where none does)."""
     budget = config.ttft_budget_s
-    for codec, kv_bpt in config.adaptive_codecs:
-        estimate = replace(at(kv_bpt), kv_codec=codec, kv_bytes_per_token=kv_bpt)
+    none, none_bpt = config.adaptive_codecs[0]
+    if exact.md_first_token_s <= budget or pipeline != Pipeline.P_MD:
+        fits = exact.md_first_token_s <= budget
+        why = f"the exact KV fits the {budget:.2f}s budget" if fits else "the relay serves first"
+        return replace(exact, kv_codec=none, kv_bytes_per_token=none_bpt), f"KV coded {none}: {why}"
+    estimate, codec = exact, none
+    for codec, kv_bpt in config.adaptive_codecs[1:]:
+        coded = at(kv_bpt)
+        estimate = replace(
+            coded, relay_active=exact.relay_active, relay_queue_s=exact.relay_queue_s,
+            kv_codec=codec, kv_bytes_per_token=kv_bpt,
+        )  # fmt: skip
         if estimate.md_first_token_s <= budget:
-            least = codec == config.adaptive_codecs[0][0]
-            why = "the exact KV fits" if least else "the least lossy codec that fits"
+            why = "the least lossy codec that fits"
             return estimate, f"KV coded {codec}: {why} the {budget:.2f}s budget"
     return estimate, f"KV coded {codec}: no codec fits the {budget:.2f}s budget, the smallest"
 

@@ -21,6 +21,7 @@ from pdd.router.registry import InstanceRegistry
 from pdd.router.state.base import RouterStore
 from pdd.router.state.memory import LocalStore
 from pdd.router.state.shared import SharedStore
+from pdd.router.stream_relay import fullest_buffer
 from pdd.router.tokenization import PromptTokenizer, load_prompt_tokenizer
 from pdd.router.tool_calls import detect_format
 from pdd.router.worker_client import WorkerClient
@@ -141,6 +142,7 @@ class RouterRuntime:
         self.metrics.queued.set(self.admission.queued)
         self.metrics.admitting_keys.set(len(self.admission.held))
         self.metrics.asyncio_tasks.set(len(asyncio.all_tasks()))
+        self.metrics.stream_buffer.set(fullest_buffer())
         self.metrics.redis_reads_waiting.set(self.store.reads_waiting)
         view = self.link_estimator.link()
         self.metrics.link_goodput.labels(WAN_LINK).set(view.effective_gbps * 1e9 / 8)

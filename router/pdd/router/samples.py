@@ -17,6 +17,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from pdd.common.openai_protocol import UsageInfo
 from pdd.router.generation import Generation, TextDelta
 from pdd.router.stoppable import StoppableTask
+from pdd.router.stream_relay import STREAM_BUFFER_EVENTS
 
 #: Starts sample ``i`` (routing it, taking its lease).
 StartSample = Callable[[int], Awaitable[Generation]]
@@ -40,7 +41,10 @@ class Samples:
                 async for delta in deltas:
                     yield 0, delta
             return
-        queue: asyncio.Queue[tuple[int, TextDelta | _Done | BaseException]] = asyncio.Queue()
+        # Bounded as each sample's own stream is: a client that reads slowly holds the
+        # samples back instead of having the router buffer their whole answers.
+        queue: asyncio.Queue[tuple[int, TextDelta | _Done | BaseException]]
+        queue = asyncio.Queue(STREAM_BUFFER_EVENTS)
         # Stopped the anyio way: a pump may be inside an httpx call to a worker.
         tasks = [StoppableTask(self._pump(0, self.first, queue))]
         tasks.append(StoppableTask(self._start_rest(queue, tasks)))
@@ -73,7 +77,7 @@ class Samples:
             try:
                 generation = await self._start(index)
             except Exception as exc:  # routing refused it: the request fails with the reason
-                queue.put_nowait((index, exc))
+                await queue.put((index, exc))
                 return
             self.generations.append(generation)
             tasks.append(StoppableTask(self._pump(index, generation, queue)))
@@ -86,11 +90,11 @@ class Samples:
     ) -> None:
         try:
             async for delta in generation.deltas():
-                queue.put_nowait((index, delta))
+                await queue.put((index, delta))
         except Exception as exc:
-            queue.put_nowait((index, exc))
+            await queue.put((index, exc))
             return
-        queue.put_nowait((index, _Done()))
+        await queue.put((index, _Done()))
 
     def usage(self) -> UsageInfo:
         """The prompt counted once (with the first sample's cache hit), every sample's

@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--redis",
-        help="redis://HOST:PORT/DB shared by router replicas (default: none, local state)",
+        help="redis://HOST:PORT/DB shared by router replicas; a comma-separated list "
+        "fails over in order (default: none, local state)",
     )
     p.add_argument(
         "--api-key",

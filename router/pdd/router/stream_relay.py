@@ -17,6 +17,13 @@ and locks are freed: after its start at the entry has settled (a cancel sent fir
 would find nothing there), and retried where the connection failed. The readers are
 stopped as ``StoppableTask``s, so a stop never cuts httpx's close of a response short
 (which left the connection's socket open for good).
+
+The merged stream runs at its client's pace: the events read ahead of it wait in a
+buffer of ``STREAM_BUFFER_EVENTS``; once that is full the readers stop reading the
+workers' streams (TCP holds the rest back; the workers keep what they generated, as
+they do for every request). So a client that reads slowly holds at most that many
+events in the router, plus the server's write buffer, however long its answer, and
+nobody else waits for it: each request has its own buffer and readers.
 """
 
 from __future__ import annotations
@@ -40,6 +47,17 @@ log = logging.getLogger(__name__)
 
 #: Cleanup tasks outlive the request that spawned them; keep them referenced.
 _background: set[asyncio.Task] = set()
+
+#: Events one request's merged stream holds ahead of its client (see the module's note).
+#: An event is one token's line (with its logprobs, if asked), so the bytes are bounded too.
+STREAM_BUFFER_EVENTS = 64
+#: Every live request's buffer, for ``fullest_buffer``.
+_buffers: set[asyncio.Queue] = set()
+
+
+def fullest_buffer() -> int:
+    """Events the fullest live buffer holds now (at most ``STREAM_BUFFER_EVENTS``)."""
+    return max((q.qsize() for q in _buffers), default=0)
 
 
 @dataclass(frozen=True)
@@ -74,7 +92,8 @@ async def relay_tokens(
     ``merger``, when given, is the one used, so its counters (``duplicates``, ``errors``)
     can be read afterwards.
     """
-    queue: asyncio.Queue[TokenEvent | _StreamEnd] = asyncio.Queue()
+    queue: asyncio.Queue[TokenEvent | _StreamEnd] = asyncio.Queue(STREAM_BUFFER_EVENTS)
+    _buffers.add(queue)
     watched = list(plan.decode_sources)
     if plan.ships_kv_over_wan:
         watched.append(plan.prefill)  # type: ignore[arg-type]  # its reports, no tokens
@@ -102,6 +121,7 @@ async def relay_tokens(
         async for event in merged:
             yield event
     finally:
+        _buffers.discard(queue)
         awaits_p = merger.finished and plan.ships_kv_over_wan and not p_reported.is_set()
         for reader in readers[:-1] if awaits_p else readers:
             reader.stop()
@@ -266,10 +286,10 @@ async def _read(
     broken: str | None = None
     try:
         async for event in client.stream(endpoint.http_url, request_id):
-            queue.put_nowait(event)
+            await queue.put(event)  # waits while the client is this far behind
     except WorkerCallError as exc:
         broken = exc.detail
-    queue.put_nowait(_StreamEnd(endpoint.instance_id, broken))
+    await queue.put(_StreamEnd(endpoint.instance_id, broken))
 
 
 async def _cancel_everywhere(

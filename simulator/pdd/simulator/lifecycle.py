@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import simpy
 
 from pdd.common.handoff import choose_handoff_mode
+from pdd.common.kv_codec import default_codec, parse_kv_codec, shared_in_receiver_cache
 from pdd.common.link_estimator import Transfer
 from pdd.common.vocabulary import Pipeline
 from pdd.router.policy import Decision
@@ -196,14 +197,14 @@ def _relay_then_hand_off(
         rec.finish, rec.rld_tokens = rseq.finished_at, out
         yield kv_at_md
         md.unreserve()
-        _remember(md, req)
+        _remember(c, rec, md, req)
         return
-    _remember(md, req)
+    _remember(c, rec, md, req)
     yield from _hand_off(c, req, rec, rld, md, rseq)
 
 
 def _decode_on_main(c: Cluster, req: SimRequest, rec: RequestRecord, md) -> Proc:
-    _remember(md, req)
+    _remember(c, rec, md, req)
     yield from _decode_whole(c, req, rec, md)
 
 
@@ -258,8 +259,11 @@ def _send_ids(c: Cluster, rec: RequestRecord, tokens: int) -> simpy.Event:
     return c.wan.transfer(nbytes)
 
 
-def _remember(md: DecodeInstance, req: SimRequest) -> None:
+def _remember(c: Cluster, rec: RequestRecord, md: DecodeInstance, req: SimRequest) -> None:
     """DRC: once MD holds the prompt's KV, its radix cache serves the next turn from it
-    (inserting again on a later path only refreshes recency)."""
-    if md.cache is not None:
+    (inserting again on a later path only refreshes recency); KV that crossed coded
+    under adaptive is not kept (``shared_in_receiver_cache``), as on a real MD."""
+    setting = c.scenario.wan.kv_codec
+    codec = parse_kv_codec(rec.kv_codec) if rec.kv_codec else default_codec(setting)
+    if md.cache is not None and shared_in_receiver_cache(codec, setting):
         md.cache.insert(req.keys)

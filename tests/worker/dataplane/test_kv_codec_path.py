@@ -153,14 +153,16 @@ async def test_a_fixed_md_refuses_a_codec_the_router_chose_for_adaptive(avdp) ->
 
 
 async def test_the_adaptive_router_names_its_codec_in_the_plan_reason_and_counter(avdp) -> None:
-    """The router under ``--kv-codec adaptive`` on a line declared too slow for the exact
-    KV of a new 200-token prompt within the budget (0.33 s at 0.01 Gbit/s against 0.2 s),
-    but not for int8's: it codes that prompt int8, and says so in the reason (the
-    ``x-pdd-reason`` header's text) and the labelled counter. A short conversation's
-    KV fits exact, and its next turn's few new tokens too (MD holds the first turn).
+    """The router under ``--kv-codec adaptive``, with no relay (P-MD serves whatever the
+    line does), on a line declared too slow for the exact KV of a new 200-token prompt
+    within the budget (0.33 s at 0.01 Gbit/s against 0.2 s), but not for int8's: it codes
+    that prompt int8, and says so in the reason (the ``x-pdd-reason`` header's text) and
+    the labelled counter (with a relay it would relay the exact KV: test_policy). A
+    short conversation's KV fits exact, and its next turn's few new tokens too (MD
+    holds the first turn).
     The coded turn left nothing in MD's cache, and the router's index knows it: its
     next turn counts on no hit there and is coded again."""
-    workers = ((Role.PREFILL, "p"), (Role.RELAY, "rld"), (Role.MAIN, "md"))
+    workers = ((Role.PREFILL, "p"), (Role.MAIN, "md"))
     long, short = (
         avdp.prompts(2, seed=86, lo=200, hi=201)[0],
         avdp.prompts(1, seed=88, lo=60, hi=61)[0],

@@ -144,13 +144,13 @@ def test_engine_imports_compressed_kv_in_its_dtype_and_continues(
     (first,) = [t for out in _drain(sender) for t in out.new_token_ids]
     chunks = list(sender.export_kv(rid, 0, len(PROMPT), 48, codec))  # type: ignore[arg-type]
     assert {decode_chunk(c)[0].codec for c in chunks} == {codec}
-    exact = sender.kv.read_tokens(sender._get(rid).block_table, 0, len(PROMPT)).clone()
+    exact = sender.kv.read_tokens(sender.requests.get(rid).block_table, 0, len(PROMPT)).clone()
     sender.release(rid)
 
     receiver = Engine(tiny, block_size=16, num_blocks=32)
     receiver.attach_request(PROMPT, greedy(8), "r")
     assert [receiver.import_kv("r", c, codec) for c in chunks] == [48, 96, 100]  # type: ignore[arg-type]
-    got = receiver.kv.read_tokens(receiver._get("r").block_table, 0, len(PROMPT))
+    got = receiver.kv.read_tokens(receiver.requests.get("r").block_table, 0, len(PROMPT))
     assert got.dtype == exact.dtype
     assert (got - exact).abs().max() <= exact.abs().max() * STEP_BOUND["int4"]
     receiver.resume("r", [first])
@@ -172,7 +172,7 @@ def test_a_chunk_coded_otherwise_than_agreed_is_refused_and_changes_nothing(
         receiver.import_kv("r", chunk)
     with pytest.raises(CodecMismatchError, match="coded none, the transfer agreed on int4"):
         receiver.import_kv("r", plain, "int4")
-    assert receiver._get("r").num_computed == 0
+    assert receiver.requests.get("r").num_computed == 0
     assert receiver.import_kv("r", chunk, "int8") == len(PROMPT)
 
 

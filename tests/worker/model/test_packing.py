@@ -1,4 +1,4 @@
-"""oneDNN-prepacked projections (bf16 on the CPU): same numbers, packed only where it pays."""
+"""oneDNN-prepacked projections (fp32, bf16 on the CPU): same numbers, packed where it pays."""
 
 from __future__ import annotations
 
@@ -45,11 +45,47 @@ def test_bf16_cpu_model_is_packed_and_logits_unchanged() -> None:
         assert torch.equal(packed, linears[0](hidden))
 
 
-def test_fp32_and_non_cpu_are_not_packed() -> None:
+needs_onednn = pytest.mark.skipif(
+    not can_pack(torch.device("cpu"), torch.float32), reason="torch built without oneDNN"
+)
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 7, 64])
+def test_packed_fp32_linear_matches_f_linear(rows: int) -> None:
+    """fp32 packed and plain differ only by the order of their fp32 sums."""
+    torch.manual_seed(0)
+    layer = Linear(1024, 320, bias=True)
+    x = torch.randn(rows, 1024)
+    with torch.inference_mode():
+        plain = layer(x)
+        layer.pack()
+        torch.testing.assert_close(layer(x), plain, rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_fp32_cpu_model_is_packed_with_the_same_greedy_tokens() -> None:
     loaded = load_model("tiny", dtype="float32")
-    assert all(m.packed is None for m in loaded.model.modules() if isinstance(m, Linear))
+    model = loaded.model
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    assert linears and all(m.packed is not None for m in linears)
+    assert (model._packed_head is not None) == (model.lm_head is None)
+    ids = list(range(3, 60))
+    kv = PagedKVCache(loaded.kv_layout(16), 8, "cpu")
+    batch = ForwardBatch.build([SeqInput(ids, 0, list(range(4)), all_logits=True)], 16, "cpu")
+    packed = model(batch, kv)
+    for m in linears:
+        m.packed = None
+    model._packed_head = None
+    plain = model(batch, kv)
+    torch.testing.assert_close(packed, plain, rtol=1e-4, atol=1e-4)
+    assert torch.equal(packed.argmax(-1), plain.argmax(-1))
+
+
+def test_non_cpu_and_other_dtypes_are_not_packed() -> None:
     assert not can_pack(torch.device("cuda"), torch.bfloat16)
-    assert not can_pack(torch.device("cpu"), torch.float32)
+    assert not can_pack(torch.device("cuda"), torch.float32)
+    assert not can_pack(torch.device("cpu"), torch.float16)
 
 
 @needs_bf16

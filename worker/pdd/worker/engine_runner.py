@@ -85,6 +85,15 @@ class EngineRunner(abc.ABC):
     async def call(self, fn: Callable[[Engine], T]) -> T:
         """Run ``fn(engine)`` between steps; its result or exception."""
 
+    @abc.abstractmethod
+    def after_next_step(self, fn: Callable[[Engine], T]) -> asyncio.Future[T]:
+        """Run ``fn(engine)`` as soon as the engine's next loop turn (a step, or an idle
+        turn) ends, before any later step starts; its result or exception, as a future
+        (registered before this returns). What that
+        step wrote is read at once: a ``call`` made when the step's outputs reach the
+        event loop would wait behind the step the engine has started meanwhile (a
+        streamed prefill's KV would then lag its prefill by a whole chunk)."""
+
     async def next_step(self) -> None:
         """Wait until the engine has finished one more loop turn (step or idle)."""
         waiter = self._loop.create_future()
@@ -130,6 +139,9 @@ class ThreadEngineRunner(EngineRunner):
         self._commands = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        #: ``after_next_step`` work: appended on the event loop, taken on the engine thread.
+        self._after_step: list[tuple[Callable[[Engine], Any], concurrent.futures.Future]] = []
+        self._after_step_lock = threading.Lock()
 
     def start(self) -> None:
         self._thread.start()
@@ -148,11 +160,21 @@ class ThreadEngineRunner(EngineRunner):
         self._commands.put((fn, future))
         return await asyncio.wrap_future(future, loop=self._loop)
 
+    def after_next_step(self, fn: Callable[[Engine], T]) -> asyncio.Future[T]:
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        with self._after_step_lock:
+            self._after_step.append((fn, future))
+        self._commands.put((_turn, concurrent.futures.Future()))  # an idle engine turns at once
+        return asyncio.wrap_future(future, loop=self._loop)
+
     # --- the engine thread ----------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
             self._run_commands(block=not self.engine.has_unfinished())
             outputs = self._step_once() if self.engine.has_unfinished() else []
+            with self._after_step_lock:
+                after, self._after_step = self._after_step, []
+            _run_all(self.engine, after)
             self.snapshot = self._take_snapshot()
             self._loop.call_soon_threadsafe(self._deliver, outputs)
 
@@ -176,6 +198,25 @@ class ThreadEngineRunner(EngineRunner):
                 return
 
 
+def _turn(engine: Engine) -> None:
+    """A command that does nothing: it wakes an idle engine thread for one loop turn."""
+
+
+def _run_all(engine: Engine, work: list[tuple[Callable[[Engine], Any], Any]]) -> None:
+    """Run each ``fn(engine)`` into its future (concurrent or asyncio), skipping those
+    cancelled meanwhile."""
+    for fn, future in work:
+        if isinstance(future, concurrent.futures.Future):
+            if not future.set_running_or_notify_cancel():
+                continue
+        elif future.done():
+            continue
+        try:
+            future.set_result(fn(engine))
+        except Exception as exc:
+            future.set_exception(exc)
+
+
 class LoopEngineRunner(EngineRunner):
     """Drives an Engine on the event loop itself, each step taking ``step_s`` of loop time.
 
@@ -193,6 +234,7 @@ class LoopEngineRunner(EngineRunner):
         self.step_s = step_s
         self._work = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._after_step: list[tuple[Callable[[Engine], Any], asyncio.Future]] = []
 
     def start(self) -> None:
         self._task = self._loop.create_task(self._run(), name="engine-steps")
@@ -217,6 +259,12 @@ class LoopEngineRunner(EngineRunner):
         self._work.set()  # an idle engine still turns once, as the thread does
         await super().next_step()
 
+    def after_next_step(self, fn: Callable[[Engine], T]) -> asyncio.Future[T]:
+        future: asyncio.Future[T] = self._loop.create_future()
+        self._after_step.append((fn, future))
+        self._work.set()  # an idle engine still turns once, as the thread does
+        return future
+
     async def _run(self) -> None:
         while True:
             await self._work.wait()
@@ -226,5 +274,7 @@ class LoopEngineRunner(EngineRunner):
                 outputs = self._step_once()
                 await asyncio.sleep(self.step_s)  # the step's duration, in loop time
                 self._work.set()  # keep stepping while there is work
+            after, self._after_step = self._after_step, []
+            _run_all(self.engine, after)
             self.snapshot = self._take_snapshot()
             self._deliver(outputs)

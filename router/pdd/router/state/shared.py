@@ -35,6 +35,15 @@ in-flight counts, while new writes queue behind the copy; then *up*). A restarte
 empty Redis would otherwise make every replica forget every prefix. The background task
 also publishes this replica's counts every heartbeat (so its load key does not expire)
 and, while down, probes Redis every heartbeat.
+
+Failover: the URL may be a comma-separated list (``redis://a:6379/0,redis://b:6379/0``).
+The store uses one Redis at a time; each probe (at start, and every heartbeat while
+down) tries the one in use first, then the others in the list's order, and re-seeds the
+first that answers, so a second Redis that replaces a dead first one is filled from
+every replica's local state and serving resumes there. Requests never wait for any of
+this (they are served from local state meanwhile). A replica stays on the Redis it
+reached until that one fails, so a replaced Redis must not come back at its old address
+while replicas use the new one (or put a Service in front and give one URL).
 """
 
 from __future__ import annotations
@@ -86,14 +95,20 @@ class SharedStore:
         if loads_refresh_s < 0:
             raise ValueError(f"loads_refresh_s must be >= 0, got {loads_refresh_s}")
         self._local = LocalStore(ttl_s)
-        self._client = redis.asyncio.Redis.from_url(
-            url,
-            socket_connect_timeout=deadline_s,
-            socket_timeout=max(deadline_s, _BACKGROUND_DEADLINE_S),  # a backstop only
-        )
-        self._remote = RedisIndexStore(self._client, ttl_s, prefix)
-        self._loads = RedisLoads(self._client, replica_id, 5 * heartbeat_s, prefix)
+        self.urls = [u.strip() for u in url.split(",") if u.strip()]
+        if not self.urls:
+            raise ValueError(f"no Redis URL in {url!r}")
+        self._clients = [
+            redis.asyncio.Redis.from_url(
+                u,
+                socket_connect_timeout=deadline_s,
+                socket_timeout=max(deadline_s, _BACKGROUND_DEADLINE_S),  # a backstop only
+            )
+            for u in self.urls
+        ]
+        self._ttl_s, self._prefix, self._replica_id = ttl_s, prefix, replica_id
         self._heartbeat_s = heartbeat_s
+        self._use(0)
         self._deadline_s = deadline_s
         self._on_change = on_change
         self._up = False
@@ -107,7 +122,7 @@ class SharedStore:
         self._settled = asyncio.Event()
         self._settled.set()
         self._next_beat = 0.0
-        self._index = _FailoverIndex(self, self._local.index, self._remote)
+        self._index = _FailoverIndex(self, self._local.index)
         #: The other replicas' counts as last read, and the instances whose count
         #: differed from the read before (for ``take_moved``).
         self._others: dict[str, int] = {}
@@ -117,6 +132,15 @@ class SharedStore:
         self._others_due = -float("inf")  # when the others' counts are to be read again
         self._task: asyncio.Task | None = None
         self._closing = False
+
+    def _use(self, at: int) -> None:
+        """Talk to the ``at``-th Redis of the list from now on."""
+        self.at = at
+        self._client = self._clients[at]
+        self.remote = RedisIndexStore(self._client, self._ttl_s, self._prefix)
+        self._loads = RedisLoads(
+            self._client, self._replica_id, 5 * self._heartbeat_s, self._prefix
+        )
 
     @property
     def index(self) -> IndexStore:
@@ -157,7 +181,7 @@ class SharedStore:
         return moved
 
     async def holders(self, hashes: Sequence[int], now: float) -> list[set[str]]:
-        remote = await self._read(lambda: self._remote.holders(hashes, now))
+        remote = await self._read(lambda: self.remote.holders(hashes, now))
         return remote if remote is not None else self._local.index.holders(hashes, now)
 
     def write(self, op: Op) -> None:
@@ -191,7 +215,8 @@ class SharedStore:
                 await self._task
         if self._up:  # leave the replica set now (a killed replica's entry expires)
             await self._call(self._loads.leave, self._deadline_s)
-        await self._client.aclose()
+        for client in self._clients:
+            await client.aclose()
 
     async def _read(self, op: Callable[[], Awaitable[T]]) -> T | None:
         """``op``'s answer while Redis is up and answers within the deadline, else None."""
@@ -235,32 +260,47 @@ class SharedStore:
             await self._call(lambda: self._loads.publish(counts), _BACKGROUND_DEADLINE_S)
 
     async def _try_resync(self) -> None:
-        """Copy the local state into Redis if it answers. The snapshot is taken before the
-        first await and writes queue from then on, so none slips between the two."""
+        """Copy the local state into the first Redis that answers (the one in use, then
+        the rest of the list). The snapshot is taken before the first await and writes
+        queue from then on, so none slips between the two."""
         entries = self._local.index.entries()
         counts = self._local.counts()
         outages = self._outages
         self._accepting = True
+        order = [(self.at + i) % len(self._clients) for i in range(len(self._clients))]
+        failures = []
+        for at in order:
+            try:
+                await asyncio.wait_for(self._clients[at].ping(), self._deadline_s)
+            except (RedisError, TimeoutError) as exc:
+                failures.append(f"{self.urls[at]}: {exc!r}")
+                continue
+            if at != self.at:
+                log.warning("redis at %s answers: failing over to it", self.urls[at])
+                self._use(at)
+            break
+        else:
+            self._set_down("; ".join(failures))
+            if self._task is None:  # first attempt: say why once
+                log.warning("redis unavailable at start (%s): serving from local state", failures)
+            return
         try:
-            await asyncio.wait_for(self._client.ping(), self._deadline_s)
             for start in range(0, len(entries), _SEED_BATCH):
                 by_instance: dict[str, list[tuple[int, float]]] = {}
                 for instance, h, seen in entries[start : start + _SEED_BATCH]:
                     by_instance.setdefault(instance, []).append((h, seen))
                 for instance, items in by_instance.items():
                     await asyncio.wait_for(
-                        self._remote.add_entries(instance, items), _BACKGROUND_DEADLINE_S
+                        self.remote.add_entries(instance, items), _BACKGROUND_DEADLINE_S
                     )
             await asyncio.wait_for(self._loads.publish(counts), _BACKGROUND_DEADLINE_S)
         except (RedisError, TimeoutError) as exc:
             self._set_down(repr(exc))
-            if self._task is None:  # first attempt: say why once
-                log.warning("redis unavailable at start (%r): serving from local state", exc)
             return
         if outages != self._outages:  # lost again while seeding: the next probe retries
             return
         self._next_beat = time.monotonic() + self._heartbeat_s
-        self._set_up(True, f"re-seeded {len(entries)} index entries")
+        self._set_up(True, f"{self.urls[self.at]}: re-seeded {len(entries)} index entries")
         self._wake.set()
 
     def _set_down(self, detail: str) -> None:
@@ -308,29 +348,30 @@ class _Summed(Mapping[str, int]):
 
 class _FailoverIndex:
     """The ``IndexStore`` the prefix index writes through: the local store at once, Redis
-    behind (``SharedStore.write``). Its ``holders`` is the local store's; the router's
-    decision path asks ``SharedStore.holders``, which prefers Redis."""
+    behind (``SharedStore.write``; whichever Redis the store uses when the write is
+    sent). Its ``holders`` is the local store's; the router's decision path asks
+    ``SharedStore.holders``, which prefers Redis."""
 
-    def __init__(self, store: SharedStore, local: IndexStore, remote: RedisIndexStore) -> None:
-        self._store, self._local, self._remote = store, local, remote
+    def __init__(self, store: SharedStore, local: IndexStore) -> None:
+        self._store, self._local = store, local
 
     def add(self, instance: str, hashes: Iterable[int], now: float) -> None:
         hashes = list(hashes)
         self._local.add(instance, hashes, now)
-        self._store.write(lambda: self._remote.add(instance, hashes, now))
+        self._store.write(lambda: self._store.remote.add(instance, hashes, now))
 
     def remove(self, instance: str, hashes: Iterable[int]) -> None:
         hashes = list(hashes)
         self._local.remove(instance, hashes)
-        self._store.write(lambda: self._remote.remove(instance, hashes))
+        self._store.write(lambda: self._store.remote.remove(instance, hashes))
 
     def clear(self, instance: str) -> None:
         self._local.clear(instance)
-        self._store.write(lambda: self._remote.clear(instance))
+        self._store.write(lambda: self._store.remote.clear(instance))
 
     def holders(self, hashes: Sequence[int], now: float) -> list[set[str]]:
         return self._local.holders(hashes, now)
 
     def expire(self, now: float) -> int:
-        self._store.write(lambda: self._remote.expire(now))
+        self._store.write(lambda: self._store.remote.expire(now))
         return self._local.expire(now)

@@ -2,9 +2,11 @@
 
 Its public API is the ``Engine`` class and the types its methods take and return,
 all importable from here. Inside: ``scheduler`` (who computes how many tokens this
-step), ``request`` (a request's state and limits), ``sampling``, ``block_pool`` with
-``prefix_cache`` / ``radix_cache`` (which KV blocks hold what), ``kv_transfer`` (the
-KV chunk wire format of a handoff) and ``config``. The forward pass it drives is
+step), ``request`` (a request's state and limits) and ``request_table`` (the live
+ones), ``sampling``, ``block_pool`` with ``prefix_cache`` / ``radix_cache`` (which KV
+blocks hold what), ``handoff`` (the KV and token-ID handoff API the engine delegates
+to), ``kv_transfer`` (the KV chunk wire format of a handoff), ``kv_budget`` (how many
+KV blocks an engine gets) and ``config``. The forward pass it drives is
 ``pdd.worker.model``.
 """
 

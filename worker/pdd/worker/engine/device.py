@@ -21,15 +21,19 @@ can give, through a ``DeviceProbe`` so tests can stand in for a GPU they do not 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from pdd.worker.engine.config import EngineConfigError
+from pdd.worker.engine.config import EngineConfig, EngineConfigError
+from pdd.worker.model.loader import LoadedModel, load_model
 
 DEVICES = ("auto", "cpu", "cuda")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -135,3 +139,15 @@ def kv_budget_bytes(
     if not 0 < fraction <= 1:
         raise EngineConfigError(f"kv_cache_memory_fraction must be in (0, 1], got {fraction}")
     return int(probe.free_memory_bytes(device) * fraction)
+
+
+def load_on_device(
+    model: str, config: EngineConfig, probe: DeviceProbe = SYSTEM_PROBE
+) -> tuple[LoadedModel, str]:
+    """``model`` loaded on the device and in the dtype ``config`` asks for, as this
+    machine can run them; and why that dtype (``EngineInfo.dtype_reason``)."""
+    device = resolve_device(config.device, probe)
+    dtype = resolve_dtype(config.dtype, device, probe)
+    if dtype.warning:
+        log.warning("%s", dtype.warning)
+    return load_model(model, dtype=dtype.name, device=device), dtype.reason

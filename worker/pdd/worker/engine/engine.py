@@ -1,16 +1,15 @@
 """The inference engine: continuous batching over a paged, prefix-cached KV pool.
 
 ``step()`` is the whole story: the scheduler picks who computes how many tokens
-(decodes, prefill chunks, extends), one batched forward pass computes them, and
-requests whose pass reached the end of their sequence sample their next token.
+(decodes, prefill chunks, extends), one batched forward pass computes them
+(``forward``), and requests whose pass reached the end of their sequence sample their
+next token.
 
-The handoff methods are here too, so the whole API is one class: a sender exports a
-request's KV (``hold_kv`` keeps it after the request finishes, ``release`` frees it
-once shipped); a receiver attaches a request (reusing what its prefix cache holds),
-imports the rest, and resumes it with the token IDs generated elsewhere, which are
-recomputed in ONE extend pass before decoding continues. ``extend`` hands more token
-IDs to a running request the same way (catch-up handoff). The KV wire format is
-``kv_transfer``; options and stats are ``config``. See docs/engine.md.
+The handoff API (``extend``, ``export_kv``, ``attach_request``, ``import_kv``,
+``resume``, ``finished_elsewhere``: both ends of PDD's handoffs) is the engine's too,
+delegated to the ``Handoff`` it owns (``handoff``) over the same live requests
+(``request_table``); the KV pool's size comes from ``kv_budget``. Options and stats are
+``config``. See docs/engine.md.
 
 Everything here is single-threaded: call it from one thread (the worker's
 event loop runs it in an executor).
@@ -18,9 +17,7 @@ event loop runs it in an executor).
 
 from __future__ import annotations
 
-import itertools
 import logging
-import secrets
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
@@ -31,41 +28,26 @@ from pdd.common.kv_codec import NO_CODEC, KVCodec
 from pdd.common.tokenizer import Tokenizer
 from pdd.common.wire import EngineInfo, KVShape, TokenLogprobs
 from pdd.worker.engine.block_pool import BlockPool
-from pdd.worker.engine.config import (
-    DEFAULT_CPU_KV_BYTES,
-    DEFAULT_CUDA_KV_FRACTION,
-    EngineConfig,
-    EngineConfigError,
-    EngineStats,
-)
-from pdd.worker.engine.device import (
-    SYSTEM_PROBE,
-    DeviceProbe,
-    kv_budget_bytes,
-    resolve_device,
-    resolve_dtype,
-)
+from pdd.worker.engine.config import EngineConfig, EngineStats
+from pdd.worker.engine.device import SYSTEM_PROBE, DeviceProbe, load_on_device
+from pdd.worker.engine.forward import last_token_logits
 from pdd.worker.engine.grammar import GrammarCompiler, GrammarStateError, mask_logits
-from pdd.worker.engine.kv_transfer import KVRangeError, encode_chunk, import_chunk
+from pdd.worker.engine.handoff import Handoff
+from pdd.worker.engine.kv_budget import blocks_for_budget
 from pdd.worker.engine.radix_cache import RadixCache
 from pdd.worker.engine.request import (
     FinishReason,
-    InvalidRequestStateError,
     NoFreeBlocksError,
     Request,
-    RequestError,
     RequestLimits,
     RequestOutput,
     RequestStatus,
-    UnknownRequestError,
 )
+from pdd.worker.engine.request_table import RequestTable
 from pdd.worker.engine.sampling import SamplingParams, process_logits, sample, token_logprobs
 from pdd.worker.engine.scheduler import ScheduledSeq, Scheduler, SchedulerConfig
-from pdd.worker.model.batch import ForwardBatch, SeqInput
 from pdd.worker.model.kv_cache import KVLayout, PagedKVCache
-from pdd.worker.model.loader import LoadedModel, load_model
-
-GIB = 2**30
+from pdd.worker.model.loader import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -90,19 +72,13 @@ class Engine:
         config = replace(config or EngineConfig(), **options)  # type: ignore[arg-type]
         self.config = config
         if isinstance(model, LoadedModel):
-            self.loaded = model
-            self.dtype_reason = "as loaded by the caller"
+            self.loaded, self.dtype_reason = model, "as loaded by the caller"
         else:
-            device = resolve_device(config.device, probe)
-            dtype = resolve_dtype(config.dtype, device, probe)
-            if dtype.warning:
-                log.warning("%s", dtype.warning)
-            self.loaded = load_model(model, dtype=dtype.name, device=device)
-            self.dtype_reason = dtype.reason
+            self.loaded, self.dtype_reason = load_on_device(model, config, probe)
         self.model_config = self.loaded.config
         self.device = torch.device(self.loaded.device)
         self.layout = KVLayout.from_config(self.model_config, config.block_size, self.loaded.dtype)
-        num_blocks = config.num_blocks or self._blocks_for_budget(probe)
+        num_blocks = config.num_blocks or blocks_for_budget(config, self.layout, self.device, probe)
         self.kv = PagedKVCache(self.layout, num_blocks, self.device)
         self.pool = BlockPool(num_blocks)
         self.cache = RadixCache(self.pool, config.block_size)
@@ -126,9 +102,9 @@ class Engine:
             num_blocks,
             min(config.max_prompt_tokens or self.max_model_len - 1, self.max_model_len - 1),
         )
-        self._requests: dict[str, Request] = {}
-        self._ids = itertools.count()
         self.grammars = GrammarCompiler(self.loaded.tokenizer, self.model_config.vocab_size)
+        self.requests = RequestTable(self.limits, self.grammars, self.scheduler)
+        self.handoff = Handoff(self.requests, self.scheduler, self.cache, self.kv, self.fingerprint)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -147,14 +123,14 @@ class Engine:
         ``hold_kv`` keeps the request's blocks after it finishes, so its KV can be
         exported (a prefill instance's job); call :meth:`release` afterwards.
         """
-        req = self._new_request(prompt_ids, params, request_id, hold_kv)
+        req = self.requests.new(prompt_ids, params, request_id, hold_kv)
         self.scheduler.add(req)
-        self._requests[req.request_id] = req
+        self.requests.add(req)
         return req.request_id
 
     def abort(self, request_id: str) -> None:
         """Stop a request and give back everything it holds (any state)."""
-        req = self._get(request_id)
+        req = self.requests.get(request_id)
         self.scheduler.finish(req)
         req.finish_reason = req.finish_reason or FinishReason.ABORT
         self._release(req)
@@ -189,7 +165,7 @@ class Engine:
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return []
-        logits = self._forward(scheduled)
+        logits = last_token_logits(self.loaded.model, self.kv, scheduled, self.config.block_size)
         return self._postprocess(scheduled, logits)
 
     def generate(
@@ -215,39 +191,6 @@ class Engine:
                     if out.finished:
                         pending.discard(out.request_id)
         return [outputs[i] for i in ids]
-
-    def _forward(self, scheduled: list[ScheduledSeq]) -> torch.Tensor:
-        """Last-token logits ``[len(scheduled), vocab]``, in ``scheduled`` order.
-
-        Decodes and multi-token passes (prefill chunks, extends) run as two
-        batches: attention pads every query to the longest in its batch, so one
-        512-token chunk beside 31 decodes would otherwise cost 32 x 512 queries.
-        """
-        decodes = [i for i, s in enumerate(scheduled) if s.num_tokens == 1]
-        others = [i for i, s in enumerate(scheduled) if s.num_tokens > 1]
-        if not decodes or not others:
-            return self._run([self._seq_input(s) for s in scheduled])
-        short = self._run([self._seq_input(scheduled[i]) for i in decodes])
-        long = self._run([self._seq_input(scheduled[i]) for i in others])
-        logits = short.new_empty((len(scheduled), short.shape[1]))
-        logits[decodes] = short
-        logits[others] = long
-        return logits
-
-    def _run(self, seqs: list[SeqInput]) -> torch.Tensor:
-        kernels = self.loaded.model.kernels
-        paged = kernels is not None and kernels.paged_attention is not None
-        batch = ForwardBatch.build(seqs, self.config.block_size, self.device, paged=paged)
-        return self.loaded.model(batch, self.kv)
-
-    @staticmethod
-    def _seq_input(s: ScheduledSeq) -> SeqInput:
-        start = s.request.num_computed
-        return SeqInput(
-            token_ids=s.request.token_range(start, start + s.num_tokens),
-            start_pos=start,
-            block_table=s.request.block_table,
-        )
 
     def _postprocess(
         self, scheduled: list[ScheduledSeq], logits: torch.Tensor
@@ -348,22 +291,9 @@ class Engine:
         return self.cache.evict(self.cache.evictable_blocks)
 
     def check_integrity(self) -> None:
-        """Raise ``RuntimeError`` if block references disagree with their holders.
-
-        Every pool reference is held by exactly one live request table entry
-        or by the prefix cache; anything else is a leak (or a double free).
-        """
-        self.pool.check_integrity()
-        self.cache.check_integrity()
-        held = sum(len(r.block_table) for r in self._requests.values())
-        refs = sum(self.pool.refcount(b) for b in range(self.pool.num_total))
-        if refs != held + self.cache.num_cached_blocks:
-            raise RuntimeError(
-                f"{refs} block references in the pool, but requests hold {held} and the prefix "
-                f"cache {self.cache.num_cached_blocks}: blocks leaked or freed twice"
-            )
-        if any(r.prefix_handle is not None and not r.block_table for r in self._requests.values()):
-            raise RuntimeError("a request holds a prefix lock but no blocks")
+        """Raise ``RuntimeError`` if block references disagree with their holders (every
+        pool reference held by one live request's table entry or by the prefix cache)."""
+        self.requests.check_integrity(self.pool, self.cache)
 
     @property
     def max_running_requests(self) -> int:
@@ -403,84 +333,37 @@ class Engine:
             num_locked_blocks=self.cache.protected_blocks,
             num_running=self.scheduler.num_running,
             num_waiting=self.scheduler.num_waiting,
-            num_awaiting_kv=sum(
-                r.status is RequestStatus.AWAITING_KV for r in self._requests.values()
-            ),
+            num_awaiting_kv=sum(r.status is RequestStatus.AWAITING_KV for r in self.requests),
             num_preemptions=self.scheduler.num_preemptions,
         )
 
-    # --- handoff: both ends of PDD's KV and token-ID handoffs ----------------------------
-
+    # --- handoff: both ends of PDD's KV and token-ID handoffs (``Handoff``) -------------
     def extend(self, request_id: str, token_ids: Sequence[int], hold: bool = False) -> None:
-        """Append token IDs generated elsewhere; the next step computes them in ONE pass.
-
-        With ``hold`` the request then waits without sampling (catch-up handoff:
-        more chunks follow); a later ``extend`` with ``hold=False`` resumes decoding.
-        """
-        req = self._get(request_id)
-        if req.status not in (RequestStatus.RUNNING, RequestStatus.WAITING):
-            self._state_error(req, "extend", "running or waiting requests (attached: resume())")
-        tokens = self.limits.check_appended(req, token_ids)
-        req.output_ids.extend(tokens)
-        if req.num_uncomputed == 0:  # held and caught up: recompute the last token for logits
-            req.num_computed -= 1
-        req.unchunked = req.status is RequestStatus.RUNNING
-        req.hold_sampling = hold
+        """Append token IDs generated elsewhere (``Handoff.extend``)."""
+        self.handoff.extend(request_id, token_ids, hold)
 
     def finished_elsewhere(self, request_id: str, token_ids: Sequence[int]) -> None:
-        """Another instance ended the request (a relay ran it to the end): compute the KV
-        of the output ``token_ids`` not yet handed over in the next step, sample nothing,
-        and release it.
-
-        The release caches the whole conversation, prompt and answer, so the next turn
-        misses only what is new. Without it, each answer a relay finished would cross the
-        WAN again with the turn after it, and those bigger transfers make the router relay
-        more.
-        """
-        req = self._get(request_id)
-        if req.status is RequestStatus.AWAITING_KV:
-            self.resume(request_id, token_ids, hold=True)
-        else:
-            self.extend(request_id, token_ids, hold=True)
-        req.cache_only = True
+        """Compute the KV of an answer another instance ended (``Handoff.finished_elsewhere``)."""
+        self.handoff.finished_elsewhere(request_id, token_ids)
 
     def cached_prefix_tokens(self, token_ids: Sequence[int]) -> int:
         """Tokens of ``token_ids`` the prefix cache holds now (nothing is locked)."""
-        return self.cache.match_prefix(token_ids).num_tokens
+        return self.handoff.cached_prefix_tokens(token_ids)
 
     def computed_tokens(self, request_id: str) -> int:
-        """Tokens of a live request whose KV is in the cache now: what ``export_kv`` can
-        read. It grows chunk by chunk while a long prompt prefills (and falls back to 0
-        if the request is preempted), so a prefill can ship its KV as it is written."""
-        return self._get(request_id).num_computed
+        """Tokens of a live request with KV now (``Handoff.computed_tokens``)."""
+        return self.handoff.computed_tokens(request_id)
 
     def export_kv(
         self, request_id: str, start: int, end: int, chunk_tokens: int = 256,
         codec: KVCodec = NO_CODEC,
     ) -> Iterator[bytes]:  # fmt: skip
-        """Chunks of the KV of tokens ``[start, end)`` of a live request, read lazily,
-        compressed by ``codec`` (the WAN's; the fast path ships it exact).
-
-        Works on running, attached and finished ``hold_kv`` requests. The
-        request must keep its KV while the iterator runs (a released or
-        preempted request makes the next chunk raise ``InvalidRequestStateError``).
-        """
-        req = self._get(request_id)
-        if not 0 <= start < end <= req.num_computed:
-            raise KVRangeError(
-                f"cannot export [{start}, {end}) of request {request_id!r}: it holds KV for "
-                f"[0, {req.num_computed})"
-            )
-        if chunk_tokens < 1:
-            raise KVRangeError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-        return self._export_chunks(req, start, end, chunk_tokens, codec)
+        """Chunks of a live request's KV of ``[start, end)`` (``Handoff.export_kv``)."""
+        return self.handoff.export_kv(request_id, start, end, chunk_tokens, codec)
 
     def release(self, request_id: str) -> None:
-        """Free a finished ``hold_kv`` request's blocks (its computed blocks stay cached)."""
-        req = self._get(request_id)
-        if req.status is not RequestStatus.FINISHED:
-            self._state_error(req, "release", "finished (hold_kv) requests; use abort()")
-        self._release(req)
+        """Free a finished ``hold_kv`` request's blocks (``Handoff.release``)."""
+        self.handoff.release(request_id)
 
     def attach_request(
         self,
@@ -490,156 +373,26 @@ class Engine:
         use_cache: bool = True,
         private_kv: bool = False,
     ) -> int:
-        """Receive a request whose KV comes from elsewhere; returns the prefix hit in tokens.
-
-        Locks the longest cached prefix of ``token_ids`` and allocates blocks for
-        the rest; the KV of ``[hit, len(token_ids))`` is then expected through
-        :meth:`import_kv` before :meth:`resume`. ``use_cache=False`` bypasses the
-        prefix cache for this request only (no match, hit 0, nothing inserted when
-        it ends): the naive pipeline ships the full KV without disturbing what the
-        cache holds for others. ``private_kv`` matches the cache but inserts nothing
-        (KV that crosses coded where the cache must hold exact KV). Raises
-        ``RequestError`` subclasses (``NoFreeBlocksError`` when the pool cannot make
-        room now).
-        """
-        req = self._new_request(token_ids, params, request_id, hold_kv=False)
-        req.use_cache = use_cache
-        req.private_kv = private_kv
-        hit = self.scheduler.attach(req)
-        self._requests[req.request_id] = req
-        return hit
+        """Receive a request whose KV comes from elsewhere (``Handoff.attach_request``)."""
+        return self.handoff.attach_request(token_ids, params, request_id, use_cache, private_kv)
 
     def import_kv(self, request_id: str, chunk: bytes, codec: KVCodec = NO_CODEC) -> int:
-        """Import one KV chunk into an attached request; returns the tokens now held.
-
-        ``codec`` is the one the transfer's handshake agreed on. Raises a
-        ``KVTransferError`` subclass (checksum, fingerprint, dtype, layout, codec,
-        range, token mismatch) and changes nothing when the chunk does not fit.
-        """
-        req = self._get(request_id)
-        if req.status is not RequestStatus.AWAITING_KV:
-            self._state_error(req, "import KV into", "attached requests")
-        held = req.num_computed
-        req.num_computed = import_chunk(
-            self.kv, req.block_table, req.prompt_ids, held, chunk, self.fingerprint, codec
-        )
-        # Cached as it lands, not when the request ends: the conversation's next turn may
-        # come while this one still waits for a relay's IDs, or decodes.
-        self.scheduler.cache_computed(req)
-        return req.num_computed
+        """Import one KV chunk into an attached request (``Handoff.import_kv``)."""
+        return self.handoff.import_kv(request_id, chunk, codec)
 
     def resume(self, request_id: str, pending_token_ids: Sequence[int], hold: bool = False) -> None:
-        """Start decoding an attached request after the tokens generated elsewhere.
-
-        ``pending_token_ids`` (at least the first token the prefill sampled) are
-        appended as output and computed, with any prompt tail whose KV did not
-        arrive, in the next step; then it samples on (unless ``hold``, see
-        :meth:`extend`). Handoffs join the running batch ahead of the queue.
-        """
-        req = self._get(request_id)
-        if req.status is not RequestStatus.AWAITING_KV:
-            self._state_error(req, "resume", "attached requests")
-        tokens = self.limits.check_appended(req, pending_token_ids)
-        if not tokens and req.num_computed == len(req.prompt_ids):
-            raise RequestError("resume needs at least one pending token id (the first output)")
-        req.unchunked = req.num_computed == len(req.prompt_ids)
-        req.output_ids.extend(tokens)
-        req.hold_sampling = hold
-        self.scheduler.start(req)
+        """Start decoding an attached request (``Handoff.resume``)."""
+        self.handoff.resume(request_id, pending_token_ids, hold)
 
     @property
     def fingerprint(self) -> str:
         """The model fingerprint stamped on exported KV (dtype is checked separately)."""
         return self.model_config.fingerprint()
 
-    def _export_chunks(
-        self, req: Request, start: int, end: int, chunk_tokens: int, codec: KVCodec
-    ) -> Iterator[bytes]:
-        for a in range(start, end, chunk_tokens):
-            b = min(a + chunk_tokens, end)
-            if req.num_computed < b:
-                raise InvalidRequestStateError(
-                    f"request {req.request_id!r} lost its KV during export (released or "
-                    "preempted); export again"
-                )
-            data = self.kv.read_tokens(req.block_table, a, b)
-            yield encode_chunk(data, a, self.fingerprint, req.token_range(0, b), codec)
-
     # --- helpers ------------------------------------------------------------------------------
-    def _blocks_for_budget(self, probe: DeviceProbe) -> int:
-        """KV blocks for the budget; a budget this device cannot hold, or one below a
-        block, is a setting to change (EngineConfigError), not an out-of-memory crash."""
-        budget = self._kv_budget(probe)
-        if self.config.kv_cache_memory_fraction is None:
-            free = probe.free_memory_bytes(self.device)
-            if budget > free:
-                raise EngineConfigError(
-                    f"a KV cache of {budget / GIB:.2f} GiB was asked for, but {self.device} has "
-                    f"{free / GIB:.2f} GiB free after the weights; lower kvCacheGiB (or "
-                    "--kv-cache-gib), or give kvCacheMemoryFraction instead"
-                )
-        try:
-            return PagedKVCache.blocks_for_budget(self.layout, budget)
-        except ValueError as exc:
-            raise EngineConfigError(str(exc)) from None
-
-    def _kv_budget(self, probe: DeviceProbe) -> int:
-        """Bytes for the KV pool (see ``EngineConfig``); call it once the weights are in."""
-        fraction = self.config.kv_cache_memory_fraction
-        if fraction is None and self.config.kv_budget_bytes is not None:
-            return self.config.kv_budget_bytes
-        if fraction is None and self.device.type == "cpu":
-            return DEFAULT_CPU_KV_BYTES
-        return kv_budget_bytes(fraction or DEFAULT_CUDA_KV_FRACTION, self.device, probe)
-
     @property
     def _eos(self) -> tuple[int, ...]:
         return self.loaded.tokenizer.eos_token_ids
 
-    def _new_request(
-        self,
-        prompt_ids: Sequence[int],
-        params: SamplingParams | None,
-        request_id: str | None,
-        hold_kv: bool,
-    ) -> Request:
-        params = params or SamplingParams()
-        prompt = self.limits.check_prompt(prompt_ids, params.max_tokens)
-        self.limits.check_params(params)
-        if request_id is not None and request_id in self._requests:
-            raise RequestError(f"request id {request_id!r} is already in use; pick a unique id")
-        prior = params.prior_output_tokens
-        if prior >= len(prompt):
-            raise RequestError(
-                f"prior_output_tokens ({prior}) must be less than the prompt's {len(prompt)} "
-                "tokens: they are the prompt's last tokens, after the request's own prompt"
-            )
-        grammar = None
-        if params.guided is not None:  # a resumed request's grammar goes on after its output
-            grammar = self.grammars.start(params.guided, prompt[len(prompt) - prior :])
-        return Request(
-            request_id=request_id if request_id is not None else f"req-{next(self._ids)}",
-            prompt_ids=prompt,
-            params=params,
-            seed=params.seed if params.seed is not None else secrets.randbits(63),
-            hold_kv=hold_kv,
-            grammar=grammar,
-        )
-
-    def _get(self, request_id: str) -> Request:
-        req = self._requests.get(request_id)
-        if req is None:
-            raise UnknownRequestError(
-                f"no live request {request_id!r} (finished, aborted or never added)"
-            )
-        return req
-
     def _release(self, req: Request) -> None:
-        self.scheduler.release(req)
-        del self._requests[req.request_id]
-
-    def _state_error(self, req: Request, op: str, allowed: str) -> None:
-        raise InvalidRequestStateError(
-            f"cannot {op} request {req.request_id!r} while it is {req.status.value}: "
-            f"{op} applies to {allowed}"
-        )
+        self.requests.release(req)

@@ -71,7 +71,12 @@ class Linear(nn.Linear):
     On the CPU a bf16 ``F.linear`` reorders the whole weight into oneDNN's blocked
     layout on every call; for a decode step (one row per sequence) that reorder costs
     more than the product itself (measured 2.5x on a 1024 x 5632 projection, one row).
-    ``pack`` does it once at load time; the results are bitwise those of ``F.linear``.
+    ``pack`` does it once at load time; in bf16 the results are bitwise those of
+    ``F.linear``. An fp32 ``F.linear`` is MKL's sgemm, which packs the weight into its
+    own panels on every call: at the row counts of a batched decode step (8-256 rows)
+    that costs more than the product, and oneDNN from a prepacked weight takes about
+    two thirds of the CPU time (the 200M preset's projections, 32 rows: 223 ms against
+    357 ms a step; ``docs/engine.md``). In fp32 the two differ by summation order only.
     The plain weight stays the parameter (state dict, transformers export); the CUDA
     path never packs.
     """
@@ -89,13 +94,13 @@ class Linear(nn.Linear):
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    """oneDNN prepacking pays for bf16 on a CPU whose oneDNN has native bf16 kernels."""
-    return (
-        device.type == "cpu"
-        and dtype == torch.bfloat16
-        and torch.backends.mkldnn.is_available()
-        and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    )
+    """oneDNN prepacking pays on the CPU for fp32 (see ``Linear``) and for bf16 where
+    oneDNN has native bf16 kernels (elsewhere it cannot build a bf16 primitive)."""
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if dtype == torch.float32:
+        return True
+    return dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:

@@ -106,8 +106,8 @@ class LlamaForCausalLM(nn.Module):
     def pack_weights(self) -> None:
         """Prepack every projection and the LM head for oneDNN (see ``layers.Linear``).
 
-        Only for bf16 on a CPU (``layers.can_pack``); a tied head gets its own packed
-        copy of the embedding matrix, which the embedding lookup keeps reading plain.
+        Only on a CPU, in fp32 or bf16 (``layers.can_pack``); a tied head gets its own
+        packed copy of the embedding matrix, which the embedding lookup keeps reading plain.
         """
         for module in self.modules():
             if isinstance(module, Linear):

@@ -129,8 +129,8 @@ def _load_gguf(path: Path, dtype: str | torch.dtype | None, device: torch.device
 
 
 def _prepare_for_device(model: LlamaForCausalLM, dtype: torch.dtype, device: torch.device) -> None:
-    """Prepack the projections where that pays (bf16 on the CPU: the weights' memory is
-    then held twice, plain and packed) and pick the compiled CPU kernels where they run."""
+    """Prepack the projections where that pays (fp32 and bf16 on the CPU: the weights'
+    memory is then held twice, plain and packed) and pick the compiled CPU kernels."""
     if can_pack(device, dtype):
         model.pack_weights()
     model.kernels = kernels_for(device, dtype, model.config.head_dim)

@@ -141,14 +141,18 @@ class _Sending:
     prefill: asyncio.Future[Prefilled]
 
 
+#: A chunk of KV read for sending: its end (a token position) and its bytes.
+_Chunk = tuple[int, bytes]
+
+
 def _written_chunk(
     request_id: str, first: int, end: int, chunk_tokens: int, codec: KVCodec
-) -> Callable[[Engine], tuple[int, bytes] | None]:
+) -> Callable[[Engine], _Chunk | None]:
     """On the engine thread: the next chunk of ``[first, end)`` the prefill has written
     (read in the same call, so no step can preempt the request in between), as
     ``(its end, its bytes)``; None while nothing past ``first`` is written."""
 
-    def take(engine: Engine) -> tuple[int, bytes] | None:
+    def take(engine: Engine) -> _Chunk | None:
         written = min(engine.computed_tokens(request_id), end)
         if written <= first:
             return None
@@ -438,14 +442,16 @@ class PrefillRole(RoleBase):
                 first = skipped
                 continue
             ended = send.prefill.done()  # before the read: a step may end it meanwhile
-            taken = await self.runner.call(_written_chunk(rid, first, end, chunk_tokens, codec))
+            take = _written_chunk(rid, first, end, chunk_tokens, codec)
+            taken = await self.runner.call(take)
             if taken is None:  # the prefill has not written KV past ``first`` yet
                 if ended:
                     send.prefill.result()  # raises the prefill's own error
                     raise RuntimeError("the prefill ended without the KV it was to write")
-                await self._next_write(send.prefill)
+                taken = await self._next_write(send.prefill, take)
                 send.clock.waited()  # the line may idle meanwhile: time it afresh
-                continue
+                if taken is None:
+                    continue
             last, blob = taken
             send.clock.sending(last - first, self._bytes_per_token)
             await channel.send(MsgType.KV_CHUNK, key, blob)
@@ -454,20 +460,25 @@ class PrefillRole(RoleBase):
                 self.metrics.wan_kv_wire_bytes.inc(len(blob))
             first = last
 
-    async def _next_write(self, prefill: asyncio.Future[Prefilled]) -> None:
-        """Wait for the engine's next step (which may write more of the prompt's KV), or
-        for the prefill's end (its last step wrote all of it); a failed prefill raises
-        its error."""
+    async def _next_write(
+        self, prefill: asyncio.Future[Prefilled], take: Callable[[Engine], _Chunk | None]
+    ) -> _Chunk | None:
+        """``take`` run as the engine's next step ends (``after_next_step``: the chunk that
+        step wrote is read before the engine starts the next one, so the line carries it
+        while the next computes), or None when the prefill ended first (its last step
+        wrote all of it); a failed prefill raises its error."""
         if prefill.done():
             prefill.result()  # raises the prefill's own error
-            return
-        step = asyncio.ensure_future(self.runner.next_step())
+            return None
+        after = self.runner.after_next_step(take)
         try:
-            await asyncio.wait({step, prefill}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({after, prefill}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            step.cancel()
+            if not after.done():
+                after.cancel()
         if _errored(prefill):
             prefill.result()
+        return after.result() if after.done() and not after.cancelled() else None
 
     def _shipped(self, plan: PipelinePlan, clock: _ShipClock) -> None:
         """Tell the router on P's stream that MD imported the KV, and how long the line
