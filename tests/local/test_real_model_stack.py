@@ -98,7 +98,7 @@ def test_pdd_equals_mono_token_for_token_on_both_pipelines(model_dir: Path, tmp_
     prompts = [tokenizer.chat_ids([{"role": "user", "content": c}]) for c in CHATS]
 
     def run(label: str, mode: str, budget: float | None, link: LinkSpec) -> StackGreedy:
-        config = StackConfig(mode=mode, model=DEFAULT_MODEL, port=free_port(),  # type: ignore[arg-type]
+        config = StackConfig(mode=mode, model=str(model_dir), port=free_port(),  # type: ignore[arg-type]
                              log_dir=tmp_path / label, ttft_budget_s=budget, link=link,
                              ready_timeout_s=READY_TIMEOUT_S)  # fmt: skip
         return run_greedy(config, prompts, MAX_TOKENS, say=lambda _: None)
