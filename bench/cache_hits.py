@@ -24,16 +24,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import re
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
+from overload import run_router
 
 from pdd.common.block_hash import block_hashes
 from pdd.local.cluster import LinkSpec, LocalCluster, WorkerSpec
@@ -42,24 +39,6 @@ from pdd.simulator.prefix_cache import HolderIndex, PrefixCache
 BLOCK = 16
 TURN_TOKENS = 60
 MAX_TOKENS = 24
-
-
-def start_router(cluster: LocalCluster, port: int, log: Path) -> subprocess.Popen:
-    argv = [
-        sys.executable, "-m", "pdd.cli", "router", "--model", "tiny", "--host", "127.0.0.1",
-        "--port", str(port), "--poll-interval-s", "0.2",
-        "--prefill", f"p={cluster['p'].url}", "--main", f"md={cluster['md'].url}",
-    ]  # fmt: skip
-    env = {**os.environ, "PDD_SHARED_SECRET": cluster.secret}
-    proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
-    for _ in range(1200):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"router did not start: {log.read_text()[-2000:]}")
 
 
 def md_counters(cluster: LocalCluster) -> tuple[float, float]:
@@ -121,7 +100,7 @@ def one_size(blocks: int, args: argparse.Namespace) -> dict:
     cluster = LocalCluster.start(specs, tmp, LinkSpec(gbps=10.0), common_args=common)
     router = None
     try:
-        router = start_router(cluster, args.port, tmp / "router.log")
+        router = run_router(cluster, args.port, tmp / "router.log")
         hit0, prompt0 = md_counters(cluster)
         url = f"http://127.0.0.1:{args.port}"
         sent = asyncio.run(replay(url, args.conversations, args.turns, args.seed))

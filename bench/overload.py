@@ -131,14 +131,17 @@ async def recovery(url: str, baseline_s: float, max_tokens: int, limit_s: float 
 
 
 def start_router(cluster: LocalCluster, port: int, log: Path, *extra: str) -> subprocess.Popen:
-    flags = [
-        "--prefill", f"p={cluster['p'].url}", "--relay", f"rld={cluster['rld'].url}",
-        "--main", f"md={cluster['md'].url}",
-    ]  # fmt: skip
     keys = [a for k in KEYS.values() for a in ("--api-key", k)]
+    return run_router(cluster, port, log, "--relay", f"rld={cluster['rld'].url}", *keys, *extra)
+
+
+def run_router(cluster: LocalCluster, port: int, log: Path, *flags: str) -> subprocess.Popen:
+    """A tiny-model router in front of the cluster's P and MD (plus ``flags``), once it
+    answers /ready (the other benchmarks in this folder start theirs through it)."""
     argv = [
         sys.executable, "-m", "pdd.cli", "router", "--model", "tiny", "--host", "127.0.0.1",
-        "--port", str(port), "--poll-interval-s", "0.2", *flags, *keys, *extra,
+        "--port", str(port), "--poll-interval-s", "0.2",
+        "--prefill", f"p={cluster['p'].url}", "--main", f"md={cluster['md'].url}", *flags,
     ]  # fmt: skip
     env = {**os.environ, "PDD_SHARED_SECRET": cluster.secret}
     proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
