@@ -20,6 +20,7 @@ from pdd.local.topology import (
     mode_workers,
     stack_deployment,
 )
+from pdd.local.up import build_parser, stack_config
 from pdd.operator.render import render_deployment
 from pdd.worker.deploy_config import flag_defaults
 
@@ -88,6 +89,27 @@ def test_baselines_force_the_naive_pipeline_and_user_flags_come_last() -> None:
     for mode in ("naive", "samedc"):
         flags = extra_args(StackConfig(mode=mode))["router"]  # type: ignore[arg-type]
         assert flags[: len(NAIVE_ROUTER_FLAGS)] == NAIVE_ROUTER_FLAGS
+
+
+def test_a_role_flag_goes_to_that_role_only_after_the_flags_for_every_worker() -> None:
+    """``--relay-arg=--max-num-seqs=4``: a relay tier smaller than P and MD; a role's own
+    flag comes after ``--worker-arg``'s, so it wins where both set the same flag."""
+    config = StackConfig(
+        worker_args=("--max-num-seqs", "64"),
+        role_args=((Role.RELAY, ("--max-num-seqs", "4")),),
+    )
+    flags = extra_args(config)
+    assert flags[Role.RELAY] == ("--max-num-seqs", "64", "--max-num-seqs", "4")
+    assert flags[Role.PREFILL] == flags[Role.MAIN] == ("--max-num-seqs", "64")
+
+
+def test_pdd_up_role_flags_reach_the_stack_config(tmp_path: Path) -> None:
+    args = build_parser().parse_args(
+        ["--model", "tiny", "--worker-arg=--seed=1", "--relay-arg=--max-num-seqs=4"]
+    )
+    flags = extra_args(stack_config(args, "pdd", 8080, tmp_path))
+    assert flags[Role.RELAY] == ("--seed=1", "--max-num-seqs=4")
+    assert flags[Role.MAIN] == flags[Role.PREFILL] == ("--seed=1",)
 
 
 def test_wan_tls_gives_every_worker_the_certificates_as_files() -> None:

@@ -70,6 +70,9 @@ class StackConfig:
     redis_url: str | None = None
     log_dir: Path = Path("pdd-logs")
     worker_args: tuple[str, ...] = ()
+    #: Flags for one role's workers only (``--relay-arg``...), after ``worker_args``, so a
+    #: tier can differ from the others (e.g. a relay tier smaller than P and MD).
+    role_args: tuple[tuple[Role, tuple[str, ...]], ...] = ()
     router_args: tuple[str, ...] = ()
     ready_timeout_s: float = 180.0
     served_model_name: str | None = None
@@ -193,8 +196,9 @@ def as_mono(deployment: dict[str, Any]) -> dict[str, Any]:
 
 
 def extra_args(config: StackConfig) -> dict[str, tuple[str, ...]]:
-    """Flags appended per component: the user's ``--worker-arg``/``--router-arg``, and
-    the baselines' router flags."""
+    """Flags appended per component: the user's ``--worker-arg``, then the role's own
+    (``--relay-arg``...), ``--router-arg``, and the baselines' router flags."""
     router = NAIVE_ROUTER_FLAGS if config.mode in ("naive", "samedc") else ()
-    workers = {str(role): config.worker_args for role in Role}
+    own = dict(config.role_args)
+    workers = {str(role): config.worker_args + own.get(role, ()) for role in Role}
     return {**workers, "router": router + config.router_args}

@@ -30,6 +30,7 @@ from pdd.common.model_store import (
     resolve_model,
 )
 from pdd.common.settings import parser as settings_parser
+from pdd.common.vocabulary import Role
 from pdd.local.cluster import LinkSpec
 from pdd.local.stack import LocalStack, StackStartError
 from pdd.local.topology import MODES, Counts, StackConfig, TopologyError
@@ -79,6 +80,12 @@ def add_stack_flags(p: argparse.ArgumentParser, default_log_dir: Path | None) ->
         "--worker-arg", action="append", default=[], metavar="ARG",
         help="extra argument for every worker, e.g. --worker-arg=--kv-cache-gib=0.0625",
     )  # fmt: skip
+    for role in Role:
+        p.add_argument(
+            f"--{role}-arg", action="append", default=[], metavar="ARG",
+            help=f"extra argument for the {role} workers only, after --worker-arg's, "
+            f"e.g. --{role}-arg=--max-num-seqs=4",
+        )  # fmt: skip
     p.add_argument(
         "--router-arg", action="append", default=[], metavar="ARG",
         help="extra argument for the router, e.g. --router-arg=--log-level=debug",
@@ -96,6 +103,7 @@ def stack_config(args: argparse.Namespace, mode: str, port: int, log_dir: Path) 
         redis_url=args.redis,
         log_dir=log_dir,
         worker_args=tuple(args.worker_arg),
+        role_args=tuple((role, tuple(getattr(args, f"{role}_arg"))) for role in Role),
         router_args=tuple(args.router_arg),
         ready_timeout_s=args.ready_timeout_s,
         ttft_budget_s=args.ttft_budget_s,
