@@ -29,13 +29,19 @@ MAX_TOKENS_LIMIT = 8
 #: 2,200 requests take about 4 minutes on an idle 2-core machine and three times that on
 #: a busy one: beyond the suite's per-test 300 s, well within CI's limit.
 FUZZ_TIMEOUT_S = 1800
+#: The router ends a request after its own ``--request-timeout-s``; the client waits
+#: longer, so an overloaded machine gets the router's answer, not a client-side timeout
+#: (one run with two suites and an out-of-memory kill beside it read a 60 s one).
+ROUTER_REQUEST_TIMEOUT_S = 60
+CLIENT_TIMEOUT_S = 5 * ROUTER_REQUEST_TIMEOUT_S
 
 
 @pytest.fixture(scope="module")
 def router(start_router, worker_flags):
     return start_router(
-        *worker_flags(), "--max-tokens-limit", str(MAX_TOKENS_LIMIT), "--request-timeout-s", "60"
-    )
+        *worker_flags(), "--max-tokens-limit", str(MAX_TOKENS_LIMIT),
+        "--request-timeout-s", str(ROUTER_REQUEST_TIMEOUT_S),
+    )  # fmt: skip
 
 
 def served_model(case):
@@ -60,7 +66,7 @@ def fuzz(url: str, operation, mode: GenerationMode, cases: int, seen: Counter) -
     )
     @given(case=strategy)
     def one(case) -> None:
-        response = case.call(base_url=url, timeout=60)
+        response = case.call(base_url=url, timeout=CLIENT_TIMEOUT_S)
         seen[response.status_code] += 1
         assert response.status_code < 500, (
             f"{case.method} {case.path} -> {response.status_code}: {response.text[:500]}\n"

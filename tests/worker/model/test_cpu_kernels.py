@@ -233,9 +233,14 @@ def test_mlp_runs_through_silu_and_mul(variant) -> None:
 
 
 # --- the whole model ---------------------------------------------------------------------
-def _decode_logits(loaded, variant: str | None) -> list[torch.Tensor]:
-    """Prefill three prompts, then decode 6 steps of all three together, greedily, through
-    the kernels of ``variant`` (None: torch's ops)."""
+def _decode_logits(
+    loaded, variant: str | None, fed: list[list[int]] | None = None
+) -> tuple[list[torch.Tensor], list[list[int]]]:
+    """Prefill three prompts, then decode 6 steps of all three together through the
+    kernels of ``variant`` (None: torch's ops): the logits of each step and the tokens fed.
+    The tokens are this run's greedy picks, or ``fed``'s, so that two runs compared see the
+    same inputs (in bf16 two paths may pick differently where random weights leave close
+    logits, and every later step would then differ by more than rounding)."""
     model, kernels_on = loaded.model, variant is not None
     model.kernels = (
         ck.kernels_for(loaded.device, loaded.dtype, loaded.config.head_dim, variant)
@@ -248,15 +253,16 @@ def _decode_logits(loaded, variant: str | None) -> list[torch.Tensor]:
     tables = [list(range(i * 16, i * 16 + 12)) for i in range(3)]
     first = [SeqInput(p, 0, t) for p, t in zip(prompts, tables, strict=True)]
     logits = model(ForwardBatch.build(first, 16, "cpu", paged=kernels_on), kv)
-    seqs, steps = [list(p) for p in prompts], [logits]
-    for _ in range(6):
-        nxt = logits.argmax(-1).tolist()
+    seqs, steps, picks = [list(p) for p in prompts], [logits], []
+    for step in range(6):
+        nxt = logits.argmax(-1).tolist() if fed is None else fed[step]
+        picks.append(nxt)
         batch = [SeqInput([n], len(s), t) for n, s, t in zip(nxt, seqs, tables, strict=True)]
         for s, n in zip(seqs, nxt, strict=True):
             s.append(n)
         logits = model(ForwardBatch.build(batch, 16, "cpu", paged=kernels_on), kv)
         steps.append(logits)
-    return steps
+    return steps, picks
 
 
 @by_variant
@@ -268,7 +274,8 @@ def test_the_model_runs_through_the_kernels_as_through_torchs_ops(
     loaded = load_model("tiny", dtype=dtype)
     assert loaded.model.kernels.variant == variant  # the loader chose them
     assert loaded.model.kernels.paged_attention is kernel.paged_attention
-    with_kernels, eager = _decode_logits(loaded, variant), _decode_logits(loaded, None)
+    eager, picks = _decode_logits(loaded, None)
+    with_kernels, _ = _decode_logits(loaded, variant, picks)
     tol = 1e-4 if dtype == "float32" else 5e-2
     for a, b in zip(with_kernels, eager, strict=True):
         torch.testing.assert_close(a, b, atol=tol, rtol=tol)
