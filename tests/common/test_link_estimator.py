@@ -8,6 +8,7 @@ from pdd.common.link_estimator import (
     MAX_OVER_DECLARED,
     MAX_SLOWDOWN,
     MIN_FIXED_SAMPLES,
+    MIN_OVERDUE_S,
     MIN_PREFILL_SAMPLE_TOKENS,
     MIN_SAMPLE_S,
     Backlog,
@@ -130,6 +131,46 @@ def test_a_commitment_still_unreported_does_not_make_the_line_look_fast():
     t = e.commit(MB, "p0", 0, now=10.0)
     e.landed(t, now=10.0 + 0.03 + MB * 8 / 0.08e9)
     assert e.link().effective_gbps == pytest.approx(0.08)
+
+
+def test_a_throttle_shows_in_the_transfers_still_crossing_before_any_lands():
+    """The line drops to a tenth and nothing lands for seconds: each decision looks at
+    the oldest transfer still crossing. At 0.5 s the 1 MB committed at 0 (0.1 s at the
+    estimate, 0.1 s of prefill) is within the margins; at 1.5 s, with 3 MB offered since
+    its dispatch, the line carried less than 3 MB in 1.37 s, and the estimate moves
+    towards that bound by the gain at each look, until the transfer is no longer
+    MIN_OVERDUE_S late at the estimate, never past the bound."""
+    e = estimator()
+    t0 = e.commit(MB, "p0", 100, now=0.0)
+    e.commit(MB, "p0", 100, now=0.2)
+    e.overdue(now=0.5)
+    assert e.overdue_samples == 0 and e.link().effective_gbps == pytest.approx(0.08)
+    e.commit(MB, "p0", 100, now=1.0)
+    for _ in range(30):
+        e.overdue(now=1.5)
+    line_s = 1.5 - 0.1 - 0.03
+    bound_gbps = 3 * MB * 8 / line_s / 1e9
+    margin_gbps = 3 * MB * 8 / (line_s - MIN_OVERDUE_S) / 1e9
+    assert 0 < e.overdue_samples < 30
+    assert bound_gbps < e.link().effective_gbps <= margin_gbps
+    # Once it lands, the next oldest is judged: committed 0.2 s, 2 MB offered since.
+    e.landed(t0, now=1.6)
+    before = e.link().effective_gbps
+    e.overdue(now=1.6)
+    assert e.link().effective_gbps <= before
+
+
+def test_a_transfer_on_time_or_a_frozen_view_learns_nothing_from_crossing():
+    """A 5 MB transfer is due 0.53 s after its prefill at the declared rate: at 0.9 s it
+    is late, but by less than MIN_OVERDUE_S; a frozen view never learns."""
+    for frozen in (False, True):
+        e = estimator(frozen)
+        e.commit(5 * MB, "p0", 0, now=0.0)
+        e.overdue(now=0.03 + 0.5 + MIN_OVERDUE_S * 0.7)
+        assert e.overdue_samples == 0 and e.link().effective_gbps == pytest.approx(0.08)
+        e.overdue(now=30.0)
+        assert e.overdue_samples == (0 if frozen else 1)
+        assert (e.link().effective_gbps < 0.08) is not frozen
 
 
 def test_other_replicas_backlog_still_counts_as_queued_ahead():

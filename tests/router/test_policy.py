@@ -412,6 +412,30 @@ def test_adaptive_relays_the_exact_kv_where_a_relay_serves_first(gbps):
     assert plain.pipeline == d.pipeline and plain.instances == d.instances
 
 
+@pytest.mark.parametrize(
+    ("gbps", "drain_s", "codec", "fits"),
+    [(3.0, 1.9, "none", None), (3.0, 2.1, "int4", True), (1.0, 2.1, "int4", False)],
+)
+def test_adaptive_codes_a_relayed_kv_only_on_a_line_congested_past_the_budget(
+    gbps, drain_s, codec, fits
+):
+    """A relay serves the first token (the exact KV misses the 2 s budget); MD's KV still
+    crosses, and everything committed later queues behind it. While the line's backlog
+    drains within the budget the KV crosses exact; past it, coded as P-MD's would be:
+    the least lossy that reaches MD within the budget behind the backlog (at 3 Gbit/s
+    int8's 0.5 GB waits behind as much: 2.7 s; int4 1.4 s), the smallest where none
+    does (1 Gbit/s)."""
+    backlog = int(drain_s * gbps * 1e9 / 8)
+    link = LinkState(declared_gbps=gbps, rtt_ms=30, backlog_bytes=backlog, backlog_transfers=1)
+    d = run(req(22_000), {"p0": 20_000, "md0": 2_000}, link=link, config=ADAPTIVE)
+    assert d.pipeline == Pipeline.P_RLD_MD
+    assert d.estimate.kv_codec == codec
+    assert d.estimate.kv_bytes_per_token == dict(CODECS)[codec]
+    assert ("to drain" in d.reason) == (codec != "none")
+    if fits is not None:
+        assert (d.estimate.md_first_token_s <= ADAPTIVE.ttft_budget_s) == fits
+
+
 def test_a_fixed_codec_names_none_in_the_estimate():
     d = run(req(22_000), {"p0": 20_000, "md0": 2_000})
     assert d.estimate.kv_codec is None and "KV coded" not in d.reason

@@ -161,6 +161,12 @@ def wan_transfer_seconds(
     return bits / (link.effective_gbps * _GIGA) + link.rtt_s
 
 
+def backlog_drain_seconds(link: LinkState) -> float:
+    """Seconds the line needs to carry the KV already committed to it, at its live rate:
+    how congested it is, whatever the next transfer's size."""
+    return link.backlog_bytes * _BITS_PER_BYTE / (link.effective_gbps * _GIGA)
+
+
 def pmd_first_token_seconds(
     prefill_s: float, transfer_s: float, rtt_s: float, md_step_s: float = 0.0
 ) -> float:

@@ -74,6 +74,23 @@ What it keeps, and where each number comes from:
   router's side: that time can show a slower line, P's cannot (when P's report took
   the transfer whole, a throttled line was learnt from only the few transfers whose
   first token beat P's report).
+- **Transfers still crossing** (``overdue``): every sample above waits for a landing,
+  and on a line throttled under load the landings lag the throttle by the transfers
+  themselves (a benchmark's 10x throttle went unseen for 40 s: every landing came
+  right after another, so each was timed as a short queue, while transfers took 1-7 s
+  and then stalled). A transfer not yet landed bounds the line from below without
+  waiting: since its dispatch the line can have carried no more than what was queued
+  ahead of it and everything committed since (its own bytes included), and a line
+  that carried all that would have landed it. So where the oldest transfer still
+  crossing is ``MIN_OVERDUE_S`` beyond what the estimate allows (P's prefill, one
+  RTT, the fixed cost, that many bytes), its time divided by those bytes is a slower
+  line than believed, and the estimate moves towards it by the gain at each decision,
+  until the transfer is no longer that late at the estimate. Only slower, and only the
+  oldest transfer (one look per decision, whatever the fleet). A starved P or MD makes
+  a transfer late too; the margin keeps ordinary jitter out. Other router replicas' commitments are
+  counted as their backlog now (a shared store's sum): those that landed since this
+  transfer's dispatch are not seen, so with several replicas the bound can be stricter
+  than the line, as it can where P or MD is starved.
 - **RTT**: the declared value. The router has no round trip of its own on the line;
   the sampled goodput absorbs extra delay on top of it.
 - **Prefill throughput per P instance**: the configured rate is the prior; a request
@@ -115,6 +132,8 @@ MAX_OVER_DECLARED = 4.0
 MAX_SLOWDOWN = 10.0
 #: Small transfers' fixed-cost samples needed before one can show a slow line.
 MIN_FIXED_SAMPLES = 4
+#: A transfer still crossing shows a slower line only this late beyond the estimate.
+MIN_OVERDUE_S = 0.5
 #: A prefill under this many tokens is no throughput sample (fixed costs dominate it).
 MIN_PREFILL_SAMPLE_TOKENS = 64
 _GIGA = 1e9
@@ -150,6 +169,10 @@ class Transfer:
     #: counts the commitments up to this one: with none after it, it had the line alone.
     alone: bool = False
     serial: int = 0
+    #: This estimator's bytes already committed and not landed when this one was, and
+    #: all its bytes committed before this one (what ``overdue`` counts as offered).
+    own_ahead_bytes: int = 0
+    committed_before: int = 0
 
 
 @dataclass(frozen=True)
@@ -186,6 +209,9 @@ class LinkEstimator:
         #: This estimator's commitments not yet settled, by identity.
         self._in_flight: dict[int, Transfer] = {}
         self._commits = 0
+        self._committed_bytes = 0
+        #: Decisions that found the oldest transfer still crossing overdue (``overdue``).
+        self.overdue_samples = 0
 
     @property
     def backlog(self) -> Backlog:
@@ -237,13 +263,15 @@ class LinkEstimator:
         own = self._own
         others = Backlog(link.backlog_bytes - own.bytes, link.backlog_transfers - own.transfers)
         ahead = queued_ahead_bytes(self.link(others), nbytes)
+        own_ahead = max(0, own.bytes)
         self._own = Backlog(self._own.bytes + nbytes, self._own.transfers + 1)
         self._commits += 1
         alone = link.backlog_transfers == 0
         transfer = Transfer(
             nbytes, prefill_id, prefill_tokens, now, ahead, relayed, main_id, frozenset(carried),
-            alone, self._commits,
+            alone, self._commits, own_ahead, self._committed_bytes,
         )  # fmt: skip
+        self._committed_bytes += nbytes
         self._in_flight[id(transfer)] = transfer
         return transfer
 
@@ -264,6 +292,27 @@ class LinkEstimator:
             if t.carried and not wanted.isdisjoint(t.carried):
                 awaited[t.main_id] = awaited.get(t.main_id, 0) + t.nbytes
         return awaited
+
+    def overdue(self, now: float, backlog: Backlog | None = None) -> None:
+        """Before a decision: learn from the oldest transfer still crossing, if it is
+        late enough to show a slower line than believed (see the module docstring).
+        ``backlog``: every replica's summed commitments, as for ``link``."""
+        if self.frozen or not self._in_flight:
+            return
+        oldest = next(iter(self._in_flight.values()))
+        b = self._own if backlog is None else backlog
+        others_now = max(0, b.bytes - self._own.bytes)
+        offered = (
+            oldest.own_ahead_bytes + oldest.others_ahead_bytes + others_now
+            + self._committed_bytes - oldest.committed_before
+        )  # fmt: skip
+        prefill_s = oldest.prefill_tokens / self.prefill_tokens_per_s(oldest.prefill_id)
+        line_s = now - oldest.committed_at - prefill_s - self.prior.rtt_s - self.overhead_s
+        allowed_s = offered * self._spb
+        if offered <= 0 or line_s - allowed_s < MIN_OVERDUE_S:
+            return
+        self._spb += GAIN * (line_s / offered - self._spb)
+        self.overdue_samples += 1
 
     def _arrived(self, at: float) -> Arrival:
         arrival = Arrival(at, self._last_arrival_at)

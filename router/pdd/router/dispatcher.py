@@ -13,6 +13,7 @@ requests stop piling up on a busy line.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -115,6 +116,7 @@ class Dispatcher:
         self._check_roles_ready(retry)
         self._view.refresh(inflight, self._store.take_moved())
         backlog = committed_backlog(inflight)
+        self._estimator.overdue(time.monotonic(), backlog)
         link = self._estimator.link(backlog)
         features = RequestFeatures.from_prompt(prompt_ids, max_tokens, self._config.block_size)
         with self._view.excluding(exclude):

@@ -39,10 +39,12 @@ request through either; the rules above assume both work.
 
 Under ``spec.wan.kvCodec: adaptive`` the pipeline is chosen on the **exact** KV's
 estimate, as with no codec: a transfer that fits goes P-MD exact, one that does not is
-relayed with the exact KV (the relay's first token does not wait for the line, so
-coding would only cost precision). A codec is chosen only where P-MD serves although
-its exact KV misses the budget (every relay saturated, the relay's queue longer than the
-transfer it would hide, no relay for a doubted line): the least lossy of
+relayed with the exact KV (the relay's first token does not wait for the line, so coding
+would only cost precision), unless the line is congested (its backlog takes longer than
+the budget to drain): a relayed KV still crosses and every later transfer queues behind
+it, so there it is coded as a P-MD one would be. A codec is also chosen where P-MD
+serves although its exact KV misses the budget (every relay saturated, the relay's queue
+longer than the transfer it would hide, no relay for a doubted line): the least lossy of
 ``adaptive_codecs`` whose MD first token fits, int4 only where int8 does not, the
 smallest where none does. Coding to fit instead of relaying would put first tokens a
 hair under the budget at an estimate of the line that lags a throttle by seconds, so
@@ -64,7 +66,12 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from pdd.common.block_hash import ROOT_HASH, hash_block
-from pdd.common.cost_model import LinkState, pmd_first_token_seconds, wan_transfer_seconds
+from pdd.common.cost_model import (
+    LinkState,
+    backlog_drain_seconds,
+    pmd_first_token_seconds,
+    wan_transfer_seconds,
+)
 from pdd.common.kv_codec import KVCodec
 from pdd.common.vocabulary import Pipeline
 from pdd.router.fleet import Fleet
@@ -252,25 +259,35 @@ def decide(
         relay=relay.instance_id if relay and pipeline != Pipeline.P_MD else None,
     )
     if config.adaptive_codecs and pipeline != Pipeline.P_RLD:  # nothing crosses on P-RLD
-        estimate, codec_note = _adaptive_codec(estimate, pipeline, at, config)
+        drain_s = backlog_drain_seconds(link.state)
+        estimate, codec_note = _adaptive_codec(estimate, pipeline, at, config, drain_s)
         reason = f"{reason}; {codec_note}"
     return Decision(pipeline, assignment, reason, estimate)
 
 
 def _adaptive_codec(
-    exact: Estimate, pipeline: Pipeline, at: Callable[[int], Estimate], config: PolicyConfig
+    exact: Estimate,
+    pipeline: Pipeline,
+    at: Callable[[int], Estimate],
+    config: PolicyConfig,
+    drain_s: float = 0.0,
 ) -> tuple[Estimate, str]:
     """Under adaptive: the codec for MD's KV on this pipeline, its estimate, and why.
 
-    Exact where it fits the budget or a relay serves the first token; else the least
-    lossy codec whose MD first token fits (the smallest where none does)."""
+    Exact where it fits the budget, or where a relay serves the first token on a line
+    whose backlog (``drain_s`` to carry) drains within the budget; else the least lossy
+    codec whose MD first token fits (the smallest where none does). A relayed request's
+    KV still crosses, and on a congested line every transfer queues behind it: coded,
+    it holds the line (and the relay, until MD takes over) a fraction as long."""
     budget = config.ttft_budget_s
     none, none_bpt = config.adaptive_codecs[0]
-    if exact.md_first_token_s <= budget or pipeline != Pipeline.P_MD:
+    relayed = pipeline != Pipeline.P_MD
+    if exact.md_first_token_s <= budget or (relayed and drain_s <= budget):
         fits = exact.md_first_token_s <= budget
         why = f"the exact KV fits the {budget:.2f}s budget" if fits else "the relay serves first"
         return replace(exact, kv_codec=none, kv_bytes_per_token=none_bpt), f"KV coded {none}: {why}"
     estimate, codec = exact, none
+    congested = f" (the line's backlog takes {drain_s:.2f}s to drain)" if relayed else ""
     for codec, kv_bpt in config.adaptive_codecs[1:]:
         coded = at(kv_bpt)
         estimate = replace(
@@ -279,8 +296,10 @@ def _adaptive_codec(
         )  # fmt: skip
         if estimate.md_first_token_s <= budget:
             why = "the least lossy codec that fits"
-            return estimate, f"KV coded {codec}: {why} the {budget:.2f}s budget"
-    return estimate, f"KV coded {codec}: no codec fits the {budget:.2f}s budget, the smallest"
+            return estimate, f"KV coded {codec}: {why} the {budget:.2f}s budget{congested}"
+    return estimate, (
+        f"KV coded {codec}: no codec fits the {budget:.2f}s budget, the smallest{congested}"
+    )
 
 
 def _estimate(
