@@ -29,6 +29,7 @@ from pdd.common.tokenizer import Tokenizer
 from pdd.common.wire import EngineInfo, KVShape, TokenLogprobs
 from pdd.worker.engine.block_pool import BlockPool
 from pdd.worker.engine.config import EngineConfig, EngineStats
+from pdd.worker.engine.cpu_allocator import keep_freed_memory
 from pdd.worker.engine.device import SYSTEM_PROBE, DeviceProbe, load_on_device
 from pdd.worker.engine.forward import last_token_logits
 from pdd.worker.engine.grammar import GrammarCompiler, GrammarStateError, mask_logits
@@ -77,6 +78,8 @@ class Engine:
             self.loaded, self.dtype_reason = load_on_device(model, config, probe)
         self.model_config = self.loaded.config
         self.device = torch.device(self.loaded.device)
+        if self.device.type == "cpu":
+            keep_freed_memory()
         self.layout = KVLayout.from_config(self.model_config, config.block_size, self.loaded.dtype)
         num_blocks = config.num_blocks or blocks_for_budget(config, self.layout, self.device, probe)
         self.kv = PagedKVCache(self.layout, num_blocks, self.device)
