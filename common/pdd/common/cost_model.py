@@ -157,14 +157,18 @@ def wan_transfer_seconds(
     if miss_tokens < 0 or awaited_bytes < 0:
         raise ValueError(f"token and byte counts must be >= 0: {miss_tokens}, {awaited_bytes}")
     nbytes = miss_tokens * kv_bytes_per_token
-    bits = (nbytes + max(queued_ahead_bytes(link, nbytes), awaited_bytes)) * _BITS_PER_BYTE
-    return bits / (link.effective_gbps * _GIGA) + link.rtt_s
+    ahead = max(queued_ahead_bytes(link, nbytes), awaited_bytes)
+    return _serialization_seconds(nbytes + ahead, link) + link.rtt_s
 
 
 def backlog_drain_seconds(link: LinkState) -> float:
     """Seconds the line needs to carry the KV already committed to it, at its live rate:
     how congested it is, whatever the next transfer's size."""
-    return link.backlog_bytes * _BITS_PER_BYTE / (link.effective_gbps * _GIGA)
+    return _serialization_seconds(link.backlog_bytes, link)
+
+
+def _serialization_seconds(nbytes: int, link: LinkState) -> float:
+    return nbytes * _BITS_PER_BYTE / (link.effective_gbps * _GIGA)
 
 
 def pmd_first_token_seconds(

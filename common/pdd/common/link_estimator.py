@@ -80,17 +80,17 @@ What it keeps, and where each number comes from:
   right after another, so each was timed as a short queue, while transfers took 1-7 s
   and then stalled). A transfer not yet landed bounds the line from below without
   waiting: since its dispatch the line can have carried no more than what was queued
-  ahead of it and everything committed since (its own bytes included), and a line
-  that carried all that would have landed it. So where the oldest transfer still
-  crossing is ``MIN_OVERDUE_S`` beyond what the estimate allows (P's prefill, one
-  RTT, the fixed cost, that many bytes), its time divided by those bytes is a slower
-  line than believed, and the estimate moves towards it by the gain at each decision,
-  until the transfer is no longer that late at the estimate. Only slower, and only the
-  oldest transfer (one look per decision, whatever the fleet). A starved P or MD makes
-  a transfer late too; the margin keeps ordinary jitter out. Other router replicas' commitments are
-  counted as their backlog now (a shared store's sum): those that landed since this
-  transfer's dispatch are not seen, so with several replicas the bound can be stricter
-  than the line, as it can where P or MD is starved.
+  ahead of it and everything committed since (its own bytes included), and a line that
+  carried all that would have landed it. So where the oldest transfer still crossing
+  is ``MIN_OVERDUE_S`` beyond what the estimate allows (P's prefill, one RTT, the
+  fixed cost, that many bytes), its time divided by those bytes is a slower line than
+  believed, and the estimate moves towards it by the gain at each decision, until the
+  transfer is no longer that late at the estimate. Only slower, and only the oldest
+  transfer (one look per decision, whatever the fleet). A starved P or MD makes a
+  transfer late too; the margin keeps ordinary jitter out. Other router replicas'
+  commitments are counted as their backlog now (a shared store's sum): those that
+  landed since this transfer's dispatch are not seen, so with several replicas the
+  bound can be stricter than the line, as it can where P or MD is starved.
 - **RTT**: the declared value. The router has no round trip of its own on the line;
   the sampled goodput absorbs extra delay on top of it.
 - **Prefill throughput per P instance**: the configured rate is the prior; a request

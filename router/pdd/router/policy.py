@@ -270,7 +270,7 @@ def _adaptive_codec(
     pipeline: Pipeline,
     at: Callable[[int], Estimate],
     config: PolicyConfig,
-    drain_s: float = 0.0,
+    drain_s: float,
 ) -> tuple[Estimate, str]:
     """Under adaptive: the codec for MD's KV on this pipeline, its estimate, and why.
 

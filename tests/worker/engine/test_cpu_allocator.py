@@ -51,10 +51,11 @@ def test_a_step_sized_block_comes_from_the_heap_once_the_thresholds_are_set():
 @pytest.mark.unit
 def test_the_thresholds_are_set_once_per_process(monkeypatch):
     calls = []
-    monkeypatch.setattr(cpu_allocator, "_done", None)
+    cpu_allocator.keep_freed_memory.cache_clear()
     monkeypatch.setattr(cpu_allocator, "_set_thresholds", lambda: calls.append(1) or True)
     assert cpu_allocator.keep_freed_memory() and cpu_allocator.keep_freed_memory()
     assert calls == [1]
+    cpu_allocator.keep_freed_memory.cache_clear()
 
 
 @pytest.mark.unit

@@ -18,13 +18,14 @@ AVX2-only CPU, best of 2, within 20 minutes): our mixed workload 141.0 tok/s wit
 glibc's defaults, 150.7 with tcmalloc preloaded, 151.7 with these thresholds (set
 through glibc's environment variables for that run); see docs/engine.md.
 
-Anything but glibc (musl, macOS), or a process that already chose (tcmalloc preloaded:
-``mallopt`` is then glibc's, unused), is left as it is.
+Anything but glibc (musl, macOS) is left as it is; under a preloaded tcmalloc the call
+reaches tcmalloc's ``mallopt``, which keeps freed memory whatever it is told.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 
 log = logging.getLogger(__name__)
@@ -40,16 +41,12 @@ TRIM_THRESHOLD_BYTES = 1024 * 1024 * 1024
 #: The heap grows by at least this much at a time (fewer ``brk`` calls while it fills).
 TOP_PAD_BYTES = 256 * 1024 * 1024
 
-_done: bool | None = None
 
-
+@functools.cache
 def keep_freed_memory() -> bool:
     """Set glibc's thresholds once per process; True where they are set (now or before).
     Safe to call from every engine: only the first call acts."""
-    global _done
-    if _done is None:
-        _done = _set_thresholds()
-    return _done
+    return _set_thresholds()
 
 
 def _set_thresholds() -> bool:
