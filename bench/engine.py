@@ -53,6 +53,7 @@ from types import ModuleType
 import torch
 from vllm_baseline import VllmBaseline, VllmUnavailableError, driver_env, probe, token_agreement
 
+from pdd.worker.cpu_allocator import reexec_with_tcmalloc, tcmalloc_loaded
 from pdd.worker.engine import Engine
 from pdd.worker.engine.sampling import SamplingParams
 from pdd.worker.model import cpu_kernels
@@ -541,6 +542,7 @@ def run(
         "dtype": str(engine.loaded.dtype).removeprefix("torch."),
         "device": str(engine.device),
         "torch_threads": torch.get_num_threads(),
+        "allocator": "tcmalloc" if tcmalloc_loaded() else "glibc",
         "kv_gib": args.kv_gib,
         "repeats": args.repeats,
         "greedy_parity_with_transformers": parity_ok,
@@ -559,7 +561,8 @@ def print_table(f: dict) -> None:
     a, b, c = f["a_throughput_tok_s"], f["b_decode_tok_s"], f["c_extend"]
     print(
         f"model={f['model']} dtype={f['dtype']} device={f['device']} "
-        f"threads={f['torch_threads']} kv={f['kv_gib']} GiB best of {f['repeats']} rounds"
+        f"threads={f['torch_threads']} allocator={f['allocator']} "
+        f"kv={f['kv_gib']} GiB best of {f['repeats']} rounds"
     )
     print(f"greedy parity with transformers: {f['greedy_parity_with_transformers']}")
     print(f"CPU flags: {' '.join(f['cpu_flags']) or 'none of interest'}")
@@ -615,4 +618,5 @@ def vllm_line(f: dict) -> str:
 
 
 if __name__ == "__main__":
+    reexec_with_tcmalloc()  # ours on the allocator `pdd worker` runs with, where installed
     main()

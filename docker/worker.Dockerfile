@@ -50,7 +50,11 @@ LABEL org.opencontainers.image.title="pdd-worker" \
 # instead, e.g. for a variant not listed above: add g++ and point PDD_EXTENSIONS_DIR at
 # a writable volume shared by the node's workers; builds there are locked per variant
 # with an OS lock that dies with its holder, and a failed build is recorded once.)
-RUN apt-get update && apt-get install -y --no-install-recommends libgomp1 \
+# tcmalloc: `pdd worker` starts itself again with it preloaded, as vLLM's CPU backend
+# does, so a step's freed activations are reused rather than unmapped and faulted in
+# again (PDD_TCMALLOC=off keeps glibc's malloc; docs/engine.md has the figures).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libgomp1 libtcmalloc-minimal4 \
     && rm -rf /var/lib/apt/lists/*
 RUN useradd --uid 10001 --user-group --create-home --home-dir /home/pdd pdd
 COPY --from=build /opt/pdd /opt/pdd

@@ -28,6 +28,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("pdd.simulator.cli", "simulate a datacenter-scale scenario (YAML)"),
     "calibrate": ("pdd.simulator.calibrate_cli", "fit the simulator's step model to a profile"),
 }
+#: Commands that run the inference core: started as a program, they execute themselves
+#: again with tcmalloc preloaded where it is installed (pdd.worker.cpu_allocator).
+ENGINE_COMMANDS = frozenset({"worker", "generate"})
 
 
 def pdd_version() -> str:
@@ -79,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
             return int(exc.code or 0)
         return 0
     name, rest = args[0], args[1:]
+    if argv is None and name in ENGINE_COMMANDS:
+        _preload_tcmalloc()
     module_name, _ = SUBCOMMANDS[name]
     try:
         module = importlib.import_module(module_name)
@@ -86,6 +91,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pdd {name}: not available in this install ({exc})", file=sys.stderr)
         return 2
     return int(module.main(rest) or 0)
+
+
+def _preload_tcmalloc() -> None:
+    """Start again under tcmalloc where it applies (only from the program's own command
+    line: a caller's ``main(argv)`` is never replaced)."""
+    try:
+        from pdd.worker.cpu_allocator import reexec_with_tcmalloc
+    except ModuleNotFoundError:  # an install without the worker: its command says so
+        return
+    reexec_with_tcmalloc()
 
 
 if __name__ == "__main__":

@@ -122,6 +122,7 @@ def _figures(with_vllm: bool, with_transformers: bool = True) -> dict:
         "dtype": "float32",
         "device": "cpu",
         "torch_threads": 2,
+        "allocator": "tcmalloc",
         "kv_gib": 1,
         "repeats": 2,
         "greedy_parity_with_transformers": True,
@@ -142,6 +143,7 @@ def test_the_table_prints_ours_over_vllm_next_to_ours_over_transformers(capsys):
     assert "transformers 10.0 tok/s (2.00x), vLLM 25.0 tok/s (0.80x)" in out
     assert "greedy tokens equal to vLLM's (float32): 4471/4471 (100.0%)" in out
     assert "32/32 requests identical" in out
+    assert "allocator=tcmalloc" in out  # ours' allocator: vLLM's side runs on tcmalloc
 
 
 def test_without_vllm_the_table_says_it_was_skipped(capsys):

@@ -1,5 +1,6 @@
 """The `pdd` entry point dispatches lazily and reports unknown commands clearly."""
 
+import contextlib
 import subprocess
 import sys
 from importlib.metadata import version
@@ -40,3 +41,26 @@ def test_cli_itself_does_not_import_torch():
     code = "import sys, pdd.cli; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("argv", "command_line", "started_again"),
+    [
+        (None, ["pdd", "generate", "--help"], True),
+        (None, ["pdd", "router", "--help"], False),  # no engine: glibc is fine
+        (["generate", "--help"], None, False),  # a caller's main(argv) is never replaced
+    ],
+)
+def test_engine_commands_start_again_under_tcmalloc_only_as_the_program(
+    monkeypatch, capsys, argv, command_line, started_again
+):
+    from pdd.worker import cpu_allocator
+
+    calls = []
+    monkeypatch.setattr(cpu_allocator, "reexec_with_tcmalloc", lambda: calls.append(1))
+    if command_line:
+        monkeypatch.setattr(sys, "argv", command_line)
+    with contextlib.suppress(SystemExit):  # --help: some commands exit, some return 0
+        main(argv)
+    assert calls == ([1] if started_again else [])

@@ -27,9 +27,9 @@ from pdd.common.cache_events import CacheEvent
 from pdd.common.kv_codec import NO_CODEC, KVCodec
 from pdd.common.tokenizer import Tokenizer
 from pdd.common.wire import EngineInfo, KVShape, TokenLogprobs
+from pdd.worker.cpu_allocator import keep_freed_memory
 from pdd.worker.engine.block_pool import BlockPool
 from pdd.worker.engine.config import EngineConfig, EngineStats
-from pdd.worker.engine.cpu_allocator import keep_freed_memory
 from pdd.worker.engine.device import SYSTEM_PROBE, DeviceProbe, load_on_device
 from pdd.worker.engine.forward import last_token_logits
 from pdd.worker.engine.grammar import GrammarCompiler, GrammarStateError, mask_logits

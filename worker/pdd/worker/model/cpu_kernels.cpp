@@ -317,6 +317,27 @@ void attend_one(const T* q, const T* k_head, const T* v_head, const int64_t* tab
   }
 }
 
+// The (sequence, KV head) tasks cut into at most `runs` contiguous runs of about equal
+// work, as the bounds of each run (first task, ..., B * H). A task's work grows with its
+// sequence's length, so an even split by count left one thread waiting while the other
+// finished the long sequences of a mixed batch. Which thread runs a task never changes
+// its arithmetic, so the results stay bit-identical.
+std::vector<int64_t> balanced_runs(const int64_t* lens, int64_t B, int64_t H, int64_t runs) {
+  constexpr int64_t kTaskOverhead = 16;  // keys' worth of fixed cost per task
+  int64_t total = 0;
+  for (int64_t b = 0; b < B; ++b) total += H * (lens[b] + kTaskOverhead);
+  runs = std::max<int64_t>(1, std::min(runs, B * H));
+  std::vector<int64_t> bounds{0};
+  int64_t done = 0;
+  for (int64_t task = 0; task < B * H; ++task) {
+    done += lens[task / H] + kTaskOverhead;
+    const int64_t cut = static_cast<int64_t>(bounds.size());  // the next run's index
+    if (cut < runs && done * runs >= total * cut) bounds.push_back(task + 1);
+  }
+  if (bounds.back() != B * H) bounds.push_back(B * H);
+  return bounds;
+}
+
 template <typename T, int NC>
 void attend_all(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& tables,
                 const at::Tensor& lens, int64_t block_size, double scale, at::Tensor& out) {
@@ -328,9 +349,10 @@ void attend_all(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& tab
   const int64_t* tp = tables.data_ptr<int64_t>();
   const int64_t* lp = lens.data_ptr<int64_t>();
   T* op = out.data_ptr<T>();
-  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+  const std::vector<int64_t> bounds = balanced_runs(lp, B, H, at::get_num_threads());
+  at::parallel_for(0, static_cast<int64_t>(bounds.size()) - 1, 1, [&](int64_t first, int64_t last) {
     std::vector<float> inverse(G), scores;
-    for (int64_t task = begin; task < end; ++task) {
+    for (int64_t task = bounds[first]; task < bounds[last]; ++task) {
       const int64_t b = task / H, h = task % H, L = lp[b];
       if (static_cast<int64_t>(scores.size()) < G * L) scores.resize(G * L);
       attend_one<T, NC>(qp + b * q_row + h * G * D, kp + h * slots * D, vp + h * slots * D,
