@@ -1,12 +1,13 @@
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from pdd.local.supervisor import Supervisor
+from pdd.local.supervisor import Supervisor, interrupted_by_stop_signals, stop_signals_held
 from pdd.testing.waiting import until_sync
 
 pytestmark = pytest.mark.integration
@@ -63,3 +64,22 @@ def test_stop_by_name_stops_only_those_and_forget_lets_them_go(tmp_path: Path) -
     assert [c.name for c in sup.children] == ["p0"]
     sup.stop()
     assert sup.children[0].proc.poll() is not None
+
+
+def test_a_stop_signal_inside_a_held_section_interrupts_on_its_way_out() -> None:
+    """Starting a child is held: interrupted between its fork and its entry in the
+    supervisor's list, nobody would stop it. The signal is not lost, only delayed."""
+    reached, before = [], signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt), interrupted_by_stop_signals():
+        with stop_signals_held():
+            signal.raise_signal(signal.SIGTERM)
+            reached.append("after the signal")
+        reached.append("after the section")
+    assert reached == ["after the signal"]
+    assert signal.getsignal(signal.SIGTERM) == before  # put back as it was
+
+
+def test_outside_a_held_section_a_stop_signal_interrupts_at_once() -> None:
+    with pytest.raises(KeyboardInterrupt), interrupted_by_stop_signals():
+        signal.raise_signal(signal.SIGTERM)
+        pytest.fail("not interrupted")

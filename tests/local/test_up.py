@@ -22,6 +22,7 @@ import pytest
 from pdd.bench import cli as bench
 from pdd.local.cluster import free_port
 from pdd.local.stack import StackInfo
+from pdd.testing.processes import process_group_members
 from pdd.testing.waiting import WaitTimeout, until_sync
 
 pytestmark = pytest.mark.integration
@@ -34,21 +35,6 @@ class Up:
     proc: subprocess.Popen
     output: Path
     info: StackInfo
-
-
-def process_group_members(pgid: int) -> list[int]:
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
 
 
 def wait_ready(proc: subprocess.Popen, output: Path, log_dir: Path) -> StackInfo:

@@ -47,6 +47,7 @@ from pdd.common.vocabulary import Role
 from pdd.local.cluster import free_port
 from pdd.local.probes import Probes, WanSampler, delta, summed
 from pdd.local.stack import LocalStack, StackInfo, StackStartError
+from pdd.local.supervisor import interrupted_by_stop_signals
 from pdd.local.topology import (
     CROSS_DATACENTER,
     MODES,
@@ -261,12 +262,17 @@ def main(argv: list[str]) -> int:
         say("link schedule: " + "; ".join(f"{p.start_s:g} s {p.describe()}" for p in phases))
     slo = report.Slo(args.slo_ttft_s, args.slo_stall_s)
     try:
-        runs = [
-            _run_mode(args, mode, workload, out_dir, schedules.get(mode), phases) for mode in modes
-        ]
+        with interrupted_by_stop_signals():
+            runs = [
+                _run_mode(args, mode, workload, out_dir, schedules.get(mode), phases)
+                for mode in modes
+            ]
     except StackStartError as exc:
         say(f"pdd bench: {exc}")
         return 1
+    except KeyboardInterrupt:
+        say("pdd bench: stopped; every process it started is stopped, no results written")
+        return 130
     document = _document(args, fmt, trace, scaling, runs, slo)
     _write(args, out_dir, document, trace, runs)
     print(report.table(list(document["modes"].values())))

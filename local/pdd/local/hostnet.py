@@ -52,7 +52,7 @@ from pdd.local.manifests import (
     container_argv,
     init_argv,
 )
-from pdd.local.supervisor import PDD_PROGRAM, Supervisor, spawn_process, wait_ready
+from pdd.local.supervisor import PDD_PROGRAM, Supervisor, wait_ready
 
 #: Components whose pods run ``pdd worker``.
 WORKER_COMPONENTS = frozenset({Role.PREFILL, Role.RELAY, Role.MAIN, Role.MONO})
@@ -306,7 +306,7 @@ def _spawn(
 ) -> None:
     """``append``: after the pod's init containers, whose output begins its log."""
     log = running.log_dir / f"{name}.log"
-    running.supervisor.add(name, spawn_process(argv, log, env, append), log, env)
+    running.supervisor.spawn(name, argv, log, env, append)
 
 
 def _pod_ready(probe_url: str) -> bool:

@@ -8,13 +8,68 @@ waits, and SIGKILLs stragglers, so nothing outlives the supervisor.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+
+@dataclass
+class _StopSignals:
+    """Whether a stop signal must wait (``held`` deep), and whether one arrived then."""
+
+    held: int = 0
+    arrived: bool = False
+
+
+_STOP = _StopSignals()
+
+
+@contextlib.contextmanager
+def interrupted_by_stop_signals() -> Iterator[None]:
+    """Inside, SIGINT and SIGTERM raise KeyboardInterrupt, so the caller's cleanup (its
+    children stopped) runs however the command is stopped; Python's default for SIGTERM
+    exits without it and leaves the children running. SIGINT too: a shell starts
+    background jobs with SIGINT ignored, and Python keeps that. The handlers before are
+    put back on the way out (signals are the process's; only the main thread sets them)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    stops = (signal.SIGINT, signal.SIGTERM)
+    before = {sig: signal.signal(sig, _interrupt) for sig in stops}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """A stop signal arriving inside interrupts only on the way out. Starting a child is
+    such a section: interrupted between the fork and the child's entry in the
+    supervisor's list, the child would run on with nobody to stop it."""
+    _STOP.held += 1
+    try:
+        yield
+    finally:
+        _STOP.held -= 1
+    if not _STOP.held and _STOP.arrived:
+        _STOP.arrived = False
+        raise KeyboardInterrupt
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    if _STOP.held:
+        _STOP.arrived = True
+        return
+    raise KeyboardInterrupt
 
 
 @dataclass
@@ -32,7 +87,8 @@ class Child:
         if self.proc.poll() is None:
             raise RuntimeError(f"{self.name} (pid {self.proc.pid}) is still running")
         argv = [str(a) for a in self.proc.args]  # type: ignore[union-attr]  # a list here
-        self.proc = spawn_process(argv, self.log, self.env, append=True)
+        with stop_signals_held():
+            self.proc = spawn_process(argv, self.log, self.env, append=True)
 
     def log_tail(self, lines: int = 20) -> str:
         try:
@@ -87,6 +143,14 @@ class Supervisor:
         self.children.append(child)
         return child
 
+    def spawn(
+        self, name: str, argv: Sequence[str], log: Path, env: Mapping[str, str], append: bool
+    ) -> Child:
+        """Start ``argv`` (as ``spawn_process``) and watch it; a stop signal arriving
+        meanwhile acts once it is watched, so the stop that follows reaches it."""
+        with stop_signals_held():
+            return self.add(name, spawn_process(argv, log, env, append), log, env)
+
     def deaths(self) -> list[Death]:
         """Children that exited since the last call (each reported once)."""
         found = []
@@ -114,7 +178,6 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-
 
     def forget(self, names: Collection[str]) -> None:
         """Stop watching the children ``names`` lists (stopped, to be started anew)."""

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import time
 from pathlib import Path
-from types import FrameType
 
 from pdd.common.kv_codec import KV_CODEC_SETTINGS, NO_CODEC
 from pdd.common.model_store import (
@@ -33,6 +31,7 @@ from pdd.common.settings import parser as settings_parser
 from pdd.common.vocabulary import Role
 from pdd.local.cluster import LinkSpec
 from pdd.local.stack import LocalStack, StackStartError
+from pdd.local.supervisor import interrupted_by_stop_signals
 from pdd.local.topology import MODES, Counts, StackConfig, TopologyError
 
 
@@ -131,10 +130,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
 def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
@@ -155,10 +150,12 @@ def curl_example(base_url: str, model: str) -> str:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    # SIGINT too: a shell starts background jobs with SIGINT ignored, and Python keeps
-    # that, so without this `kill -INT` would leave the whole stack running.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _raise_interrupt)
+    with interrupted_by_stop_signals():
+        return _serve(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """Start the stack, watch it until stopped; stop every child on the way out."""
     stack = None
     try:
         config = stack_config(args, args.mode, args.port, args.log_dir)
