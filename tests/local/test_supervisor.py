@@ -83,3 +83,10 @@ def test_outside_a_held_section_a_stop_signal_interrupts_at_once() -> None:
     with pytest.raises(KeyboardInterrupt), interrupted_by_stop_signals():
         signal.raise_signal(signal.SIGTERM)
         pytest.fail("not interrupted")
+
+
+def test_a_stop_signal_held_through_a_failed_start_is_not_lost() -> None:
+    """The section's own error (a child that could not start) must not swallow it."""
+    with pytest.raises(KeyboardInterrupt), interrupted_by_stop_signals(), stop_signals_held():
+        signal.raise_signal(signal.SIGTERM)
+        raise OSError("no such program")

@@ -60,9 +60,9 @@ def stop_signals_held() -> Iterator[None]:
         yield
     finally:
         _STOP.held -= 1
-    if not _STOP.held and _STOP.arrived:
-        _STOP.arrived = False
-        raise KeyboardInterrupt
+        if not _STOP.held and _STOP.arrived:  # also past an error of the section's own
+            _STOP.arrived = False
+            raise KeyboardInterrupt
 
 
 def _interrupt(signum: int, frame: object) -> None:
