@@ -3,6 +3,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,20 +14,31 @@ from pdd.testing.waiting import until_sync
 pytestmark = pytest.mark.integration
 
 
+#: A child that runs until a signal ends it (no timer of its own).
+UNTIL_STOPPED = "import signal\nwhile True: signal.pause()\n"
+
+
 def python(code: str, log: Path) -> subprocess.Popen:
     with log.open("wb") as out:
         return subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=subprocess.STDOUT)
+
+
+@pytest.fixture
+def sup() -> Iterator[Supervisor]:
+    """A supervisor whose children are stopped after the test, whatever it asserted."""
+    supervisor = Supervisor()
+    yield supervisor
+    supervisor.stop(grace_s=5.0)
 
 
 def wait_exit(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
-def test_a_dead_child_is_reported_once_with_its_log(tmp_path: Path) -> None:
-    sup = Supervisor()
+def test_a_dead_child_is_reported_once_with_its_log(sup: Supervisor, tmp_path: Path) -> None:
     dying = sup.add("md0", python("print('cuda? no'); raise SystemExit(3)", tmp_path / "a"),
                     tmp_path / "a")  # fmt: skip
-    sup.add("p0", python("import time; time.sleep(60)", tmp_path / "b"), tmp_path / "b")
+    sup.add("p0", python(UNTIL_STOPPED, tmp_path / "b"), tmp_path / "b")
     wait_exit(dying.proc)
     (death,) = sup.deaths()
     assert death.child.name == "md0" and death.returncode == 3
@@ -36,27 +48,23 @@ def test_a_dead_child_is_reported_once_with_its_log(tmp_path: Path) -> None:
     assert all(c.proc.poll() is not None for c in sup.children)
 
 
-def test_stop_kills_a_child_that_ignores_sigterm(tmp_path: Path) -> None:
+def test_stop_kills_a_child_that_ignores_sigterm(sup: Supervisor, tmp_path: Path) -> None:
     code = (
-        "import signal, time, sys\n"
-        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-        "print('armed', flush=True)\n"
-        "time.sleep(60)\n"
-    )
-    sup = Supervisor()
+        "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('armed', flush=True)\n"
+    ) + UNTIL_STOPPED
     child = sup.add("stubborn", python(code, tmp_path / "s"), tmp_path / "s")
     until_sync(lambda: "armed" in child.log_tail(), "the child to ignore SIGTERM")
     sup.stop(grace_s=0.5)
     assert child.proc.returncode == -9
 
 
-def test_stop_by_name_stops_only_those_and_forget_lets_them_go(tmp_path: Path) -> None:
+def test_stop_by_name_stops_only_those_and_forget_lets_them_go(
+    sup: Supervisor, tmp_path: Path
+) -> None:
     """What a local cluster does with a worker that lost its port: stop it and its link,
     forget them, and start them anew; the other children run on."""
-    sup = Supervisor()
-    sleep = "import time; time.sleep(60)"
     for name in ("md0", "md0-wan-link", "p0"):
-        sup.add(name, python(sleep, tmp_path / name), tmp_path / name)
+        sup.add(name, python(UNTIL_STOPPED, tmp_path / name), tmp_path / name)
     sup.stop(names={"md0", "md0-wan-link"})
     stopped = {c.name: c.proc.poll() is not None for c in sup.children}
     assert stopped == {"md0": True, "md0-wan-link": True, "p0": False}
