@@ -52,8 +52,9 @@ def interrupted_by_stop_signals() -> Iterator[None]:
 
 @contextlib.contextmanager
 def stop_signals_held() -> Iterator[None]:
-    """A stop signal arriving inside interrupts only on the way out. Starting a child is
-    such a section: interrupted between the fork and the child's entry in the
+    """A stop signal arriving inside interrupts only on the way out (where
+    ``interrupted_by_stop_signals`` is in force: ``pdd up``, ``pdd bench``). Starting a
+    child is such a section: interrupted between the fork and the child's entry in the
     supervisor's list, the child would run on with nobody to stop it."""
     _STOP.held += 1
     try:
