@@ -9,8 +9,10 @@ can give, through a ``DeviceProbe`` so tests can stand in for a GPU they do not 
 * ``auto`` dtype: bfloat16 on CUDA; on a CPU with native bfloat16 (AVX512-BF16, AMX,
   Arm's BF16) the checkpoint's own dtype (float16 becomes float32 there, see
   ``pdd.worker.model.loader``); on a CPU without it float32, weights and KV cache,
-  since bfloat16 is emulated there (each product widened in software) and slower than
-  float32. bfloat16 asked for on such a CPU runs, with a warning. The choice and its
+  since bfloat16 arithmetic is emulated there and slower than float32. bfloat16 asked
+  for on such a CPU runs, with a warning: weights and KV cache in bfloat16, the
+  projections computed in float32 from a widened copy of their weights
+  (``pdd.worker.model.layers.pack_dtype``). The choice and its
   reason are said at start and on ``/health`` (``EngineInfo.dtype_reason``). Tiers on
   different CPU families may resolve ``auto`` differently, and KV moves between tiers
   only in one dtype: set the dtype explicitly for such a deployment.
@@ -126,8 +128,9 @@ def resolve_dtype(
         return DtypeChoice(
             "bfloat16",
             f"asked for, though {NO_NATIVE_BF16}",
-            f"dtype bfloat16 asked for, but {NO_NATIVE_BF16}: it is emulated, slower than "
-            "float32 here; dtype auto would run float32",
+            f"dtype bfloat16 asked for, but {NO_NATIVE_BF16}: its arithmetic is emulated, "
+            "the projections run in float32 from a widened copy of the weights (their "
+            "memory as float32's), slower than float32 here; dtype auto would run float32",
         )
     return DtypeChoice(requested, "asked for")
 

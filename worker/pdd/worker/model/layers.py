@@ -81,38 +81,78 @@ class Linear(nn.Linear):
     path never packs.
     """
 
-    packed: torch.Tensor | None = None
+    packed: PackedWeight | None = None
 
-    def pack(self) -> None:
-        """Keep a oneDNN-blocked copy of the weight and compute from it from now on."""
-        self.packed = pack_weight(self.weight)
+    def pack(self, compute_dtype: torch.dtype) -> None:
+        """Keep a oneDNN-blocked copy of the weight in ``compute_dtype`` (see
+        ``pack_dtype``) and compute from it from now on."""
+        self.packed = PackedWeight.of(self.weight, self.bias, compute_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
-        return packed_linear(x, self.packed, self.bias)
+        return self.packed(x)
 
 
-def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    """oneDNN prepacking pays on the CPU for fp32 (see ``Linear``) and for bf16 where
-    oneDNN has native bf16 kernels (elsewhere it cannot build a bf16 primitive)."""
+def pack_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype | None:
+    """The dtype a prepacked projection computes in, or None where packing does not pay.
+
+    fp32 packs as fp32, and bf16 as bf16 where oneDNN has native bf16 kernels (see
+    ``Linear``). Where it has none (an AVX2-only x86 CPU: no AVX512-BF16, no AMX), a
+    bf16 ``F.linear`` widens every product in software at a cost that grows with the
+    rows: on such a CPU the 200M preset's four projections took 0.8 ms for one row
+    but 42 ms for 32 and 570 ms for 512, against 1.0, 6.2 and 132 ms from an fp32
+    packed copy (``docs/engine.md``). So a bf16 model packs its weights widened to fp32
+    there: memory as an fp32 model's weights, KV still bf16, and outputs rounded to
+    bf16 as ``F.linear``'s are (both sum in fp32; they differ by summation order only).
+    """
     if device.type != "cpu" or not torch.backends.mkldnn.is_available():
-        return False
+        return None
     if dtype == torch.float32:
-        return True
-    return dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return torch.float32
+    if dtype != torch.bfloat16:
+        return None
+    native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return torch.bfloat16 if native else torch.float32
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """A [out, in] weight reordered once into oneDNN's layout (an opaque mkldnn tensor)."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+#: Rows from which a bf16 projection runs widened (``pack_dtype``): at one row the plain
+#: bf16 product reads half the bytes and was faster (4.1 against 5.3 ms for the 200M
+#: preset's projections and LM head on an AVX2-only CPU); from two rows on the widened
+#: one was (6.4 against 9.1 ms at two, 12.2 against 29.7 at eight).
+WIDENED_MIN_ROWS = 2
 
 
-def packed_linear(
-    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None
-) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` over a weight from ``pack_weight``."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+@dataclass(frozen=True)
+class PackedWeight:
+    """A [out, in] weight reordered once into oneDNN's layout (an opaque mkldnn tensor)
+    in the dtype it computes in; calling it is ``F.linear(x, weight, bias)`` with the
+    result in ``x``'s dtype. Packed widened (bf16 weights, fp32 packed), a single row
+    still runs from the plain weight (``WIDENED_MIN_ROWS``)."""
+
+    packed: torch.Tensor
+    bias: torch.Tensor | None
+    compute_dtype: torch.dtype
+    plain: tuple[torch.Tensor, torch.Tensor | None]  # the weight and bias, not copied
+
+    @classmethod
+    def of(
+        cls, weight: torch.Tensor, bias: torch.Tensor | None, compute_dtype: torch.dtype
+    ) -> PackedWeight:
+        def widened(t: torch.Tensor) -> torch.Tensor:
+            return t.detach().to(compute_dtype)
+
+        packed = torch.ops.mkldnn._reorder_linear_weight(widened(weight))
+        plain = (weight.detach(), None if bias is None else bias.detach())
+        return cls(packed, None if bias is None else widened(bias), compute_dtype, plain)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != self.compute_dtype and x.shape[0] < WIDENED_MIN_ROWS:
+            return F.linear(x, *self.plain)
+        out = torch.ops.mkldnn._linear_pointwise(
+            x.to(self.compute_dtype), self.packed, self.bias, "none", [], ""
+        )
+        return out.to(x.dtype)
 
 
 class Attention(nn.Module):

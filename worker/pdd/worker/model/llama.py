@@ -18,10 +18,9 @@ from pdd.worker.model.layers import (
     DecoderLayer,
     LayerInputs,
     Linear,
+    PackedWeight,
     RMSNorm,
     additive_mask,
-    pack_weight,
-    packed_linear,
 )
 from pdd.worker.model.rope import RotaryEmbedding
 
@@ -59,7 +58,7 @@ class LlamaForCausalLM(nn.Module):
             if config.tie_word_embeddings
             else Linear(config.hidden_size, config.vocab_size, bias=False)
         )
-        self._packed_head: torch.Tensor | None = None
+        self._packed_head: PackedWeight | None = None
         # The compiled CPU kernels, chosen by the loader (None: torch's ops throughout).
         self.kernels: CpuKernels | None = None
         self.rotary = RotaryEmbedding(config, device)
@@ -98,19 +97,19 @@ class LlamaForCausalLM(nn.Module):
             h.index_select(0, last), residual.index_select(0, last), self.kernels
         )
         if self._packed_head is not None:
-            return packed_linear(h, self._packed_head).float()
+            return self._packed_head(h).float()
         if self.lm_head is not None:
             return self.lm_head(h).float()
         return F.linear(h, self.model.embed_tokens.weight).float()
 
-    def pack_weights(self) -> None:
-        """Prepack every projection and the LM head for oneDNN (see ``layers.Linear``).
-
-        Only on a CPU, in fp32 or bf16 (``layers.can_pack``); a tied head gets its own
-        packed copy of the embedding matrix, which the embedding lookup keeps reading plain.
-        """
+    def pack_weights(self, compute_dtype: torch.dtype) -> None:
+        """Prepack every projection and the LM head for oneDNN in ``compute_dtype``
+        (see ``layers.Linear`` and ``layers.pack_dtype``, which says where that pays); a
+        tied head gets its own packed copy of the embedding matrix, which the embedding
+        lookup keeps reading plain."""
         for module in self.modules():
             if isinstance(module, Linear):
-                module.pack()
+                module.pack(compute_dtype)
         if self.lm_head is None:
-            self._packed_head = pack_weight(self.model.embed_tokens.weight)
+            weight = self.model.embed_tokens.weight
+            self._packed_head = PackedWeight.of(weight, None, compute_dtype)

@@ -26,7 +26,7 @@ from pdd.worker.model.errors import (
     TokenizerMissingError,
 )
 from pdd.worker.model.kv_cache import KVLayout
-from pdd.worker.model.layers import can_pack
+from pdd.worker.model.layers import pack_dtype
 from pdd.worker.model.llama import LlamaForCausalLM
 from pdd.worker.model.weights import (
     GGUFCheckpoint,
@@ -130,9 +130,11 @@ def _load_gguf(path: Path, dtype: str | torch.dtype | None, device: torch.device
 
 def _prepare_for_device(model: LlamaForCausalLM, dtype: torch.dtype, device: torch.device) -> None:
     """Prepack the projections where that pays (fp32 and bf16 on the CPU: the weights'
-    memory is then held twice, plain and packed) and pick the compiled CPU kernels."""
-    if can_pack(device, dtype):
-        model.pack_weights()
+    memory is then held twice, plain and packed; bf16 without native bf16 packs as fp32,
+    see ``layers.pack_dtype``) and pick the compiled CPU kernels."""
+    compute_dtype = pack_dtype(device, dtype)
+    if compute_dtype is not None:
+        model.pack_weights(compute_dtype)
     model.kernels = kernels_for(device, dtype, model.config.head_dim)
 
 
