@@ -16,6 +16,8 @@ fixed order, whatever the machine's speed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import importlib
 import multiprocessing.process
 import socket
 import subprocess
@@ -27,6 +29,14 @@ import pytest
 from pdd.testing.virtual_time import VirtualClock, new_event_loop
 
 TIERS = ("unit", "integration", "slow", "e2e")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Build matplotlib's font cache before any test: on a machine's first run it runs
+    ``fc-list`` where fontconfig is installed, and a unit test that draws a plot would
+    start that process itself (``TierViolation``). Later runs read the cache."""
+    with contextlib.suppress(ImportError):
+        importlib.import_module("matplotlib.font_manager")
 
 
 @pytest.hookimpl(trylast=True)  # after pytest-randomly has shuffled them
