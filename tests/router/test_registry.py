@@ -9,7 +9,7 @@ from pdd.common.wire import Endpoint
 from pdd.router.config import WorkerRef
 from pdd.router.prefix_index import PrefixIndex, PrefixIndexConfig
 from pdd.router.registry import InstanceRegistry
-from pdd.router.worker_client import WorkerClient
+from pdd.router.worker_client import WorkerCallError, WorkerClient
 
 pytestmark = pytest.mark.unit
 
@@ -53,3 +53,44 @@ def test_a_failed_poll_still_leaves_the_only_instance_out() -> None:
     reg._set_problem(md, "connection refused")  # what a failed poll does
     assert reg.ready(Role.MAIN) == []
     assert ids(reg.routable()) == {"p0"}
+
+
+class RecordingClient:
+    """The router's ``warm_wan_peers`` calls, as a worker would take them; calls to a URL
+    in ``down`` fail as an unreachable worker's do."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[str]]] = []
+        self.down: set[str] = set()
+
+    async def warm_wan_peers(self, http_url: str, main_decodes: list[Endpoint]) -> None:
+        if http_url in self.down:
+            raise WorkerCallError(f"{http_url}/v1/pdd/wan-peers", "connection refused")
+        self.calls.append((http_url, sorted(e.instance_id for e in main_decodes)))
+
+    def take(self) -> list[tuple[str, list[str]]]:
+        calls, self.calls = sorted(self.calls), []
+        return calls
+
+
+async def test_prefill_workers_are_told_the_main_decodes_when_they_change() -> None:
+    """Each ready P hears the ready MDs once per change (it opens WAN channels to them
+    ahead of their first request); a P that could not be told is told at the next poll."""
+    reg = registry(
+        (Role.PREFILL, "p0"), (Role.PREFILL, "p1"), (Role.MAIN, "md0"), (Role.MAIN, "md1")
+    )
+    md1 = next(i for i in reg.all() if i.instance_id == "md1")
+    reg._set_problem(md1, "connection refused")
+    client = RecordingClient()
+    reg._client = client
+    await reg._tell_main_decodes()
+    assert client.take() == [("http://p0", ["md0"]), ("http://p1", ["md0"])]
+    await reg._tell_main_decodes()
+    assert client.take() == []  # nothing changed: nobody is called
+    client.down = {"http://p1"}
+    reg._mark_ready(md1)
+    await reg._tell_main_decodes()
+    assert client.take() == [("http://p0", ["md0", "md1"])]
+    client.down = set()
+    await reg._tell_main_decodes()
+    assert client.take() == [("http://p1", ["md0", "md1"])]

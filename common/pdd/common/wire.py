@@ -404,3 +404,10 @@ class HandoffIds(_Wire):
     """``POST /v1/pdd/requests/{id}/handoff``: the tokens a dead relay already streamed."""
 
     token_ids: list[int]
+
+
+class WanPeers(_Wire):
+    """``PUT /v1/pdd/wan-peers``: the main decodes a prefill worker ships KV to, named by
+    the router as they join, so it opens a channel to each before their first request."""
+
+    main_decodes: list[Endpoint]

@@ -45,6 +45,8 @@ class Instance:
     problem: str | None = None
     #: Why a request failed on it since its last good poll (None: no failure).
     suspected: str | None = None
+    #: The main decodes this prefill worker was last told of (``warm_wan_peers``).
+    told_main_decodes: frozenset[str] | None = None
 
     @property
     def instance_id(self) -> str | None:
@@ -200,6 +202,7 @@ class InstanceRegistry:
     async def poll_once(self) -> None:
         await self._resolve()
         await asyncio.gather(*(self._poll(i) for i in list(self._instances.values())))
+        await self._tell_main_decodes()
         self._update_prompt_limit()
         self._polls += 1
         if self._polls % _EXPIRE_EVERY == 0:
@@ -255,6 +258,28 @@ class InstanceRegistry:
         if moved or not inst.ready or inst.suspected is not None:
             self._mark_ready(inst)
 
+    async def _tell_main_decodes(self) -> None:
+        """Name the ready main decodes to each ready prefill worker whose last word was
+        another set, so it opens its WAN channels to a main decode before the first
+        request there (``PrefillRole.warm_wan_peers``). A failed call is told again at
+        the next poll."""
+        mains = [i.endpoint for i in self.ready(Role.MAIN) if i.endpoint is not None]
+        names = frozenset(e.instance_id for e in mains)
+        stale = [p for p in self.ready(Role.PREFILL) if p.told_main_decodes != names]
+        if not mains or not stale:
+            return
+        told = await asyncio.gather(
+            *(self._client.warm_wan_peers(p.http_url, mains) for p in stale),
+            return_exceptions=True,
+        )
+        for inst, result in zip(stale, told, strict=True):
+            if isinstance(result, WorkerCallError):
+                log.debug("could not name the main decodes to %s: %s", inst.http_url, result)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                inst.told_main_decodes = names
+
     def _mark_ready(self, inst: Instance) -> None:
         """What a good poll concludes: the instance takes requests, suspicion cleared."""
         if not inst.ready:
@@ -274,6 +299,7 @@ class InstanceRegistry:
         # whole event log, so entries from a previous life of the process cannot linger.
         self._index.forget_instance(endpoint.instance_id)
         inst.cursor = 0
+        inst.told_main_decodes = None  # a restarted prefill worker holds no channels
         return endpoint
 
     def _set_problem(self, inst: Instance, problem: str) -> None:

@@ -19,10 +19,12 @@ from pydantic import ValidationError
 from pdd.common.wan_tls import tls_failure
 from pdd.common.wire import (
     CacheEventsPage,
+    Endpoint,
     HandoffIds,
     LoadReport,
     PipelinePlan,
     TokenEvent,
+    WanPeers,
     WorkerHealth,
 )
 
@@ -110,6 +112,11 @@ class WorkerClient:
         body = await self._get_json(f"{http_url}/v1/pdd/cache-events", {"since": since})
         return CacheEventsPage.model_validate(body)
 
+    async def warm_wan_peers(self, http_url: str, main_decodes: list[Endpoint]) -> None:
+        """Name to a prefill worker the main decodes it ships KV to (it opens channels)."""
+        body = WanPeers(main_decodes=main_decodes).model_dump_json()
+        await self._send("PUT", f"{http_url}/v1/pdd/wan-peers", body, expect=204)
+
     async def start(self, http_url: str, plan: PipelinePlan) -> None:
         await self._post(f"{http_url}/v1/pdd/requests", plan.model_dump_json(), expect=202)
 
@@ -136,9 +143,12 @@ class WorkerClient:
                 await asyncio.sleep(CANCEL_RETRY_S * attempt)
 
     async def _post(self, url: str, body: str, expect: int) -> None:
+        await self._send("POST", url, body, expect)
+
+    async def _send(self, method: str, url: str, body: str, expect: int) -> None:
         headers = {"Content-Type": "application/json"}
         try:
-            resp = await self._http.post(url, content=body, headers=headers)
+            resp = await self._http.request(method, url, content=body, headers=headers)
         except httpx.HTTPError as exc:
             raise WorkerCallError(url, failure(exc)) from exc
         if resp.status_code != expect:

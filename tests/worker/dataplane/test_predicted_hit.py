@@ -8,6 +8,8 @@ And sequential requests to one MD reuse P's channels instead of opening new ones
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from pdd.common.openai_protocol import CompletionRequest
@@ -102,6 +104,56 @@ async def test_sequential_requests_reuse_ps_channels_to_md(vdp) -> None:
     assert [r.token_ids for r in results] == expected
     assert channels_accepted(vdp, "md") == opened
     assert vdp.cluster["p"].role.wan_pool.idle("md") >= 1
+    await vdp.assert_quiescent()
+
+
+async def first_token_after(vdp, plan) -> tuple[float, list[int]]:
+    """Seconds of loop time from the plan's start to the client's first token, and the
+    request's tokens."""
+    loop = asyncio.get_running_loop()
+    start, firsts = loop.time(), []
+
+    def on_token(event) -> None:
+        if event.is_token:
+            firsts.append(loop.time())
+
+    [run] = await vdp.run_all([plan], on_token=on_token)
+    return firsts[0] - start, run.token_ids
+
+
+async def test_md_named_ahead_spares_the_first_request_the_connect(vdp) -> None:
+    """The router names MD to P before any request there (``PUT /v1/pdd/wan-peers``): P
+    opens a channel across the line at once, so the first request's KV leaves on it
+    instead of after a connect and the handshake's round trips. Against the same kind of
+    request once P keeps no channel, its first token comes a round trip sooner."""
+    prompts = vdp.prompts(2, seed=86, lo=60, hi=61)
+    expected = await vdp.reference(prompts, MAX_TOKENS, "ph-named")
+    vdp.cluster.wan_path("md").delay_s = SLOW_LINE_S
+    p, mds = vdp.cluster["p"].role, [vdp.cluster["md"].endpoint]
+    client = vdp.cluster.client()  # the router's call, through P's control API
+    try:
+        await client.warm_wan_peers(vdp.cluster["p"].url, mds)
+        await client.warm_wan_peers(vdp.cluster["md"].url, mds)  # not P: nothing to open
+    finally:
+        await client.aclose()
+    async with asyncio.timeout(10 * SLOW_LINE_S):  # loop time: the channel opens
+        while p.wan_pool.idle("md") < 1:
+            await asyncio.sleep(SLOW_LINE_S / 4)
+    assert channels_accepted(vdp, "md") == 1
+
+    def plan(i: int):
+        return vdp.cluster.plan(
+            f"ph-named-{i}", prompts[i], "P-MD", vdp.sampling(i, MAX_TOKENS), main_hit_tokens=0
+        )
+
+    named, named_tokens = await first_token_after(vdp, plan(0))
+    for channel in p.wan_pool._idle.pop("md"):  # P forgets its channels: cold again
+        await channel.close()
+    cold, cold_tokens = await first_token_after(vdp, plan(1))
+    assert [named_tokens, cold_tokens] == expected
+    assert cold - named >= 2 * SLOW_LINE_S
+    p.warm_wan_peers(mds)  # a spare is kept: nothing more opens
+    assert p.wan_pool.warming("md") == 0 and p.wan_pool.idle("md") >= 1
     await vdp.assert_quiescent()
 
 

@@ -105,3 +105,9 @@ def test_control_api_requires_the_secret_and_the_right_role(dp) -> None:
     resp = httpx.post(p_url, content=b'{"request_id": 1}', headers=good)
     assert resp.status_code == 400
     assert httpx.get(f"{rld.url}/load").json()["role"] == "relay"
+    peers = f"{dp.cluster['p'].url}/v1/pdd/wan-peers"
+    body = '{"main_decodes": []}'
+    assert httpx.put(peers, content=body).status_code == 401
+    assert httpx.put(peers, content=body, headers=good).status_code == 204
+    resp = httpx.put(peers, content='{"main_decodes": [1]}', headers=good)
+    assert resp.status_code == 400 and "error" in resp.json()

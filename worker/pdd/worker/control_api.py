@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from pdd.common.grammar import GRAMMAR_ERROR_TYPE, GrammarError, check_grammar
-from pdd.common.wire import CacheEventsPage, HandoffIds, PipelinePlan, WorkerHealth
+from pdd.common.wire import CacheEventsPage, HandoffIds, PipelinePlan, WanPeers, WorkerHealth
 from pdd.worker.engine.grammar import GrammarRequestError
 from pdd.worker.engine.request import RequestError
 from pdd.worker.metrics import CONTENT_TYPE_LATEST
@@ -89,6 +89,12 @@ def create_app(role: RoleBase, feed: CacheFeed, ready: Callable[[], bool]) -> Fa
     @app.get("/v1/pdd/cache-events", dependencies=[auth])
     async def cache_events(since: int = 0) -> CacheEventsPage:
         return await feed.page(since)
+
+    @app.put("/v1/pdd/wan-peers", dependencies=[auth], status_code=204)
+    async def wan_peers(request: Request) -> Response:
+        peers = WanPeers.model_validate_json(await request.body())
+        role.warm_wan_peers(peers.main_decodes)
+        return Response(status_code=204)
 
     @app.post("/v1/pdd/requests", dependencies=[auth], status_code=202)
     async def start(request: Request) -> dict:
