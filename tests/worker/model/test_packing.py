@@ -20,12 +20,17 @@ needs_bf16 = pytest.mark.skipif(
 )
 
 
+def bf16_layer(in_features: int, out_features: int, rows: int) -> tuple[Linear, torch.Tensor]:
+    """A bf16 layer with a bias and ``rows`` bf16 inputs (seeded)."""
+    torch.manual_seed(0)
+    layer = Linear(in_features, out_features, bias=True).to(torch.bfloat16)
+    return layer, torch.randn(rows, in_features, dtype=torch.bfloat16)
+
+
 @needs_bf16
 @pytest.mark.parametrize("rows", [1, 7, 64])
 def test_packed_linear_is_bitwise_f_linear(rows: int) -> None:
-    torch.manual_seed(0)
-    layer = Linear(96, 160, bias=True).to(torch.bfloat16)
-    x = torch.randn(rows, 96, dtype=torch.bfloat16)
+    layer, x = bf16_layer(96, 160, rows)
     with torch.inference_mode():
         plain = layer(x)
         layer.pack(torch.bfloat16)
@@ -104,9 +109,7 @@ def test_bf16_packs_widened_to_fp32_only_without_native_bf16(monkeypatch, native
 def test_widened_bf16_linear_is_f_linear_up_to_summation_order(rows: int) -> None:
     """A bf16 layer packed as fp32 takes and returns bf16; both it and F.linear sum in fp32
     and round once, so they differ by at most a bf16 rounding step (2**-8 relative)."""
-    torch.manual_seed(0)
-    layer = Linear(1024, 160, bias=True).to(torch.bfloat16)
-    x = torch.randn(rows, 1024, dtype=torch.bfloat16)
+    layer, x = bf16_layer(1024, 160, rows)
     with torch.inference_mode():
         plain = layer(x)
         layer.pack(torch.float32)
@@ -120,9 +123,7 @@ def test_widened_bf16_linear_is_f_linear_up_to_summation_order(rows: int) -> Non
 @needs_onednn
 def test_widened_bf16_linear_runs_one_row_from_the_plain_weight() -> None:
     """One row reads the bf16 weight (half the bytes): bitwise F.linear's result."""
-    torch.manual_seed(0)
-    layer = Linear(256, 96, bias=True).to(torch.bfloat16)
-    x = torch.randn(1, 256, dtype=torch.bfloat16)
+    layer, x = bf16_layer(256, 96, 1)
     with torch.inference_mode():
         layer.pack(torch.float32)
         assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
