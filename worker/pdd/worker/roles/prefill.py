@@ -304,9 +304,8 @@ class PrefillRole(RoleBase):
 
     def warm_wan_peers(self, main_decodes: list[Endpoint]) -> None:
         """Open a spare channel to each main decode the router names, before its first
-        request: that request would otherwise pay the connect and the handshake's round
-        trips across the WAN on top of its own (the first request of a sample replay took
-        0.18 s where same-DC took 0.05 s, docs/benchmarks.md)."""
+        request there, which would otherwise pay the connect and the handshake's round
+        trips across the WAN (TLS's too, where it is on) on top of its own."""
         for endpoint in main_decodes:
             self._warm(endpoint)
 
