@@ -115,17 +115,18 @@ class WorkerClient:
     async def warm_wan_peers(self, http_url: str, main_decodes: list[Endpoint]) -> None:
         """Name to a prefill worker the main decodes it ships KV to (it opens channels)."""
         body = WanPeers(main_decodes=main_decodes).model_dump_json()
-        await self._send("PUT", f"{http_url}/v1/pdd/wan-peers", body, expect=204)
+        await self._send("PUT", f"{http_url}/v1/pdd/wan-peers", body, 204)
 
     async def start(self, http_url: str, plan: PipelinePlan) -> None:
-        await self._post(f"{http_url}/v1/pdd/requests", plan.model_dump_json(), expect=202)
+        await self._send("POST", f"{http_url}/v1/pdd/requests", plan.model_dump_json(), 202)
 
     async def handoff(self, http_url: str, request_id: str, token_ids: list[int]) -> None:
         url = f"{http_url}/v1/pdd/requests/{request_id}/handoff"
-        await self._post(url, HandoffIds(token_ids=token_ids).model_dump_json(), expect=200)
+        await self._send("POST", url, HandoffIds(token_ids=token_ids).model_dump_json(), 200)
 
     async def takeover(self, http_url: str, request_id: str) -> None:
-        await self._post(f"{http_url}/v1/pdd/requests/{request_id}/takeover", "{}", expect=200)
+        url = f"{http_url}/v1/pdd/requests/{request_id}/takeover"
+        await self._send("POST", url, "{}", 200)
 
     async def cancel(self, http_url: str, request_id: str) -> None:
         """Tell the worker to stop the request; any answer will do (404: it already
@@ -141,9 +142,6 @@ class WorkerClient:
                 if attempt == CANCEL_ATTEMPTS:
                     return  # the worker is unreachable: its own timeouts free the request
                 await asyncio.sleep(CANCEL_RETRY_S * attempt)
-
-    async def _post(self, url: str, body: str, expect: int) -> None:
-        await self._send("POST", url, body, expect)
 
     async def _send(self, method: str, url: str, body: str, expect: int) -> None:
         headers = {"Content-Type": "application/json"}

@@ -38,10 +38,9 @@ class Opener:
         return channel
 
 
-async def settle(pool: ChannelPool, key: str) -> None:
+async def settle(pool: ChannelPool, key: str, opener: Opener) -> None:
     """Wait until the spares being opened in the background are in (or failed)."""
-    while pool.warming(key):
-        await asyncio.sleep(0)
+    await asyncio.gather(*pool.warm(key, opener))
 
 
 async def test_a_channel_given_back_is_taken_again() -> None:
@@ -57,7 +56,7 @@ async def test_warm_keeps_spares_ready() -> None:
     taken = await pool.take("md", opener)
     pool.warm("md", opener)
     pool.warm("md", opener)  # already warming: no more than the spares
-    await settle(pool, "md")
+    await settle(pool, "md", opener)
     assert pool.idle("md") == 2 and len(opener.opened) == 3
     assert await pool.take("md", opener) is not taken
 
@@ -83,7 +82,7 @@ async def test_a_spare_that_cannot_connect_is_no_error_and_take_reports_its_own(
     pool, opener = ChannelPool(spares=1), Opener()
     opener.down = True
     pool.warm("md", opener)
-    await settle(pool, "md")
+    await settle(pool, "md", opener)
     assert pool.idle("md") == 0
     with pytest.raises(LinkDown):
         await pool.take("md", opener)

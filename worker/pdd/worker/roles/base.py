@@ -253,9 +253,11 @@ class RoleBase:
         m.wire_sent["wan"] = self.wan_counters.wire_sent
         m.wire_sent["fastpath"] = self.fast_counters.wire_sent
 
-    def warm_wan_peers(self, main_decodes: list[Endpoint]) -> None:
-        """The main decodes this instance may ship KV to (``PUT /v1/pdd/wan-peers``):
-        only a prefill worker ships across the WAN (``PrefillRole``); elsewhere nothing."""
+    def warm_wan_peers(self, main_decodes: list[Endpoint]) -> list[asyncio.Task[None]]:
+        """The main decodes this instance may ship KV to (``PUT /v1/pdd/wan-peers``), and
+        the tasks opening channels to them: only a prefill worker ships across the WAN
+        (``PrefillRole``); elsewhere nothing."""
+        return []
 
     # --- helpers ----------------------------------------------------------------------------
     def spawn(self, coro: Awaitable[None], name: str) -> None:

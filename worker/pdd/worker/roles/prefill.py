@@ -302,20 +302,20 @@ class PrefillRole(RoleBase):
         self._warm(endpoint)
         return channel
 
-    def warm_wan_peers(self, main_decodes: list[Endpoint]) -> None:
+    def warm_wan_peers(self, main_decodes: list[Endpoint]) -> list[asyncio.Task[None]]:
         """Open a spare channel to each main decode the router names, before its first
         request there, which would otherwise pay the connect and the handshake's round
-        trips across the WAN (TLS's too, where it is on) on top of its own."""
-        for endpoint in main_decodes:
-            self._warm(endpoint)
+        trips across the WAN (TLS's too, where it is on) on top of its own. Returns the
+        tasks opening them (``ChannelPool.warm``)."""
+        return [task for endpoint in main_decodes for task in self._warm(endpoint)]
 
-    def _warm(self, endpoint: Endpoint) -> None:
+    def _warm(self, endpoint: Endpoint) -> list[asyncio.Task[None]]:
         """Keep the pool's spare channels to MD ``endpoint`` open (a no-op when they are)."""
 
         def spare() -> Awaitable[Channel]:
             return self.open_channel(endpoint, Role.MAIN, wan=True, sends=True, spare=True)
 
-        self.wan_pool.warm(endpoint.instance_id, spare)
+        return self.wan_pool.warm(endpoint.instance_id, spare)
 
     async def _release(self, target: Target, channel: Channel, reusable: bool) -> None:
         """A WAN channel whose conversation ended cleanly goes back to the pool."""

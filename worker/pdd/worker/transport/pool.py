@@ -46,13 +46,13 @@ class ChannelPool:
         self.spares = spares
         self.max_idle = max_idle
         self._idle: dict[str, list[Channel]] = {}
-        self._warming: dict[str, int] = {}
-        self._tasks: set[asyncio.Task] = set()
+        #: Per peer, the tasks opening spares to it now (each leaves once it ends).
+        self._warming: dict[str, set[asyncio.Task[None]]] = {}
         self._closed = False
 
     def warming(self, key: str) -> int:
         """Spares to ``key`` being opened now."""
-        return self._warming.get(key, 0)
+        return len(self._warming.get(key, ()))
 
     def idle(self, key: str) -> int:
         """Open channels to ``key`` waiting for a conversation."""
@@ -82,16 +82,17 @@ class ChannelPool:
             return
         idle.append(channel)
 
-    def warm(self, key: str, opener: Opener) -> None:
-        """Open channels to ``key`` in the background until ``spares`` are idle or opening."""
-        if self._closed:
-            return
-        missing = self.spares - self.idle(key) - self.warming(key)
+    def warm(self, key: str, opener: Opener) -> list[asyncio.Task[None]]:
+        """Open channels to ``key`` in the background until ``spares`` are idle or opening;
+        the tasks opening spares to it now, started here or before, for a caller that
+        waits for them (each ends with its spare idle, or failed and logged)."""
+        warming = self._warming.setdefault(key, set())
+        missing = 0 if self._closed else self.spares - self.idle(key) - len(warming)
         for _ in range(max(0, missing)):
-            self._warming[key] = self._warming.get(key, 0) + 1
             task = asyncio.ensure_future(self._open_spare(key, opener))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            warming.add(task)
+            task.add_done_callback(warming.discard)
+        return list(warming)
 
     async def _open_spare(self, key: str, opener: Opener) -> None:
         """One spare; a failure is only logged: the next ``take`` opens (and reports) its own."""
@@ -100,15 +101,14 @@ class ChannelPool:
             await self.give_back(key, channel)
         except TransportError as exc:
             log.info("could not open a spare channel to %s: %s", key, exc)
-        finally:
-            self._warming[key] -= 1
 
     async def close(self) -> None:
         """Close every idle channel and stop warming."""
         self._closed = True
-        for task in list(self._tasks):
+        tasks = [task for warming in self._warming.values() for task in warming]
+        for task in tasks:
             task.cancel()
-        for task in list(self._tasks):
+        for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
         for idle in self._idle.values():
