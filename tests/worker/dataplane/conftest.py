@@ -221,8 +221,9 @@ class CounterDelta:
 
     def __call__(self, worker: str, name: str, labels: str = "", gauge: bool = False) -> float:
         now = self.cluster[worker].metrics()
-        if gauge:
-            return now.get(name, 0.0) - self.before[worker].get(name, 0.0)
+        if gauge:  # a gauge, or any one sample (a histogram's _count), as named
+            key = f"{name}{{{labels}}}" if labels else name
+            return now.get(key, 0.0) - self.before[worker].get(key, 0.0)
         if labels:
             key = f"{name}_total{{{labels}}}"
             return now.get(key, 0.0) - self.before[worker].get(key, 0.0)

@@ -67,6 +67,14 @@ async def test_pipeline_equals_mono(dp, batch, pipeline: str, handoff: str) -> N
         assert wan <= wan_wire <= 1.01 * wan + _PER_REQUEST_OVERHEAD * n
     else:
         assert wan == wan_wire == 0  # P-RLD: nothing crosses the WAN
+    # P times each prompt it prefills; the decode side prefills nothing (its KV came from P)
+    prefills = "pdd_worker_request_prefill_time_seconds_count"
+    assert delta("p", prefills, 'role="prefill"', gauge=True) == n
+    assert (
+        delta("p", "pdd_worker_request_prefill_time_seconds_sum", 'role="prefill"', gauge=True) > 0
+    )
+    assert delta("md", prefills, 'role="main"', gauge=True) == 0
+    assert delta("rld", prefills, 'role="relay"', gauge=True) == 0
     if pipeline in ("P-RLD-MD", "P-RLD"):
         rld_miss = delta("rld", "pdd_worker_prompt_tokens") - delta(
             "rld", "pdd_worker_prefix_hit_tokens"

@@ -152,3 +152,42 @@ def test_handed_over_request_decodes_every_step_beside_a_chunked_prefill(
         engine.step()
     assert_no_leaks(engine)
     assert_no_leaks(sender)
+
+
+def test_prefill_time_runs_from_the_first_prompt_step_to_the_first_token(
+    tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
+) -> None:
+    engine = Engine(tiny, block_size=4, num_blocks=64, max_num_batched_tokens=16)
+    ticks = iter(range(1000))
+    engine.clock = lambda: float(next(ticks))  # each step reads it twice: began, sampled
+    chunked = engine.add_request(list(range(3, 43)), SamplingParams(max_tokens=3))  # 16+16+8
+    outs = [o for _ in range(2) for o in engine.step()]  # ticks 0-3: chunks 1 and 2
+    assert outs == []
+    queued = engine.add_request([5, 6, 7], SamplingParams(max_tokens=1))  # joins step 3
+    step3 = {o.request_id: o for o in engine.step()}  # began at 4, sampled at 5
+    assert step3[chunked].prefill_time_s == 5.0  # from its first chunk's step (0), not add
+    assert step3[queued].prefill_time_s == 1.0  # a finishing output carries it too
+    assert step3[queued].finished
+    later = [o for _ in range(2) for o in engine.step()]
+    assert [o.prefill_time_s for o in later] == [None, None]  # decode outputs have none
+    assert_no_leaks(engine)
+
+
+def test_a_handed_over_request_reports_no_prefill_time(
+    tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
+) -> None:
+    sender = Engine(tiny, block_size=4, num_blocks=64)
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12, 13]
+    pid = sender.add_request(prompt, SamplingParams(max_tokens=1), hold_kv=True)
+    (out,) = sender.step()
+    assert out.prefill_time_s is not None and out.prefill_time_s >= 0
+    engine = Engine(tiny, block_size=4, num_blocks=64)
+    engine.attach_request(prompt, SamplingParams(max_tokens=4, ignore_eos=True), "handed")
+    for chunk in sender.export_kv(pid, 0, len(prompt)):
+        engine.import_kv("handed", chunk)
+    sender.release(pid)
+    engine.resume("handed", out.new_token_ids)
+    outs = [o for _ in range(3) for o in engine.step()]
+    assert len(outs) == 3 and all(o.prefill_time_s is None for o in outs)
+    assert_no_leaks(engine)
+    assert_no_leaks(sender)

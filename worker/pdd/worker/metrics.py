@@ -14,7 +14,7 @@ import asyncio
 import time
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
@@ -28,6 +28,11 @@ __all__ = ["CONTENT_TYPE_LATEST", "WorkerMetrics"]
 
 #: Every worker metric's name starts with this (the router's with ``pdd_router_``).
 PREFIX = "pdd_worker_"
+#: Prefill time buckets, seconds: from a few-token miss of a small model on a CPU (ms)
+#: to a long prompt of a large one (tens of seconds).
+PREFILL_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
 
 
 class WorkerMetrics:
@@ -82,6 +87,15 @@ class WorkerMetrics:
             "pdd_worker_prompt_tokens",
             "Prompt tokens of requests taken by this instance",
             ["role"],
+            registry=r,
+        )
+        self.prefill_time = Histogram(
+            "pdd_worker_request_prefill_time_seconds",
+            "Seconds from the step that began computing a request's prompt here to its first "
+            "token (queueing before it excluded; requests whose KV came from elsewhere are "
+            "not counted)",
+            ["role"],
+            buckets=PREFILL_BUCKETS_S,
             registry=r,
         )
         self.transfer_failures = Counter(
@@ -139,6 +153,11 @@ class WorkerMetrics:
     def count_prompt(self, prompt_tokens: int, hit_tokens: int) -> None:
         self.prompt_tokens.labels(self.role).inc(prompt_tokens)
         self.prefix_hit_tokens.labels(self.role).inc(hit_tokens)
+
+    def observe_prefill(self, seconds: float | None) -> None:
+        """One prefill's time (``RequestOutput.prefill_time_s``; None: not a prefill's)."""
+        if seconds is not None:
+            self.prefill_time.labels(self.role).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

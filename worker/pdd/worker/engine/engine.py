@@ -18,7 +18,8 @@ event loop runs it in an executor).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 
 import torch
@@ -108,6 +109,8 @@ class Engine:
         self.grammars = GrammarCompiler(self.loaded.tokenizer, self.model_config.vocab_size)
         self.requests = RequestTable(self.limits, self.grammars, self.scheduler)
         self.handoff = Handoff(self.requests, self.scheduler, self.cache, self.kv, self.fingerprint)
+        #: Times prefills (``RequestOutput.prefill_time_s``); tests drive it.
+        self.clock: Callable[[], float] = time.monotonic
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -168,6 +171,10 @@ class Engine:
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return []
+        began = self.clock()
+        for s in scheduled:
+            if s.request.prefill_started_at is None and not s.request.output_ids:
+                s.request.prefill_started_at = began
         logits = last_token_logits(self.loaded.model, self.kv, scheduled, self.config.block_size)
         return self._postprocess(scheduled, logits)
 
@@ -223,7 +230,9 @@ class Engine:
                 rows.append(row)
         sampling = [scheduled[r].request for r in rows]
         tokens, logprobs = self._sample(logits[rows], sampling)
+        sampled_at = self.clock()
         for req, token, lp in zip(sampling, tokens, logprobs, strict=True):
+            prefill_s = _prefill_time(req, sampled_at)
             req.output_ids.append(token)
             if req.grammar is not None:
                 req.grammar.advance(req.output_ids)  # the mask allowed it: cannot fail
@@ -232,11 +241,12 @@ class Engine:
             if reason is None:
                 outputs.append(
                     RequestOutput(
-                        req.request_id, [token], False, None, req.num_cached_tokens, logprobs=lps
+                        req.request_id, [token], False, None, req.num_cached_tokens, logprobs=lps,
+                        prefill_time_s=prefill_s,
                     )
-                )
+                )  # fmt: skip
             else:
-                outputs.append(self._finish(req, reason, [token], lps))
+                outputs.append(self._finish(req, reason, [token], lps, prefill_s))
         return outputs
 
     def _fail(self, req: Request, error: str) -> RequestOutput:
@@ -268,6 +278,7 @@ class Engine:
         reason: FinishReason,
         new: list[int],
         logprobs: list[TokenLogprobs] | None = None,
+        prefill_time_s: float | None = None,
     ) -> RequestOutput:
         self.scheduler.finish(req)
         req.finish_reason = reason
@@ -276,8 +287,9 @@ class Engine:
         else:
             self._release(req)
         return RequestOutput(
-            req.request_id, new, True, reason, req.num_cached_tokens, logprobs=logprobs
-        )
+            req.request_id, new, True, reason, req.num_cached_tokens, logprobs=logprobs,
+            prefill_time_s=prefill_time_s,
+        )  # fmt: skip
 
     # --- cache and stats ----------------------------------------------------------------------
     def drain_cache_events(self) -> list[CacheEvent]:
@@ -399,3 +411,11 @@ class Engine:
 
     def _release(self, req: Request) -> None:
         self.requests.release(req)
+
+
+def _prefill_time(req: Request, now: float) -> float | None:
+    """Seconds since ``req``'s prefill began, where the token sampled ``now`` is the first
+    of its output here (a resumed or handed-over request's is not: it prefilled elsewhere)."""
+    if req.output_ids or req.prefill_started_at is None:
+        return None
+    return now - req.prefill_started_at

@@ -73,6 +73,10 @@ class RequestOutput:
     error: str | None = None  # set when the engine gave up on the request (finish is ABORT)
     #: One per new token when the request asked for logprobs (``SamplingParams.logprobs``).
     logprobs: list[TokenLogprobs] | None = None
+    #: On the output carrying a prefill's first token: seconds from the step that began
+    #: computing the prompt to that token (queueing before it excluded), as vLLM's
+    #: ``request_prefill_time_seconds`` counts it; None on every other output.
+    prefill_time_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -173,6 +177,9 @@ class Request:
     unchunked: bool = False  # an extend is pending: compute all uncomputed tokens in one pass
     finish_reason: FinishReason | None = None
     grammar: OutputGrammar | None = None  # structured output: the matcher over output_ids
+    #: When the step that first computed its prompt began (``Engine.clock``); None until
+    #: then, and for a request that never prefills here (its KV came from elsewhere).
+    prefill_started_at: float | None = None
 
     @property
     def tokens(self) -> list[int]:

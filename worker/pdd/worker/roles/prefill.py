@@ -334,6 +334,7 @@ class PrefillRole(RoleBase):
             if out.error is not None and not first.done():
                 first.set_exception(RuntimeError(out.error))
             elif out.new_token_ids and not first.done():
+                self.metrics.observe_prefill(out.prefill_time_s)
                 lp = out.logprobs[0] if out.logprobs else None
                 first.set_result(Prefilled(out.new_token_ids[0], out.num_cached_tokens, lp))
 
