@@ -23,8 +23,9 @@ answer MD computed) where this build's ``PipelinePlan`` has that field; on a bui
 without it the same script measures the old protocol.
 
 Reported per class: P-MD TTFT p50, same-DC TTFT p50, their difference, the prefill
-(same-DC's TTFT p50: P's prefill plus a step and a hop in one datacenter, so an upper
-bound on it), the transfer (the miss's KV wire bytes / line rate), the floor (1 RTT +
+(P's own timing of each prompt it computed, ``pdd_worker_request_prefill_time_seconds``,
+read between requests: its p50 over the P-MD half, the one that streams; the same-DC
+half's beside it), the transfer (the miss's KV wire bytes / line rate), the floor (1 RTT +
 the longer of prefill and transfer: P streams the KV while it prefills, the KV one way
 and the first token back) and the target for the difference (1 RTT + max(0, transfer -
 prefill) + 10 ms); plus the p50 gap before the second token and the median KV wire
@@ -73,6 +74,7 @@ SPECS = [
 SYSTEMS = {"P-MD (WAN)": "md", "same-DC": "md_local"}
 CLASSES = ("new", "next turn")
 PREDICTS = "main_hit_tokens" in PipelinePlan.model_fields
+PREFILL_SUM = 'pdd_worker_request_prefill_time_seconds_sum{role="prefill"}'
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -93,11 +95,12 @@ class Timed:
     first_token_s: float
     second_gap_s: float  # between the first and the second token
     kv_wire_bytes: float  # P's WAN KV chunks as sent, for this request
+    prefill_s: float  # P's prefill of this request, as P timed it
 
 
 async def timed(plan: PipelinePlan, client: WorkerClient, cluster: LocalCluster) -> Timed:
     """Run ``plan`` through the router's stream relay, timing what the client receives."""
-    before = kv_wire_bytes(cluster)
+    before, prefilled = kv_wire_bytes(cluster), prefill_seconds(cluster)
     start = time.monotonic()
     stamps, ids = [], []
     async for event in relay_tokens(plan, client, 120.0):
@@ -106,11 +109,17 @@ async def timed(plan: PipelinePlan, client: WorkerClient, cluster: LocalCluster)
             ids.append(event.token_id)
     await asyncio.to_thread(cluster.wait_quiescent, 60.0)  # low load: one at a time
     gap = stamps[1] - stamps[0] if len(stamps) > 1 else 0.0
-    return Timed(ids, stamps[0], gap, kv_wire_bytes(cluster) - before)
+    prefill = prefill_seconds(cluster) - prefilled  # one request at a time: this one's
+    return Timed(ids, stamps[0], gap, kv_wire_bytes(cluster) - before, prefill)
 
 
 def kv_wire_bytes(cluster: LocalCluster) -> float:
     return cluster["p"].metrics().get("pdd_worker_wan_kv_coded_bytes_total", 0.0)
+
+
+def prefill_seconds(cluster: LocalCluster) -> float:
+    """P's running total of prefill seconds (its histogram's sum)."""
+    return cluster["p"].metrics().get(PREFILL_SUM, 0.0)
 
 
 def md_holds(turn1: list[int], answer: list[int]) -> int:
@@ -186,7 +195,8 @@ def summarize(results: dict[str, dict[str, list[Timed]]], args: argparse.Namespa
         wan_p50 = percentile([r.first_token_s for r in wan], 50) or 0.0
         local_p50 = percentile([r.first_token_s for r in local], 50) or 0.0
         miss = statistics.median(r.kv_wire_bytes for r in wan)
-        rtt, transfer, prefill = args.link_rtt_ms / 1000, miss / rate, local_p50
+        prefill = statistics.median(r.prefill_s for r in wan)
+        rtt, transfer = args.link_rtt_ms / 1000, miss / rate
         floor = rtt + max(prefill, transfer)
         target = rtt + max(0.0, transfer - prefill) + 0.010
         gap = {name: percentile([r.second_gap_s for r in runs], 50) or 0.0
@@ -198,6 +208,8 @@ def summarize(results: dict[str, dict[str, list[Timed]]], args: argparse.Namespa
             "same_dc_ttft_p50_ms": local_p50 * 1000,
             "difference_ms": (wan_p50 - local_p50) * 1000,
             "prefill_ms": prefill * 1000,
+            "same_dc_prefill_ms": statistics.median(r.prefill_s for r in local) * 1000,
+            "over_target_ms": (wan_p50 - local_p50 - target) * 1000,
             "transfer_ms": transfer * 1000,
             "floor_ms": floor * 1000,
             "target_difference_ms": target * 1000,
@@ -245,16 +257,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     head = (
         f"{'class':<10}{'P-MD p50':>10}{'same-DC':>10}{'diff':>8}{'prefill':>9}{'transfer':>9}"
-        f"{'floor':>8}{'target diff':>12}{'tok2 gap':>10}{'same-DC':>9}{'miss KB':>9}"
+        f"{'floor':>8}{'target diff':>12}{'over':>7}{'tok2 gap':>10}{'same-DC':>9}"
+        f"{'miss KB':>9}{'same-DC prefill':>16}"
     )
     print(head + "   (ms)")
     for r in rows:
         print(
             f"{r['class']:<10}{r['pmd_ttft_p50_ms']:>10.1f}{r['same_dc_ttft_p50_ms']:>10.1f}"
             f"{r['difference_ms']:>8.1f}{r['prefill_ms']:>9.1f}{r['transfer_ms']:>9.1f}"
-            f"{r['floor_ms']:>8.1f}{r['target_difference_ms']:>12.1f}"
+            f"{r['floor_ms']:>8.1f}{r['target_difference_ms']:>12.1f}{r['over_target_ms']:>7.1f}"
             f"{r['pmd_token2_gap_p50_ms']:>10.1f}{r['same_dc_token2_gap_p50_ms']:>9.1f}"
-            f"{r['miss_kv_wire_bytes_p50'] / 1e3:>9.1f}"
+            f"{r['miss_kv_wire_bytes_p50'] / 1e3:>9.1f}{r['same_dc_prefill_ms']:>16.1f}"
         )
     if args.json:
         out = {"config": vars(args), "predicts": PREDICTS, "load": [load_before, load_after]}
