@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 
 from pdd.worker import generate_cli
 from pdd.worker.engine import Engine
-from pdd.worker.engine.request import FinishReason
+from pdd.worker.engine.request import FinishReason, RequestOutput
 from pdd.worker.engine.sampling import SamplingParams
 from pdd.worker.model.loader import LoadedModel
 
@@ -130,28 +130,37 @@ def test_pdd_generate_main_matches_transformers(
     assert json.loads(capsys.readouterr().out) == {"token_ids": reference[1]}
 
 
-def test_handed_over_request_decodes_every_step_beside_a_chunked_prefill(
-    tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
-) -> None:
+def hand_over(
+    tiny: LoadedModel, engine: Engine, params: SamplingParams, assert_no_leaks: Callable[..., None]
+) -> RequestOutput:
+    """Prefill a short prompt on another engine (P's part), attach it to ``engine`` as
+    "handed" with its KV, and resume it after the first token; that token's output."""
     sender = Engine(tiny, block_size=4, num_blocks=64)
     prompt = [5, 6, 7, 8, 9, 10, 11, 12, 13]
     pid = sender.add_request(prompt, SamplingParams(max_tokens=1), hold_kv=True)
-    (first,) = sender.step()[0].new_token_ids
-    engine = Engine(tiny, block_size=4, num_blocks=256, max_num_batched_tokens=16)
-    long_id = engine.add_request(list(range(3, 203)), SamplingParams(max_tokens=2))
-    engine.step()  # the long prompt holds the running list's head: 12 more chunks to go
-    engine.attach_request(prompt, SamplingParams(max_tokens=40, ignore_eos=True), "handed")
+    (first,) = sender.step()
+    engine.attach_request(prompt, params, "handed")
     for chunk in sender.export_kv(pid, 0, len(prompt)):
         engine.import_kv("handed", chunk)
     sender.release(pid)
-    engine.resume("handed", [first])
+    assert_no_leaks(sender)
+    engine.resume("handed", first.new_token_ids)
+    return first
+
+
+def test_handed_over_request_decodes_every_step_beside_a_chunked_prefill(
+    tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
+) -> None:
+    engine = Engine(tiny, block_size=4, num_blocks=256, max_num_batched_tokens=16)
+    long_id = engine.add_request(list(range(3, 203)), SamplingParams(max_tokens=2))
+    engine.step()  # the long prompt holds the running list's head: 12 more chunks to go
+    hand_over(tiny, engine, SamplingParams(max_tokens=40, ignore_eos=True), assert_no_leaks)
     for _ in range(10):
         outs = {o.request_id: o for o in engine.step()}
         assert "handed" in outs and long_id not in outs  # decoding while the prefill is chunked
     while engine.has_unfinished():
         engine.step()
     assert_no_leaks(engine)
-    assert_no_leaks(sender)
 
 
 def test_prefill_time_runs_from_the_first_prompt_step_to_the_first_token(
@@ -176,18 +185,9 @@ def test_prefill_time_runs_from_the_first_prompt_step_to_the_first_token(
 def test_a_handed_over_request_reports_no_prefill_time(
     tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
 ) -> None:
-    sender = Engine(tiny, block_size=4, num_blocks=64)
-    prompt = [5, 6, 7, 8, 9, 10, 11, 12, 13]
-    pid = sender.add_request(prompt, SamplingParams(max_tokens=1), hold_kv=True)
-    (out,) = sender.step()
-    assert out.prefill_time_s is not None and out.prefill_time_s >= 0
     engine = Engine(tiny, block_size=4, num_blocks=64)
-    engine.attach_request(prompt, SamplingParams(max_tokens=4, ignore_eos=True), "handed")
-    for chunk in sender.export_kv(pid, 0, len(prompt)):
-        engine.import_kv("handed", chunk)
-    sender.release(pid)
-    engine.resume("handed", out.new_token_ids)
+    first = hand_over(tiny, engine, SamplingParams(max_tokens=4, ignore_eos=True), assert_no_leaks)
+    assert first.prefill_time_s is not None and first.prefill_time_s >= 0  # the sender's
     outs = [o for _ in range(3) for o in engine.step()]
     assert len(outs) == 3 and all(o.prefill_time_s is None for o in outs)
     assert_no_leaks(engine)
-    assert_no_leaks(sender)
