@@ -200,6 +200,12 @@ class DataPlane:
     def counters(self, *workers: str) -> CounterDelta:
         return CounterDelta(self.cluster, workers)
 
+    def channels_accepted(self, name: str) -> int:
+        """Authenticated channels worker ``name``'s data servers have accepted so far
+        (in-process clusters only)."""
+        instance = self.cluster[name].instance
+        return sum(s.stats.authenticated for s in (instance.data, instance.wan) if s is not None)
+
     async def assert_quiescent(self) -> None:
         states = await self._quiescent()
         leaking = {name: s for name, s in states.items() if not s.quiescent}

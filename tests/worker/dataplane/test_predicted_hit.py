@@ -27,12 +27,6 @@ MAX_TOKENS = 24
 SLOW_LINE_S = 0.2
 
 
-def channels_accepted(vdp, name: str) -> int:
-    """Authenticated channels the worker's data servers have accepted so far."""
-    instance = vdp.cluster[name].instance
-    return sum(s.stats.authenticated for s in (instance.data, instance.wan) if s is not None)
-
-
 async def warm_md(vdp, prompt: list[int], tag: str) -> None:
     """Leave the whole prompt in MD's radix cache (a P-MD request MD finishes)."""
     plan = vdp.cluster.plan(tag, prompt, "P-MD", vdp.sampling(0, MAX_TOKENS), main_hit_tokens=0)
@@ -96,13 +90,13 @@ async def test_sequential_requests_reuse_ps_channels_to_md(vdp) -> None:
     results = []
     for i, prompt in enumerate(prompts):
         if i == 1:
-            opened = channels_accepted(vdp, "md")  # the first request's, and a spare
+            opened = vdp.channels_accepted("md")  # the first request's, and a spare
         plan = vdp.cluster.plan(
             f"ph-pool-{i}", prompt, "P-MD", vdp.sampling(i, MAX_TOKENS), main_hit_tokens=0
         )
         results += await vdp.run_all([plan])
     assert [r.token_ids for r in results] == expected
-    assert channels_accepted(vdp, "md") == opened
+    assert vdp.channels_accepted("md") == opened
     assert vdp.cluster["p"].role.wan_pool.idle("md") >= 1
     await vdp.assert_quiescent()
 
@@ -138,7 +132,7 @@ async def test_md_named_ahead_spares_the_first_request_the_connect(vdp) -> None:
         await client.aclose()
     assert p.wan_pool.warming("md") == 1  # the route started it before answering
     await asyncio.gather(*p.warm_wan_peers(mds))  # the route's spare, not a new one
-    assert p.wan_pool.idle("md") == 1 and channels_accepted(vdp, "md") == 1
+    assert p.wan_pool.idle("md") == 1 and vdp.channels_accepted("md") == 1
 
     def plan(i: int):
         return vdp.cluster.plan(

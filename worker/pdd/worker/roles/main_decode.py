@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pdd.common.kv_codec import NO_CODEC, codec_of_handshake, shared_in_receiver_cache
 from pdd.common.vocabulary import Pipeline, Role
-from pdd.common.wire import PipelinePlan, TokenLogprobs
+from pdd.common.wire import Endpoint, PipelinePlan, TokenLogprobs
 from pdd.worker.engine.request import RequestError
 from pdd.worker.roles.base import NoSuchRequestError, RoleBase
 from pdd.worker.roles.kv_receiver import KVReceiveError, first_position_logprobs, receive_kv
@@ -34,6 +35,7 @@ from pdd.worker.transport import (
     decode_token_ids,
     request_key,
 )
+from pdd.worker.transport.pool import ChannelPool
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +66,16 @@ class MainDecodeRole(RoleBase):
         #: KV of earlier requests still on its way into the cache, which a later turn of
         #: the same conversation waits for (fixed block size: safe off the engine thread).
         self.landing = LandingKV(self.runner.engine.config.block_size)
+        #: Warm channels to each relay across the WAN for the token-ID hand-off
+        #: (``ChannelPool``): a fresh one pays TCP's, TLS's and the HMAC handshake's round
+        #: trips first, while the relay holds the request and the conversation's next
+        #: turn waits for its answer to land here (``landing``).
+        self.relay_pool = ChannelPool()
         self.ops = {"prepare": self._on_prepare}
+
+    async def close(self) -> None:
+        await super().close()
+        await self.relay_pool.close()
 
     def _entry(self, rid: str) -> MainRequest:
         if rid not in self.requests:
@@ -177,13 +188,15 @@ class MainDecodeRole(RoleBase):
         try:
             relay = plan.relay
             assert relay is not None  # P-RLD-MD plans name a relay
-            channel = await self.open_channel(relay, Role.RELAY, wan=True, sends=False)
+            channel = await self._relay_channel(relay)
+            over = False  # the relay ended the conversation: the channel may carry another
             try:
                 await send_meta(channel, rid, op="kv_complete", have=handed)
                 while True:
                     frame = await expect(channel, MsgType.TOKEN_IDS)
                     ids = decode_token_ids(frame.payload).ids
                     if frame.flags & FLAG_FINISHED:  # the relay finished it
+                        over = True
                         rest = ids if started else [first_token, *ids]
                         await self._cache_finished(plan, entry, rest)
                         return
@@ -199,15 +212,34 @@ class MainDecodeRole(RoleBase):
                     handed += len(ids)
                     if final:
                         await channel.send(MsgType.ACK, request_key(rid))
+                        over = True
                         entry.session.stream_from(handed)  # type: ignore[union-attr]
                         return
                     await self.runner.next_step()  # the chunk is computed; ask for the next
                     await send_meta(channel, rid, op="more", have=handed)
             finally:
-                await channel.close()
+                await self._release_relay_channel(relay, channel, over)
         except TransportError as exc:
             log.warning("relay unreachable for %s (%s); waiting for the streamed ids", rid, exc)
             await self._start_from_posted(rid, entry, first_token, handed, started)
+
+    async def _relay_channel(self, relay: Endpoint) -> Channel:
+        """A warm pooled channel to ``relay`` across the WAN (a new one on first contact),
+        and a spare opened in the background for the next hand-off."""
+
+        def opener(spare: bool = False) -> Awaitable[Channel]:
+            return self.open_channel(relay, Role.RELAY, wan=True, sends=False, spare=spare)
+
+        channel = await self.relay_pool.take(relay.instance_id, opener)
+        self.relay_pool.warm(relay.instance_id, lambda: opener(spare=True))
+        return channel
+
+    async def _release_relay_channel(self, relay: Endpoint, channel: Channel, over: bool) -> None:
+        """A channel whose hand-off ended cleanly goes back to the pool; any other closes."""
+        if over:
+            await self.relay_pool.give_back(relay.instance_id, channel)
+        else:
+            await channel.close()
 
     async def _cache_finished(
         self, plan: PipelinePlan, entry: MainRequest, rest: list[int]

@@ -109,26 +109,29 @@ class RelayRole(RoleBase):
         return self.sessions[rid]
 
     # --- MD -> RLD: the token-ID handoff ------------------------------------------------------
-    async def _on_kv_complete(self, channel: Channel, msg: dict[str, Any]) -> None:
+    async def _on_kv_complete(self, channel: Channel, msg: dict[str, Any]) -> bool:
+        """Hand ``request_id``'s IDs to MD; True (MD may open its next hand-off on this
+        channel: it keeps them warm) once the hand-off is over, False when it failed."""
         rid = str(msg.get("request_id"))
         self.meter_wan(channel, Role.MAIN, sends=True)  # MD -> RLD always crosses the WAN
         try:
             plan, session = await self._session(rid)
         except (NoSuchRequestError, TimeoutError):
             await send_error(channel, rid, "unknown_request", f"relay has no request {rid!r}")
-            return
+            return False
         mode = self._mode(plan)
         have = int_field(msg, "have")
         try:
             while True:
                 final = await self._hand(channel, plan, session, have, mode)
                 if final:
-                    break
+                    return True
                 have = int_field(await expect_meta(channel, "more"), "have")
         except TransportError as exc:
             log.warning("handoff of %s to %s failed: %s", rid, channel.peer.name, exc)
             self.metrics.transfer_failures.labels("handoff").inc()
             session.unlimit()
+            return False
 
     async def _hand(
         self, channel: Channel, plan: PipelinePlan, session: DecodeSession, have: int, mode: str

@@ -2,11 +2,12 @@
 
 Opening a WAN channel costs round trips before the first useful byte: TCP's, TLS's
 where it is on, and the HMAC handshake's (``peer_auth``). Across a 30 ms line that is
-most of a P-MD request's fixed cost, so P keeps the channels it opened and reuses
-them (what HTTP/1.1 keep-alive pools do): ``take`` hands out an idle open channel, or
-opens one; ``give_back`` keeps a channel whose conversation ended cleanly; ``warm``
-opens spares in the background (P calls it after every ``take``), so the next request
-finds one warm. Spares are opened on first contact with a peer and kept from then on.
+most of a P-MD request's fixed cost, so P keeps the channels it opened to each MD, as
+MD keeps its channels to each relay for the hand-off, and reuses them (what HTTP/1.1
+keep-alive pools do): ``take`` hands out an idle open channel, or opens one;
+``give_back`` keeps a channel whose conversation ended cleanly; ``warm`` opens spares in
+the background (the caller does after every ``take``), so the next conversation finds
+one warm. Spares are opened on first contact with a peer and kept from then on.
 
 Why a pool and not many requests multiplexed on one channel: flow control is per
 channel (``channel.py``), so one receiver slow to import would hold the credit of
