@@ -100,7 +100,7 @@ class Timed:
 
 async def timed(plan: PipelinePlan, client: WorkerClient, cluster: LocalCluster) -> Timed:
     """Run ``plan`` through the router's stream relay, timing what the client receives."""
-    before, prefilled = kv_wire_bytes(cluster), prefill_seconds(cluster)
+    before = p_totals(cluster)
     start = time.monotonic()
     stamps, ids = [], []
     async for event in relay_tokens(plan, client, 120.0):
@@ -109,17 +109,15 @@ async def timed(plan: PipelinePlan, client: WorkerClient, cluster: LocalCluster)
             ids.append(event.token_id)
     await asyncio.to_thread(cluster.wait_quiescent, 60.0)  # low load: one at a time
     gap = stamps[1] - stamps[0] if len(stamps) > 1 else 0.0
-    prefill = prefill_seconds(cluster) - prefilled  # one request at a time: this one's
-    return Timed(ids, stamps[0], gap, kv_wire_bytes(cluster) - before, prefill)
+    after = p_totals(cluster)  # one request at a time: the deltas are this one's
+    return Timed(ids, stamps[0], gap, after[0] - before[0], after[1] - before[1])
 
 
-def kv_wire_bytes(cluster: LocalCluster) -> float:
-    return cluster["p"].metrics().get("pdd_worker_wan_kv_coded_bytes_total", 0.0)
-
-
-def prefill_seconds(cluster: LocalCluster) -> float:
-    """P's running total of prefill seconds (its histogram's sum)."""
-    return cluster["p"].metrics().get(PREFILL_SUM, 0.0)
+def p_totals(cluster: LocalCluster) -> tuple[float, float]:
+    """P's running totals, from one scrape: WAN KV bytes as coded, and prefill seconds
+    (its histogram's sum)."""
+    metrics = cluster["p"].metrics()
+    return metrics.get("pdd_worker_wan_kv_coded_bytes_total", 0.0), metrics.get(PREFILL_SUM, 0.0)
 
 
 def md_holds(turn1: list[int], answer: list[int]) -> int:

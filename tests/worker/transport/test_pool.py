@@ -102,3 +102,21 @@ async def test_close_closes_idle_channels_and_refuses_more() -> None:
 def test_spares_must_fit_the_pool() -> None:
     with pytest.raises(ValueError, match="spares"):
         ChannelPool(spares=3, max_idle=2)
+
+
+async def test_take_warm_opens_now_then_a_spare_and_release_keeps_only_clean_ends() -> None:
+    pool, opener = ChannelPool(spares=1), Opener()
+    spares: list[bool] = []
+
+    def opens(spare: bool):
+        spares.append(spare)
+        return opener()
+
+    taken = await pool.take_warm("md", opens)
+    await settle(pool, "md", opener)
+    assert spares == [False, True] and pool.idle("md") == 1  # the one now, then a spare
+    await pool.release("md", taken, reusable=False)  # a failed conversation: closed
+    assert not taken.is_open and pool.idle("md") == 1
+    kept = await pool.take_warm("md", opens)
+    await pool.release("md", kept, reusable=True)
+    assert kept.is_open and pool.idle("md") >= 1 and await pool.take("md", opener) is kept

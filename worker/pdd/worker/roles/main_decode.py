@@ -35,7 +35,7 @@ from pdd.worker.transport import (
     decode_token_ids,
     request_key,
 )
-from pdd.worker.transport.pool import ChannelPool
+from pdd.worker.transport.pool import ChannelPool, SpareOpener
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +188,7 @@ class MainDecodeRole(RoleBase):
         try:
             relay = plan.relay
             assert relay is not None  # P-RLD-MD plans name a relay
-            channel = await self._relay_channel(relay)
+            channel = await self.relay_pool.take_warm(relay.instance_id, self._relay_opener(relay))
             over = False  # the relay ended the conversation: the channel may carry another
             try:
                 await send_meta(channel, rid, op="kv_complete", have=handed)
@@ -218,28 +218,18 @@ class MainDecodeRole(RoleBase):
                     await self.runner.next_step()  # the chunk is computed; ask for the next
                     await send_meta(channel, rid, op="more", have=handed)
             finally:
-                await self._release_relay_channel(relay, channel, over)
+                await self.relay_pool.release(relay.instance_id, channel, over)
         except TransportError as exc:
             log.warning("relay unreachable for %s (%s); waiting for the streamed ids", rid, exc)
             await self._start_from_posted(rid, entry, first_token, handed, started)
 
-    async def _relay_channel(self, relay: Endpoint) -> Channel:
-        """A warm pooled channel to ``relay`` across the WAN (a new one on first contact),
-        and a spare opened in the background for the next hand-off."""
+    def _relay_opener(self, relay: Endpoint) -> SpareOpener:
+        """Opens a channel to ``relay`` across the WAN (``ChannelPool.take_warm``)."""
 
-        def opener(spare: bool = False) -> Awaitable[Channel]:
+        def opener(spare: bool) -> Awaitable[Channel]:
             return self.open_channel(relay, Role.RELAY, wan=True, sends=False, spare=spare)
 
-        channel = await self.relay_pool.take(relay.instance_id, opener)
-        self.relay_pool.warm(relay.instance_id, lambda: opener(spare=True))
-        return channel
-
-    async def _release_relay_channel(self, relay: Endpoint, channel: Channel, over: bool) -> None:
-        """A channel whose hand-off ended cleanly goes back to the pool; any other closes."""
-        if over:
-            await self.relay_pool.give_back(relay.instance_id, channel)
-        else:
-            await channel.close()
+        return opener
 
     async def _cache_finished(
         self, plan: PipelinePlan, entry: MainRequest, rest: list[int]

@@ -55,7 +55,7 @@ from pdd.worker.transport import (
     encode_json,
     request_key,
 )
-from pdd.worker.transport.pool import ChannelPool
+from pdd.worker.transport.pool import ChannelPool, SpareOpener
 
 log = logging.getLogger(__name__)
 
@@ -294,13 +294,7 @@ class PrefillRole(RoleBase):
         if not target.wan:
             return await self.open_channel(target.endpoint, target.role, wan=False, sends=True)
         endpoint = target.endpoint
-
-        async def now() -> Channel:
-            return await self.open_channel(endpoint, target.role, wan=True, sends=True)
-
-        channel = await self.wan_pool.take(endpoint.instance_id, now)
-        self._warm(endpoint)
-        return channel
+        return await self.wan_pool.take_warm(endpoint.instance_id, self._md_opener(endpoint))
 
     def warm_wan_peers(self, main_decodes: list[Endpoint]) -> list[asyncio.Task[None]]:
         """Open a spare channel to each main decode the router names, before its first
@@ -311,20 +305,22 @@ class PrefillRole(RoleBase):
 
     def _warm(self, endpoint: Endpoint) -> list[asyncio.Task[None]]:
         """Keep the pool's spare channels to MD ``endpoint`` open (a no-op when they are)."""
+        opener = self._md_opener(endpoint)
+        return self.wan_pool.warm(endpoint.instance_id, lambda: opener(True))
 
-        def spare() -> Awaitable[Channel]:
-            return self.open_channel(endpoint, Role.MAIN, wan=True, sends=True, spare=True)
+    def _md_opener(self, endpoint: Endpoint) -> SpareOpener:
+        """Opens a channel to MD ``endpoint`` across the WAN (``ChannelPool.take_warm``)."""
 
-        return self.wan_pool.warm(endpoint.instance_id, spare)
+        def opener(spare: bool) -> Awaitable[Channel]:
+            return self.open_channel(endpoint, Role.MAIN, wan=True, sends=True, spare=spare)
+
+        return opener
 
     async def _release(self, target: Target, channel: Channel, reusable: bool) -> None:
         """A WAN channel whose conversation ended cleanly goes back to the pool."""
         channel.settle()
-        if target.wan and reusable:
-            await self.wan_pool.give_back(target.endpoint.instance_id, channel)
-            return
-        with contextlib.suppress(Exception):
-            await channel.close()
+        key = target.endpoint.instance_id
+        await self.wan_pool.release(key, channel, reusable and target.wan)
 
     async def _prefill(self, plan: PipelinePlan) -> Prefilled:
         """Prefill the prompt (only P's miss is computed) and sample the first token."""

@@ -36,6 +36,9 @@ from pdd.worker.transport.errors import TransportError
 log = logging.getLogger(__name__)
 
 Opener = Callable[[], Awaitable[Channel]]
+#: Opens a channel to the peer; ``True``: a spare, opened ahead of need (its failure is
+#: not a transfer's).
+SpareOpener = Callable[[bool], Awaitable[Channel]]
 
 
 class ChannelPool:
@@ -73,6 +76,22 @@ class ChannelPool:
         if channel is None:
             channel = await opener()
         return channel
+
+    async def take_warm(self, key: str, opener: SpareOpener) -> Channel:
+        """``take`` (``opener(False)`` where none is idle), then ``warm`` (``opener(True)``):
+        the channel a conversation needs now, and spares kept for the next."""
+        channel = await self.take(key, lambda: opener(False))
+        self.warm(key, lambda: opener(True))
+        return channel
+
+    async def release(self, key: str, channel: Channel, reusable: bool) -> None:
+        """After a conversation: ``give_back`` a channel whose conversation ended cleanly
+        (``reusable``); close any other."""
+        if reusable:
+            await self.give_back(key, channel)
+            return
+        with contextlib.suppress(Exception):
+            await channel.close()
 
     async def give_back(self, key: str, channel: Channel) -> None:
         """Keep ``channel`` for the next conversation with ``key`` (its last one ended
