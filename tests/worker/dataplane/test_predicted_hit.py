@@ -97,7 +97,7 @@ async def test_sequential_requests_reuse_ps_channels_to_md(vdp) -> None:
         results += await vdp.run_all([plan])
     assert [r.token_ids for r in results] == expected
     assert vdp.channels_accepted("md") == opened
-    assert vdp.cluster["p"].role.wan_pool.idle("md") >= 1
+    assert vdp.cluster["p"].role.channel_pool.idle("md") >= 1
     await vdp.assert_quiescent()
 
 
@@ -130,9 +130,9 @@ async def test_md_named_ahead_spares_the_first_request_the_connect(vdp) -> None:
         await client.warm_wan_peers(vdp.cluster["md"].url, mds)  # not P: nothing to open
     finally:
         await client.aclose()
-    assert p.wan_pool.warming("md") == 1  # the route started it before answering
+    assert p.channel_pool.warming("md") == 1  # the route started it before answering
     await asyncio.gather(*p.warm_wan_peers(mds))  # the route's spare, not a new one
-    assert p.wan_pool.idle("md") == 1 and vdp.channels_accepted("md") == 1
+    assert p.channel_pool.idle("md") == 1 and vdp.channels_accepted("md") == 1
 
     def plan(i: int):
         return vdp.cluster.plan(
@@ -140,13 +140,13 @@ async def test_md_named_ahead_spares_the_first_request_the_connect(vdp) -> None:
         )
 
     named, named_tokens = await first_token_after(vdp, plan(0))
-    for channel in p.wan_pool._idle.pop("md"):  # P forgets its channels: cold again
+    for channel in p.channel_pool._idle.pop("md"):  # P forgets its channels: cold again
         await channel.close()
     cold, cold_tokens = await first_token_after(vdp, plan(1))
     assert [named_tokens, cold_tokens] == expected
     assert cold - named >= 2 * SLOW_LINE_S
     p.warm_wan_peers(mds)  # a spare is kept: nothing more opens
-    assert p.wan_pool.warming("md") == 0 and p.wan_pool.idle("md") >= 1
+    assert p.channel_pool.warming("md") == 0 and p.channel_pool.idle("md") >= 1
     await vdp.assert_quiescent()
 
 

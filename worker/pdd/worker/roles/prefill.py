@@ -6,15 +6,16 @@ receiver lacks as the prefill writes it (each prefill chunk's KV goes on the lin
 when its step ends, so the transfer overlaps the chunks after it): all of it to the
 relay over the fast path, only the main decode's miss over the WAN, each followed by
 the first token as soon as the last chunk is written. Across the WAN nothing waits a
-round trip: the channel to MD is a warm one from ``wan_pool`` (no connect, no TLS or
-HMAC handshake per request), and the KV starts from the router's predicted MD hit
-(``PipelinePlan.main_hit_tokens``) unless MD's answer is already in; MD's real hit,
-when it comes, makes P skip chunks MD holds and send the gap MD lacks below the
-prediction. P never streams a token to the client: the first token the client sees
-comes from a decode-side instance. P holds the request's KV until both transfers have
-ended, however they ended. The WAN copy is coded with the codec the plan names (the
-router's choice per request under ``--kv-codec adaptive``) or else the deployment's
-(``--kv-codec``), named in the handshake; the relay's copy stays exact.
+round trip: the channel to MD is a warm one from ``channel_pool`` (no connect, no TLS or
+HMAC handshake per request; the relay's channels are pooled too, since on a busy
+machine a handshake waits on both ends' event loops), and the KV starts from the
+router's predicted MD hit (``PipelinePlan.main_hit_tokens``) unless MD's answer is
+already in; MD's real hit, when it comes, makes P skip chunks MD holds and send the
+gap MD lacks below the prediction. P never streams a token to the client: the first
+token the client sees comes from a decode-side instance. P holds the request's KV until
+both transfers have ended, however they ended. The WAN copy is coded with the codec the
+plan names (the router's choice per request under ``--kv-codec adaptive``) or else the
+deployment's (``--kv-codec``), named in the handshake; the relay's copy stays exact.
 
 P's own stream carries one thing: a status event when the KV could not cross the
 WAN to MD (refused, reset, no answer to the request within the connect timeout,
@@ -194,14 +195,15 @@ class PrefillRole(RoleBase):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        #: Warm channels to each MD across the WAN (``ChannelPool``: why a pool).
-        self.wan_pool = ChannelPool()
+        #: Warm channels to each MD across the WAN and to each relay on the fast path
+        #: (``ChannelPool``: why a pool).
+        self.channel_pool = ChannelPool()
         #: Each live request's work (``_prefill_and_ship``), so a cancel stops it in any state.
         self._works: dict[str, asyncio.Future] = {}
 
     async def close(self) -> None:
         await super().close()
-        await self.wan_pool.close()
+        await self.channel_pool.close()
 
     async def start_request(self, plan: PipelinePlan) -> None:
         if plan.pipeline not in PREFILL_PIPELINES:
@@ -290,11 +292,10 @@ class PrefillRole(RoleBase):
         return default_codec(self.settings.kv_codec)
 
     async def _channel(self, target: Target) -> Channel:
-        """A warm pooled channel to MD across the WAN; a fresh one on the fast path."""
-        if not target.wan:
-            return await self.open_channel(target.endpoint, target.role, wan=False, sends=True)
-        endpoint = target.endpoint
-        return await self.wan_pool.take_warm(endpoint.instance_id, self._md_opener(endpoint))
+        """A warm pooled channel to the receiver (MD across the WAN, a relay on the fast
+        path)."""
+        opener = self._opener(target.endpoint, target.role, target.wan)
+        return await self.channel_pool.take_warm(target.endpoint.instance_id, opener)
 
     def warm_wan_peers(self, main_decodes: list[Endpoint]) -> list[asyncio.Task[None]]:
         """Open a spare channel to each main decode the router names, before its first
@@ -305,22 +306,21 @@ class PrefillRole(RoleBase):
 
     def _warm(self, endpoint: Endpoint) -> list[asyncio.Task[None]]:
         """Keep the pool's spare channels to MD ``endpoint`` open (a no-op when they are)."""
-        opener = self._md_opener(endpoint)
-        return self.wan_pool.warm(endpoint.instance_id, lambda: opener(True))
+        opener = self._opener(endpoint, Role.MAIN, wan=True)
+        return self.channel_pool.warm(endpoint.instance_id, lambda: opener(True))
 
-    def _md_opener(self, endpoint: Endpoint) -> SpareOpener:
-        """Opens a channel to MD ``endpoint`` across the WAN (``ChannelPool.take_warm``)."""
+    def _opener(self, endpoint: Endpoint, role: Role, wan: bool) -> SpareOpener:
+        """Opens a channel to ``endpoint`` (``ChannelPool.take_warm``)."""
 
         def opener(spare: bool) -> Awaitable[Channel]:
-            return self.open_channel(endpoint, Role.MAIN, wan=True, sends=True, spare=spare)
+            return self.open_channel(endpoint, role, wan=wan, sends=True, spare=spare)
 
         return opener
 
     async def _release(self, target: Target, channel: Channel, reusable: bool) -> None:
-        """A WAN channel whose conversation ended cleanly goes back to the pool."""
+        """A channel whose conversation ended cleanly goes back to the pool."""
         channel.settle()
-        key = target.endpoint.instance_id
-        await self.wan_pool.release(key, channel, reusable and target.wan)
+        await self.channel_pool.release(target.endpoint.instance_id, channel, reusable)
 
     async def _prefill(self, plan: PipelinePlan) -> Prefilled:
         """Prefill the prompt (only P's miss is computed) and sample the first token."""

@@ -3,7 +3,8 @@
 One conversation per request and purpose at a time on a channel, opened by the side
 that has something to send; its first frame is a META ``{"op": ...}`` naming the
 purpose. A channel whose conversation ended cleanly may carry the sender's next one
-(P keeps its channels to MD, MD its channels to each relay: ``transport.pool``); a
+(P keeps its channels to MD and to each relay, MD its channels to each relay:
+``transport.pool``); a
 failed one is closed.
 
 ``prepare`` (P -> RLD over the fast path, P -> MD over the WAN)

@@ -52,12 +52,14 @@ class RelayRole(RoleBase):
         self.ops = {"prepare": self._on_prepare, "kv_complete": self._on_kv_complete}
 
     # --- P -> RLD: KV over the fast path, then decode ------------------------------------------
-    async def _on_prepare(self, channel: Channel, msg: dict[str, Any]) -> None:
+    async def _on_prepare(self, channel: Channel, msg: dict[str, Any]) -> bool:
+        """Receive a request's KV and start decoding it; True (P may send the next
+        request on this channel) once all of it is in, False when the transfer failed."""
         plan = PipelinePlan.model_validate(msg.get("plan"))
         rid = plan.request_id
         if rid in self.cancelled:  # its cancel overtook P's prepare
             await send_error(channel, rid, "cancelled", f"request {rid!r} was cancelled")
-            return
+            return False
         self.live.add(rid)
         self.hub.get(rid).start()
         try:
@@ -68,12 +70,12 @@ class RelayRole(RoleBase):
         except KVReceiveError as exc:
             self.hub.fail(rid, 0, str(exc))
             self.live.discard(rid)
-            return
+            return False
         if rid in self.cancelled:  # cancelled while its KV came in: nobody reads it
             await self.abort_engine_request(rid)
             self.hub.get(rid).close()
             self.live.discard(rid)
-            return
+            return True
         first_token = received.first_token
         session = DecodeSession(
             rid, self.hub, output=[first_token], cached_tokens=received.prefill_hit,
@@ -84,6 +86,7 @@ class RelayRole(RoleBase):
         self.runner.subscribe(rid, session.on_output)
         await self.runner.call(lambda e: e.resume(rid, [first_token]))
         self.spawn(self._forget_when_done(rid, session), f"relay-{rid}")
+        return True
 
     async def _forget_when_done(self, rid: str, session: DecodeSession) -> None:
         await session.done.wait()

@@ -2,8 +2,9 @@
 
 Opening a WAN channel costs round trips before the first useful byte: TCP's, TLS's
 where it is on, and the HMAC handshake's (``peer_auth``). Across a 30 ms line that is
-most of a P-MD request's fixed cost, so P keeps the channels it opened to each MD, as
-MD keeps its channels to each relay for the hand-off, and reuses them (what HTTP/1.1
+most of a P-MD request's fixed cost, so P keeps the channels it opened to each MD (and
+to each relay, whose handshake waits on two busy event loops instead), as MD keeps its
+channels to each relay for the hand-off, and reuses them (what HTTP/1.1
 keep-alive pools do): ``take`` hands out an idle open channel, or opens one;
 ``give_back`` keeps a channel whose conversation ended cleanly; ``warm`` opens spares in
 the background (the caller does after every ``take``), so the next conversation finds
