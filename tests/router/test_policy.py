@@ -436,6 +436,70 @@ def test_adaptive_codes_a_relayed_kv_only_on_a_line_congested_past_the_budget(
         assert (d.estimate.md_first_token_s <= ADAPTIVE.ttft_budget_s) == fits
 
 
+#: Adaptive where MD may compute misses of up to 30,000 tokens itself, at 20,000 tokens/s.
+RECOMPUTE = replace(ADAPTIVE, md_recompute_max_tokens=30_000, md_prefill_tokens_per_s=20_000)
+
+
+@pytest.mark.parametrize(("gbps", "computed"), [(10.0, False), (3.0, True), (0.5, True)])
+def test_adaptive_has_md_compute_a_miss_the_exact_kv_cannot_bring_in_time(gbps, computed):
+    """The 20,000-token miss of the test above, every relay saturated: where the exact KV
+    fits (10 Gbit/s, 0.8 s) it crosses; where it does not, MD computes the miss itself
+    (1 s at 20,000 tokens/s after P's 0.2 s prefill and one RTT: 1.23 s), before int8
+    (which fits at 3 Gbit/s, but loses precision) and where no codec fits (0.5 Gbit/s).
+    Nothing crosses but the first token."""
+    link = LinkState(declared_gbps=gbps, rtt_ms=30)
+    full = fleet(rld=("rld0", 8, 8))
+    d = run(req(22_000), {"p0": 20_000, "md0": 2_000}, link=link, instances=full, config=RECOMPUTE)
+    assert d.pipeline == Pipeline.P_MD and d.estimate.md_computes_miss == computed
+    if computed:
+        assert d.estimate.kv_codec == "none" and d.estimate.kv_bytes_per_token == 0
+        assert d.estimate.md_compute_s == pytest.approx(1.0)
+        assert d.estimate.md_first_token_s == pytest.approx(0.03 + 0.2 + 1.0)
+        assert "KV computed at MD: it fits the 2.00s budget" in d.reason
+    else:
+        assert d.estimate.kv_bytes_per_token == KVB and d.estimate.md_compute_s == 0.0
+
+
+def test_md_computes_no_miss_over_its_cap():
+    """A cap of 10,000 tokens leaves the 20,000-token miss to the codecs: int8 at 3 Gbit/s."""
+    capped = replace(RECOMPUTE, md_recompute_max_tokens=10_000)
+    link = LinkState(declared_gbps=3.0, rtt_ms=30)
+    full = fleet(rld=("rld0", 8, 8))
+    d = run(req(22_000), {"p0": 20_000, "md0": 2_000}, link=link, instances=full, config=capped)
+    assert not d.estimate.md_computes_miss and d.estimate.kv_codec == "int8"
+
+
+@pytest.mark.parametrize(("md_rate", "computed"), [(5_000, False), (8_000, True)])
+def test_where_nothing_fits_the_soonest_way_goes(md_rate, computed):
+    """At 0.5 Gbit/s int4 brings the miss in 4.03 s; MD computing it at 5,000 tokens/s
+    takes 4.23 s (int4 goes), at 8,000 tokens/s 2.73 s (MD computes it)."""
+    config = replace(RECOMPUTE, md_prefill_tokens_per_s=md_rate)
+    link = LinkState(declared_gbps=0.5, rtt_ms=30)
+    full = fleet(rld=("rld0", 8, 8))
+    d = run(req(22_000), {"p0": 20_000, "md0": 2_000}, link=link, instances=full, config=config)
+    assert d.estimate.md_computes_miss == computed
+    assert d.estimate.kv_codec == ("none" if computed else "int4")
+    assert "nothing fits the 2.00s budget, the soonest" in d.reason
+    assert d.estimate.md_first_token_s == pytest.approx(2.73 if computed else 4.03, abs=0.01)
+
+
+def test_md_computes_a_relayed_miss_rather_than_coding_it_on_a_congested_line():
+    """A relay serves first and the line's backlog takes 2.1 s to drain (the congested
+    case of the test above, which codes the KV int4): MD computing the miss puts nothing
+    on the line and loses nothing."""
+    backlog = int(2.1 * 3.0e9 / 8)
+    link = LinkState(declared_gbps=3.0, rtt_ms=30, backlog_bytes=backlog, backlog_transfers=1)
+    d = run(req(22_000), {"p0": 20_000, "md0": 2_000}, link=link, config=RECOMPUTE)
+    assert d.pipeline == Pipeline.P_RLD_MD and d.estimate.md_computes_miss
+    assert "KV computed at MD" in d.reason and "to drain" in d.reason
+
+
+def test_md_recompute_is_off_by_default():
+    assert PolicyConfig.default_of("md_recompute_max_tokens") == 0
+    with pytest.raises(ValueError, match="md_recompute_max_tokens"):
+        replace(ADAPTIVE, md_recompute_max_tokens=-1)
+
+
 def test_a_fixed_codec_names_none_in_the_estimate():
     d = run(req(22_000), {"p0": 20_000, "md0": 2_000})
     assert d.estimate.kv_codec is None and "KV coded" not in d.reason

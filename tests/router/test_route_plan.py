@@ -32,3 +32,18 @@ def test_routes_that_ship_no_kv_to_md_predict_nothing() -> None:
     mono = Route(Pipeline.MONO, "r", "c", None, None, endpoint("m"), md_hit_tokens=8)
     for route in (relay_only, mono):
         assert route.plan("req", [1, 2, 3], SamplingSpec(), CONFIG).main_hit_tokens is None
+
+
+def test_a_route_where_md_computes_its_miss_puts_nothing_on_the_line() -> None:
+    """The plan tells P and MD; the route counts no transfer on the WAN line (its backlog,
+    the link estimator's samples): only the first token crosses."""
+    route = Route(
+        Pipeline.P_MD, "r", "c", endpoint("p"), None, endpoint("md"), md_hit_tokens=48,
+        kv_codec="none", kv_bytes_per_token=0, md_computes_miss=True,
+    )  # fmt: skip
+    plan = route.plan("req", list(range(64)), SamplingSpec(), CONFIG)
+    assert plan.md_computes_miss and route.ships_kv and not route.loads_line
+    assert route.lease_keys == ["p", "md"] and route.lease_amounts == {}
+    crossing = Route(Pipeline.P_MD, "r", "c", endpoint("p"), None, endpoint("md"), kv_bytes=2048)
+    assert not crossing.plan("req", list(range(64)), SamplingSpec(), CONFIG).md_computes_miss
+    assert crossing.loads_line and len(crossing.lease_keys) == 4

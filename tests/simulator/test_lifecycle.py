@@ -224,3 +224,27 @@ def test_adaptive_relays_the_exact_kv_where_a_relay_serves_first() -> None:
     fixed = simulate(budget_rules_only(small(wan_gbps=3.0)), "pdd", two_turns()).records[0]
     assert fixed.kv_codec == "" and fixed.wan_bytes == 40 * BLOCK * KVB
     assert (first.pipeline, first.wan_bytes) == (fixed.pipeline, fixed.wan_bytes)
+
+
+def test_adaptive_has_md_compute_a_miss_no_transfer_brings_in_time() -> None:
+    """With MD allowed to compute misses (``md_recompute_max_tokens``) on a line too slow
+    for turn 1's whole KV, every relay saturated away (none in the system): MD computes
+    turn 1's 20,480 tokens itself and nothing crosses but the first token; its cache then
+    holds turn 1, so turn 2's small miss crosses exact."""
+    s = budget_rules_only(small(wan_gbps=0.5))
+    pdd = s.systems["pdd"]
+    s = s.model_copy(
+        update={
+            "systems": {**s.systems, "pdd": pdd.model_copy(update={"relay": None})},
+            "wan": s.wan.model_copy(update={"kv_codec": "adaptive"}),
+            "router": s.router.model_copy(
+                update={"ttft_budget_s": 2.0, "md_recompute_max_tokens": 32_768}
+            ),
+        }
+    )
+    first, second = simulate(s, "pdd", two_turns()).records
+    assert first.pipeline == "P-MD" and first.md_computes_miss and first.wan_bytes == 0
+    assert "KV computed at MD" in first.reason
+    assert not second.md_computes_miss and second.kv_codec == "none"
+    assert second.wan_bytes == 2 * BLOCK * KVB
+    assert first.first_token is not None and first.finish is not None

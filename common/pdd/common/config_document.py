@@ -93,6 +93,8 @@ class WanSection(_Section):
     rtt_ms: float = Field(ge=0)
     #: How P codes the KV it sends MD across the WAN (the workers' ``--kv-codec``).
     kv_codec: KVCodecSetting = NO_CODEC
+    #: Under adaptive, the most prompt tokens MD may compute itself (the router's).
+    md_recompute_max_tokens: int = Field(default=0, ge=0)
 
 
 class SloSection(_Section):

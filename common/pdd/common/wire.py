@@ -184,6 +184,10 @@ class PipelinePlan(_Wire):
     #: The codec P codes MD's KV with across the WAN, chosen by the router for this
     #: request (``spec.wan.kvCodec: adaptive``); None: the deployment's codec.
     kv_codec: KVCodec | None = None
+    #: MD computes the KV it lacks from the prompt's token IDs instead of receiving it: P
+    #: sends MD no KV, only the first token (the router's choice under
+    #: ``spec.wan.kvCodec: adaptive`` where that is sooner than any codec's transfer).
+    md_computes_miss: bool = False
 
     @model_validator(mode="after")
     def _stages_present(self) -> PipelinePlan:

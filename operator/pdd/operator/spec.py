@@ -212,6 +212,9 @@ class Wan(_Spec):
     tls: WanTls = Field(default_factory=WanTls)
     #: How P codes the KV it sends MD across the WAN (lossy but for ``none``).
     kv_codec: KVCodecSetting = NO_CODEC
+    #: Under ``adaptive``, the most prompt tokens MD may compute itself (the router's
+    #: ``--md-recompute-max-tokens``); 0: never.
+    md_recompute_max_tokens: int = Field(default=0, ge=0)
 
 
 class Workload(_Spec):

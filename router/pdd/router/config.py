@@ -142,6 +142,16 @@ class RouterConfig:
             field="wan.kvCodec",
         ),
     )
+    #: Under adaptive, the most prompt tokens MD may compute itself (PolicyConfig).
+    md_recompute_max_tokens: int = field(
+        default=0,
+        metadata=setting(
+            "under --kv-codec adaptive, the most prompt tokens MD may compute itself from "
+            "their IDs where the exact KV misses the TTFT budget and that is sooner than any "
+            "codec's transfer (0: never)",
+            field="wan.mdRecomputeMaxTokens",
+        ),
+    )
     block_size: int = field(default=16, metadata=setting("tokens per KV block (the workers')"))
     host: str = field(default="0.0.0.0", metadata=setting("address to listen on"))
     port: int = field(

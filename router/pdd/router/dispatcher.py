@@ -138,11 +138,15 @@ class Dispatcher:
             prompt_hashes=hashes,
             carried_hashes=carried,
             link_ticket=self._link_health.ticket,
-            kv_bytes=(n - route.md_hit_tokens)
-            * (route.kv_bytes_per_token or self._policy.kv_bytes_per_token),
+            kv_bytes=(n - route.md_hit_tokens) * self._kv_bytes_per_token(route),
             prefill_tokens=n - route.p_hit_tokens,
             backlog=backlog,
         )
+
+    def _kv_bytes_per_token(self, route: Route) -> int:
+        """KV bytes per token the route puts on the line (0 where MD computes its miss)."""
+        chosen = route.kv_bytes_per_token
+        return self._policy.kv_bytes_per_token if chosen is None else chosen
 
     def _route_policy(
         self,
@@ -181,6 +185,7 @@ class Dispatcher:
             relay_active=result.estimate.relay_active,
             kv_codec=result.estimate.kv_codec,
             kv_bytes_per_token=result.estimate.kv_bytes_per_token,
+            md_computes_miss=result.estimate.md_computes_miss,
         )
 
     def _route_mono(self, features: RequestFeatures, hits: dict[str, int]) -> Route:

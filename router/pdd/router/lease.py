@@ -39,7 +39,7 @@ class Lease:
         if now is not None:
             lease.dispatched_at = now
         lease.acquire(route.lease_keys, route.lease_amounts)
-        if route.ships_kv and route.prefill is not None:
+        if route.loads_line and route.prefill is not None:
             lease.transfer = estimator.commit(
                 route.kv_bytes,
                 route.prefill.instance_id,

@@ -19,6 +19,8 @@ __all__ = ["CONTENT_TYPE_LATEST", "RouterMetrics"]
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _RATIO_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
+#: ``pdd_router_kv_codec_choices``' label where MD computed its miss (no KV crossed).
+COMPUTED_AT_MD = "computed_at_md"
 
 
 class RouterMetrics:
@@ -33,7 +35,7 @@ class RouterMetrics:
         self.kv_codec_choices = Counter(
             "pdd_router_kv_codec_choices",
             "Requests whose KV crosses the WAN, by the codec the router chose for it "
-            "(spec.wan.kvCodec: adaptive)",
+            "(spec.wan.kvCodec: adaptive; computed_at_md: none crossed, MD computed it)",
             ["codec"],
             registry=r,
         )

@@ -119,6 +119,14 @@ class PolicyConfig:
     #: MD's first step in the P-MD estimate where nothing measured it (the router's link
     #: estimator learns the path's fixed cost; the simulator charges its decode step).
     md_first_step_s: float = 0.0
+    #: Under adaptive, MD may compute up to this many prompt tokens itself, from their
+    #: IDs, where the exact KV's transfer misses the budget and that is sooner than any
+    #: codec's (nothing but the first token crosses, and nothing is lost); 0: never. It
+    #: bounds the prefill a decode instance takes on beside its batch.
+    md_recompute_max_tokens: int = 0
+    #: MD's prefill throughput for that estimate; None: the chosen P's (the same model,
+    #: on hardware that may prefill slower: set it where MD's is known).
+    md_prefill_tokens_per_s: float | None = None
     weights: ChoiceWeights = field(default_factory=ChoiceWeights)
 
     @classmethod
@@ -131,6 +139,10 @@ class PolicyConfig:
             raise ValueError(f"kv_bytes_per_token must be positive, got {self.kv_bytes_per_token}")
         if self.ttft_budget_s <= 0 or self.prefill_tokens_per_s <= 0:
             raise ValueError("ttft_budget_s and prefill_tokens_per_s must be positive")
+        if self.md_recompute_max_tokens < 0:
+            raise ValueError(
+                f"md_recompute_max_tokens must be >= 0, got {self.md_recompute_max_tokens}"
+            )
         if not 0.0 <= self.relay_only_max_share <= 1.0:
             raise ValueError(
                 f"relay_only_max_share must be in [0, 1], got {self.relay_only_max_share}"
@@ -174,10 +186,16 @@ class Estimate:
     #: the KV bytes per token it puts on the WAN (None: ``kv_bytes_per_token``).
     kv_codec: KVCodec | None = None
     kv_bytes_per_token: int | None = None
+    #: MD computes its miss itself (``PipelinePlan.md_computes_miss``), in this long.
+    md_computes_miss: bool = False
+    md_compute_s: float = 0.0
 
     @property
     def md_first_token_s(self) -> float:
-        return pmd_first_token_seconds(self.prefill_s, self.transfer_s, self.rtt_s, self.md_step_s)
+        crossed = pmd_first_token_seconds(
+            self.prefill_s, self.transfer_s, self.rtt_s, self.md_step_s
+        )
+        return crossed + self.md_compute_s
 
     @property
     def after_prefill_s(self) -> float:
@@ -240,6 +258,17 @@ def decide(
         e = _estimate(request, p_hit, md, hits, link.state, config, rate, awaited, kv_bpt)
         return replace(e, rtt_s=link.state.rtt_s, md_step_s=step)
 
+    def computed_at_md() -> Estimate | None:
+        """MD computes its miss: only the first token crosses (behind the line's queue);
+        None where the miss is over ``md_recompute_max_tokens`` (or that is 0: off)."""
+        cap = config.md_recompute_max_tokens
+        e = at(0)
+        miss = n - e.md_hit_tokens
+        if cap == 0 or miss > cap:
+            return None
+        md_rate = config.md_prefill_tokens_per_s or rate
+        return replace(e, md_computes_miss=True, md_compute_s=miss / md_rate)
+
     # The deployment's codec; under adaptive the exact one (the first it chooses from).
     estimate = at(config.adaptive_codecs[0][1] if config.adaptive_codecs else None)
     if relay is not None:
@@ -260,7 +289,9 @@ def decide(
     )
     if config.adaptive_codecs and pipeline != Pipeline.P_RLD:  # nothing crosses on P-RLD
         drain_s = backlog_drain_seconds(link.state)
-        estimate, codec_note = _adaptive_codec(estimate, pipeline, at, config, drain_s)
+        estimate, codec_note = _adaptive_codec(
+            estimate, pipeline, at, computed_at_md, config, drain_s
+        )
         reason = f"{reason}; {codec_note}"
     return Decision(pipeline, assignment, reason, estimate)
 
@@ -269,16 +300,19 @@ def _adaptive_codec(
     exact: Estimate,
     pipeline: Pipeline,
     at: Callable[[int], Estimate],
+    computed_at_md: Callable[[], Estimate | None],
     config: PolicyConfig,
     drain_s: float,
 ) -> tuple[Estimate, str]:
     """Under adaptive: the codec for MD's KV on this pipeline, its estimate, and why.
 
     Exact where it fits the budget, or where a relay serves the first token on a line
-    whose backlog (``drain_s`` to carry) drains within the budget; else the least lossy
-    codec whose MD first token fits (the smallest where none does). A relayed request's
-    KV still crosses, and on a congested line every transfer queues behind it: coded,
-    it holds the line (and the relay, until MD takes over) a fraction as long."""
+    whose backlog (``drain_s`` to carry) drains within the budget; else MD computing its
+    miss where that fits (``md_recompute_max_tokens``: lossless, and it puts nothing on
+    the line), else the least lossy codec whose MD first token fits; where nothing fits,
+    the soonest of those. A relayed request's KV still crosses, and on a congested line
+    every transfer queues behind it: coded, it holds the line (and the relay, until MD
+    takes over) a fraction as long."""
     budget = config.ttft_budget_s
     none, none_bpt = config.adaptive_codecs[0]
     relayed = pipeline != Pipeline.P_MD
@@ -286,20 +320,34 @@ def _adaptive_codec(
         fits = exact.md_first_token_s <= budget
         why = f"the exact KV fits the {budget:.2f}s budget" if fits else "the relay serves first"
         return replace(exact, kv_codec=none, kv_bytes_per_token=none_bpt), f"KV coded {none}: {why}"
-    estimate, codec = exact, none
     congested = f" (the line's backlog takes {drain_s:.2f}s to drain)" if relayed else ""
+    options: list[tuple[str, Estimate]] = []
+    computed = computed_at_md()
+    if computed is not None:
+        computed = replace(
+            computed, relay_active=exact.relay_active, relay_queue_s=exact.relay_queue_s,
+            kv_codec=none, kv_bytes_per_token=0,
+        )  # fmt: skip
+        options.append(("computed at MD", computed))
+        if computed.md_first_token_s <= budget:
+            return computed, f"KV computed at MD: it fits the {budget:.2f}s budget{congested}"
     for codec, kv_bpt in config.adaptive_codecs[1:]:
-        coded = at(kv_bpt)
-        estimate = replace(
-            coded, relay_active=exact.relay_active, relay_queue_s=exact.relay_queue_s,
+        coded = replace(
+            at(kv_bpt), relay_active=exact.relay_active, relay_queue_s=exact.relay_queue_s,
             kv_codec=codec, kv_bytes_per_token=kv_bpt,
         )  # fmt: skip
-        if estimate.md_first_token_s <= budget:
+        options.append((f"coded {codec}", coded))
+        if coded.md_first_token_s <= budget:
             why = "the least lossy codec that fits"
-            return estimate, f"KV coded {codec}: {why} the {budget:.2f}s budget{congested}"
-    return estimate, (
-        f"KV coded {codec}: no codec fits the {budget:.2f}s budget, the smallest{congested}"
-    )
+            return coded, f"KV coded {codec}: {why} the {budget:.2f}s budget{congested}"
+    if computed is None:
+        label, estimate = options[-1]
+        return (
+            estimate,
+            f"KV {label}: no codec fits the {budget:.2f}s budget, the smallest{congested}",
+        )
+    label, estimate = min(options, key=lambda option: option[1].md_first_token_s)
+    return estimate, f"KV {label}: nothing fits the {budget:.2f}s budget, the soonest{congested}"
 
 
 def _estimate(
@@ -317,7 +365,7 @@ def _estimate(
     md_hit = min(hits.get(md.instance_id, 0), n) if md else 0
     p_hit = min(p_hit, n)
     miss = n - md_hit
-    kv_bpt = kv_bytes_per_token or config.kv_bytes_per_token
+    kv_bpt = config.kv_bytes_per_token if kv_bytes_per_token is None else kv_bytes_per_token
     return Estimate(
         p_hit_tokens=p_hit,
         md_hit_tokens=md_hit,

@@ -61,6 +61,8 @@ class Route:
     #: KV bytes per token on the WAN; None: the deployment's codec.
     kv_codec: KVCodec | None = None
     kv_bytes_per_token: int | None = None
+    #: MD computes its miss from the prompt's IDs (adaptive): no KV crosses the line.
+    md_computes_miss: bool = False
 
     @property
     def endpoints(self) -> list[Endpoint]:
@@ -79,15 +81,21 @@ class Route:
         return self.ships_kv and self.pipeline != Pipeline.NAIVE and shared
 
     @property
+    def loads_line(self) -> bool:
+        """KV crosses the line (not where MD computes its miss): a transfer the line's
+        backlog and the link estimator count."""
+        return self.ships_kv and not self.md_computes_miss
+
+    @property
     def lease_keys(self) -> list[str]:
         """What this route counts in flight: its instances, and the link when it ships KV."""
         keys = [e.instance_id for e in self.endpoints]
-        return [*keys, WAN_TRANSFERS, WAN_BACKLOG_KIB] if self.ships_kv else keys
+        return [*keys, WAN_TRANSFERS, WAN_BACKLOG_KIB] if self.loads_line else keys
 
     @property
     def lease_amounts(self) -> dict[str, int]:
         """Counts other than 1 a lease holds: the KiB of KV this route commits to the line."""
-        return {WAN_BACKLOG_KIB: math.ceil(self.kv_bytes / _KIB)} if self.ships_kv else {}
+        return {WAN_BACKLOG_KIB: math.ceil(self.kv_bytes / _KIB)} if self.loads_line else {}
 
     def plan(
         self,
@@ -108,6 +116,7 @@ class Route:
             catchup_threshold=config.catchup_threshold,
             main_hit_tokens=self.md_hit_tokens if self.ships_kv else None,
             kv_codec=self.kv_codec if self.ships_kv else None,
+            md_computes_miss=self.md_computes_miss and self.ships_kv,
         )
 
 

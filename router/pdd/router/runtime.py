@@ -40,6 +40,7 @@ def build_policy(config: RouterConfig) -> PolicyConfig:
         anomalous_min_input_tokens=config.anomalous_min_input_tokens,
         anomalous_output_tokens_below=config.anomalous_output_tokens_below,
         retry_after_s=config.retry_after_s,
+        md_recompute_max_tokens=config.md_recompute_max_tokens,
     )
 
 

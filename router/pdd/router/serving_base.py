@@ -30,6 +30,7 @@ from pdd.router.errors import (
     RouterError,
 )
 from pdd.router.generation import Generation, TokenLogprobEntry
+from pdd.router.metrics import COMPUTED_AT_MD
 from pdd.router.route import Route
 from pdd.router.runtime import RouterRuntime
 from pdd.router.samples import Samples
@@ -204,7 +205,9 @@ class OpenAIServing:
         m = self.runtime.metrics
         m.requests.labels(route.pipeline, route.reason_code).inc()
         if route.kv_codec is not None and route.ships_kv:
-            m.kv_codec_choices.labels(route.kv_codec).inc()
+            m.kv_codec_choices.labels(
+                COMPUTED_AT_MD if route.md_computes_miss else route.kv_codec
+            ).inc()
         if route.prefill is not None:
             m.prefix_hit_ratio.labels("prefill").observe(route.p_hit_tokens / prompt_tokens)
         if route.main is not None:

@@ -144,7 +144,18 @@ class Cluster:
             relay_only_max_share=r.relay_only_max_share,
             idle_relay_min_transfer_s=r.idle_relay_min_transfer_s,
             retry_after_s=r.retry_after_s,
+            md_recompute_max_tokens=r.md_recompute_max_tokens,
+            md_prefill_tokens_per_s=self._md_prefill_tokens_per_s(),
         )
+
+    def _md_prefill_tokens_per_s(self) -> float | None:
+        """MD's full-chunk prefill throughput on its own hardware, for the policy's estimate
+        of MD computing its miss (None without an MD pool: the policy takes P's)."""
+        main = self.spec.main
+        if main is None:
+            return None
+        chunk = self.spec.prefill.max_num_batched_tokens
+        return self.scenario.shape(main).prefill_tokens_per_s(chunk)
 
     def coded_bytes_per_token(self, codec: KVCodec) -> int:
         """A token's KV on the WAN under ``codec``: the model's KV (bf16), as the workers'

@@ -56,6 +56,7 @@ class RequestRecord:
     retries: int = 0
     lost: bool = False  # refused more than max_retries times
     kv_codec: str = ""  # the codec the router chose for MD's KV (adaptive), "" none chosen
+    md_computes_miss: bool = False  # MD computed its miss (adaptive): no KV crossed
     wan_kv_bytes_per_token: int = 0  # MD's KV on the WAN per token, as coded
     p_hit_tokens: int = 0
     md_hit_tokens: int = 0
@@ -89,11 +90,13 @@ def serve(c: Cluster, req: SimRequest, rec: RequestRecord) -> Proc:
     c.traffic.record(pipeline == Pipeline.P_RLD, req.input_tokens)
     rec.pipeline, rec.reason = pipeline.value, decision.reason
     rec.kv_codec = decision.estimate.kv_codec or ""
+    chosen_bpt = decision.estimate.kv_bytes_per_token
     rec.wan_kv_bytes_per_token = (  # the same-datacenter baseline's KV is never coded
-        (decision.estimate.kv_bytes_per_token or c.wan_kv_bytes_per_token)
+        (c.wan_kv_bytes_per_token if chosen_bpt is None else chosen_bpt)
         if c.wan is not None
         else c.kv_bytes_per_token
     )
+    rec.md_computes_miss = decision.estimate.md_computes_miss
     p = c.by_id[decision.instances.prefill]
     n = req.input_tokens
     rec.p_hit_tokens = min(decision.estimate.p_hit_tokens, n - 1)
@@ -110,7 +113,11 @@ def serve(c: Cluster, req: SimRequest, rec: RequestRecord) -> Proc:
     kv_at_md = None
     if pipeline != Pipeline.P_RLD:
         miss = n - rec.md_hit_tokens
-        kv_at_md = c.env.process(_stream_kv(c, rec, miss, p.max_num_batched_tokens, job, transfer))
+        if rec.md_computes_miss:
+            kv_at_md = c.env.process(_md_computes(c, rec, miss, job, md))
+        else:
+            chunk = p.max_num_batched_tokens
+            kv_at_md = c.env.process(_stream_kv(c, rec, miss, chunk, job, transfer))
     yield job.done
     if p.cache is not None:
         p.cache.insert(req.keys)
@@ -125,8 +132,8 @@ def serve(c: Cluster, req: SimRequest, rec: RequestRecord) -> Proc:
 
 def _commit(c: Cluster, req: SimRequest, rec: RequestRecord, pipeline: Pipeline) -> Transfer | None:
     """The router commits MD's miss to the WAN line at dispatch, as the live one does."""
-    if c.wan is None or pipeline == Pipeline.P_RLD:
-        return None
+    if c.wan is None or pipeline == Pipeline.P_RLD or rec.md_computes_miss:
+        return None  # nothing crosses, or nothing but the first token
     nbytes = (req.input_tokens - rec.md_hit_tokens) * rec.wan_kv_bytes_per_token
     prefill_tokens = req.input_tokens - rec.p_hit_tokens
     return c.link_estimator.commit(nbytes, "", prefill_tokens, c.env.now)
@@ -167,6 +174,17 @@ def _stream_kv(
         yield _send_kv(c, rec, tokens - tail, None)
     yield job.done
     yield _send_kv(c, rec, tail, transfer)
+
+
+def _md_computes(
+    c: Cluster, rec: RequestRecord, tokens: int, job: PrefillJob, md: DecodeInstance
+) -> Proc:
+    """MD computes its miss (``PipelinePlan.md_computes_miss``): P's first token crosses
+    once P's prefill is done, then MD prefills ``tokens`` on its own hardware (its
+    batch's steps are not charged for it: a bound on what the choice costs MD)."""
+    yield job.done
+    yield _send_kv(c, rec, 0, None)
+    yield c.env.timeout(md.shape.prefill_seconds(tokens, rec.md_hit_tokens))
 
 
 def _relay_only(c: Cluster, req: SimRequest, rec: RequestRecord, rld) -> Proc:

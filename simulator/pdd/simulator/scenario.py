@@ -125,6 +125,11 @@ class RouterSpec(_Spec):
         gt=0,
         description="an idle relay takes a transfer this long or longer; null: never",
     )
+    md_recompute_max_tokens: int = Field(
+        PolicyConfig.default_of("md_recompute_max_tokens"),
+        ge=0,
+        description="adaptive: the most prompt tokens MD may compute itself; 0: never",
+    )
     traffic_window_s: float = Field(60.0, gt=0)
     retry_after_s: float = Field(PolicyConfig.default_of("retry_after_s"), gt=0)
     max_retries: int = Field(30, ge=0, description="a request refused this often is lost")

@@ -110,6 +110,7 @@ def build_worker_config(spec: PDDSpec, owner: Owner, site: Site) -> ConfigDocume
             declared_gbps=spec.wan.declared_gbps,
             rtt_ms=spec.wan.rtt_ms,
             kv_codec=spec.wan.kv_codec,
+            md_recompute_max_tokens=spec.wan.md_recompute_max_tokens,
         ),
         slo=SloSection(ttft_p99_ms=spec.slo.ttft_p99_ms, tpot_ms=spec.slo.tpot_ms),
         handoff=HandoffSection(

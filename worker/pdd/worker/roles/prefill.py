@@ -369,13 +369,15 @@ class PrefillRole(RoleBase):
         prefill: asyncio.Future[Prefilled], codec: KVCodec,
     ) -> bool:  # fmt: skip
         """Send the receiver's miss as the prefill writes it, then the first token; True
-        when it imported all of it.
+        when it imported all of it. Where MD computes its miss (``md_computes_miss``) only
+        the first token goes.
 
         Across the WAN with a predicted hit the KV starts from the receiver's answer if it
         already came, else from the prediction; chunks the answer shows it holds are then
         skipped, and what it lacks below the prediction (the gap) follows the rest."""
         rid, n = plan.request_id, len(plan.prompt_ids)
         predicted = plan.main_hit_tokens if target.wan else None
+        computes = target.wan and plan.md_computes_miss  # MD computes its miss: no KV
         if predicted is None and not await self._answered(plan, target, channel, answer):
             return False
         try:
@@ -383,10 +385,11 @@ class PrefillRole(RoleBase):
             start = min(predicted or 0, n) if start is None else start
             clock = _ShipClock()
             send = _Sending(rid, target, channel, answer, codec, clock, prefill)
-            await self._send_kv(send, start, n)
+            if not computes:
+                await self._send_kv(send, start, n)
             prefilled = await asyncio.shield(prefill)
             hit = await asyncio.shield(answer)
-            if hit < start:  # MD holds less than predicted: it lacks [hit, start)
+            if hit < start and not computes:  # MD holds less than predicted: [hit, start)
                 await self._send_kv(send, hit, start)
             logprobs = prefilled.first_logprobs
             done = {
