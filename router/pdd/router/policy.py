@@ -46,10 +46,10 @@ it, so there it is coded as a P-MD one would be. A codec is also chosen where P-
 serves although its exact KV misses the budget (every relay saturated, the relay's queue
 longer than the transfer it would hide, no relay for a doubted line): the least lossy of
 ``adaptive_codecs`` whose MD first token fits, int4 only where int8 does not, the
-smallest where none does. Coding to fit instead of relaying would put first tokens a
-hair under the budget at an estimate of the line that lags a throttle by seconds, so
-they overran it; and it would code requests on a healthy line, whose lossy KV then
-deviates from an exact run.
+soonest where none does (int4, the smallest, or MD computing). Coding to fit instead
+of relaying would put first tokens a hair under the budget at an estimate of the line
+that lags a throttle by seconds, so they overran it; and it would code requests on a
+healthy line, whose lossy KV then deviates from an exact run.
 
 A **doubted line** (``LinkView.doubt``: a transfer over it failed lately, see
 ``pdd.router.link_health``) turns rule 1's P-MD into P-RLD-MD where a relay has room:
@@ -262,9 +262,11 @@ def decide(
         """MD computes its miss: only the first token crosses (behind the line's queue);
         None where the miss is over ``md_recompute_max_tokens`` (or that is 0: off)."""
         cap = config.md_recompute_max_tokens
+        if cap == 0:
+            return None
         e = at(0)
         miss = n - e.md_hit_tokens
-        if cap == 0 or miss > cap:
+        if miss > cap:
             return None
         md_rate = config.md_prefill_tokens_per_s or rate
         return replace(e, md_computes_miss=True, md_compute_s=miss / md_rate)
@@ -340,12 +342,6 @@ def _adaptive_codec(
         if coded.md_first_token_s <= budget:
             why = "the least lossy codec that fits"
             return coded, f"KV coded {codec}: {why} the {budget:.2f}s budget{congested}"
-    if computed is None:
-        label, estimate = options[-1]
-        return (
-            estimate,
-            f"KV {label}: no codec fits the {budget:.2f}s budget, the smallest{congested}",
-        )
     label, estimate = min(options, key=lambda option: option[1].md_first_token_s)
     return estimate, f"KV {label}: nothing fits the {budget:.2f}s budget, the soonest{congested}"
 
