@@ -6,6 +6,7 @@ import pytest
 
 from pdd.common.block_hash import block_hashes
 from pdd.common.cost_model import LinkState, pmd_first_token_seconds, wan_transfer_seconds
+from pdd.common.kv_codec import ADAPTIVE_MD_RECOMPUTE_MAX_TOKENS
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.router.fleet import Fleet
 from pdd.router.instance_choice import InstanceLoad
@@ -494,8 +495,24 @@ def test_md_computes_a_relayed_miss_rather_than_coding_it_on_a_congested_line():
     assert "KV computed at MD" in d.reason and "to drain" in d.reason
 
 
-def test_md_recompute_is_off_by_default():
-    assert PolicyConfig.default_of("md_recompute_max_tokens") == 0
+@pytest.mark.parametrize(("miss", "computed"), [(4096, True), (4097, False)])
+def test_under_adaptive_md_computes_a_miss_of_up_to_4096_tokens_by_default(miss, computed):
+    """The default cap: at 0.1 Gbit/s no codec brings a 4,096-token miss in within the
+    2 s budget (int4's quarter of 205 MB takes 4.1 s), MD computing it at P's 10,000
+    tokens/s does (0.41 s); one token more goes to the codecs (int4: the soonest)."""
+    assert PolicyConfig.default_of("md_recompute_max_tokens") == 4096
+    assert ADAPTIVE.md_recompute_max_tokens == ADAPTIVE_MD_RECOMPUTE_MAX_TOKENS
+    link = LinkState(declared_gbps=0.1, rtt_ms=30)
+    full = fleet(rld=("rld0", 8, 8))
+    hits = {"p0": miss + 1000, "md0": 1000}
+    d = run(req(miss + 1000), hits, link=link, instances=full, config=ADAPTIVE)
+    assert d.estimate.md_computes_miss == computed
+    assert d.estimate.kv_codec == ("none" if computed else "int4")
+    if computed:
+        assert d.estimate.md_compute_s == pytest.approx(miss / 10_000)
+
+
+def test_a_negative_md_recompute_cap_is_refused():
     with pytest.raises(ValueError, match="md_recompute_max_tokens"):
         replace(ADAPTIVE, md_recompute_max_tokens=-1)
 

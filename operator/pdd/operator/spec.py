@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from pdd.common.config_document import EngineSettings
-from pdd.common.kv_codec import NO_CODEC, KVCodecSetting
+from pdd.common.kv_codec import ADAPTIVE_MD_RECOMPUTE_MAX_TOKENS, NO_CODEC, KVCodecSetting
 
 
 class _Spec(BaseModel):
@@ -214,7 +214,7 @@ class Wan(_Spec):
     kv_codec: KVCodecSetting = NO_CODEC
     #: Under ``adaptive``, the most prompt tokens MD may compute itself (the router's
     #: ``--md-recompute-max-tokens``); 0: never.
-    md_recompute_max_tokens: int = Field(default=0, ge=0)
+    md_recompute_max_tokens: int = Field(default=ADAPTIVE_MD_RECOMPUTE_MAX_TOKENS, ge=0)
 
 
 class Workload(_Spec):

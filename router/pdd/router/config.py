@@ -20,6 +20,7 @@ from pdd.common.gguf_file import GGUFModelFile, gguf_checkpoint
 from pdd.common.kv_codec import (
     ADAPTIVE,
     ADAPTIVE_CODECS,
+    ADAPTIVE_MD_RECOMPUTE_MAX_TOKENS,
     KV_CODEC_SETTINGS,
     NO_CODEC,
     KVCodec,
@@ -136,15 +137,16 @@ class RouterConfig:
     kv_codec: KVCodecSetting = field(
         default=NO_CODEC,
         metadata=setting(
-            "how P codes the KV it sends MD (adaptive: per request, the least lossy of none, "
-            "int8, int4 whose transfer fits the TTFT budget on the live link)",
+            "how P codes the KV it sends MD (adaptive: per request, the exact KV where it "
+            "fits the TTFT budget on the live link, else MD computing a miss of up to "
+            "--md-recompute-max-tokens, else the least lossy of int8, int4 that fits)",
             choices=KV_CODEC_SETTINGS,
             field="wan.kvCodec",
         ),
     )
     #: Under adaptive, the most prompt tokens MD may compute itself (PolicyConfig).
     md_recompute_max_tokens: int = field(
-        default=0,
+        default=ADAPTIVE_MD_RECOMPUTE_MAX_TOKENS,
         metadata=setting(
             "under --kv-codec adaptive, the most prompt tokens MD may compute itself from "
             "their IDs where the exact KV misses the TTFT budget and that is sooner than any "

@@ -44,9 +44,11 @@ would only cost precision), unless the line is congested (its backlog takes long
 the budget to drain): a relayed KV still crosses and every later transfer queues behind
 it, so there it is coded as a P-MD one would be. A codec is also chosen where P-MD
 serves although its exact KV misses the budget (every relay saturated, the relay's queue
-longer than the transfer it would hide, no relay for a doubted line): the least lossy of
-``adaptive_codecs`` whose MD first token fits, int4 only where int8 does not, the
-soonest where none does (int4, the smallest, or MD computing). Coding to fit instead
+longer than the transfer it would hide, no relay for a doubted line): MD computing its
+miss from the prompt's IDs where that fits and the miss is at most
+``md_recompute_max_tokens`` (lossless), else the least lossy of ``adaptive_codecs``
+whose MD first token fits, int4 only where int8 does not, the soonest where none does
+(int4, the smallest, or MD computing). Coding to fit instead
 of relaying would put first tokens a hair under the budget at an estimate of the line
 that lags a throttle by seconds, so they overran it; and it would code requests on a
 healthy line, whose lossy KV then deviates from an exact run.
@@ -72,7 +74,7 @@ from pdd.common.cost_model import (
     pmd_first_token_seconds,
     wan_transfer_seconds,
 )
-from pdd.common.kv_codec import KVCodec
+from pdd.common.kv_codec import ADAPTIVE_MD_RECOMPUTE_MAX_TOKENS, KVCodec
 from pdd.common.vocabulary import Pipeline
 from pdd.router.fleet import Fleet
 from pdd.router.instance_choice import (
@@ -123,7 +125,7 @@ class PolicyConfig:
     #: IDs, where the exact KV's transfer misses the budget and that is sooner than any
     #: codec's (nothing but the first token crosses, and nothing is lost); 0: never. It
     #: bounds the prefill a decode instance takes on beside its batch.
-    md_recompute_max_tokens: int = 0
+    md_recompute_max_tokens: int = ADAPTIVE_MD_RECOMPUTE_MAX_TOKENS
     #: MD's prefill throughput for that estimate; None: the chosen P's (the same model,
     #: on hardware that may prefill slower: set it where MD's is known).
     md_prefill_tokens_per_s: float | None = None

@@ -157,7 +157,8 @@ async def test_the_adaptive_router_names_its_codec_in_the_plan_reason_and_counte
     line does), on a line declared too slow for the exact KV of a new 200-token prompt
     within the budget (0.33 s at 0.01 Gbit/s against 0.2 s), but not for int8's: it codes
     that prompt int8, and says so in the reason (the ``x-pdd-reason`` header's text) and
-    the labelled counter (with a relay it would relay the exact KV: test_policy). A
+    the labelled counter (with a relay it would relay the exact KV: test_policy; MD,
+    left to compute misses, would compute this one: test_md_computes_miss). A
     short conversation's KV fits exact, and its next turn's few new tokens too (MD
     holds the first turn).
     The coded turn left nothing in MD's cache, and the router's index knows it: its
@@ -170,7 +171,7 @@ async def test_the_adaptive_router_names_its_codec_in_the_plan_reason_and_counte
     new_tokens = avdp.prompts(1, seed=87, lo=8, hi=9)[0]
     async with avdp.cluster.router(
         workers, kv_codec="adaptive", link_gbps=0.01, link_rtt_ms=4.0, ttft_budget_s=0.2,
-        prefill_tokens_per_s=1e6, static_link_view=True,
+        prefill_tokens_per_s=1e6, static_link_view=True, md_recompute_max_tokens=0,
     ) as rt:  # fmt: skip
         serving = OpenAIServing(rt)
         first = await complete(serving, rt, short)
@@ -190,6 +191,30 @@ async def test_the_adaptive_router_names_its_codec_in_the_plan_reason_and_counte
         }
         assert choices["none"] == 2 and choices["int8"] + choices["int4"] == 2
         assert choices[after.route.kv_codec] >= 1
+    await avdp.assert_quiescent()
+
+
+async def test_the_adaptive_router_has_md_compute_a_small_miss_by_default(avdp) -> None:
+    """The same router and line with MD computing left at its default (misses of up to
+    4,096 tokens): the long prompt's exact KV misses the budget, and MD computing its
+    200 tokens (at the declared 1,000,000 tokens/s) fits it, so no codec is used. The
+    route, its reason and the counter say so; P puts no KV on the line, and the tokens
+    are mono's."""
+    workers = ((Role.PREFILL, "p"), (Role.MAIN, "md"))
+    long = avdp.prompts(1, seed=86, lo=200, hi=201)[0]
+    [expected] = await run_greedy(avdp, [long], "a-ref", "mono", main="mono")
+    delta = avdp.counters("p")
+    async with avdp.cluster.router(
+        workers, kv_codec="adaptive", link_gbps=0.01, link_rtt_ms=4.0, ttft_budget_s=0.2,
+        prefill_tokens_per_s=1e6, static_link_view=True,
+    ) as rt:  # fmt: skip
+        computed = await complete(OpenAIServing(rt), rt, long)
+        assert computed.route.md_computes_miss and computed.route.kv_bytes == 0
+        assert "KV computed at MD" in computed.route.reason
+        assert computed.token_ids == expected
+        metrics = flatten(rt.metrics.render().decode())
+        assert metrics.get('pdd_router_kv_codec_choices_total{codec="computed_at_md"}') == 1
+    assert delta("p", "pdd_worker_wan_kv_bytes") == 0
     await avdp.assert_quiescent()
 
 
