@@ -176,15 +176,12 @@ pdd_router_link_backlog_bytes{link="wan"} 2048
 pdd_router_relay_slot_seconds 0.04
 pdd_router_prefill_tokens_per_second{worker="p0"} 900
 pdd_router_prefill_tokens_per_second{worker="p1"} 1200
-pdd_router_md_prefill_tokens_per_second{worker="md0"} 700
-pdd_router_md_prefill_tokens_per_second{worker="md1"} 400
 """
 
 
 def test_the_router_link_view_is_sampled_beside_the_replay_and_plotted(tmp_path):
     """On the virtual clock: one sample each half second until stopped, what the router's
-    gauges say (the slowest P's and MD's rates; no measured rate reads as None), and a
-    plot."""
+    gauges say (the slowest P's rate; no measured rate reads as None), and a plot."""
     scrapes = [flatten(ROUTER_METRICS), {"pdd_router_relay_slot_seconds": 0.0}]
 
     async def main():
@@ -206,9 +203,7 @@ def test_the_router_link_view_is_sampled_beside_the_replay_and_plotted(tmp_path)
     first, later = series[0], series[1]
     assert (first["goodput_gbps"], first["backlog_bytes"]) == (0.005, 2048)
     assert (first["relay_slot_s"], first["prefill_tokens_per_s"]) == (0.04, 900)
-    assert first["md_prefill_tokens_per_s"] == 400
     assert later["prefill_tokens_per_s"] is None and later["goodput_gbps"] == 0
-    assert later["md_prefill_tokens_per_s"] is None
     ran = [{"phase": {"start_s": 0.0, "gbps": 0.05}, "began_s": 0.0, "ended_s": 0.5},
            {"phase": {"start_s": 0.5, "gbps": None}, "began_s": 0.5, "ended_s": None}]  # fmt: skip
     run = ModeRun("pdd", [], 1.2, link_phases=ran, link_view=series)

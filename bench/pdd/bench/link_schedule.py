@@ -201,18 +201,15 @@ def router_pipelines(client: httpx.AsyncClient, router_url: str) -> ReadPipeline
 def link_view(samples: Samples) -> dict[str, float | None]:
     """The router's view of the line in one scrape (``pdd.common.link_estimator``): the
     goodput and backlog it decides on, what a request on the relay adds to a relayed
-    first token, the slowest P's prefill rate (None: none measured, the prior holds), the
-    slowest MD's rate computing its own miss (adaptive; None: none measured, P's holds);
+    first token, the slowest P's prefill rate (None: none measured, the prior holds);
     and this machine's 1-minute load average, which these times depend on."""
     rates = by_label(samples, "pdd_router_prefill_tokens_per_second", "worker")
-    md_rates = by_label(samples, "pdd_router_md_prefill_tokens_per_second", "worker")
     goodput = by_label(samples, "pdd_router_link_goodput_bytes_per_second", "link")
     return {
         "goodput_gbps": sum(goodput.values()) * 8 / 1e9,
         "backlog_bytes": sum(by_label(samples, "pdd_router_link_backlog_bytes", "link").values()),
         "relay_slot_s": samples.get("pdd_router_relay_slot_seconds", 0.0),
         "prefill_tokens_per_s": min(rates.values(), default=None),
-        "md_prefill_tokens_per_s": min(md_rates.values(), default=None),
         "load_1m": os.getloadavg()[0],
     }
 

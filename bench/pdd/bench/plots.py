@@ -106,18 +106,16 @@ def _shade_phases(ax: Any, phases: Sequence[dict[str, Any]], end: float) -> None
 
 def link_view_over_time(runs: Sequence[ModeRun], path: Path) -> None:
     """What each router decided on, over the run: the line's goodput, the relay's queue
-    per request ahead, P's prefill rate and MD's computing its own miss (the live view
-    learns them; the static view holds the declared goodput and learns nothing), the
-    phases shaded."""
+    per request ahead, and P's prefill rate (the live view learns them; the static view
+    holds the declared goodput and learns nothing), the phases shaded."""
     plt = pyplot()
-    fig, axes = plt.subplots(4, 1, figsize=(10, 10), sharex=True)
+    fig, axes = plt.subplots(3, 1, figsize=(10, 7.5), sharex=True)
     phases = next((r.link_phases for r in runs if r.link_phases), [])
     end = max((v["t"] or 0.0 for r in runs for v in r.link_view), default=0.0)
     rows = (
         ("goodput_gbps", "goodput (Gbit/s)", True),
         ("relay_slot_s", "relay queue per request (s)", False),
         ("prefill_tokens_per_s", "P prefill (tokens/s)", True),
-        ("md_prefill_tokens_per_s", "MD computing its miss (tokens/s)", True),
     )
     for ax, (key, label, log) in zip(axes, rows, strict=True):
         _shade_phases(ax, phases, end)
