@@ -335,25 +335,6 @@ def test_prefill_throughput_per_instance():
     assert e.prefill_tokens_per_s("p1") == 1000
 
 
-def test_mds_throughput_computing_its_miss_is_learnt_from_ps():
-    """MD's own timing of the misses it computes: P's rate is the prior (the same
-    model), each sample moves MD's toward what it took; a small miss is no sample, and
-    a time under a quarter of P's per token is noise."""
-    e = estimator()
-    assert e.md_prefill_rates() == {}
-    e.md_compute_seen("md0", 1000, seconds=4.0, prefill_id="p0")  # 250 tokens/s
-    e.md_compute_seen("md1", MIN_PREFILL_SAMPLE_TOKENS - 1, seconds=100.0, prefill_id="p0")
-    e.md_compute_seen("md2", 1000, seconds=0.0, prefill_id="p0")
-    rates = e.md_prefill_rates()
-    assert set(rates) == {"md0", "md2"}
-    assert 1 / rates["md0"] == pytest.approx(1 / 1000 + GAIN * (4 / 1000 - 1 / 1000))
-    assert 1 / rates["md2"] == pytest.approx(1 / 1000 + GAIN * (1 / 4000 - 1 / 1000))
-    for _ in range(40):
-        e.md_compute_seen("md0", 1000, seconds=4.0, prefill_id="p0")
-    assert e.md_prefill_rates()["md0"] == pytest.approx(250, rel=1e-3)
-    assert e.prefill_tokens_per_s("p0") == 1000  # P's own rate is not MD's
-
-
 def test_a_prefills_fixed_cost_is_not_read_as_a_slow_p():
     """Every prefill pays 0.1 s whatever its size (the hop to the relay, its first step):
     the small ones measure it, and a 1,000-token one in 1.1 s is P's 1,000 tokens/s."""
@@ -412,10 +393,8 @@ def test_a_frozen_view_counts_the_backlog_and_learns_nothing():
     e.landed(t, now=60.0)
     e.prefill_seen("p0", 1000, seconds=60.0)
     e.prefill_seen("p0", 1000, seconds=60.0, relay_active=3)
-    e.md_compute_seen("md0", 1000, seconds=60.0, prefill_id="p0")
     e.shipped(e.commit(MB, "p0", 0, now=0.0), MB, seconds=60.0, now=61.0)
     assert e.link().measured_goodput_gbps is None and e.relay_slot_s == 0.0
     assert e.backlog == Backlog()
     assert e.link().effective_gbps == 0.08
     assert e.prefill_rates() == {} and e.prefill_tokens_per_s("p0") == 1000
-    assert e.md_prefill_rates() == {}

@@ -484,21 +484,6 @@ def test_where_nothing_fits_the_soonest_way_goes(md_rate, computed):
     assert d.estimate.md_first_token_s == pytest.approx(2.73 if computed else 4.03, abs=0.01)
 
 
-def test_a_measured_md_rate_outweighs_the_configured_one():
-    """The case above where MD computing at 8,000 tokens/s is the soonest: measured at
-    5,000 (decode hardware that prefills slower) int4 goes."""
-    config = replace(RECOMPUTE, md_prefill_tokens_per_s=8_000)
-    link = LinkState(declared_gbps=0.5, rtt_ms=30)
-    full = fleet(rld=("rld0", 8, 8))
-    hits = {"p0": 20_000, "md0": 2_000}
-    view = LinkView(link, md_prefill_rates={"md0": 5_000})
-    d = decide(req(22_000), hits, full, view, QUIET, config)
-    assert isinstance(d, Decision) and not d.estimate.md_computes_miss
-    assert d.estimate.kv_codec == "int4"
-    other = LinkView(link, md_prefill_rates={"md1": 5_000})  # another MD's rate
-    assert decide(req(22_000), hits, full, other, QUIET, config).estimate.md_computes_miss
-
-
 def test_md_computes_a_relayed_miss_rather_than_coding_it_on_a_congested_line():
     """A relay serves first and the line's backlog takes 2.1 s to drain (the congested
     case of the test above, which codes the KV int4): MD computing the miss puts nothing

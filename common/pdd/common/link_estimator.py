@@ -103,15 +103,6 @@ What it keeps, and where each number comes from:
   also hold the relay's own queue, which is not P's and which the relay's estimate
   carries instead (next item). Without that split, a loaded relay reads as a slow P,
   every P-MD estimate grows, more requests relay, and the relay loads further.
-- **MD's prefill throughput per MD instance**, where MD computes its miss from the
-  prompt's IDs (``PipelinePlan.md_computes_miss``): the same model, but decode
-  hardware may prefill slower than P's, and the policy trusts this rate to choose it.
-  Its prior is P's; a P-MD request whose MD computed at least
-  ``MIN_PREFILL_SAMPLE_TOKENS`` samples it: MD times it itself, from P's first token
-  reaching it to the output of the step that computed the miss
-  (``TokenEvent.md_compute_s``), so no wait on the line is in it, while MD's queue (the
-  step it was in, the decodes its steps carry beside the miss) is, as the TTFT estimate
-  needs.
 - **The relay's queue**: the seconds each request already on the relay adds to a new
   relayed request's first token, sampled from the requests dispatched to a busy relay
   (their time beyond P's estimated prefill, per request ahead of them). The policy
@@ -207,8 +198,6 @@ class LinkEstimator:
         self._prefill_spt: dict[str, float] = {}
         #: Per P: the seconds a prefill takes whatever its size (see the docstring).
         self._prefill_fixed_s: dict[str, float] = {}
-        #: Per MD: seconds per token where it computes its miss (see the docstring).
-        self._md_spt: dict[str, float] = {}
         self._own = Backlog()
         self.goodput_samples = 0
         #: The P-MD path's measured fixed cost beyond prefill and one RTT (seconds).
@@ -260,13 +249,6 @@ class LinkEstimator:
         if self.frozen:
             return {}
         return {p: 1.0 / spt for p, spt in self._prefill_spt.items()}
-
-    def md_prefill_rates(self) -> Mapping[str, float]:
-        """Measured tokens/s per MD instance where it computes its miss (empty when frozen
-        or none measured)."""
-        if self.frozen:
-            return {}
-        return {md: 1.0 / spt for md, spt in self._md_spt.items()}
 
     def commit(
         self, nbytes: int, prefill_id: str, prefill_tokens: int, now: float,
@@ -449,18 +431,6 @@ class LinkEstimator:
         spt = self._prefill_spt.get(instance_id, self._prefill_prior_spt)
         sample = max(floor, (seconds - fixed) / tokens)
         self._prefill_spt[instance_id] = spt + GAIN * (sample - spt)
-
-    def md_compute_seen(self, main_id: str, tokens: int, seconds: float, prefill_id: str) -> None:
-        """MD computed a miss of ``tokens`` in ``seconds`` (its own timing); the request's
-        P (``prefill_id``) gives the prior: the same model."""
-        if self.frozen or tokens < MIN_PREFILL_SAMPLE_TOKENS:
-            return
-        p_spt = 1.0 / self.prefill_tokens_per_s(prefill_id)
-        # Never faster than MAX_OVER_DECLARED x P: a step that ended as the token came is
-        # noise, not an infinitely fast MD.
-        sample = max(p_spt / MAX_OVER_DECLARED, seconds / tokens)
-        spt = self._md_spt.get(main_id, p_spt)
-        self._md_spt[main_id] = spt + GAIN * (sample - spt)
 
 
 def _seconds_per_byte(gbps: float) -> float:

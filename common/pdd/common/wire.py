@@ -284,11 +284,6 @@ class TokenEvent(_Wire):
     kv_shipped: KVShipment | None = None
     cached_tokens: int | None = Field(default=None, ge=0)
     md_hit_tokens: int | None = Field(default=None, ge=0)
-    #: On MD's first event of a P-MD request whose miss it computed itself
-    #: (``PipelinePlan.md_computes_miss``): seconds from the first token's arrival to the
-    #: output of the step that computed the miss (its queue included). The router learns
-    #: MD's prefill throughput from it (``LinkEstimator.md_compute_seen``).
-    md_compute_s: float | None = Field(default=None, ge=0)
     #: On token events of a request that asked for logprobs (``SamplingSpec.logprobs``).
     logprobs: TokenLogprobs | None = None
 

@@ -164,7 +164,6 @@ class Dispatcher:
             link,
             doubt=doubt,
             prefill_rates=self._estimator.prefill_rates(),
-            md_prefill_rates=self._estimator.md_prefill_rates(),
             relay_slot_s=self._estimator.relay_slot_s,
             awaited_bytes=awaited or {},
             md_step_s=self._estimator.overhead_s,

@@ -237,8 +237,6 @@ class Generation:
                         self._lease.release(self.plan.prefill.instance_id)
                     if relay_id is not None and event.source == relay_id:
                         self._prefill_seen(now)
-                    if event.md_compute_s is not None:
-                        self._md_compute_seen(event, event.md_compute_s)
                 else:
                     rt.metrics.itl.observe(now - last)
                 if self.plan.main is not None and event.source == self.plan.main.instance_id:
@@ -290,16 +288,6 @@ class Generation:
             now - self._lease.dispatched_at,
             self.route.relay_active,
         )
-
-    def _md_compute_seen(self, event: TokenEvent, seconds: float) -> None:
-        """MD computed its miss (beyond its real hit, where its event says) in
-        ``seconds``."""
-        assert self.plan.prefill is not None  # a route where MD computes starts at P
-        hit = self.route.md_hit_tokens if event.md_hit_tokens is None else event.md_hit_tokens
-        self.runtime.link_estimator.md_compute_seen(
-            event.source, len(self.plan.prompt_ids) - hit, seconds,
-            self.plan.prefill.instance_id,
-        )  # fmt: skip
 
     def _kv_shipped(self, lease: Lease, route: Route, shipment: KVShipment) -> None:
         """P reports MD imported the KV, with the line's time for it: the goodput sample

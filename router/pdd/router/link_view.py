@@ -26,9 +26,6 @@ class LinkView:
     #: Measured prefill tokens/s per P instance (the policy's configured rate for one
     #: not in it): how long P's miss takes, which the transfer races.
     prefill_rates: Mapping[str, float] = field(default_factory=dict)
-    #: Measured tokens/s per MD instance where it computes its miss (the policy's
-    #: ``md_prefill_tokens_per_s``, else P's rate, for one not in it).
-    md_prefill_rates: Mapping[str, float] = field(default_factory=dict)
     #: Seconds each request already on the relay adds to a relayed request's first
     #: token (the link estimator's ``relay_slot_s``; 0: none measured).
     relay_slot_s: float = 0.0

@@ -142,12 +142,6 @@ class RouterMetrics:
             ["worker"],
             registry=r,
         )
-        self.md_prefill_rate = Gauge(
-            "pdd_router_md_prefill_tokens_per_second",
-            "MD's throughput computing its own miss, as measured (kvCodec adaptive)",
-            ["worker"],
-            registry=r,
-        )
         self.instances_ready = Gauge(
             "pdd_router_instances_ready", "Workers answering their polls", ["role"], registry=r
         )

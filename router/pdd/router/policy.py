@@ -126,8 +126,8 @@ class PolicyConfig:
     #: codec's (nothing but the first token crosses, and nothing is lost); 0: never. It
     #: bounds the prefill a decode instance takes on beside its batch.
     md_recompute_max_tokens: int = ADAPTIVE_MD_RECOMPUTE_MAX_TOKENS
-    #: MD's prefill throughput for that estimate until the router has measured it (the
-    #: link view's ``md_prefill_rates``); None: the chosen P's (the same model).
+    #: MD's prefill throughput for that estimate; None: the chosen P's (the same model,
+    #: on hardware that may prefill slower: set it where MD's is known).
     md_prefill_tokens_per_s: float | None = None
     weights: ChoiceWeights = field(default_factory=ChoiceWeights)
 
@@ -270,8 +270,7 @@ def decide(
         miss = n - e.md_hit_tokens
         if miss > cap:
             return None
-        measured = link.md_prefill_rates.get(md.instance_id) if md else None
-        md_rate = measured or config.md_prefill_tokens_per_s or rate
+        md_rate = config.md_prefill_tokens_per_s or rate
         return replace(e, md_computes_miss=True, md_compute_s=miss / md_rate)
 
     # The deployment's codec; under adaptive the exact one (the first it chooses from).

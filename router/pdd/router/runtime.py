@@ -151,7 +151,5 @@ class RouterRuntime:
         self.metrics.relay_slot.set(self.link_estimator.relay_slot_s)
         for instance, rate in self.link_estimator.prefill_rates().items():
             self.metrics.prefill_rate.labels(instance).set(rate)
-        for instance, rate in self.link_estimator.md_prefill_rates().items():
-            self.metrics.md_prefill_rate.labels(instance).set(rate)
         for role in Role:
             self.metrics.instances_ready.labels(role).set(len(self.registry.ready(role)))

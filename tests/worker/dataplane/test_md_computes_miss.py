@@ -38,12 +38,8 @@ async def run_computing(vdp, seed: int, pipeline: str, tag: str) -> list:
 
 
 async def test_p_md_with_md_computing_its_miss_sends_no_kv(vdp) -> None:
-    """MD times its compute for the router on its first event (and on no other)."""
     results = await run_computing(vdp, 91, "P-MD", "mc")
     assert all(r.sources == ["md"] * MAX_TOKENS for r in results)
-    for r in results:
-        timed = [e.md_compute_s for e in r.events if e.md_compute_s is not None]
-        assert r.events[0].md_compute_s is not None and len(timed) == 1
     await vdp.assert_quiescent()
 
 
@@ -68,5 +64,4 @@ async def test_a_relayed_request_whose_md_computes_its_miss(vdp) -> None:
     and the relay's IDs in the hand-off, and the client gets mono's tokens."""
     results = await run_computing(vdp, 94, "P-RLD-MD", "mc-rld")
     assert all(r.sources[0] == "rld" for r in results)
-    assert not any(e.md_compute_s is not None for r in results for e in r.events)  # no sample
     await vdp.assert_quiescent()

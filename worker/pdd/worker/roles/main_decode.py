@@ -139,8 +139,8 @@ class MainDecodeRole(RoleBase):
             if plan.relay is None or plan.pipeline != Pipeline.P_RLD_MD:
                 # Where MD computes its miss, the first token waits for that compute: its
                 # time is the request's, not hidden between the first token and the next.
-                computes = plan.md_computes_miss
-                await self._start(rid, entry, [first_token], emit_from=0, computes_miss=computes)
+                flush = not plan.md_computes_miss
+                await self._start(rid, entry, [first_token], emit_from=0, flush=flush)
             elif entry.posted.done():
                 await self._start_from_posted(rid, entry, first_token, handed=1, started=False)
             else:
@@ -172,21 +172,17 @@ class MainDecodeRole(RoleBase):
         return entry.session
 
     async def _start(
-        self, rid: str, entry: MainRequest, ids: list[int], emit_from: int,
-        computes_miss: bool = False,
-    ) -> None:  # fmt: skip
+        self, rid: str, entry: MainRequest, ids: list[int], emit_from: int, flush: bool = True
+    ) -> None:
         """Resume after ``ids`` and stream from ``emit_from``: the handed tokens at once
         (P-MD's first token reaches the client now, not after the engine's current step
-        and the resume's), or, where MD ``computes_miss``, with the resume's first output,
-        timed for the router (``TokenEvent.md_compute_s``). Whether
+        and the resume's), or with the resume's first output where not ``flush``. Whether
         they end the request only the engine decides (stop ids, EOS, max_tokens, the
         grammar); if they do, the resume's output re-sends the last one marked finished,
         and the merger turns that into the stream's finish."""
         session = self._new_session(rid, entry, ids, emit_from)
         self.runner.subscribe(rid, session.on_output)
-        if computes_miss:
-            session.computing()
-        else:
+        if flush:
             session.flush()
         await self.runner.call(lambda e: e.resume(rid, ids))
 

@@ -39,11 +39,6 @@ class DecodeSession:
     cached_tokens: int | None = None  # the prefilling instance's hit, on the seq-0 event
     md_hit_tokens: int | None = None  # this main decode's hit, on the first event it streams
     md_hit_seq: int | None = None  # the position that carries it (again if re-sent as final)
-    #: Where MD computes its miss: the loop time it began (``computing``), then the
-    #: seconds until the step that computed it gave its output, on the same event as
-    #: ``md_hit_tokens``.
-    computing_since: float | None = None
-    md_compute_s: float | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
     logprobs: dict[int, TokenLogprobs] = field(default_factory=dict)  # by output position
 
@@ -54,8 +49,6 @@ class DecodeSession:
             self.hub.fail(self.request_id, len(self.output), out.error)
             self.done.set()
             return
-        if self.computing_since is not None and self.md_compute_s is None:
-            self.md_compute_s = asyncio.get_running_loop().time() - self.computing_since
         if out.logprobs is not None:
             for i, lp in enumerate(out.logprobs):
                 self.logprobs[len(self.output) + i] = lp
@@ -84,17 +77,12 @@ class DecodeSession:
         reason = self.finish_reason if last else None
         if self.md_hit_seq is None:
             self.md_hit_seq = seq
-        first = seq == self.md_hit_seq
-        md_hit = self.md_hit_tokens if first else None
+        md_hit = self.md_hit_tokens if seq == self.md_hit_seq else None
         cached = self.cached_tokens if seq == 0 else None
         self.hub.emit(
             self.request_id, seq, self.output[seq], last, reason, cached, md_hit,
-            self.logprobs.get(seq), self.md_compute_s if first else None,
+            self.logprobs.get(seq),
         )  # fmt: skip
-
-    def computing(self) -> None:
-        """MD computes the request's miss in its next step: time it (``md_compute_s``)."""
-        self.computing_since = asyncio.get_running_loop().time()
 
     def stop_at(self, position: int) -> None:
         """Stream up to ``position`` now, nothing after it (handed over to another instance)."""

@@ -106,7 +106,6 @@ class StreamHub:
         cached_tokens: int | None = None,
         md_hit_tokens: int | None = None,
         logprobs: TokenLogprobs | None = None,
-        md_compute_s: float | None = None,
     ) -> None:
         event = TokenEvent(
             request_id=request_id,
@@ -118,7 +117,6 @@ class StreamHub:
             cached_tokens=cached_tokens,
             md_hit_tokens=md_hit_tokens,
             logprobs=logprobs,
-            md_compute_s=md_compute_s,
         )
         self.get(request_id).push(event)
 
