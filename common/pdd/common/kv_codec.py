@@ -33,7 +33,7 @@ ADAPTIVE: KVCodecSetting = "adaptive"
 #: Every setting; the CRD's ``spec.wan.kvCodec`` enum lists the same.
 KV_CODEC_SETTINGS: tuple[KVCodecSetting, ...] = (*KV_CODECS, ADAPTIVE)
 #: What ``adaptive`` chooses from, least lossy first: the router takes the first whose
-#: transfer fits the TTFT budget at the live link estimate (the smallest where none
+#: transfer fits the TTFT budget at the live link estimate (the soonest where none
 #: does). fp8 is left out: int8 takes the same bytes and keeps more of the KV.
 ADAPTIVE_CODECS: tuple[KVCodec, ...] = ("none", "int8", "int4")
 #: ... and before the codecs, MD computing its miss from the prompt's IDs (nothing but the
