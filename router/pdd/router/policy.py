@@ -255,10 +255,15 @@ def decide(
     awaited = link.awaited_bytes.get(md.instance_id, 0) if md else 0
     step = config.md_first_step_s if link.md_step_s is None else link.md_step_s
     p_hit = hits.get(p.instance_id, 0)
+    relay_active = relay.active if relay is not None else 0
 
     def at(kv_bpt: int | None) -> Estimate:
+        """The estimate with MD's KV at ``kv_bpt`` bytes per token (None: the default)."""
         e = _estimate(request, p_hit, md, hits, link.state, config, rate, awaited, kv_bpt)
-        return replace(e, rtt_s=link.state.rtt_s, md_step_s=step)
+        return replace(
+            e, rtt_s=link.state.rtt_s, md_step_s=step,
+            relay_active=relay_active, relay_queue_s=link.relay_slot_s * relay_active,
+        )  # fmt: skip
 
     def computed_at_md() -> Estimate | None:
         """MD computes its miss: only the first token crosses (behind the line's queue);
@@ -275,9 +280,6 @@ def decide(
 
     # The deployment's codec; under adaptive the exact one (the first it chooses from).
     estimate = at(config.adaptive_codecs[0][1] if config.adaptive_codecs else None)
-    if relay is not None:
-        queue_s = link.relay_slot_s * relay.active
-        estimate = replace(estimate, relay_active=relay.active, relay_queue_s=queue_s)
     if retry and relay is not None:
         pipeline, reason = retry_pipeline(md is not None)
     else:
@@ -328,18 +330,12 @@ def _adaptive_codec(
     options: list[tuple[str, Estimate]] = []
     computed = computed_at_md()
     if computed is not None:
-        computed = replace(
-            computed, relay_active=exact.relay_active, relay_queue_s=exact.relay_queue_s,
-            kv_codec=none, kv_bytes_per_token=0,
-        )  # fmt: skip
+        computed = replace(computed, kv_codec=none, kv_bytes_per_token=0)
         options.append(("computed at MD", computed))
         if computed.md_first_token_s <= budget:
             return computed, f"KV computed at MD: it fits the {budget:.2f}s budget{congested}"
     for codec, kv_bpt in config.adaptive_codecs[1:]:
-        coded = replace(
-            at(kv_bpt), relay_active=exact.relay_active, relay_queue_s=exact.relay_queue_s,
-            kv_codec=codec, kv_bytes_per_token=kv_bpt,
-        )  # fmt: skip
+        coded = replace(at(kv_bpt), kv_codec=codec, kv_bytes_per_token=kv_bpt)
         options.append((f"coded {codec}", coded))
         if coded.md_first_token_s <= budget:
             why = "the least lossy codec that fits"
