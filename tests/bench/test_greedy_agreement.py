@@ -58,8 +58,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], StackG
 
     def stack(mode: str, codec: str) -> StackGreedy:
         logs = tmp_path_factory.mktemp(f"{mode}-{codec}")
+        # MD computing a miss would send no KV: the codec would have nothing to code.
         config = StackConfig(mode=mode, model=str(model), port=free_port(), log_dir=logs,
-                             kv_codec=codec)  # type: ignore[arg-type]  # fmt: skip
+                             kv_codec=codec, router_args=("--md-recompute-max-tokens=0",),
+                             )  # type: ignore[arg-type]  # fmt: skip
         return run_greedy(config, prompts, MAX_TOKENS)
 
     return stack

@@ -6,7 +6,7 @@ import pytest
 
 from pdd.common.block_hash import block_hashes
 from pdd.common.cost_model import LinkState, pmd_first_token_seconds, wan_transfer_seconds
-from pdd.common.kv_codec import ADAPTIVE_MD_RECOMPUTE_MAX_TOKENS
+from pdd.common.kv_codec import MD_RECOMPUTE_MAX_TOKENS
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.router.fleet import Fleet
 from pdd.router.instance_choice import InstanceLoad
@@ -445,7 +445,7 @@ RECOMPUTE = replace(ADAPTIVE, md_recompute_max_tokens=30_000, md_prefill_tokens_
 def test_adaptive_has_md_compute_a_miss_the_exact_kv_cannot_bring_in_time(gbps, computed):
     """The 20,000-token miss of the test above, every relay saturated: where the exact KV
     fits (10 Gbit/s, 0.8 s) it crosses; where it does not, MD computes the miss itself
-    (1 s at 20,000 tokens/s after P's 0.2 s prefill and one RTT: 1.23 s), before int8
+    (1 s at 20,000 tokens/s after one RTT, P computing nothing: 1.03 s), before int8
     (which fits at 3 Gbit/s, but loses precision) and where no codec fits (0.5 Gbit/s).
     Nothing crosses but the first token."""
     link = LinkState(declared_gbps=gbps, rtt_ms=30)
@@ -455,7 +455,7 @@ def test_adaptive_has_md_compute_a_miss_the_exact_kv_cannot_bring_in_time(gbps, 
     if computed:
         assert d.estimate.kv_codec == "none" and d.estimate.kv_bytes_per_token == 0
         assert d.estimate.md_compute_s == pytest.approx(1.0)
-        assert d.estimate.md_first_token_s == pytest.approx(0.03 + 0.2 + 1.0)
+        assert d.estimate.md_first_token_s == pytest.approx(0.03 + 1.0)
         assert "KV computed at MD: it fits the 2.00s budget" in d.reason
     else:
         assert d.estimate.kv_bytes_per_token == KVB and d.estimate.md_compute_s == 0.0
@@ -470,10 +470,10 @@ def test_md_computes_no_miss_over_its_cap():
     assert not d.estimate.md_computes_miss and d.estimate.kv_codec == "int8"
 
 
-@pytest.mark.parametrize(("md_rate", "computed"), [(5_000, False), (8_000, True)])
+@pytest.mark.parametrize(("md_rate", "computed"), [(4_000, False), (8_000, True)])
 def test_where_nothing_fits_the_soonest_way_goes(md_rate, computed):
-    """At 0.5 Gbit/s int4 brings the miss in 4.03 s; MD computing it at 5,000 tokens/s
-    takes 4.23 s (int4 goes), at 8,000 tokens/s 2.73 s (MD computes it)."""
+    """At 0.5 Gbit/s int4 brings the miss in 4.03 s; MD computing it at 4,000 tokens/s
+    takes 5.03 s (int4 goes), at 8,000 tokens/s 2.53 s (MD computes it)."""
     config = replace(RECOMPUTE, md_prefill_tokens_per_s=md_rate)
     link = LinkState(declared_gbps=0.5, rtt_ms=30)
     full = fleet(rld=("rld0", 8, 8))
@@ -481,7 +481,7 @@ def test_where_nothing_fits_the_soonest_way_goes(md_rate, computed):
     assert d.estimate.md_computes_miss == computed
     assert d.estimate.kv_codec == ("none" if computed else "int4")
     assert "nothing fits the 2.00s budget, the soonest" in d.reason
-    assert d.estimate.md_first_token_s == pytest.approx(2.73 if computed else 4.03, abs=0.01)
+    assert d.estimate.md_first_token_s == pytest.approx(2.53 if computed else 4.03, abs=0.01)
 
 
 def test_md_computes_a_relayed_miss_rather_than_coding_it_on_a_congested_line():
@@ -501,7 +501,7 @@ def test_under_adaptive_md_computes_a_miss_of_up_to_4096_tokens_by_default(miss,
     2 s budget (int4's quarter of 205 MB takes 4.1 s), MD computing it at P's 10,000
     tokens/s does (0.41 s); one token more goes to the codecs (int4: the soonest)."""
     assert PolicyConfig.default_of("md_recompute_max_tokens") == 4096
-    assert ADAPTIVE.md_recompute_max_tokens == ADAPTIVE_MD_RECOMPUTE_MAX_TOKENS
+    assert ADAPTIVE.md_recompute_max_tokens == MD_RECOMPUTE_MAX_TOKENS
     link = LinkState(declared_gbps=0.1, rtt_ms=30)
     full = fleet(rld=("rld0", 8, 8))
     hits = {"p0": miss + 1000, "md0": 1000}
@@ -520,3 +520,43 @@ def test_a_negative_md_recompute_cap_is_refused():
 def test_a_fixed_codec_names_none_in_the_estimate():
     d = run(req(22_000), {"p0": 20_000, "md0": 2_000})
     assert d.estimate.kv_codec is None and "KV coded" not in d.reason
+
+
+#: A turn of 2,000 tokens that P and MD both lack, beside 62,000 both hold: P prefills it
+#: in 0.2 s, its exact KV (100 MB) crosses 1 Gbit/s in 0.8 s.
+TURN = (req(64_000), {"p0": 62_000, "md0": 62_000})
+
+
+def test_md_computes_a_small_miss_where_that_is_sooner_than_its_crossing():
+    """Under a fixed codec too: MD prefilling the 2,000 tokens itself (0.2 s after one RTT,
+    P computing nothing) beats the exact KV (one RTT + 0.8 s), and loses nothing."""
+    d = run(*TURN, link=LinkState(declared_gbps=1.0, rtt_ms=30))
+    assert d.pipeline == Pipeline.P_MD and d.estimate.md_computes_miss
+    assert d.estimate.md_first_token_s == pytest.approx(0.03 + 0.2)
+    assert d.estimate.kv_bytes_per_token == 0 and d.estimate.kv_codec is None
+    assert "KV computed at MD: 0.23s, sooner than its crossing" in d.reason
+    assert reason_code(d, TURN[0], CONFIG) == "fits_ttft_budget"
+
+
+def test_the_kv_crosses_where_its_line_keeps_pace_with_the_prefill():
+    """At 10 Gbit/s the 100 MB cross in 0.08 s, within P's 0.2 s prefill: the exact KV
+    comes as soon as MD could compute it, and P-MD ships it."""
+    d = run(*TURN, link=SLOW)
+    assert d.pipeline == Pipeline.P_MD and not d.estimate.md_computes_miss
+    assert d.estimate.kv_bytes_per_token is None and "computed" not in d.reason
+
+
+@pytest.mark.parametrize("cap", [0, 1_999])
+def test_md_computes_no_miss_over_the_cap_under_a_fixed_codec(cap):
+    d = run(*TURN, link=LinkState(declared_gbps=1.0, rtt_ms=30),
+            config=replace(CONFIG, md_recompute_max_tokens=cap))  # fmt: skip
+    assert d.pipeline == Pipeline.P_MD and not d.estimate.md_computes_miss
+
+
+def test_an_idle_relay_still_serves_a_new_conversation_whose_kv_lags():
+    """The pipeline is chosen on the exact KV's estimate: a new 2,000-token conversation
+    whose KV would reach MD 0.63 s after the prefill goes to an idle relay (its first
+    token after P's 0.2 s), not to MD computing it (one RTT later)."""
+    config = replace(CONFIG, idle_relay_min_transfer_s=0.05)
+    d = run(req(2_000), {}, link=LinkState(declared_gbps=1.0, rtt_ms=30), config=config)
+    assert d.pipeline == Pipeline.P_RLD_MD and not d.estimate.md_computes_miss

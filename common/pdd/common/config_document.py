@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from pdd.common.kv_codec import ADAPTIVE_MD_RECOMPUTE_MAX_TOKENS, NO_CODEC, KVCodecSetting
+from pdd.common.kv_codec import MD_RECOMPUTE_MAX_TOKENS, NO_CODEC, KVCodecSetting
 
 #: Bumped when the document changes shape, so readers refuse what they do not understand.
 CONFIG_VERSION: Literal[2] = 2
@@ -93,8 +93,8 @@ class WanSection(_Section):
     rtt_ms: float = Field(ge=0)
     #: How P codes the KV it sends MD across the WAN (the workers' ``--kv-codec``).
     kv_codec: KVCodecSetting = NO_CODEC
-    #: Under adaptive, the most prompt tokens MD may compute itself (the router's).
-    md_recompute_max_tokens: int = Field(default=ADAPTIVE_MD_RECOMPUTE_MAX_TOKENS, ge=0)
+    #: The most prompt tokens MD may compute itself (the router's).
+    md_recompute_max_tokens: int = Field(default=MD_RECOMPUTE_MAX_TOKENS, ge=0)
 
 
 class SloSection(_Section):

@@ -36,12 +36,13 @@ KV_CODEC_SETTINGS: tuple[KVCodecSetting, ...] = (*KV_CODECS, ADAPTIVE)
 #: transfer fits the TTFT budget at the live link estimate (the soonest where none
 #: does). fp8 is left out: int8 takes the same bytes and keeps more of the KV.
 ADAPTIVE_CODECS: tuple[KVCodec, ...] = ("none", "int8", "int4")
-#: ... and before the codecs, MD computing its miss from the prompt's IDs (nothing but the
-#: first token crosses, nothing is lost) where that fits the budget and the miss is at
-#: most this many tokens: the default of ``--md-recompute-max-tokens``. It bounds the
+#: MD computes its miss from the prompt's IDs itself (nothing but the request crosses,
+#: nothing is lost) where the miss is at most this many tokens and that is sooner than
+#: the exact KV's crossing (under any codec), and under adaptive where it fits the budget
+#: before the lossy codecs: the default of ``--md-recompute-max-tokens``. It bounds the
 #: prefill a decode instance takes on beside its batch: eight of its steps at the
 #: workers' default 512-token step budget.
-ADAPTIVE_MD_RECOMPUTE_MAX_TOKENS = 4096
+MD_RECOMPUTE_MAX_TOKENS = 4096
 
 #: The coded layout; bump it when the codes or scales change, so that a P and an MD of
 #: different builds name different codecs in the handshake instead of misreading bytes.

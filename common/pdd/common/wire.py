@@ -185,8 +185,9 @@ class PipelinePlan(_Wire):
     #: request (``spec.wan.kvCodec: adaptive``); None: the deployment's codec.
     kv_codec: KVCodec | None = None
     #: MD computes the KV it lacks from the prompt's token IDs instead of receiving it: P
-    #: sends MD no KV, only the first token (the router's choice under
-    #: ``spec.wan.kvCodec: adaptive`` where that is sooner than any codec's transfer).
+    #: sends MD no KV (the router's choice where that is sooner than the KV's crossing,
+    #: see ``md_prefills``; on P-RLD-MD, where the relay needs P's prefill, P sends MD the
+    #: first token and MD computes its miss with the relay's IDs).
     md_computes_miss: bool = False
 
     @model_validator(mode="after")
@@ -213,6 +214,12 @@ class PipelinePlan(_Wire):
             return (self.main,)  # type: ignore[return-value]
         stages = PIPELINE_STAGES[self.pipeline]
         return tuple(getattr(self, s) for s in ("relay", "main") if s in stages)
+
+    @property
+    def md_prefills(self) -> bool:
+        """P-MD where MD computes its miss: MD prefills and samples the first token itself
+        and P computes nothing (it only hands MD the request on its warm channel)."""
+        return self.md_computes_miss and self.pipeline == Pipeline.P_MD
 
     @property
     def ships_kv_over_wan(self) -> bool:

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from pdd.common.kv_codec import ADAPTIVE_MD_RECOMPUTE_MAX_TOKENS, KV_CODEC_SETTINGS, NO_CODEC
+from pdd.common.kv_codec import KV_CODEC_SETTINGS, MD_RECOMPUTE_MAX_TOKENS, NO_CODEC
 from pdd.common.model_store import (
     BUILTINS,
     DEFAULT_MODEL,
@@ -63,7 +63,7 @@ def add_stack_flags(p: argparse.ArgumentParser, default_log_dir: Path | None) ->
         help="how P codes the KV it sends MD across the WAN (spec.wan.kvCodec); lossy but "
         "for none, so outputs may differ slightly from mono's; adaptive: the router picks, "
         "per request, the exact KV where it fits the TTFT budget on the live link, else MD "
-        f"computing a miss of up to {ADAPTIVE_MD_RECOMPUTE_MAX_TOKENS} tokens, else the least "
+        f"computing a miss of up to {MD_RECOMPUTE_MAX_TOKENS} tokens, else the least "
         "lossy of int8, int4 that fits",
     )  # fmt: skip
     p.add_argument("--redis", help="redis://HOST:PORT/DB for the router (default: embedded)")

@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from pdd.common.config_document import EngineSettings
-from pdd.common.kv_codec import ADAPTIVE_MD_RECOMPUTE_MAX_TOKENS, NO_CODEC, KVCodecSetting
+from pdd.common.kv_codec import MD_RECOMPUTE_MAX_TOKENS, NO_CODEC, KVCodecSetting
 
 
 class _Spec(BaseModel):
@@ -212,9 +212,9 @@ class Wan(_Spec):
     tls: WanTls = Field(default_factory=WanTls)
     #: How P codes the KV it sends MD across the WAN (lossy but for ``none``).
     kv_codec: KVCodecSetting = NO_CODEC
-    #: Under ``adaptive``, the most prompt tokens MD may compute itself (the router's
-    #: ``--md-recompute-max-tokens``); 0: never.
-    md_recompute_max_tokens: int = Field(default=ADAPTIVE_MD_RECOMPUTE_MAX_TOKENS, ge=0)
+    #: The most prompt tokens MD may compute itself where that is sooner than its KV's
+    #: crossing (the router's ``--md-recompute-max-tokens``); 0: never.
+    md_recompute_max_tokens: int = Field(default=MD_RECOMPUTE_MAX_TOKENS, ge=0)
 
 
 class Workload(_Spec):

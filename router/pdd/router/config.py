@@ -20,8 +20,8 @@ from pdd.common.gguf_file import GGUFModelFile, gguf_checkpoint
 from pdd.common.kv_codec import (
     ADAPTIVE,
     ADAPTIVE_CODECS,
-    ADAPTIVE_MD_RECOMPUTE_MAX_TOKENS,
     KV_CODEC_SETTINGS,
+    MD_RECOMPUTE_MAX_TOKENS,
     NO_CODEC,
     KVCodec,
     KVCodecSetting,
@@ -144,13 +144,14 @@ class RouterConfig:
             field="wan.kvCodec",
         ),
     )
-    #: Under adaptive, the most prompt tokens MD may compute itself (PolicyConfig).
+    #: The most prompt tokens MD may compute itself (PolicyConfig).
     md_recompute_max_tokens: int = field(
-        default=ADAPTIVE_MD_RECOMPUTE_MAX_TOKENS,
+        default=MD_RECOMPUTE_MAX_TOKENS,
         metadata=setting(
-            "under --kv-codec adaptive, the most prompt tokens MD may compute itself from "
-            "their IDs where the exact KV misses the TTFT budget and that is sooner than any "
-            "codec's transfer (0: never)",
+            "the most prompt tokens MD may compute itself from their IDs on P-MD where that "
+            "is sooner than the exact KV's crossing (P then computes nothing), and under "
+            "--kv-codec adaptive where the exact KV misses the TTFT budget and that is "
+            "sooner than any codec's transfer (0: never)",
             field="wan.mdRecomputeMaxTokens",
         ),
     )

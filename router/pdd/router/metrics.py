@@ -35,7 +35,8 @@ class RouterMetrics:
         self.kv_codec_choices = Counter(
             "pdd_router_kv_codec_choices",
             "Requests whose KV crosses the WAN, by the codec the router chose for it "
-            "(spec.wan.kvCodec: adaptive; computed_at_md: none crossed, MD computed it)",
+            "(spec.wan.kvCodec: adaptive; computed_at_md, under any codec: none crossed, MD "
+            "computed it)",
             ["codec"],
             registry=r,
         )

@@ -32,6 +32,14 @@ The rules, in order (the technique's "only two pipelines, plus one filter"):
    relay further (``relay_slot_s``, measured by the link estimator).
 4. **P-MD** anyway when every relay is saturated, saying so in the reason.
 
+Where P-MD serves, **MD computes its miss** itself from the prompt's IDs when the miss
+is at most ``md_recompute_max_tokens`` and that is sooner than the exact KV's crossing
+(the line, not P's prefill, sets the exact KV's pace): P computes nothing and nothing
+but the request crosses (``PipelinePlan.md_prefills``; Dynamo calls prefilling on the
+decode worker conditional disaggregation). It is lossless, so under any codec. The
+pipeline is still chosen on the exact KV's estimate, so an idle relay keeps the new
+conversations whose KV would lag, and a request over budget is relayed as before.
+
 A **retry** (the router recovering a request a worker failed) keeps a relay on the
 route whenever one has room: P-RLD-MD, or P-RLD where no MD is left to choose. The
 failure may be the WAN line or MD itself, and a relay in datacenter A carries the
@@ -74,7 +82,7 @@ from pdd.common.cost_model import (
     pmd_first_token_seconds,
     wan_transfer_seconds,
 )
-from pdd.common.kv_codec import ADAPTIVE_MD_RECOMPUTE_MAX_TOKENS, KVCodec
+from pdd.common.kv_codec import MD_RECOMPUTE_MAX_TOKENS, KVCodec
 from pdd.common.vocabulary import Pipeline
 from pdd.router.fleet import Fleet
 from pdd.router.instance_choice import (
@@ -125,7 +133,7 @@ class PolicyConfig:
     #: IDs, where the exact KV's transfer misses the budget and that is sooner than any
     #: codec's (nothing but the first token crosses, and nothing is lost); 0: never. It
     #: bounds the prefill a decode instance takes on beside its batch.
-    md_recompute_max_tokens: int = ADAPTIVE_MD_RECOMPUTE_MAX_TOKENS
+    md_recompute_max_tokens: int = MD_RECOMPUTE_MAX_TOKENS
     #: MD's prefill throughput for that estimate; None: the chosen P's (the same model,
     #: on hardware that may prefill slower: set it where MD's is known).
     md_prefill_tokens_per_s: float | None = None
@@ -194,10 +202,12 @@ class Estimate:
 
     @property
     def md_first_token_s(self) -> float:
-        crossed = pmd_first_token_seconds(
-            self.prefill_s, self.transfer_s, self.rtt_s, self.md_step_s
-        )
-        return crossed + self.md_compute_s
+        """Where MD computes its miss, P computes nothing on P-MD: the request crosses
+        (behind the line's queue), then MD prefills its miss and samples the first token."""
+        if self.md_computes_miss:
+            crossed = pmd_first_token_seconds(0.0, self.transfer_s, self.rtt_s, self.md_step_s)
+            return crossed + self.md_compute_s
+        return pmd_first_token_seconds(self.prefill_s, self.transfer_s, self.rtt_s, self.md_step_s)
 
     @property
     def after_prefill_s(self) -> float:
@@ -276,7 +286,11 @@ def decide(
         if miss > cap:
             return None
         md_rate = config.md_prefill_tokens_per_s or rate
-        return replace(e, md_computes_miss=True, md_compute_s=miss / md_rate)
+        exact = config.adaptive_codecs[0][0] if config.adaptive_codecs else None
+        return replace(
+            e, md_computes_miss=True, md_compute_s=miss / md_rate, kv_codec=exact,
+            kv_bytes_per_token=0,
+        )  # fmt: skip
 
     # The deployment's codec; under adaptive the exact one (the first it chooses from).
     estimate = at(config.adaptive_codecs[0][1] if config.adaptive_codecs else None)
@@ -293,6 +307,14 @@ def decide(
         main_decode=md.instance_id if md and pipeline != Pipeline.P_RLD else None,
         relay=relay.instance_id if relay and pipeline != Pipeline.P_MD else None,
     )
+    # Under adaptive, a P-MD whose exact KV misses the budget weighs MD computing against
+    # the codecs (``_adaptive_codec``); elsewhere it goes wherever it is the sooner.
+    over = bool(config.adaptive_codecs) and estimate.md_first_token_s > config.ttft_budget_s
+    if pipeline == Pipeline.P_MD and not over:
+        computed = computed_at_md()
+        if computed is not None and computed.md_first_token_s < estimate.md_first_token_s:
+            note = f"KV computed at MD: {computed.md_first_token_s:.2f}s, sooner than its crossing"
+            return Decision(pipeline, assignment, f"{reason}; {note}", computed)
     if config.adaptive_codecs and pipeline != Pipeline.P_RLD:  # nothing crosses on P-RLD
         drain_s = backlog_drain_seconds(link.state)
         estimate, codec_note = _adaptive_codec(
@@ -330,7 +352,6 @@ def _adaptive_codec(
     options: list[tuple[str, Estimate]] = []
     computed = computed_at_md()
     if computed is not None:
-        computed = replace(computed, kv_codec=none, kv_bytes_per_token=0)
         options.append(("computed at MD", computed))
         if computed.md_first_token_s <= budget:
             return computed, f"KV computed at MD: it fits the {budget:.2f}s budget{congested}"

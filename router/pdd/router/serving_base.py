@@ -204,7 +204,7 @@ class OpenAIServing:
     def _record(self, route: Route, prompt_tokens: int) -> None:
         m = self.runtime.metrics
         m.requests.labels(route.pipeline, route.reason_code).inc()
-        if route.kv_codec is not None and route.ships_kv:
+        if route.ships_kv and (route.kv_codec is not None or route.md_computes_miss):
             m.kv_codec_choices.labels(
                 COMPUTED_AT_MD if route.md_computes_miss else route.kv_codec
             ).inc()

@@ -8,7 +8,9 @@ The steps mirror the live data plane (docs/dataplane.md):
    all but the last prefill chunk's KV crosses while P computes (from the end of the
    request's first step), the last chunk's once the prefill ends (``_stream_kv``);
 3. **P-MD**: MD's miss crosses to MD (WAN, or RDMA in the same-datacenter baseline);
-   MD streams the first token when the sequence joins its batch;
+   MD streams the first token when the sequence joins its batch; where the router has
+   MD compute its miss (sooner than its crossing), P computes nothing and MD prefills
+   the miss itself (``_md_prefills``);
 4. **P-RLD-MD**: the whole KV goes to RLD over RDMA while MD's miss crosses the WAN;
    RLD streams at once; when MD has its KV the relay hands over token IDs (one-shot,
    or catch-up chunks, by relay load: ``pdd.common.handoff``) and MD recomputes them
@@ -109,6 +111,10 @@ def serve(c: Cluster, req: SimRequest, rec: RequestRecord) -> Proc:
         if inst is not None:
             inst.reserve()
     transfer = _commit(c, req, rec, pipeline)
+    if pipeline == Pipeline.P_MD and rec.md_computes_miss:  # MD prefills, P computes nothing
+        yield c.env.process(_md_prefills(c, rec, n - rec.md_hit_tokens, md))
+        yield from _decode_on_main(c, req, rec, md)
+        return
     job = p.enqueue(n - rec.p_hit_tokens, rec.p_hit_tokens)
     kv_at_md = None
     if pipeline != Pipeline.P_RLD:
@@ -183,6 +189,14 @@ def _md_computes(
     once P's prefill is done, then MD prefills ``tokens`` on its own hardware (its
     batch's steps are not charged for it: a bound on what the choice costs MD)."""
     yield job.done
+    yield _send_kv(c, rec, 0, None)
+    yield c.env.timeout(md.shape.prefill_seconds(tokens, rec.md_hit_tokens))
+
+
+def _md_prefills(c: Cluster, rec: RequestRecord, tokens: int, md: DecodeInstance) -> Proc:
+    """MD prefills (``PipelinePlan.md_prefills``): the request crosses to MD (nothing but
+    its IDs), then MD prefills ``tokens`` on its own hardware (its batch's steps are not
+    charged for it, as in ``_md_computes``); the first token is MD's own."""
     yield _send_kv(c, rec, 0, None)
     yield c.env.timeout(md.shape.prefill_seconds(tokens, rec.md_hit_tokens))
 

@@ -188,14 +188,20 @@ async def complete(runtime: RouterRuntime, prompt: list[int], max_tokens: int) -
     return generation
 
 
-async def test_the_router_predicts_the_next_turn_from_what_md_was_sent(vdp) -> None:
+@pytest.mark.parametrize("md_computes", [False, True])
+async def test_the_router_predicts_the_next_turn_from_what_md_was_sent(
+    vdp, md_computes: bool
+) -> None:
     """Through the router's own code, which polls MD's cache events only at start: it
     counts what it sent MD (the prompt) and what MD then computed (the answer) as MD's, so
-    turn 2's prediction is the whole of turn 1 and only the new message crosses."""
+    turn 2's prediction is the whole of turn 1 and only the new message crosses; or,
+    where MD may compute its miss (the default), MD computes just that message and
+    nothing crosses."""
     prompt = vdp.prompts(1, seed=87, lo=90, hi=91)[0]
     workers = WORKERS
+    config = {} if md_computes else {"md_recompute_max_tokens": 0}
 
-    async with vdp.cluster.router(workers) as runtime:
+    async with vdp.cluster.router(workers, **config) as runtime:
         turn1 = await complete(runtime, prompt, MAX_TOKENS)
         assert turn1.route.pipeline == Pipeline.P_MD
         turn2 = prompt + turn1.token_ids + [7, 8, 9]
@@ -203,7 +209,9 @@ async def test_the_router_predicts_the_next_turn_from_what_md_was_sent(vdp) -> N
         second = await complete(runtime, turn2, 4)
     held = (len(prompt) + MAX_TOKENS - 1) // vdp.block_size * vdp.block_size
     assert second.route.md_hit_tokens == held == delta("md", "pdd_worker_prefix_hit_tokens")
-    assert delta("p", "pdd_worker_wan_kv_bytes") == (len(turn2) - held) * vdp.kv_bytes_per_token
+    assert second.route.md_computes_miss == md_computes
+    crossed = 0 if md_computes else (len(turn2) - held) * vdp.kv_bytes_per_token
+    assert delta("p", "pdd_worker_wan_kv_bytes") == crossed
     await vdp.assert_quiescent()
 
 

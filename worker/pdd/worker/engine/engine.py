@@ -387,9 +387,12 @@ class Engine:
         request_id: str,
         use_cache: bool = True,
         private_kv: bool = False,
+        samples_first: bool = False,
     ) -> int:
         """Receive a request whose KV comes from elsewhere (``Handoff.attach_request``)."""
-        return self.handoff.attach_request(token_ids, params, request_id, use_cache, private_kv)
+        return self.handoff.attach_request(
+            token_ids, params, request_id, use_cache, private_kv, samples_first
+        )
 
     def import_kv(self, request_id: str, chunk: bytes, codec: KVCodec = NO_CODEC) -> int:
         """Import one KV chunk into an attached request (``Handoff.import_kv``)."""

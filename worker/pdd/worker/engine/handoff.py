@@ -124,6 +124,7 @@ class Handoff:
         request_id: str,
         use_cache: bool = True,
         private_kv: bool = False,
+        samples_first: bool = False,
     ) -> int:
         """Receive a request whose KV comes from elsewhere; returns the prefix hit in tokens.
 
@@ -133,14 +134,16 @@ class Handoff:
         prefix cache for this request only (no match, hit 0, nothing inserted when
         it ends): the naive pipeline ships the full KV without disturbing what the
         cache holds for others. ``private_kv`` matches the cache but inserts nothing
-        (KV that crosses coded where the cache must hold exact KV). Raises
+        (KV that crosses coded where the cache must hold exact KV). ``samples_first``:
+        this instance computes the first token itself (:meth:`resume` with no pending
+        tokens), so the match leaves at least the prompt's last token to compute. Raises
         ``RequestError`` subclasses (``NoFreeBlocksError`` when the pool cannot make
         room now).
         """
         req = self._requests.new(token_ids, params, request_id, hold_kv=False)
         req.use_cache = use_cache
         req.private_kv = private_kv
-        hit = self._scheduler.attach(req)
+        hit = self._scheduler.attach(req, samples_first)
         self._requests.add(req)
         return hit
 
@@ -166,10 +169,12 @@ class Handoff:
     def resume(self, request_id: str, pending_token_ids: Sequence[int], hold: bool = False) -> None:
         """Start decoding an attached request after the tokens generated elsewhere.
 
-        ``pending_token_ids`` (at least the first token the prefill sampled) are
-        appended as output and computed, with any prompt tail whose KV did not
-        arrive, in the next step; then it samples on (unless ``hold``, see
-        :meth:`extend`). Handoffs join the running batch ahead of the queue.
+        ``pending_token_ids`` (at least the first token the prefill sampled, or none
+        where the prompt's tail is still to compute: the request then prefills it here
+        and samples its first token) are appended as output and computed, with any
+        prompt tail whose KV did not arrive, in the next step; then it samples on
+        (unless ``hold``, see :meth:`extend`). Handoffs join the running batch ahead of
+        the queue.
         """
         req = self._requests.get(request_id)
         if req.status is not RequestStatus.AWAITING_KV:

@@ -91,14 +91,17 @@ class Scheduler:
         req.status = RequestStatus.WAITING
         self.waiting.append(req)
 
-    def attach(self, req: Request) -> int:
+    def attach(self, req: Request, samples_first: bool = False) -> int:
         """Claim the cached prefix of ``req.prompt_ids`` and blocks for the rest; returns the hit.
 
         For a request whose KV will be imported: it holds its blocks but is not
-        scheduled until :meth:`start`. Raises ``NoFreeBlocksError`` when even
-        preemption cannot make room (state unchanged).
+        scheduled until :meth:`start`. ``samples_first``: it will compute its first token
+        here, so the match stops short of the prompt's last token (as an admission's
+        does). Raises ``NoFreeBlocksError`` when even preemption cannot make room (state
+        unchanged).
         """
-        hit = self._claim_prefix(req, req.prompt_ids)
+        ids = req.prompt_ids[:-1] if samples_first else req.prompt_ids
+        hit = self._claim_prefix(req, ids)
         if not self._grow_or_preempt(req, len(req.prompt_ids)):
             self._release_blocks(req, cache_computed=False)
             raise NoFreeBlocksError(

@@ -59,8 +59,10 @@ class KVReceiveError(Exception):
 
 @dataclass(frozen=True)
 class ReceivedKV:
-    first_token: int  # sampled by P: output position 0
-    prefill_hit: int  # prompt tokens P took from its own prefix cache
+    #: Sampled by P: output position 0; None where MD prefills (``PipelinePlan.md_prefills``)
+    #: and samples it itself.
+    first_token: int | None
+    prefill_hit: int  # prompt tokens P took from its own prefix cache (MD's hit: MD prefills)
     hit: int  # prompt tokens this instance already held (not transferred)
     first_logprobs: TokenLogprobs | None = None  # P's, where the request asked for logprobs
 
@@ -110,8 +112,12 @@ async def receive_kv(
     try:
         await send_meta(channel, rid, op="prepared", hit=hit, codec=handshake_name(codec))
         done = await _import_all(role, channel, rid, codec)
-        first_token, prefill_hit = int_field(done, "first_token"), int_field(done, "cached_tokens")
-        first_logprobs = _logprobs_field(done, "first_logprobs")
+        if plan.md_prefills:  # P computed nothing: this instance prefills and samples
+            first_token, prefill_hit, first_logprobs = None, hit, None
+        else:
+            first_token = int_field(done, "first_token")
+            prefill_hit = int_field(done, "cached_tokens")
+            first_logprobs = _logprobs_field(done, "first_logprobs")
         await send_meta(channel, rid, op="imported", n=n)
     except (TransportError, KVTransferError, RequestError) as exc:
         await role.abort_engine_request(rid)
@@ -139,7 +145,12 @@ async def _attach_when_room(
         try:
             hit = await role.runner.call(
                 lambda e: e.attach_request(
-                    plan.prompt_ids, params, rid, use_cache=use_cache, private_kv=private
+                    plan.prompt_ids,
+                    params,
+                    rid,
+                    use_cache=use_cache,
+                    private_kv=private,
+                    samples_first=plan.md_prefills,
                 )
             )
         except NoFreeBlocksError:

@@ -102,7 +102,11 @@ class MainDecodeRole(RoleBase):
         )
         try:
             if use_cache:
-                await self._wait_for_landing_kv(rid, plan.prompt_ids, entry.shares_kv)
+                # Where MD prefills, it computes whatever has not landed: nothing would
+                # cross twice, so the request does not wait for an earlier one's KV.
+                await self._wait_for_landing_kv(
+                    rid, plan.prompt_ids, entry.shares_kv, wait=not plan.md_prefills
+                )
             received = await receive_kv(
                 self, channel, plan, use_cache, msg.get("codec", NO_CODEC), self.settings.kv_codec,
                 attach_wait_s=answer_by - asyncio.get_running_loop().time(),
@@ -120,12 +124,17 @@ class MainDecodeRole(RoleBase):
         self.spawn(self._continue(plan, entry, received.first_token), f"main-{rid}")
         return True
 
-    async def _wait_for_landing_kv(self, rid: str, prompt_ids: list[int], lands: bool) -> None:
+    async def _wait_for_landing_kv(
+        self, rid: str, prompt_ids: list[int], lands: bool, wait: bool = True
+    ) -> None:
         """Let KV already on its way (an earlier turn's) land before attaching, so it is
         not asked for again; bounded by half of P's wait for the answer to ``prepare``.
-        ``lands``: this request's own KV will be cached (later turns may wait for it)."""
+        ``lands``: this request's own KV will be cached (later turns may wait for it);
+        not ``wait``: only say so."""
         if lands:
             self.landing.expect(rid, prompt_ids)
+        if not wait:
+            return
 
         async def cached() -> int:
             return await self.runner.call(lambda e: e.cached_prefix_tokens(prompt_ids))
@@ -133,14 +142,15 @@ class MainDecodeRole(RoleBase):
         timeout_s = self.settings.transport.connect_timeout_s / 2
         await self.landing.wait_ahead(rid, prompt_ids, cached, timeout_s)
 
-    async def _continue(self, plan: PipelinePlan, entry: MainRequest, first_token: int) -> None:
+    async def _continue(
+        self, plan: PipelinePlan, entry: MainRequest, first_token: int | None
+    ) -> None:
         rid = plan.request_id
         try:
-            if plan.relay is None or plan.pipeline != Pipeline.P_RLD_MD:
-                # Where MD computes its miss, the first token waits for that compute: its
-                # time is the request's, not hidden between the first token and the next.
-                flush = not plan.md_computes_miss
-                await self._start(rid, entry, [first_token], emit_from=0, flush=flush)
+            if first_token is None:  # MD prefills: it samples the first token itself
+                await self._start(rid, entry, [], emit_from=0, flush=False)
+            elif plan.relay is None or plan.pipeline != Pipeline.P_RLD_MD:
+                await self._start(rid, entry, [first_token], emit_from=0)
             elif entry.posted.done():
                 await self._start_from_posted(rid, entry, first_token, handed=1, started=False)
             else:

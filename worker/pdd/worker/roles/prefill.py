@@ -139,7 +139,7 @@ class _Sending:
     answer: asyncio.Future[int]
     codec: KVCodec
     clock: _ShipClock
-    prefill: asyncio.Future[Prefilled]
+    prefill: asyncio.Future[Prefilled | None]
 
 
 #: A chunk of KV read for sending: its end (a token position) and its bytes.
@@ -161,6 +161,19 @@ def _written_chunk(
         return last, next(engine.export_kv(request_id, first, last, last - first, codec))
 
     return take
+
+
+def _done_message(prefilled: Prefilled | None) -> dict[str, Any]:
+    """``KV_DONE``'s fields: P's first token, its prefix hit and the token's logprobs; all
+    None where MD prefills (P computed nothing)."""
+    if prefilled is None:
+        return {"first_token": None, "cached_tokens": None, "first_logprobs": None}
+    logprobs = prefilled.first_logprobs
+    return {
+        "first_token": prefilled.first_token,
+        "cached_tokens": prefilled.cached_tokens,
+        "first_logprobs": None if logprobs is None else logprobs.model_dump(),
+    }
 
 
 def with_seed(plan: PipelinePlan) -> PipelinePlan:
@@ -246,8 +259,15 @@ class PrefillRole(RoleBase):
                 self.hub.get(rid).close()  # the router's reader of P's reports stops
 
     async def _prefill_and_ship(self, plan: PipelinePlan) -> None:
-        """Prefill and each path run at once; a slow WAN handshake never delays the relay."""
-        prefill = asyncio.ensure_future(self._prefill(plan))
+        """Prefill and each path run at once; a slow WAN handshake never delays the relay.
+        Where MD prefills (``PipelinePlan.md_prefills``) P computes nothing: its "prefill"
+        is done at once, with no first token."""
+        prefill: asyncio.Future[Prefilled | None]
+        if plan.md_prefills:
+            prefill = asyncio.get_running_loop().create_future()
+            prefill.set_result(None)
+        else:
+            prefill = asyncio.ensure_future(self._prefill(plan))
         try:
             paths = [self._path(plan, t, prefill) for t in targets_of(plan)]
             await asyncio.gather(prefill, *paths)
@@ -366,11 +386,11 @@ class PrefillRole(RoleBase):
 
     async def _ship(
         self, plan: PipelinePlan, target: Target, channel: Channel, answer: asyncio.Future[int],
-        prefill: asyncio.Future[Prefilled], codec: KVCodec,
+        prefill: asyncio.Future[Prefilled | None], codec: KVCodec,
     ) -> bool:  # fmt: skip
         """Send the receiver's miss as the prefill writes it, then the first token; True
         when it imported all of it. Where MD computes its miss (``md_computes_miss``) only
-        the first token goes.
+        the first token goes; where MD prefills (``md_prefills``), not even that.
 
         Across the WAN with a predicted hit the KV starts from the receiver's answer if it
         already came, else from the prediction; chunks the answer shows it holds are then
@@ -385,19 +405,18 @@ class PrefillRole(RoleBase):
             start = min(predicted or 0, n) if start is None else start
             clock = _ShipClock()
             send = _Sending(rid, target, channel, answer, codec, clock, prefill)
-            if not computes:
+            if computes:  # no KV: the first token (if any) follows, without the answer's RTT
+                done = _done_message(await asyncio.shield(prefill))
+                await channel.send(MsgType.KV_DONE, request_key(rid), encode_json(done))
+                await asyncio.shield(answer)
+            else:
                 await self._send_kv(send, start, n)
-            prefilled = await asyncio.shield(prefill)
-            hit = await asyncio.shield(answer)
-            if hit < start and not computes:  # MD holds less than predicted: [hit, start)
-                await self._send_kv(send, hit, start)
-            logprobs = prefilled.first_logprobs
-            done = {
-                "first_token": prefilled.first_token,
-                "cached_tokens": prefilled.cached_tokens,
-                "first_logprobs": None if logprobs is None else logprobs.model_dump(),
-            }
-            await channel.send(MsgType.KV_DONE, request_key(rid), encode_json(done))
+                prefilled = await asyncio.shield(prefill)
+                hit = await asyncio.shield(answer)
+                if hit < start:  # MD holds less than predicted: [hit, start)
+                    await self._send_kv(send, hit, start)
+                done = _done_message(prefilled)
+                await channel.send(MsgType.KV_DONE, request_key(rid), encode_json(done))
             await expect_meta(channel, "imported")
             if target.wan:
                 self._shipped(plan, clock)
@@ -473,7 +492,7 @@ class PrefillRole(RoleBase):
             first = last
 
     async def _next_write(
-        self, prefill: asyncio.Future[Prefilled], take: Callable[[Engine], _Chunk | None]
+        self, prefill: asyncio.Future[Prefilled | None], take: Callable[[Engine], _Chunk | None]
     ) -> _Chunk | None:
         """``take`` run as the engine's next step ends (``after_next_step``: the chunk that
         step wrote is read before the engine starts the next one, so the line carries it

@@ -77,6 +77,7 @@ class RelayRole(RoleBase):
             self.live.discard(rid)
             return True
         first_token = received.first_token
+        assert first_token is not None  # P prefills wherever a relay serves
         session = DecodeSession(
             rid, self.hub, output=[first_token], cached_tokens=received.prefill_hit,
             logprobs=first_position_logprobs(received),
