@@ -10,11 +10,13 @@ other cells do: the relay carries the request, or a clean error, nothing held.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
 from pdd.router.errors import UpstreamError
 from pdd.testing.waiting import until
+from pdd.worker.engine.request import UnknownRequestError
 
 pytestmark = [pytest.mark.unit, pytest.mark.virtual_clock]
 
@@ -55,6 +57,45 @@ async def test_kv_crosses_the_wan_while_p_still_prefills(vdp) -> None:
     assert result.token_ids == expected[0] and set(result.sources) == {"md"}
     # each token once
     assert sent("p", "pdd_worker_wan_kv_bytes") == len(prompt) * KV_BYTES_PER_TOKEN
+    await vdp.assert_quiescent()
+
+
+async def first_writes(vdp, request_id: str, count: int) -> list[int]:
+    """The first ``count`` amounts of the prompt P's engine had written, step by step."""
+    seen: list[int] = []
+
+    def enough() -> bool:
+        with contextlib.suppress(UnknownRequestError):  # not added yet
+            now = written(vdp, "p", request_id)
+            if now and (not seen or seen[-1] != now):
+                seen.append(now)
+        return len(seen) >= count
+
+    await until(enough, f"P's first {count} prefill steps", every_s=POLL_S)
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "predicted", "steps"),
+    [("P-MD", 0, [4, 36]), ("P-MD", 40, [32, 44]), ("P-RLD-MD", 0, [32, 64])],
+    ids=["p-md", "p-md-predicted-hit", "relayed"],
+)
+async def test_p_md_puts_the_first_kv_md_lacks_on_the_line_after_a_short_step(
+    vdp, pipeline: str, predicted: int, steps: list[int]
+) -> None:
+    """On P-MD a prefill chunk ends an eighth of the step budget (32 / 8 = 4 tokens) past
+    MD's predicted hit (``chunk_break``), so the KV MD lacks starts crossing after a short
+    step; the others are whole. Where a relay serves the first token the prefill is not
+    cut. Either way MD decodes mono's tokens."""
+    prompt = vdp.prompts(1, seed=84, lo=PROMPT_TOKENS, hi=PROMPT_TOKENS + 1)[0]
+    expected = await vdp.reference([prompt], MAX_TOKENS, "fs")
+    plan = vdp.cluster.plan(
+        "fs-0", prompt, pipeline, vdp.sampling(0, MAX_TOKENS), main_hit_tokens=predicted
+    )
+    run = asyncio.ensure_future(vdp.run_all([plan]))
+    assert await first_writes(vdp, "fs-0", 2) == steps
+    [result] = await run
+    assert result.token_ids == expected[0]
     await vdp.assert_quiescent()
 
 

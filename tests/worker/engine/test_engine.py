@@ -182,6 +182,52 @@ def test_prefill_time_runs_from_the_first_prompt_step_to_the_first_token(
     assert_no_leaks(engine)
 
 
+def drain(engine: Engine) -> list[RequestOutput]:
+    outs: list[RequestOutput] = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    return outs
+
+
+def test_a_chunk_break_ends_one_chunk_there_and_the_others_are_whole(
+    tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
+) -> None:
+    """P-MD's prefill writes the KV MD lacks first after a short step; the chunks after
+    it are whole, and the tokens are those of an uncut prefill."""
+    prompt = list(range(3, 60))
+    (reference,) = Engine(tiny, block_size=4, num_blocks=64).generate([prompt], GREEDY)
+    engine = Engine(tiny, block_size=4, num_blocks=64, max_num_batched_tokens=16)
+    rid = engine.add_request(prompt, GREEDY, chunk_break=5)
+    written = []
+    for _ in range(3):
+        engine.step()
+        written.append(engine.computed_tokens(rid))
+    assert written == [5, 21, 37]  # 5, then full 16-token steps
+    out = [t for o in drain(engine) if o.request_id == rid for t in o.new_token_ids]
+    assert out == reference
+    assert_no_leaks(engine)
+
+
+def test_a_chunk_break_names_a_position_so_a_cache_hit_past_it_leaves_no_cut(
+    tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
+) -> None:
+    """Where the prefix cache already supplies the break's position, the first step
+    computes a whole budget from the hit; a break past the first chunk cuts a later one."""
+    prompt = list(range(3, 60))
+    engine = Engine(tiny, block_size=4, num_blocks=64, max_num_batched_tokens=16)
+    engine.generate([prompt[:24]], SamplingParams(max_tokens=1))  # caches 24 tokens
+    rid = engine.add_request(prompt, GREEDY, chunk_break=10)
+    later = engine.add_request(prompt[:10] + prompt[30:], GREEDY, chunk_break=20)
+    engine.step()
+    assert engine.computed_tokens(rid) == 24 + 16  # and the step's budget is spent
+    engine.step()  # 16 more of rid's; then its last token beside later's first chunk:
+    engine.step()
+    assert engine.computed_tokens(rid) == len(prompt)
+    assert engine.computed_tokens(later) == 20  # from its hit (8), 12 of 15, up to its break
+    drain(engine)
+    assert_no_leaks(engine)
+
+
 def test_a_handed_over_request_reports_no_prefill_time(
     tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
 ) -> None:

@@ -123,13 +123,17 @@ class Engine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         hold_kv: bool = False,
+        chunk_break: int | None = None,
     ) -> str:
         """Queue a request; returns its id. Raises a ``RequestError`` (state unchanged).
 
         ``hold_kv`` keeps the request's blocks after it finishes, so its KV can be
         exported (a prefill instance's job); call :meth:`release` afterwards.
+        ``chunk_break``: a prefill chunk ends at this token position (where it falls
+        past the cache hit), so the KV up to it is written after a shorter step.
         """
         req = self.requests.new(prompt_ids, params, request_id, hold_kv)
+        req.chunk_break = chunk_break
         self.scheduler.add(req)
         self.requests.add(req)
         return req.request_id

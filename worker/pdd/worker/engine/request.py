@@ -175,6 +175,10 @@ class Request:
     hold_sampling: bool = False  # catch-up handoff: compute handed-over tokens, do not sample yet
     cache_only: bool = False  # finished elsewhere: compute the handed tokens, then release
     unchunked: bool = False  # an extend is pending: compute all uncomputed tokens in one pass
+    #: A prefill chunk ends at this token position (None: the step budget alone sets the
+    #: chunks): a prefill whose KV streams to a slow line puts the first KV the receiver
+    #: lacks on it after a short step.
+    chunk_break: int | None = None
     finish_reason: FinishReason | None = None
     grammar: OutputGrammar | None = None  # structured output: the matcher over output_ids
     #: When the step that first computed its prompt began (``Engine.clock``); None until

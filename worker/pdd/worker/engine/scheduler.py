@@ -9,6 +9,8 @@ Policy (vLLM v1 style, in one pass per step):
    an extend may exceed the budget.
 2. Then waiting requests, FCFS, while budget and ``max_running_requests`` allow: match
    the longest cached prefix (locked), allocate blocks for the first chunk.
+
+A prefill chunk also ends at the request's ``chunk_break``, where it sets one.
 3. Blocks come from the free pool, else by evicting unlocked prefix-cache
    leaves, else by preempting the most recently admitted running request not
    yet scheduled this step: its computed blocks go into the prefix cache and
@@ -49,6 +51,14 @@ class ScheduledSeq:
         return self.request.num_computed + self.num_tokens == self.request.num_tokens
 
 
+def _cut(req: Request, n: int) -> int:
+    """``n`` tokens of ``req`` this step, ending at its chunk break where that falls inside."""
+    brk = req.chunk_break
+    if brk is not None and req.num_computed < brk < req.num_computed + n:
+        return brk - req.num_computed
+    return n
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig, pool: BlockPool, cache: PrefixCache) -> None:
         self.config = config
@@ -66,7 +76,7 @@ class Scheduler:
         for req in decodes_first:
             if req.status is not RequestStatus.RUNNING or req.num_uncomputed == 0:
                 continue  # preempted as a victim earlier in this loop, or held and caught up
-            n = req.num_uncomputed if req.unchunked else min(req.num_uncomputed, budget)
+            n = req.num_uncomputed if req.unchunked else _cut(req, min(req.num_uncomputed, budget))
             if n == 0 or not self._grow_or_preempt(req, req.num_computed + n, scheduled):
                 continue
             scheduled.append(ScheduledSeq(req, n))
@@ -75,7 +85,7 @@ class Scheduler:
             req = self.waiting[0]
             # at least one token left to compute
             self._claim_prefix(req, req.token_range(0, req.num_tokens - 1))
-            n = min(req.num_uncomputed, budget)
+            n = _cut(req, min(req.num_uncomputed, budget))
             if not self._grow(req, req.num_computed + n):
                 self._release_blocks(req, cache_computed=False)
                 break  # FCFS: the head waits until blocks free up

@@ -62,6 +62,20 @@ log = logging.getLogger(__name__)
 
 PREFILL_PIPELINES = (Pipeline.P_RLD_MD, Pipeline.P_MD, Pipeline.P_RLD, Pipeline.NAIVE)
 
+#: On P-MD a prefill chunk ends this share of the step budget (``--max-num-batched-tokens``)
+#: past the first token MD lacks (its predicted hit), and the chunks after it are whole.
+#: The first token waits for MD's miss to cross, which starts when the step that writes
+#: its first KV ends: where the line is slower than the prefill, as a WAN line usually is,
+#: the transfer then ends that much sooner; where it is faster, the cost is one more step.
+P_MD_FIRST_CHUNK_SHARE = 1 / 8
+
+
+def chunk_break(plan: PipelinePlan, step_budget: int) -> int | None:
+    """Where a prefill chunk of ``plan``'s prompt ends early (None: nowhere)."""
+    if plan.pipeline != Pipeline.P_MD:
+        return None  # the first token does not wait for KV on the WAN
+    return (plan.main_hit_tokens or 0) + max(1, int(step_budget * P_MD_FIRST_CHUNK_SHARE))
+
 
 @dataclass(frozen=True)
 class Prefilled:
@@ -357,8 +371,11 @@ class PrefillRole(RoleBase):
         params = sampling_params(plan, max_tokens=1)
         self.runner.subscribe(plan.request_id, on_output)
         await self.runner.call(
-            lambda e: e.add_request(plan.prompt_ids, params, plan.request_id, hold_kv=True)
-        )
+            lambda e: e.add_request(
+                plan.prompt_ids, params, plan.request_id, hold_kv=True,
+                chunk_break=chunk_break(plan, e.config.max_num_batched_tokens),
+            )
+        )  # fmt: skip
         prefilled = await first
         self.metrics.count_prompt(len(plan.prompt_ids), prefilled.cached_tokens)
         return prefilled
