@@ -27,7 +27,8 @@ def save_figure(
     ax.set_title(title)
     if grid:
         ax.grid(True, alpha=0.3)
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:  # a run with nothing to draw has no legend
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
