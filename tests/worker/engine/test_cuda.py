@@ -16,8 +16,10 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from pdd.common.kv_codec import KV_CODECS, NO_CODEC
 from pdd.worker.engine import Engine
 from pdd.worker.engine.config import EngineConfig
+from pdd.worker.engine.kv_codec import decode, encode, fp8_supported
 from pdd.worker.engine.sampling import SamplingParams
 from pdd.worker.model.batch import ForwardBatch, SeqInput
 from pdd.worker.model.kv_cache import PagedKVCache
@@ -99,6 +101,24 @@ def test_kv_crosses_between_a_cuda_and_a_cpu_engine(
     assert [*first, *rest] == reference
     assert_no_leaks(sender)
     assert_no_leaks(receiver)
+
+
+@pytest.mark.parametrize(
+    "codec", [c for c in KV_CODECS if c != NO_CODEC and (c != "fp8" or fp8_supported())]
+)
+def test_kv_coded_on_the_gpu_decodes_on_the_cpu_as_if_coded_there(codec: str) -> None:
+    """P codes its WAN KV on its own device; MD may decode it on another. The codes may
+    differ from the CPU's only where a value sits on a rounding tie, and never by more
+    than the CPU's own coding error."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 2, 100, 2, 32, generator=gen) * 2 + 1
+    on_gpu, on_cpu = encode(x.cuda(), codec), encode(x, codec)  # type: ignore[arg-type]
+    assert len(on_gpu) == len(on_cpu)
+    shape = tuple(x.shape)
+    from_gpu = decode(on_gpu, codec, shape, torch.float32, "cpu")  # type: ignore[arg-type]
+    from_cpu = decode(on_cpu, codec, shape, torch.float32, "cpu")  # type: ignore[arg-type]
+    assert (from_gpu != from_cpu).float().mean().item() < 1e-3
+    assert (from_gpu - x).abs().max() <= (from_cpu - x).abs().max() * 1.01
 
 
 def test_auto_runs_bfloat16_on_the_gpu_with_a_pool_from_free_memory(tiny: LoadedModel) -> None:
