@@ -9,13 +9,14 @@ Policy (vLLM v1 style, in one pass per step):
    an extend may exceed the budget.
 2. Then waiting requests, FCFS, while budget and ``max_running_requests`` allow: match
    the longest cached prefix (locked), allocate blocks for the first chunk.
-
-A prefill chunk also ends at the request's ``chunk_break``, where it sets one.
 3. Blocks come from the free pool, else by evicting unlocked prefix-cache
    leaves, else by preempting the most recently admitted running request not
    yet scheduled this step: its computed blocks go into the prefix cache and
    it is requeued at the head of the queue to be recomputed, so the pool
    being full delays work but never fails it.
+
+A prefill chunk also ends at the request's ``chunk_break``, where it sets one (a
+P-MD prefill, so the first KV MD lacks crosses after a short step).
 
 A request owns one pool reference per entry of its block table (matched
 prefix blocks are increfed too), so releasing a request is always: insert its
