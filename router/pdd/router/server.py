@@ -21,6 +21,7 @@ from pdd.common.config_document import (
     ConfigDocumentError,
     read_config_document,
 )
+from pdd.common.gc_heap import freeze_startup_heap
 from pdd.common.logs import add_log_flags, configure_logging
 from pdd.common.settings import add_settings, settings_of
 from pdd.common.settings import parser as settings_parser
@@ -119,5 +120,7 @@ def main(argv: list[str]) -> int:
         log.error("%s", exc)
         return 2
     log.info("serving %r on %s:%d", config.served_name, config.host, config.port)
-    uvicorn.run(create_app(runtime), host=config.host, port=config.port, log_level="warning")
+    app = create_app(runtime)
+    freeze_startup_heap()  # the app and the libraries: never garbage
+    uvicorn.run(app, host=config.host, port=config.port, log_level="warning")
     return 0

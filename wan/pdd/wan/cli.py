@@ -16,6 +16,7 @@ import asyncio
 import signal
 import sys
 
+from pdd.common.gc_heap import freeze_startup_heap
 from pdd.common.logs import add_log_flags, configure_logging
 from pdd.common.settings import parser as settings_parser
 from pdd.wan.admin import AdminServer
@@ -69,6 +70,7 @@ async def _run(args: argparse.Namespace) -> None:
     admin = AdminServer(link) if args.admin else None
     if admin is not None:
         await admin.start(args.admin)
+    freeze_startup_heap()  # the line's own objects are few; its libraries' are not
     more = f" and {len(args.route)} more routes" if args.route else ""
     print(
         f"wan-link listening on {args.listen} -> {args.to}{more} ({args.link_gbps} Gbit/s)",

@@ -31,6 +31,7 @@ from pdd.common.config_document import (
     EngineSettings,
     read_config_document,
 )
+from pdd.common.gc_heap import freeze_startup_heap
 from pdd.common.kv_codec import (
     KV_CODEC_SETTINGS,
     NO_CODEC,
@@ -285,6 +286,7 @@ async def run(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> No
         info.max_prompt_tokens,
         info.max_num_batched_tokens,
     )
+    freeze_startup_heap()  # the model, the app and the libraries: never garbage
     try:
         await server.serve()
     finally:
