@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from pdd.worker.engine import Engine
+from pdd.worker.engine.request import RequestOutput
 from pdd.worker.model import cpu_kernels
 from pdd.worker.model.loader import LoadedModel, load_model
 
@@ -92,6 +93,20 @@ def _assert_no_leaks(engine: Engine) -> None:
     stats = engine.stats
     assert stats.num_cached_blocks == 0
     assert stats.num_free_blocks == stats.num_total_blocks
+
+
+def _drain(engine: Engine) -> list[RequestOutput]:
+    """Step ``engine`` until it has no work; every output, in order."""
+    outs: list[RequestOutput] = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    return outs
+
+
+@pytest.fixture(scope="session")
+def drain() -> Callable[[Engine], list[RequestOutput]]:
+    """``drain(engine)``: step it until it has no work; every output, in order."""
+    return _drain
 
 
 @pytest.fixture(scope="session")

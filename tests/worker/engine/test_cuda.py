@@ -20,6 +20,7 @@ from pdd.common.kv_codec import KV_CODECS, NO_CODEC
 from pdd.worker.engine import Engine
 from pdd.worker.engine.config import EngineConfig
 from pdd.worker.engine.kv_codec import decode, encode, fp8_supported
+from pdd.worker.engine.request import RequestOutput
 from pdd.worker.engine.sampling import SamplingParams
 from pdd.worker.model.batch import ForwardBatch, SeqInput
 from pdd.worker.model.kv_cache import PagedKVCache
@@ -81,6 +82,7 @@ def test_kv_crosses_between_a_cuda_and_a_cpu_engine(
     tiny: LoadedModel,
     tiny_cuda: LoadedModel,
     sender_on: str,
+    drain: Callable[[Engine], list[RequestOutput]],
     assert_no_leaks: Callable[[Engine], None],
 ) -> None:
     """P's exported chunks are device-free bytes: the receiver continues exactly."""
@@ -90,14 +92,14 @@ def test_kv_crosses_between_a_cuda_and_a_cpu_engine(
     sender = Engine(on[sender_on], block_size=BLOCK_SIZE, num_blocks=64)
     receiver = Engine(on["cpu" if sender_on == "cuda" else "cuda"], block_size=8, num_blocks=64)
     rid = sender.add_request(prompt, dataclasses.replace(greedy(), max_tokens=1), hold_kv=True)
-    first = [t for out in _drain(sender) for t in out.new_token_ids]
+    first = [t for out in drain(sender) for t in out.new_token_ids]
     chunks = list(sender.export_kv(rid, 0, len(prompt), chunk_tokens=48))
     sender.release(rid)
     assert receiver.attach_request(prompt, greedy(), "r1") == 0
     for chunk in chunks:
         receiver.import_kv("r1", chunk)
     receiver.resume("r1", first)
-    rest = [t for out in _drain(receiver) if out.request_id == "r1" for t in out.new_token_ids]
+    rest = [t for out in drain(receiver) if out.request_id == "r1" for t in out.new_token_ids]
     assert [*first, *rest] == reference
     assert_no_leaks(sender)
     assert_no_leaks(receiver)
@@ -133,10 +135,3 @@ def test_auto_runs_bfloat16_on_the_gpu_with_a_pool_from_free_memory(tiny: Loaded
     torch.testing.assert_close(low, full, atol=0.15, rtol=0.05)
     assert (low.argmax(-1) == full.argmax(-1)).float().mean().item() > 0.9
     assert [len(out) for out in engine.generate(PROMPTS, greedy())] == [MAX_TOKENS] * 3
-
-
-def _drain(engine: Engine) -> list:
-    outs = []
-    while engine.has_unfinished():
-        outs += engine.step()
-    return outs

@@ -182,16 +182,10 @@ def test_prefill_time_runs_from_the_first_prompt_step_to_the_first_token(
     assert_no_leaks(engine)
 
 
-def drain(engine: Engine) -> list[RequestOutput]:
-    outs: list[RequestOutput] = []
-    while engine.has_unfinished():
-        outs += engine.step()
-    return outs
-
-
 def test_a_chunk_break_ends_one_chunk_there_and_the_others_are_whole(
-    tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
-) -> None:
+    tiny: LoadedModel, drain: Callable[[Engine], list[RequestOutput]],
+    assert_no_leaks: Callable[[Engine], None],
+) -> None:  # fmt: skip
     """P-MD's prefill writes the KV MD lacks first after a short step; the chunks after
     it are whole, and the tokens are those of an uncut prefill."""
     prompt = list(range(3, 60))
@@ -209,8 +203,9 @@ def test_a_chunk_break_ends_one_chunk_there_and_the_others_are_whole(
 
 
 def test_a_chunk_break_names_a_position_so_a_cache_hit_past_it_leaves_no_cut(
-    tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
-) -> None:
+    tiny: LoadedModel, drain: Callable[[Engine], list[RequestOutput]],
+    assert_no_leaks: Callable[[Engine], None],
+) -> None:  # fmt: skip
     """Where the prefix cache already supplies the break's position, the first step
     computes a whole budget from the hit; a break past the first chunk cuts a later one."""
     prompt = list(range(3, 60))
