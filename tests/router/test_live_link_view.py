@@ -2,6 +2,7 @@
 when MD has it; what the line is learnt to do changes the pipeline (driven clock)."""
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
@@ -15,7 +16,13 @@ from pdd.router.lease import Lease
 from pdd.router.link_view import LinkView
 from pdd.router.policy import PolicyConfig, RequestFeatures, decide
 from pdd.router.recent_traffic import TrafficWindow
-from pdd.router.route import WAN_BACKLOG_KIB, WAN_TRANSFERS, Route
+from pdd.router.route import (
+    WAN_BACKLOG_KIB,
+    WAN_TRANSFERS,
+    Route,
+    md_computing_key,
+    md_computing_tokens,
+)
 from pdd.router.state.memory import LocalStore
 
 pytestmark = pytest.mark.unit
@@ -63,6 +70,19 @@ def test_a_lease_commits_the_kv_and_lets_go_once_md_has_it():
     assert estimator.backlog == Backlog() and WAN_BACKLOG_KIB not in counts(store)
     lease.release_all()  # the end of the stream settles nothing twice
     assert counts(store) == {} and estimator.backlog == Backlog()
+
+
+def test_md_computing_counts_against_md_until_its_first_token():
+    """Every replica sees the tokens MD computes for a request, until MD streams."""
+    store, estimator = LocalStore(60.0), LinkEstimator(LINK, 10_000)
+    route = replace(p_md_route(0), md_computes_miss=True, md_compute_tokens=300)
+    lease = Lease.of(route, store, estimator)
+    assert counts(store) == {"p0": 1, "md0": 1, md_computing_key("md0"): 300}
+    assert md_computing_tokens(counts(store)) == {"md0": 300}
+    lease.kv_landed(lease.dispatched_at + 0.2)
+    assert md_computing_tokens(counts(store)) == {}
+    lease.release_all()
+    assert counts(store) == {}
 
 
 def test_a_request_that_ends_before_its_kv_lands_settles_it_unlearnt():

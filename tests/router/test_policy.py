@@ -523,6 +523,17 @@ def test_a_fixed_codec_still_relays_what_md_computing_would_fit():
     assert d.pipeline == Pipeline.P_RLD_MD and not d.estimate.md_computes_miss
 
 
+@pytest.mark.parametrize(("queued", "computed"), [(10_000, True), (30_000, False)])
+def test_md_computing_waits_behind_what_md_is_already_computing(queued, computed):
+    """MD computes earlier requests' 10,000 tokens first: 1.53 s, still in the budget;
+    behind 30,000 it would take 2.53 s, so the relay serves instead."""
+    view = LinkView(THREE, md_computing_tokens={"md0": queued, "md1": 90_000})
+    d = decide(OVER[0], OVER[1], fleet(), view, QUIET, RECOMPUTE)
+    assert d.pipeline == (Pipeline.P_MD if computed else Pipeline.P_RLD_MD)
+    if computed:
+        assert d.estimate.md_compute_s == pytest.approx(1.5)
+
+
 @pytest.mark.parametrize("md_rate", [5_000, None])
 def test_adaptive_relays_where_md_computing_misses_the_budget_too(md_rate):
     """At 5,000 tokens/s MD computing takes 4.03 s; with a cap under the miss it cannot."""

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.common.wire import Endpoint, SamplingSpec
 from pdd.router.config import RouterConfig, WorkerRef
-from pdd.router.route import Route
+from pdd.router.route import Route, md_computing_key, md_computing_tokens
 
 pytestmark = pytest.mark.unit
 
@@ -43,7 +45,11 @@ def test_a_route_where_md_computes_its_miss_puts_nothing_on_the_line() -> None:
     )  # fmt: skip
     plan = route.plan("req", list(range(64)), SamplingSpec(), CONFIG)
     assert plan.md_computes_miss and route.ships_kv and not route.loads_line
-    assert route.lease_keys == ["p", "md"] and route.lease_amounts == {}
+    assert route.lease_keys == ["p", "md"] and route.lease_amounts == {}  # no tokens named
+    counted = replace(route, md_compute_tokens=16)
+    assert counted.lease_keys == ["p", "md", md_computing_key("md")]
+    assert counted.lease_amounts == {md_computing_key("md"): 16}
+    assert md_computing_tokens({md_computing_key("md"): 16, "md": 1}) == {"md": 16}
     crossing = Route(Pipeline.P_MD, "r", "c", endpoint("p"), None, endpoint("md"), kv_bytes=2048)
     assert not crossing.plan("req", list(range(64)), SamplingSpec(), CONFIG).md_computes_miss
     assert crossing.loads_line and len(crossing.lease_keys) == 4

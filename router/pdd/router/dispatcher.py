@@ -31,7 +31,7 @@ from pdd.router.policy import PolicyConfig, RequestFeatures, Saturated, decide, 
 from pdd.router.prefix_index import PrefixIndex
 from pdd.router.recent_traffic import RecentTraffic
 from pdd.router.registry import InstanceRegistry
-from pdd.router.route import Route, committed_backlog
+from pdd.router.route import Route, committed_backlog, md_computing_tokens
 from pdd.router.routing_view import RoutingView
 from pdd.router.state.base import RouterStore
 
@@ -126,7 +126,8 @@ class Dispatcher:
                 route = self._route_naive(features, hits)
             else:
                 awaited = self._estimator.awaited_bytes(hashes)
-                route = self._route_policy(features, hits, link, retry, awaited)
+                computing = md_computing_tokens(inflight)
+                route = self._route_policy(features, hits, link, retry, awaited, computing)
         n = len(prompt_ids)
         carried: tuple[int, ...] = ()
         if route.fills_main_cache:
@@ -140,6 +141,7 @@ class Dispatcher:
             link_ticket=self._link_health.ticket,
             kv_bytes=(n - route.md_hit_tokens) * self._kv_bytes_per_token(route),
             prefill_tokens=n - route.p_hit_tokens,
+            md_compute_tokens=n - route.md_hit_tokens if route.md_computes_miss else 0,
             backlog=backlog,
         )
 
@@ -155,9 +157,11 @@ class Dispatcher:
         link: LinkState,
         retry: bool = False,
         awaited: dict[str, int] | None = None,
+        computing: dict[str, int] | None = None,
     ) -> Route:
         """PDD: the pure policy picks the pipeline and instances; ``awaited``: per MD, the
-        KV still crossing to it that the prompt's hit there counts on."""
+        KV still crossing to it that the prompt's hit there counts on; ``computing``: per
+        MD, the prompt tokens it is computing for earlier requests."""
         traffic = self._traffic.snapshot()
         doubt = self._link_health.doubt()
         view = LinkView(
@@ -166,6 +170,7 @@ class Dispatcher:
             prefill_rates=self._estimator.prefill_rates(),
             relay_slot_s=self._estimator.relay_slot_s,
             awaited_bytes=awaited or {},
+            md_computing_tokens=computing or {},
             md_step_s=self._estimator.overhead_s,
         )
         result = decide(features, hits, self._view.fleet, view, traffic, self._policy, retry)

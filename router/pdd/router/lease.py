@@ -28,6 +28,9 @@ class Lease:
     #: the line faster).
     shipped: Arrival | None = None
     dispatched_at: float = field(default_factory=time.monotonic)
+    #: The counter of MD's computing this request holds (``Route.computing_key``):
+    #: let go at MD's first token, when what MD computed for it is done.
+    computing: str | None = None
 
     @classmethod
     def of(
@@ -39,6 +42,7 @@ class Lease:
         if now is not None:
             lease.dispatched_at = now
         lease.acquire(route.lease_keys, route.lease_amounts)
+        lease.computing = route.computing_key
         if route.loads_line and route.prefill is not None:
             lease.transfer = estimator.commit(
                 route.kv_bytes,
@@ -65,9 +69,12 @@ class Lease:
 
     def kv_landed(self, now: float) -> None:
         """MD streams: it has the KV. The line's counts let go and the estimator learns
-        (from MD's first token after a relay's hand-off, only that the line is faster)."""
+        (from MD's first token after a relay's hand-off, only that the line is faster).
+        Where MD computed its miss instead, that computing is done."""
         self.release(WAN_TRANSFERS)
         self.release(WAN_BACKLOG_KIB)
+        if self.computing is not None:
+            self.release(self.computing)
         if self.transfer is not None and self.estimator is not None:
             self.estimator.landed(self.transfer, now, self.transfer.relayed, self.shipped)
             self.transfer = None

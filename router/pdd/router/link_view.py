@@ -3,7 +3,8 @@ a ``LinkView`` alone.
 
 The live router builds it from what it measured (``Dispatcher``: the link estimator's
 goodput, backlog, prefill rates, relay slot and the P-MD path's fixed cost; the line's
-health; the KV still crossing that a prompt's hit counts on). The simulator builds it
+health; the KV still crossing that a prompt's hit counts on; the prefill each MD is
+computing). The simulator builds it
 from its own estimator's view of the line (``pdd.simulator.cluster``): the fields it
 leaves at their defaults are what it does not model.
 """
@@ -32,6 +33,10 @@ class LinkView:
     #: Per MD, the KV still crossing to it that this prompt's hit there counts on (the
     #: link estimator's ``awaited_bytes``).
     awaited_bytes: Mapping[str, int] = field(default_factory=dict)
+    #: Per MD, the prompt tokens it is computing for requests routed before (their first
+    #: token not yet out: ``pdd.router.route.md_computing_tokens``); a miss MD computes
+    #: queues behind them.
+    md_computing_tokens: Mapping[str, int] = field(default_factory=dict)
     #: MD's first step as measured (the link estimator's fixed cost of the P-MD path);
     #: None: the policy's ``md_first_step_s``.
     md_step_s: float | None = None

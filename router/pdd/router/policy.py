@@ -281,8 +281,9 @@ def decide(
         )  # fmt: skip
 
     def computed_at_md() -> Estimate | None:
-        """MD computes its miss: only the first token crosses (behind the line's queue);
-        None where the miss is over ``md_recompute_max_tokens`` (or that is 0: off)."""
+        """MD computes its miss: only the first token crosses (behind the line's queue),
+        and MD prefills it behind what it is computing for earlier requests; None where
+        the miss is over ``md_recompute_max_tokens`` (or that is 0: off)."""
         cap = config.md_recompute_max_tokens
         if cap == 0:
             return None
@@ -291,9 +292,10 @@ def decide(
         if miss > cap:
             return None
         md_rate = config.md_prefill_tokens_per_s or rate
+        queued = link.md_computing_tokens.get(md.instance_id, 0) if md else 0
         exact = config.adaptive_codecs[0][0] if config.adaptive_codecs else None
         return replace(
-            e, md_computes_miss=True, md_compute_s=miss / md_rate, kv_codec=exact,
+            e, md_computes_miss=True, md_compute_s=(queued + miss) / md_rate, kv_codec=exact,
             kv_bytes_per_token=0,
         )  # fmt: skip
 

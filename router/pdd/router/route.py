@@ -25,6 +25,22 @@ WAN_TRANSFERS = "~wan-transfers"
 #: ... and of the KiB of KV those transfers carry (the store counts integers).
 WAN_BACKLOG_KIB = "~wan-backlog-kib"
 _KIB = 1024
+#: Per MD, the prompt tokens it was asked to compute itself and has not yet answered
+#: with a token: the prefill queued on it, which a further request computed there waits
+#: behind (``md_computing_key``, ``md_computing_tokens``).
+_MD_COMPUTING = "~md-computing-tokens:"
+
+
+def md_computing_key(main_id: str) -> str:
+    """The in-flight counter of the tokens MD ``main_id`` is computing."""
+    return f"{_MD_COMPUTING}{main_id}"
+
+
+def md_computing_tokens(inflight: Mapping[str, int]) -> dict[str, int]:
+    """Per MD, the tokens every replica's routes have it computing (from the store's
+    in-flight counts)."""
+    n = len(_MD_COMPUTING)
+    return {k[n:]: v for k, v in inflight.items() if k.startswith(_MD_COMPUTING) and v > 0}
 
 
 @dataclass(frozen=True)
@@ -63,6 +79,9 @@ class Route:
     kv_bytes_per_token: int | None = None
     #: MD computes its miss from the prompt's IDs (adaptive): no KV crosses the line.
     md_computes_miss: bool = False
+    #: The tokens MD computes where it does (its miss), counted against it until its
+    #: first token (``md_computing_key``).
+    md_compute_tokens: int = 0
 
     @property
     def endpoints(self) -> list[Endpoint]:
@@ -87,15 +106,28 @@ class Route:
         return self.ships_kv and not self.md_computes_miss
 
     @property
+    def computing_key(self) -> str | None:
+        """The counter of MD's computing this route adds to, None where MD computes nothing."""
+        computes = self.md_computes_miss and self.ships_kv and self.md_compute_tokens > 0
+        return md_computing_key(self.main.instance_id) if computes and self.main else None
+
+    @property
     def lease_keys(self) -> list[str]:
-        """What this route counts in flight: its instances, and the link when it ships KV."""
+        """What this route counts in flight: its instances, the link when it ships KV, and
+        MD's computing where MD computes its miss."""
         keys = [e.instance_id for e in self.endpoints]
-        return [*keys, WAN_TRANSFERS, WAN_BACKLOG_KIB] if self.loads_line else keys
+        if self.loads_line:
+            keys += [WAN_TRANSFERS, WAN_BACKLOG_KIB]
+        return keys if self.computing_key is None else [*keys, self.computing_key]
 
     @property
     def lease_amounts(self) -> dict[str, int]:
-        """Counts other than 1 a lease holds: the KiB of KV this route commits to the line."""
-        return {WAN_BACKLOG_KIB: math.ceil(self.kv_bytes / _KIB)} if self.loads_line else {}
+        """Counts other than 1 a lease holds: the KiB of KV this route commits to the line,
+        the tokens it has MD compute."""
+        amounts = {WAN_BACKLOG_KIB: math.ceil(self.kv_bytes / _KIB)} if self.loads_line else {}
+        if self.computing_key is not None:
+            amounts[self.computing_key] = self.md_compute_tokens
+        return amounts
 
     def plan(
         self,

@@ -215,7 +215,8 @@ class Cluster:
         """What the policy sees of the line here: its measured state only. The simulated
         line never fails (no doubt), P and the relay run at the scenario's rates (none
         measured), and MD's step is the policy's ``md_first_step_s``; awaited KV is not
-        modelled (a hit counts from dispatch)."""
+        modelled (a hit counts from dispatch), nor what MD is computing already (a miss
+        MD computes is estimated as if it started at once)."""
         return LinkView(self.measured_link())
 
     def measured_link(self) -> LinkState:

@@ -17,6 +17,7 @@ from pdd.common.openai_protocol import CompletionRequest
 from pdd.common.vocabulary import Role
 from pdd.local.probes import flatten
 from pdd.router.errors import UpstreamError
+from pdd.router.route import md_computing_key, md_computing_tokens
 from pdd.router.serving_base import OpenAIServing
 
 pytestmark = [pytest.mark.unit, pytest.mark.virtual_clock]
@@ -199,9 +200,11 @@ async def test_the_adaptive_router_has_md_compute_a_small_miss_by_default(avdp) 
     4,096 tokens): the long prompt's exact KV misses the budget, and MD computing its
     200 tokens (at the declared 1,000,000 tokens/s) fits it, so no codec is used. The
     route, its reason and the counter say so; P puts no KV on the line, and the tokens
-    are mono's."""
+    are mono's. Where MD is computing other requests' misses (the replicas' shared
+    in-flight counts), a new miss waits behind them: coded instead."""
     workers = ((Role.PREFILL, "p"), (Role.MAIN, "md"))
     long = avdp.prompts(1, seed=86, lo=200, hi=201)[0]
+    other = avdp.prompts(1, seed=89, lo=200, hi=201)[0]
     [expected] = await run_greedy(avdp, [long], "a-ref", "mono", main="mono")
     delta = avdp.counters("p")
     async with avdp.cluster.router(
@@ -210,11 +213,19 @@ async def test_the_adaptive_router_has_md_compute_a_small_miss_by_default(avdp) 
     ) as rt:  # fmt: skip
         computed = await complete(OpenAIServing(rt), rt, long)
         assert computed.route.md_computes_miss and computed.route.kv_bytes == 0
+        assert computed.route.md_compute_tokens == len(long)
         assert "KV computed at MD" in computed.route.reason
         assert computed.token_ids == expected
         metrics = flatten(rt.metrics.render().decode())
         assert metrics.get('pdd_router_kv_codec_choices_total{codec="computed_at_md"}') == 1
-    assert delta("p", "pdd_worker_wan_kv_bytes") == 0
+        assert md_computing_tokens(await rt.store.inflight()) == {}  # let go at its end
+        # Another replica's requests have MD computing 1,000,000 tokens (1 s of it): the
+        # next miss would wait behind them, so it is coded instead.
+        rt.store.add_inflight(md_computing_key("md"), 1_000_000)
+        queued = await complete(OpenAIServing(rt), rt, other)
+        assert not queued.route.md_computes_miss and queued.route.kv_codec == "int8"
+        rt.store.add_inflight(md_computing_key("md"), -1_000_000)
+    assert delta("p", "pdd_worker_wan_kv_bytes") > 0  # only the coded one crossed
     await avdp.assert_quiescent()
 
 
