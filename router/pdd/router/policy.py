@@ -38,8 +38,7 @@ is at most ``md_recompute_max_tokens`` and that is sooner than the exact KV's cr
 but the request crosses (``PipelinePlan.md_prefills``; Dynamo calls prefilling on the
 decode worker conditional disaggregation). It is lossless, so under any codec. The
 pipeline is still chosen on the exact KV's estimate, so an idle relay keeps the new
-conversations whose KV would lag, and a request over budget is relayed as before
-(under adaptive, one whose MD computing fits the budget is not: below).
+conversations whose KV would lag, and a request over budget is relayed as before.
 
 A **retry** (the router recovering a request a worker failed) keeps a relay on the
 route whenever one has room: P-RLD-MD, or P-RLD where no MD is left to choose. The
@@ -49,11 +48,7 @@ request through either; the rules above assume both work.
 Under ``spec.wan.kvCodec: adaptive`` the pipeline is chosen on the **exact** KV's
 estimate, as with no codec: a transfer that fits goes P-MD exact, one that does not is
 relayed with the exact KV (the relay's first token does not wait for the line, so coding
-would only cost precision), except where MD computing its miss fits the budget: then
-P-MD, MD computing (``computes_in_budget``; only the request crosses, so the line's rate,
-which the router's view learns seconds late in a throttle, does not set that first
-token, and a relay would only add P's prefill and its queue), and unless the line is
-congested (its backlog takes longer than
+would only cost precision), unless the line is congested (its backlog takes longer than
 the budget to drain): a relayed KV still crosses and every later transfer queues behind
 it, so there it is coded as a P-MD one would be. A codec is also chosen where P-MD
 serves although its exact KV misses the budget (every relay saturated, the relay's queue
@@ -305,12 +300,6 @@ def decide(
         pipeline, reason = retry_pipeline(md is not None)
     else:
         pipeline, reason = choose_pipeline(request, estimate, relay is not None, traffic, config)
-        if pipeline == Pipeline.P_RLD_MD and computes_in_budget(estimate, computed_at_md, config):
-            pipeline = Pipeline.P_MD
-            reason = (
-                f"MD's first token in {estimate.md_first_token_s:.2f}s with the exact KV exceeds "
-                f"the {config.ttft_budget_s:.2f}s budget, but MD computing its miss fits it: P-MD"
-            )
         if pipeline == Pipeline.P_MD and link.doubt is not None:
             pipeline, reason = doubted_line_pipeline(link.doubt, relay is not None)
     if pipeline != Pipeline.P_RLD and md is None:
@@ -335,19 +324,6 @@ def decide(
         )
         reason = f"{reason}; {codec_note}"
     return Decision(pipeline, assignment, reason, estimate)
-
-
-def computes_in_budget(
-    exact: Estimate, computed_at_md: Callable[[], Estimate | None], config: PolicyConfig
-) -> bool:
-    """Under adaptive, where the exact KV misses the budget: MD computing its miss fits it,
-    so P-MD serves instead of a relay. Lossless, and unlike a codec's fit it does not
-    lean on the line's rate (only the request crosses), so a lagging link view cannot
-    make it overrun; a relay would only add P's prefill and its own queue."""
-    if not config.adaptive_codecs or exact.md_first_token_s <= config.ttft_budget_s:
-        return False
-    computed = computed_at_md()
-    return computed is not None and computed.md_first_token_s <= config.ttft_budget_s
 
 
 def _adaptive_codec(
