@@ -37,19 +37,14 @@ from pdd.worker.model.loader import LoadedModel
 pytestmark = pytest.mark.unit
 
 
-def drain(engine: Engine) -> list[RequestOutput]:
-    outs: list[RequestOutput] = []
-    while engine.has_unfinished():
-        outs += engine.step()
-    return outs
-
-
 def prompts(n: int, length: int) -> list[list[int]]:
     return [[(r * 17 + i * 5) % 250 for i in range(length + 3 * r)] for r in range(n)]
 
 
 def test_bad_requests_are_refused_and_the_engine_keeps_serving(
-    tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
+    tiny: LoadedModel,
+    drain: Callable[[Engine], list[RequestOutput]],
+    assert_no_leaks: Callable[[Engine], None],
 ) -> None:
     engine = Engine(tiny, block_size=4, num_blocks=16, max_model_len=100)
     running = engine.add_request([1, 2, 3], SamplingParams(max_tokens=8, ignore_eos=True))
@@ -161,7 +156,9 @@ def test_abort_mid_generation_frees_everything(
 
 
 def test_stop_on_eos_stop_ids_and_max_tokens(
-    tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
+    tiny: LoadedModel,
+    drain: Callable[[Engine], list[RequestOutput]],
+    assert_no_leaks: Callable[[Engine], None],
 ) -> None:
     prompt = [10, 11, 12]
     (free_run,) = Engine(tiny).generate([prompt], SamplingParams(max_tokens=12, ignore_eos=True))

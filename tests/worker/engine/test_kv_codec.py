@@ -6,6 +6,8 @@ Quality on real checkpoints (logits, greedy agreement) is ``test_kv_codec_qualit
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -14,6 +16,7 @@ from pdd.common.kv_codec import KV_CODECS, chunk_wire_bytes, handshake_name
 from pdd.worker.engine import Engine
 from pdd.worker.engine.kv_codec import decode, encode, fp8_supported
 from pdd.worker.engine.kv_transfer import CodecMismatchError, decode_chunk
+from pdd.worker.engine.request import RequestOutput
 from pdd.worker.engine.sampling import SamplingParams
 from pdd.worker.model.loader import LoadedModel
 
@@ -137,11 +140,11 @@ def greedy(max_tokens: int) -> SamplingParams:
 
 @pytest.mark.parametrize("codec", LOSSY)
 def test_engine_imports_compressed_kv_in_its_dtype_and_continues(
-    tiny: LoadedModel, codec: str, assert_no_leaks
+    tiny: LoadedModel, codec: str, drain: Callable[[Engine], list[RequestOutput]], assert_no_leaks
 ) -> None:
     sender = Engine(tiny, block_size=16, num_blocks=32)
     rid = sender.add_request(PROMPT, greedy(1), hold_kv=True)
-    (first,) = [t for out in _drain(sender) for t in out.new_token_ids]
+    (first,) = [t for out in drain(sender) for t in out.new_token_ids]
     chunks = list(sender.export_kv(rid, 0, len(PROMPT), 48, codec))  # type: ignore[arg-type]
     assert {decode_chunk(c)[0].codec for c in chunks} == {codec}
     exact = sender.kv.read_tokens(sender.requests.get(rid).block_table, 0, len(PROMPT)).clone()
@@ -154,16 +157,16 @@ def test_engine_imports_compressed_kv_in_its_dtype_and_continues(
     assert got.dtype == exact.dtype
     assert (got - exact).abs().max() <= exact.abs().max() * STEP_BOUND["int4"]
     receiver.resume("r", [first])
-    assert len([t for out in _drain(receiver) for t in out.new_token_ids]) == 7
+    assert len([t for out in drain(receiver) for t in out.new_token_ids]) == 7
     assert_no_leaks(receiver)
 
 
 def test_a_chunk_coded_otherwise_than_agreed_is_refused_and_changes_nothing(
-    tiny: LoadedModel,
+    tiny: LoadedModel, drain: Callable[[Engine], list[RequestOutput]]
 ) -> None:
     sender = Engine(tiny, block_size=16, num_blocks=32)
     rid = sender.add_request(PROMPT, greedy(1), hold_kv=True)
-    _drain(sender)
+    drain(sender)
     (chunk,) = sender.export_kv(rid, 0, len(PROMPT), 256, "int8")
     (plain,) = sender.export_kv(rid, 0, len(PROMPT), 256)
     receiver = Engine(tiny, block_size=16, num_blocks=32)
@@ -174,10 +177,3 @@ def test_a_chunk_coded_otherwise_than_agreed_is_refused_and_changes_nothing(
         receiver.import_kv("r", plain, "int4")
     assert receiver.requests.get("r").num_computed == 0
     assert receiver.import_kv("r", chunk, "int8") == len(PROMPT)
-
-
-def _drain(engine: Engine) -> list:
-    outs = []
-    while engine.has_unfinished():
-        outs += engine.step()
-    return outs

@@ -28,7 +28,7 @@ from pdd.worker.engine.kv_transfer import (
     encode_chunk,
     payload_tensor,
 )
-from pdd.worker.engine.request import InvalidRequestStateError
+from pdd.worker.engine.request import InvalidRequestStateError, RequestOutput
 from pdd.worker.engine.sampling import SamplingParams
 from pdd.worker.model.loader import LoadedModel, load_model
 
@@ -45,27 +45,41 @@ def params(seed: int | None) -> SamplingParams:
     )
 
 
-def prefill(sender: Engine, prompt: list[int], sp: SamplingParams) -> tuple[str, int]:
-    """Run the prefill role: one token, KV kept for export."""
-    rid = sender.add_request(prompt, dataclasses.replace(sp, max_tokens=1), hold_kv=True)
-    (first,) = [t for out in drain(sender) for t in out.new_token_ids]
-    return rid, first
+Drain = Callable[[Engine], list[RequestOutput]]
+Prefill = Callable[[Engine, list[int], SamplingParams], tuple[str, int]]
+Finish = Callable[[Engine, str], list[int]]
 
 
-def drain(engine: Engine) -> list:
-    outs = []
-    while engine.has_unfinished():
-        outs += engine.step()
-    return outs
+@pytest.fixture
+def prefill(drain: Drain) -> Prefill:
+    """``prefill(sender, prompt, sp)``: run the prefill role, one token with the KV kept
+    for export; the request's id and that token."""
+
+    def run(sender: Engine, prompt: list[int], sp: SamplingParams) -> tuple[str, int]:
+        rid = sender.add_request(prompt, dataclasses.replace(sp, max_tokens=1), hold_kv=True)
+        (first,) = [t for out in drain(sender) for t in out.new_token_ids]
+        return rid, first
+
+    return run
 
 
-def finish(receiver: Engine, rid: str) -> list[int]:
-    return [t for out in drain(receiver) if out.request_id == rid for t in out.new_token_ids]
+@pytest.fixture
+def finish(drain: Drain) -> Finish:
+    """``finish(receiver, rid)``: step the receiver until idle; that request's tokens."""
+
+    def run(receiver: Engine, rid: str) -> list[int]:
+        return [t for out in drain(receiver) if out.request_id == rid for t in out.new_token_ids]
+
+    return run
 
 
 @pytest.mark.parametrize("seed", [None, 2024], ids=["greedy", "seeded"])
 def test_export_import_continue_equals_one_engine(
-    tiny: LoadedModel, seed: int | None, assert_no_leaks: Callable[[Engine], None]
+    tiny: LoadedModel,
+    prefill: Prefill,
+    finish: Finish,
+    seed: int | None,
+    assert_no_leaks: Callable[[Engine], None],
 ) -> None:
     (reference,) = Engine(tiny, block_size=4, num_blocks=128).generate([PROMPT], params(seed))
     sender = Engine(tiny, block_size=4, num_blocks=64)
@@ -86,6 +100,8 @@ def test_export_import_continue_equals_one_engine(
 @pytest.mark.parametrize("export_from", ["hit", "zero"])
 def test_receiver_attaches_import_after_its_cached_prefix(
     tiny: LoadedModel,
+    prefill: Prefill,
+    finish: Finish,
     export_from: str,
     assert_no_leaks: Callable[[Engine], None],
 ) -> None:
@@ -108,7 +124,10 @@ def test_receiver_attaches_import_after_its_cached_prefix(
 
 
 def test_attach_without_the_cache_takes_all_kv_and_leaves_the_cache_alone(
-    tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
+    tiny: LoadedModel,
+    prefill: Prefill,
+    finish: Finish,
+    assert_no_leaks: Callable[[Engine], None],
 ) -> None:
     """The naive pipeline: MD holds the prompt but must import all of it, caching nothing."""
     (reference,) = Engine(tiny, block_size=4, num_blocks=128).generate([PROMPT], params(None))
@@ -135,7 +154,10 @@ def test_attach_without_the_cache_takes_all_kv_and_leaves_the_cache_alone(
 
 
 def test_refused_chunks_change_nothing_and_the_handoff_completes(
-    tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
+    tiny: LoadedModel,
+    prefill: Prefill,
+    drain: Drain,
+    assert_no_leaks: Callable[[Engine], None],
 ) -> None:
     (reference,) = Engine(tiny, block_size=4, num_blocks=128).generate([PROMPT], params(None))
     sender = Engine(tiny, block_size=4, num_blocks=64)
@@ -178,7 +200,10 @@ def test_refused_chunks_change_nothing_and_the_handoff_completes(
 
 
 def test_bf16_engines_exchange_bf16_kv(
-    tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
+    tiny: LoadedModel,
+    prefill: Prefill,
+    finish: Finish,
+    assert_no_leaks: Callable[[Engine], None],
 ) -> None:
     bf16 = load_model("tiny", dtype="bfloat16")
     (reference,) = Engine(bf16, block_size=4, num_blocks=128).generate([PROMPT], params(None))
@@ -201,7 +226,9 @@ def test_bf16_engines_exchange_bf16_kv(
 
 
 def test_export_of_a_released_request_is_refused(
-    tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
+    tiny: LoadedModel,
+    prefill: Prefill,
+    assert_no_leaks: Callable[[Engine], None],
 ) -> None:
     sender = Engine(tiny, block_size=4, num_blocks=64)
     rid, _ = prefill(sender, PROMPT, params(None))
