@@ -9,9 +9,17 @@ PY=${PYTHON:-python3}
 stamp=.venv/.pdd-installed
 want=$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  .venv/bin/python -m pip install -q --upgrade pip setuptools wheel
+  # pip's output (and setuptools' notes on the editable install) goes to a log, shown
+  # only if the install fails.
+  log=.venv/pip-install.log
   # torch is pinned (pyproject) to the CPU build that lies on disk.
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  if ! { .venv/bin/python -m pip install -q --upgrade pip setuptools wheel &&
+    .venv/bin/python -m pip install -q -e '.[dev]'; } >"$log" 2>&1; then
+    cat "$log" >&2
+    echo "setup: installing PDD failed (log: $log)" >&2
+    exit 1
+  fi
+  echo "installed PDD and its dependencies into .venv (pip's log: $log)"
   echo "$want" >"$stamp"
 fi
 # The engine's CPU kernels: the variant this CPU runs (AVX-512 or AVX2), compiled once
