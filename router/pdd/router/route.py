@@ -108,8 +108,9 @@ class Route:
     @property
     def computing_key(self) -> str | None:
         """The counter of MD's computing this route adds to, None where MD computes nothing."""
-        computes = self.md_computes_miss and self.ships_kv and self.md_compute_tokens > 0
-        return md_computing_key(self.main.instance_id) if computes and self.main else None
+        if not self.md_computes_miss or self.md_compute_tokens == 0 or self.main is None:
+            return None
+        return md_computing_key(self.main.instance_id)
 
     @property
     def lease_keys(self) -> list[str]:
