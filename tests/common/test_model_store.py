@@ -13,6 +13,7 @@ from pdd.common.model_store import (
     MANIFEST,
     ModelNotPulledError,
     default_model,
+    hub_repo_problem,
     is_hub_repo,
     model_dir,
     resolve_model,
@@ -78,3 +79,18 @@ def test_hub_names_are_org_slash_name_and_not_paths(tmp_path: Path) -> None:
     (tmp_path / "org").mkdir()
     (tmp_path / "org" / "name").mkdir()
     assert not is_hub_repo(str(tmp_path / "org" / "name"))
+
+
+@pytest.mark.parametrize(
+    "name", ["evil/..", "org/repo;id", "org/a--b", "org/x.git", "org/.x", "org/x-", "o/a b"]
+)
+def test_a_name_huggingface_hub_would_refuse_is_no_repo_id_to_resolve(name: str) -> None:
+    assert is_hub_repo(name)  # ORG/NAME in shape, so it must be checked as an id
+    assert hub_repo_problem(name) is not None
+    with pytest.raises(ModelNotPulledError, match="not a Hub repo id: ORG/NAME"):
+        resolve_model(name)
+
+
+def test_real_repo_ids_are_ids() -> None:
+    for name in ("HuggingFaceTB/SmolLM2-135M-Instruct", "Qwen/Qwen2.5-0.5B-Instruct-GGUF", "a/b"):
+        assert hub_repo_problem(name) is None

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pdd.common.config_document import parse_config_document
+from pdd.common.config_document import API_KEYS_ENV, parse_config_document
 from pdd.common.vocabulary import Role
 from pdd.local.manifests import ClusterObjects, HostAddressing, PodPlan, plan_pods
 from pdd.local.topology import (
@@ -19,8 +19,9 @@ from pdd.local.topology import (
     mode_objects,
     mode_workers,
     stack_deployment,
+    user_secrets,
 )
-from pdd.local.up import build_parser, stack_config
+from pdd.local.up import api_keys, build_parser, curl_example, stack_config
 from pdd.operator.render import render_deployment
 from pdd.worker.deploy_config import flag_defaults
 
@@ -34,7 +35,11 @@ def rendered(config: StackConfig) -> list[PodPlan]:
     doc = stack_deployment(config)
     by_cluster, secrets = render_deployment(doc), render_deployment(doc, secrets_token="t0ken")
     clusters = [ClusterObjects(str(c), objs + secrets[c]) for c, objs in by_cluster.items()]
-    return plan_pods(mode_objects(config.mode, clusters), addressing=HostAddressing())
+    return plan_pods(
+        mode_objects(config.mode, clusters),
+        secrets=user_secrets(config),
+        addressing=HostAddressing(),
+    )
 
 
 @pytest.mark.parametrize("mode", ["pdd", "naive", "samedc", "mono"])
@@ -145,3 +150,36 @@ def test_kv_codec_reaches_every_pod_through_the_config_document(mode: str, codec
         assert doc.wan.kv_codec == codec
         if pod.component != "router":
             assert flag_defaults(doc, {}, pod.component)["kv_codec"] == codec
+
+
+def test_api_keys_reach_the_router_from_a_secret_into_its_environment_not_its_argv() -> None:
+    """As on a cluster: the deployment names the Secret, the router's env reads it."""
+    config = StackConfig(mode="mono", api_keys=("sk-one", "sk-two"))
+    spec = stack_deployment(config)["spec"]
+    assert spec["router"] == {"apiKeysSecret": {"name": "pdd-api-keys", "key": "api-keys"}}
+    pods = rendered(config)
+    (router,) = [p for p in pods if p.component == "router"]
+    assert router.env[API_KEYS_ENV].split() == ["sk-one", "sk-two"]
+    for pod in pods:
+        argv = " ".join([*pod.command, *pod.args])
+        assert "sk-one" not in argv and "sk-two" not in argv
+        assert pod is router or API_KEYS_ENV not in pod.env
+    assert "router" not in stack_deployment(StackConfig())["spec"]  # no keys: an open router
+
+
+def test_the_printed_curl_reads_a_key_it_never_holds(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv(API_KEYS_ENV, raising=False)
+    args = build_parser().parse_args([])
+    assert api_keys(args) == ((), None)
+    assert "Authorization" not in curl_example("http://h:1/v1", "m", None)
+    monkeypatch.setenv(API_KEYS_ENV, "sk-env")
+    keys, expression = api_keys(args)
+    assert keys == ("sk-env",) and expression == "$PDD_API_KEYS"
+    assert '-H "Authorization: Bearer $PDD_API_KEYS"' in curl_example(
+        "http://h:1/v1", "m", expression
+    )
+    path = tmp_path / "my keys"
+    path.write_text("\n sk-file-1 \nsk-file-2\n")
+    keys, expression = api_keys(build_parser().parse_args(["--api-key-file", str(path)]))
+    assert keys == ("sk-file-1", "sk-file-2")  # the file wins over the environment
+    assert expression == f"$(awk 'NF {{print $1; exit}}' '{path}')" and "sk-file" not in expression

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import openai
 import pytest
 
 from pdd.bench import cli as bench
+from pdd.common.config_document import API_KEYS_ENV
 from pdd.local.cluster import free_port
 from pdd.local.stack import StackInfo
 from pdd.testing.processes import process_group_members
@@ -62,13 +64,17 @@ def own_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     yield from start_up(tmp_path_factory.mktemp("own-up"))
 
 
-def start_up(tmp: Path) -> Iterator[Up]:
+def start_up(tmp: Path, *extra: str, mode: str = "pdd") -> Iterator[Up]:
     output = tmp / "pdd-up.out"
-    argv = [sys.executable, "-m", "pdd.cli", "up", "--model", "tiny", "--mode", "pdd",
+    argv = [sys.executable, "-m", "pdd.cli", "up", "--model", "tiny", "--mode", mode,
             "--port", str(free_port()),
-            "--log-dir", str(tmp / "logs"), "--worker-arg=--kv-cache-gib=0.03125"]  # fmt: skip
+            "--log-dir", str(tmp / "logs"), "--worker-arg=--kv-cache-gib=0.03125",
+            *extra]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != API_KEYS_ENV}
     with output.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
     try:
         yield Up(proc, output, wait_ready(proc, output, tmp / "logs"))
     finally:
@@ -137,3 +143,44 @@ def test_settings_a_worker_refuses_stop_pdd_up_at_once_with_the_reason(tmp_path:
     assert proc.returncode == 1
     assert "refused its settings: device 'cuda' asked for" in stderr
     assert process_group_members(proc.pid) == []  # every worker it started is gone
+
+
+def command_lines() -> dict[int, bytes]:
+    """Every process's command line this user can read (``ps`` shows the same)."""
+    lines = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                lines[int(entry.name)] = (entry / "cmdline").read_bytes()
+            except OSError:  # gone meanwhile
+                continue
+    return lines
+
+
+def test_an_api_key_file_keeps_the_key_off_every_command_line_and_the_curl_sends_it(
+    tmp_path: Path,
+) -> None:
+    """The key reaches the router as a cluster gives it (Secret -> environment): no
+    process's argv, no log holds it; the router answers 401 without it, and the curl
+    ``pdd up`` prints (which reads the file, not the key) streams an answer."""
+    key = f"sk-{secrets.token_hex(16)}"
+    keys = tmp_path / "keys"
+    keys.write_text(f"\n{key}\n")
+    stack = start_up(tmp_path, "--api-key-file", str(keys), mode="mono")
+    up = next(stack)
+    try:
+        members = process_group_members(up.proc.pid)
+        assert len(members) >= 3  # pdd up, the router, the worker
+        assert [pid for pid, line in command_lines().items() if key.encode() in line] == []
+        logs = [f for f in Path(up.info.log_dir).rglob("*") if f.is_file()] + [up.output]
+        assert [f for f in logs if key.encode() in f.read_bytes()] == []
+        models = f"{up.info.base_url}/models"
+        assert httpx.get(models, timeout=30).status_code == 401
+        auth = {"Authorization": f"Bearer {key}"}
+        assert httpx.get(models, headers=auth, timeout=30).status_code == 200
+        (curl,) = [ln for ln in up.output.read_text().splitlines() if ln.startswith("curl ")]
+        assert "Authorization: Bearer $(awk " in curl
+        done = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "data: [DONE]" in done.stdout, done.stdout
+    finally:
+        stack.close()

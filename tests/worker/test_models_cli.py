@@ -192,3 +192,17 @@ def test_a_refused_pull_is_a_clear_cause_in_the_termination_log(
     assert log.read_text().startswith(f"{reason}: ")
     assert len(done.stderr.strip().splitlines()) == 1  # no traceback
     assert model_store.read_manifest(tmp_path / "models" / "hub" / "acme--tiny-qwen3") is None
+
+
+@pytest.mark.parametrize("name", ["evil/..", "org/repo;id", "org/a--b", "org/x.git"])
+def test_a_pull_of_no_repo_id_is_one_line_and_exit_2_before_the_hub_is_asked(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing may be asked there
+    monkeypatch.setenv("PDD_MODELS_DIR", str(tmp_path / "models"))
+    log = tmp_path / "termination-log"
+    assert models_cli.main(["pull", name, "--termination-log", str(log)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"pdd models pull: {name}: not a Hub repo id: ORG/NAME")
+    assert log.read_text().startswith("InvalidRepoId: not a Hub repo id")
+    assert not (tmp_path / "models").exists()

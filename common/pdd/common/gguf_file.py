@@ -12,7 +12,8 @@ checkpoint directory would hold, so the rest of the system sees one kind of chec
   llama.cpp's rotary permutation of Llama's q/k projections undone.
 
 Torch-free (numpy and the ``gguf`` package only): the router reads the tokenizer and
-template of a GGUF model too.
+template of a GGUF model too. The file is read by ``pdd.common.gguf_reader``, which
+checks every count and size in its header against the file's length first.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from pdd.common.gguf_reader import GGUFError, read_gguf
 
 #: GGUF architecture name -> transformers architecture (what the engine runs).
 ARCHITECTURES = {
@@ -84,23 +87,14 @@ _PRE_TOKENIZERS: dict[str, tuple[str | None, bool]] = {
 _CONTROL, _USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
 
 
-class GGUFError(ValueError):
-    """A GGUF file this system cannot serve; the message says why and what would work."""
-
-
 class GGUFModelFile:
     """One GGUF model file, read lazily (the tensors are memory-mapped)."""
 
     def __init__(self, path: str | Path) -> None:
-        from gguf import GGUFReader  # the package is large; only GGUF users pay for it
-
         self.path = Path(path)
         if not self.path.is_file():
             raise GGUFError(f"{self.path} does not exist or is not a file")
-        try:
-            self._reader = GGUFReader(self.path)
-        except Exception as e:  # gguf raises ValueError/struct.error on damage
-            raise GGUFError(f"{self.path} is not a readable GGUF file ({e})") from e
+        self._reader = read_gguf(self.path)
         self.gguf_arch = str(self._field("general.architecture", ""))
         if self.gguf_arch not in ARCHITECTURES:
             raise GGUFError(
@@ -111,13 +105,41 @@ class GGUFModelFile:
     # -- metadata ---------------------------------------------------------------------
 
     def _field(self, key: str, default: Any = None) -> Any:
-        field = self._reader.fields.get(key)
-        if field is None:
-            return default
-        return field.contents()
+        value = self._reader.fields.get(key, default)
+        return value.tolist() if isinstance(value, np.ndarray) else value
 
     def _arch_field(self, key: str, default: Any = None) -> Any:
         return self._field(f"{self.gguf_arch}.{key}", default)
+
+    def _arch_int(self, key: str, default: int | None = None) -> int:
+        """A hyper-parameter that must be a positive integer: a missing or absurd one is a
+        GGUFError naming the key, not a TypeError deep in the engine."""
+        value = self._arch_field(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise GGUFError(
+                f"{self.path.name}: metadata key '{self.gguf_arch}.{key}' must be a positive "
+                f"integer, not {value!r}"
+            )
+        return value
+
+    def _tokens(self) -> list[str]:
+        """``tokenizer.ggml.tokens`` (empty where absent), checked to be strings."""
+        tokens = self._field("tokenizer.ggml.tokens", [])
+        if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+            raise GGUFError(f"{self.path.name}: tokenizer.ggml.tokens is not a list of strings")
+        return tokens
+
+    def _layer_count(self) -> int:
+        """``block_count``, held to the layers the tensors name: a header claiming more
+        layers than the file has would have the engine build every one of them."""
+        layers = self._arch_int("block_count")
+        named = {int(m.group(1)) for m in map(_LAYER_NAME.match, self._tensors) if m}
+        if len(named) != layers or max(named, default=-1) != layers - 1:  # 0..layers-1
+            raise GGUFError(
+                f"{self.path.name}: metadata says {layers} layers ({self.gguf_arch}.block_count) "
+                f"but the file's tensors are of {len(named)} layers"
+            )
+        return layers
 
     @cached_property
     def _tensors(self) -> dict[str, Any]:
@@ -125,9 +147,9 @@ class GGUFModelFile:
 
     def hf_config(self) -> dict[str, Any]:
         """The config.json a transformers export of this model would carry."""
-        heads = int(self._arch_field("attention.head_count"))
-        hidden = int(self._arch_field("embedding_length"))
-        tokens = self._field("tokenizer.ggml.tokens") or []
+        heads = self._arch_int("attention.head_count")
+        hidden = self._arch_int("embedding_length")
+        tokens = self._tokens()
         if "rope_freqs.weight" in self._tensors:
             raise GGUFError(
                 f"{self.path.name}: per-frequency RoPE factors (rope_freqs, Llama 3.1+) are "
@@ -138,14 +160,14 @@ class GGUFModelFile:
             "model_type": self.gguf_arch,
             "vocab_size": int(self._arch_field("vocab_size", 0) or len(tokens)),
             "hidden_size": hidden,
-            "intermediate_size": int(self._arch_field("feed_forward_length")),
-            "num_hidden_layers": int(self._arch_field("block_count")),
+            "intermediate_size": self._arch_int("feed_forward_length"),
+            "num_hidden_layers": self._layer_count(),
             "num_attention_heads": heads,
-            "num_key_value_heads": int(self._arch_field("attention.head_count_kv", heads)),
-            "head_dim": int(self._arch_field("attention.key_length", hidden // heads)),
+            "num_key_value_heads": self._arch_int("attention.head_count_kv", heads),
+            "head_dim": self._arch_int("attention.key_length", max(1, hidden // heads)),
             "rms_norm_eps": float(self._arch_field("attention.layer_norm_rms_epsilon", 1e-6)),
             "rope_theta": float(self._arch_field("rope.freq_base", 10000.0)),
-            "max_position_embeddings": int(self._arch_field("context_length")),
+            "max_position_embeddings": self._arch_int("context_length"),
             "tie_word_embeddings": "output.weight" not in self._tensors,
             "hidden_act": "silu",
             "torch_dtype": "float32",
@@ -180,7 +202,7 @@ class GGUFModelFile:
 
     def special_tokens(self) -> dict[str, str]:
         """bos/eos/unk/pad token strings, as tokenizer_config.json names them."""
-        tokens = self._field("tokenizer.ggml.tokens") or []
+        tokens = self._tokens()
         out = {}
         for name in ("bos", "eos", "unknown", "padding"):
             token_id = self._field(f"tokenizer.ggml.{name}_token_id")
@@ -221,7 +243,9 @@ class GGUFModelFile:
                 f"{self.path.name}: pre-tokenizer {pre!r} is not known; known: "
                 f"{', '.join(_PRE_TOKENIZERS)}"
             )
-        tokens = [str(t) for t in self._field("tokenizer.ggml.tokens")]
+        tokens = self._tokens()
+        if not tokens:
+            raise GGUFError(f"{self.path.name}: the file has no vocabulary (tokenizer.ggml.tokens)")
         pairs = (str(m).partition(" ") for m in self._field("tokenizer.ggml.merges") or [])
         merges = [(left, right) for left, _, right in pairs]
         tok = Tokenizer(
@@ -238,6 +262,8 @@ class GGUFModelFile:
         tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
         tok.decoder = decoders.ByteLevel()
         types = self._field("tokenizer.ggml.token_type") or [1] * len(tokens)
+        if len(types) != len(tokens):
+            raise GGUFError(f"{self.path.name}: {len(types)} token types for {len(tokens)} tokens")
         special = [AddedToken(tokens[i], special=True, normalized=False)
                    for i, kind in enumerate(types) if kind == _CONTROL]  # fmt: skip
         added = [AddedToken(tokens[i], special=False, normalized=False)
@@ -245,6 +271,8 @@ class GGUFModelFile:
         tok.add_special_tokens(special)
         tok.add_tokens(added)
         bos = self._field("tokenizer.ggml.bos_token_id")
+        if bos is not None and not (isinstance(bos, int) and 0 <= bos < len(tokens)):
+            raise GGUFError(f"{self.path.name}: bos_token_id {bos!r} is not a token's id")
         if self._field("tokenizer.ggml.add_bos_token", False) and bos is not None:
             tok.post_processor = processors.TemplateProcessing(
                 single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A {tokens[bos]} $B",

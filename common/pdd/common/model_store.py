@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,31 @@ def is_hub_repo(name: str) -> bool:
     )
 
 
+#: A Hub repo id's part, as huggingface_hub's ``validate_repo_id`` (and the Hub) take it:
+#: letters, digits, ``-``, ``_``, ``.``, at most 96, starting and ending with a letter,
+#: digit or ``_``.
+_HUB_PART = re.compile(r"\w(?:[\w.-]{0,94}\w)?", re.ASCII)
+HUB_REPO_RULE = (
+    "ORG/NAME, each of letters, digits, '-', '_' and '.', at most 96 characters, starting "
+    "and ending with a letter, digit or '_', without '--', '..' or a '.git' ending"
+)
+
+
+def hub_repo_problem(name: str) -> str | None:
+    """Why ``name`` (``org/name`` in shape) is no Hub repo id, or None where it is one.
+
+    Checked before anything asks the Hub, so a pull of ``evil/..`` or ``org/repo;id``
+    is one line saying what an id looks like, not huggingface_hub's traceback, and no
+    id can name a folder outside the cache."""
+    parts = name.split("/")
+    valid = (
+        len(parts) == 2
+        and all(_HUB_PART.fullmatch(part) for part in parts)
+        and not ("--" in name or ".." in name or name.endswith(".git"))
+    )
+    return None if valid else f"not a Hub repo id: {HUB_REPO_RULE}"
+
+
 def model_dir(name: str) -> Path:
     """The cache folder a pull of ``name`` (built-in or ``org/name``) fills."""
     if is_hub_repo(name):
@@ -105,6 +131,8 @@ def resolve_model(source: str) -> str:
     checkpoint of a built-in or Hub name (``ModelNotPulledError`` when not pulled)."""
     if source == TINY or Path(source).exists():
         return source
+    if is_hub_repo(source) and (problem := hub_repo_problem(source)) is not None:
+        raise ModelNotPulledError(f"model {source!r}: {problem}")
     if source in BUILTINS or is_hub_repo(source):
         path = cached(source)
         if path is None:

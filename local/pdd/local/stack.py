@@ -34,7 +34,13 @@ from pdd.local.manifests import (
 )
 from pdd.local.probes import Probes
 from pdd.local.supervisor import PDD_PROGRAM
-from pdd.local.topology import StackConfig, extra_args, mode_objects, stack_deployment
+from pdd.local.topology import (
+    StackConfig,
+    extra_args,
+    mode_objects,
+    stack_deployment,
+    user_secrets,
+)
 
 Say = Callable[[str], None]
 
@@ -160,7 +166,11 @@ def render(config: StackConfig, token: str) -> list[PodPlan]:
         if (out / f"{name}.yaml").exists()
     ]
     try:
-        return plan_pods(mode_objects(config.mode, clusters), addressing=HostAddressing())
+        return plan_pods(
+            mode_objects(config.mode, clusters),
+            secrets=user_secrets(config),
+            addressing=HostAddressing(),
+        )
     except ManifestError as exc:
         raise StackStartError(str(exc)) from exc
 

@@ -82,6 +82,10 @@ class StackConfig:
     wan_tls: bool = False
     #: How P codes the KV it sends MD across the WAN (``spec.wan.kvCodec``).
     kv_codec: KVCodecSetting = NO_CODEC
+    #: The client keys the router takes (none: open). They reach the router as a cluster
+    #: would give them, from a Secret into its environment (``user_secrets``), never on a
+    #: command line.
+    api_keys: tuple[str, ...] = ()
 
     @property
     def served_name(self) -> str:
@@ -99,6 +103,8 @@ NAMESPACE = "local"
 LOCAL_IMAGE = "pdd:local"
 #: Modes whose MD runs in the other datacenter (behind the WAN lines).
 CROSS_DATACENTER: tuple[Mode, ...] = ("pdd", "naive")
+#: The Secret holding the client API keys (``spec.router.apiKeysSecret``), and its key.
+API_KEYS_SECRET = {"name": "pdd-api-keys", "key": "api-keys"}
 
 
 def stack_deployment(config: StackConfig) -> dict[str, Any]:
@@ -124,14 +130,27 @@ def stack_deployment(config: StackConfig) -> dict[str, Any]:
         spec["poolB"] = {}
     if config.ttft_budget_s is not None:
         spec["slo"] = {"ttftP99Ms": config.ttft_budget_s * 1000.0}
+    router: dict[str, Any] = {}
     if config.redis_url:
-        spec["router"] = {"redisUrl": config.redis_url}
+        router["redisUrl"] = config.redis_url
+    if config.api_keys:
+        router["apiKeysSecret"] = dict(API_KEYS_SECRET)
+    if router:
+        spec["router"] = router
     return {
         "apiVersion": "pdd.dev/v1alpha1",
         "kind": "PDDDeployment",
         "metadata": {"name": DEPLOYMENT_NAME, "namespace": NAMESPACE},
         "spec": spec,
     }
+
+
+def user_secrets(config: StackConfig) -> dict[str, dict[str, str]]:
+    """The Secrets a cluster user would create for the deployment (``kubectl create
+    secret``): the API keys' one, one key per line, where there are keys."""
+    if not config.api_keys:
+        return {}
+    return {API_KEYS_SECRET["name"]: {API_KEYS_SECRET["key"]: "\n".join(config.api_keys)}}
 
 
 @dataclass(frozen=True)

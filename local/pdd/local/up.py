@@ -8,16 +8,27 @@ the two datacenters (see ``topology``, ``stack``), each health-gated with progre
 the terminal; prints the OpenAI base URL and a curl to paste. A child that exits
 is reported with its log's tail (and, unless ``--keep-going``, stops the stack).
 SIGINT or SIGTERM stops every child and returns.
+
+Client keys (``--api-key-file PATH``, else ``$PDD_API_KEYS``): the router takes only
+those. They reach it as a cluster gives them, through the rendered Secret into its
+environment, never on a command line (``ps`` shows every user those), and the printed
+curl sends ``Authorization: Bearer`` with a shell expression that reads a key (the
+file's first, or ``$PDD_API_KEYS``), not the key itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
+import shlex
 import sys
 import time
 from pathlib import Path
 
+from pdd.common.api_keys import ApiKeyFileError, env_api_keys, read_api_key_file
+from pdd.common.config_document import API_KEYS_ENV
 from pdd.common.kv_codec import KV_CODEC_SETTINGS, MD_RECOMPUTE_MAX_TOKENS, NO_CODEC
 from pdd.common.model_store import (
     BUILTINS,
@@ -127,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=MODES, default="pdd", help="what runs (baselines too)")
     p.add_argument("--port", type=int, default=8080, help="the router's (OpenAI API) port")
     p.add_argument("--keep-going", action="store_true", help="report a dead child, keep serving")
+    p.add_argument(
+        "--api-key-file", type=Path,
+        help=f"client keys the router takes, one per line (default: ${API_KEYS_ENV}'s, "
+        "else none: open); they reach the router through its environment, never argv",
+    )  # fmt: skip
     add_stack_flags(p, Path("pdd-logs"))
     return p
 
@@ -135,7 +151,19 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def curl_example(base_url: str, model: str) -> str:
+def api_keys(args: argparse.Namespace) -> tuple[tuple[str, ...], str | None]:
+    """The client keys and the shell expression the printed curl reads one with (None:
+    no keys): the key file's first key, or ``$PDD_API_KEYS``; never the key itself."""
+    if args.api_key_file is not None:
+        path = shlex.quote(str(args.api_key_file.resolve()))
+        return read_api_key_file(args.api_key_file), f"$(awk 'NF {{print $1; exit}}' {path})"
+    keys = env_api_keys(os.environ)
+    return keys, (f"${API_KEYS_ENV}" if keys else None)
+
+
+def curl_example(base_url: str, model: str, key: str | None = None) -> str:
+    """A curl to paste; ``key``: a shell expression for the key (double-quoted, so the
+    shell that runs the curl reads it)."""
     body = {
         "model": model,
         "messages": [{"role": "user", "content": "What is the capital of France?"}],
@@ -143,8 +171,9 @@ def curl_example(base_url: str, model: str) -> str:
         "temperature": 0,
         "stream": True,
     }
+    auth = f' -H "Authorization: Bearer {key}"' if key is not None else ""
     return (
-        f"curl -N {base_url}/chat/completions -H 'Content-Type: application/json' "
+        f"curl -N {base_url}/chat/completions -H 'Content-Type: application/json'{auth} "
         f"-d '{json.dumps(body)}'"
     )
 
@@ -159,13 +188,20 @@ def _serve(args: argparse.Namespace) -> int:
     """Start the stack, watch it until stopped; stop every child on the way out."""
     stack = None
     try:
+        keys, key_expression = api_keys(args)
+        if any(arg.startswith("--api-key") for arg in args.router_arg):
+            say(
+                "pdd up: keys given through --router-arg show in ps and are not in the curl "
+                "below; --api-key-file or $PDD_API_KEYS keep them out of every command line"
+            )
         config = stack_config(args, args.mode, args.port, args.log_dir)
+        config = dataclasses.replace(config, api_keys=keys)
         stack = LocalStack.start(config, say)
         print(f"PDD ({args.mode}) is up. OpenAI base URL: {stack.info.base_url}", flush=True)
-        print(curl_example(stack.info.base_url, stack.info.model), flush=True)
+        print(curl_example(stack.info.base_url, stack.info.model, key_expression), flush=True)
         say("Ctrl-C stops everything.")
         return _watch(stack, args.keep_going)
-    except (TopologyError, StackStartError) as exc:
+    except (TopologyError, StackStartError, ApiKeyFileError) as exc:
         say(f"pdd up: {exc}")
         return 1
     except KeyboardInterrupt:

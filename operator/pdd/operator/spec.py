@@ -17,6 +17,7 @@ from pydantic.alias_generators import to_camel
 
 from pdd.common.config_document import EngineSettings
 from pdd.common.kv_codec import MD_RECOMPUTE_MAX_TOKENS, NO_CODEC, KVCodecSetting
+from pdd.common.model_store import hub_repo_problem
 
 
 class _Spec(BaseModel):
@@ -45,10 +46,19 @@ class TokenSecretRef(_Spec):
     key: str = "token"
 
 
+def _hub_repo(repo: str) -> str:
+    """The id ``pdd models pull`` takes (huggingface_hub's rules), refused at admission
+    rather than in every pod's init container."""
+    problem = hub_repo_problem(repo)
+    if problem is not None:
+        raise ValueError(problem)
+    return repo
+
+
 class HuggingFaceSource(_Spec):
     """A Hub repo each pod's init container pulls (``pdd models pull``) before it starts."""
 
-    repo: str = Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+    repo: Annotated[str, AfterValidator(_hub_repo)] = Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
     revision: str = "main"
     token_secret: TokenSecretRef | None = None
     #: Another hub (a mirror, a private one): the pull's HF_ENDPOINT.

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 
+from pdd.common.api_keys import env_api_keys, read_api_key_file
 from pdd.common.config_document import (
     API_KEYS_ENV,
     SHARED_SECRET_ENV,
@@ -62,7 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--api-key",
         action="append",
         default=[],
-        help=f"accepted client key (repeatable; also read from ${API_KEYS_ENV})",
+        help="accepted client key (repeatable); shows in ps: prefer --api-key-file or "
+        f"${API_KEYS_ENV}",
+    )
+    p.add_argument(
+        "--api-key-file",
+        type=Path,
+        help=f"file of accepted client keys, one per line (beside ${API_KEYS_ENV}'s: keys "
+        "separated by newlines, commas or spaces)",
     )
     # The settings table (RouterConfig's fields): flags left unset take the config file's
     # value, else the table's default (shown in --help).
@@ -99,15 +106,11 @@ def build_config(args: argparse.Namespace) -> RouterConfig:
         settings["workers"] = workers
     if args.redis:
         settings["redis_url"] = args.redis
-    settings["api_keys"] = tuple(args.api_key) + env_api_keys()
+    from_file = read_api_key_file(args.api_key_file) if args.api_key_file else ()
+    settings["api_keys"] = tuple(args.api_key) + env_api_keys() + from_file
     settings["secret"] = read_secret(args.secret, args.secret_file, secret_env)
     settings.setdefault("workers", ())
     return RouterConfig(**settings)
-
-
-def env_api_keys() -> tuple[str, ...]:
-    """Keys from the environment (a Secret in a pod): separated by commas, spaces or newlines."""
-    return tuple(os.environ.get(API_KEYS_ENV, "").replace(",", " ").split())
 
 
 def main(argv: list[str]) -> int:
@@ -122,5 +125,6 @@ def main(argv: list[str]) -> int:
     log.info("serving %r on %s:%d", config.served_name, config.host, config.port)
     app = create_app(runtime)
     freeze_startup_heap()  # the app and the libraries: never garbage
-    uvicorn.run(app, host=config.host, port=config.port, log_level="warning")
+    # log_config=None: uvicorn's own lines go through this process's handler (escaped, JSON)
+    uvicorn.run(app, host=config.host, port=config.port, log_level="warning", log_config=None)
     return 0

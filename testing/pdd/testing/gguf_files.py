@@ -3,12 +3,15 @@
 Tests never download a model: they write a transformers checkpoint's tensors (or
 random ones) into a GGUF file as llama.cpp's converter lays them out (tensor names,
 the rotary permutation of Llama's q/k rows, quantized blocks), with a byte-level BPE
-tokenizer and a chat template in the metadata.
+tokenizer and a chat template in the metadata. ``raw_gguf`` and its helpers write a file
+byte by byte, counts and lengths as the test says, for the readers' checks on damaged and
+hostile headers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import struct
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -160,3 +163,48 @@ def _random_blocks(shape: tuple[int, ...], qtype: GGMLQuantizationType, rng: Any
     else:  # Q6_K: d ends it
         blocks[..., size - 2 : size] = scale
     return blocks.reshape(rows, -1)
+
+
+# -- hostile files, byte by byte --------------------------------------------------------
+# GGUF value types and tensor types these builders use (the GGUF specification's numbers).
+UINT8, UINT32, STRING, ARRAY = 0, 4, 8, 9
+F32 = 0
+
+
+def raw_gguf(
+    metadata: Sequence[bytes] = (),
+    tensors: Sequence[bytes] = (),
+    kv_count: int | None = None,
+    tensor_count: int | None = None,
+    tail: bytes = b"",
+) -> bytes:
+    """A GGUF file's bytes, its counts as given (the entries' own counts by default):
+    what a damaged or hostile file holds, for tests of the readers' checks."""
+    counts = struct.pack(
+        "<QQ",
+        len(tensors) if tensor_count is None else tensor_count,
+        len(metadata) if kv_count is None else kv_count,
+    )
+    return b"GGUF" + struct.pack("<I", 3) + counts + b"".join(metadata) + b"".join(tensors) + tail
+
+
+def gguf_string(text: str, length: int | None = None) -> bytes:
+    """A GGUF string: its length (as given, else the true one), then its bytes."""
+    data = text.encode()
+    return struct.pack("<Q", len(data) if length is None else length) + data
+
+
+def gguf_kv(key: str, value_type: int, value: bytes) -> bytes:
+    """A metadata entry: key, value type, the value's bytes as given."""
+    return gguf_string(key) + struct.pack("<I", value_type) + value
+
+
+def gguf_array(item_type: int, count: int, items: bytes = b"") -> bytes:
+    """An array value: item type, element count (as given), the elements' bytes."""
+    return struct.pack("<IQ", item_type, count) + items
+
+
+def gguf_tensor_info(name: str, shape: Sequence[int], tensor_type: int, offset: int) -> bytes:
+    """A tensor's header entry; ``shape`` in GGUF order (the row length first)."""
+    dims = struct.pack(f"<I{len(shape)}Q", len(shape), *shape)
+    return gguf_string(name) + dims + struct.pack("<IQ", tensor_type, offset)

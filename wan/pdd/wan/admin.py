@@ -8,7 +8,10 @@ Three routes do not justify a web framework in the emulator's process (and
 an in-process uvicorn would take over the process's signal handlers), so
 this speaks just enough HTTP: one request per connection, JSON bodies,
 ``Connection: close``. Bodies are validated with pydantic; errors come back
-as ``{"error": ...}`` with a 4xx status.
+as ``{"error": ...}`` with a 4xx status: a rate must be a finite number from
+``MIN_GBPS`` to ``MAX_GBPS`` (1 kbit/s to 10 Tbit/s), so the line never stalls for
+good nor turns infinite, and no answer holds a non-finite number (``Infinity`` is
+not JSON).
 """
 
 from __future__ import annotations
@@ -20,15 +23,17 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from pdd.wan.bottleneck import MAX_GBPS, MIN_GBPS
 from pdd.wan.link import WanLink, parse_addr
 
 _MAX_BODY = 64 * 1024
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            500: "Internal Server Error"}  # fmt: skip
 
 
 class RateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    gbps: float = Field(gt=0)
+    gbps: float = Field(ge=MIN_GBPS, le=MAX_GBPS, allow_inf_nan=False)
 
 
 class PartitionRequest(BaseModel):
@@ -55,7 +60,9 @@ def handle(link: WanLink, method: str, path: str, body: bytes) -> dict[str, Any]
         elif path == "/partition":
             link.partition(PartitionRequest.model_validate_json(body).cut)
     except ValidationError as exc:
-        raise HttpError(400, exc.errors(include_url=False)[0]["msg"]) from None
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise HttpError(400, f"{where}: {first['msg']}" if where else first["msg"]) from None
     return link.stats()
 
 
@@ -74,7 +81,8 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, bytes]:
 
 
 def _response(status: int, payload: dict[str, Any]) -> bytes:
-    body = json.dumps(payload).encode()
+    """The HTTP answer; ValueError where ``payload`` holds a non-finite number."""
+    body = json.dumps(payload, allow_nan=False).encode()
     head = (
         f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
@@ -112,7 +120,11 @@ class AdminServer:
             status, payload = exc.status, {"error": str(exc)}
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, TimeoutError):
             status, payload = 400, {"error": "malformed HTTP request"}
+        try:
+            answer = _response(status, payload)
+        except ValueError:  # the bounds keep every number finite; never answer bad JSON
+            answer = _response(500, {"error": "the line's state holds a non-finite number"})
         with contextlib.suppress(ConnectionError):
-            writer.write(_response(status, payload))
+            writer.write(answer)
             await writer.drain()
         writer.close()

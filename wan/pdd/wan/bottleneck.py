@@ -16,9 +16,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections import deque
 
 GBIT = 1e9
+#: The rates a line may be given, Gbit/s: 1 kbit/s (a 64 KiB chunk takes nine minutes,
+#: slower than any test's "trickle" needs) to 10 Tbit/s (beyond any real line). Outside
+#: them a chunk's time on the line over- or underflows (1e-300 Gbit/s stalls the line for
+#: good, 1e308 makes the rate infinite), so they are refused.
+MIN_GBPS = 1e-6
+MAX_GBPS = 1e4
+
+
+def check_rate(gbps: float) -> float:
+    """``gbps`` where it is a finite rate within the bounds; ValueError saying them."""
+    if not (math.isfinite(gbps) and MIN_GBPS <= gbps <= MAX_GBPS):
+        raise ValueError(
+            f"link rate must be from {MIN_GBPS:g} to {MAX_GBPS:g} Gbit/s (1 kbit/s to "
+            f"10 Tbit/s), got {gbps!r}"
+        )
+    return gbps
 
 
 class ThroughputMeter:
@@ -76,9 +93,7 @@ class Bottleneck:
     def set_rate(self, gbps: float) -> None:
         """Change the line rate, at once: the bytes not yet serialized (of the chunk on
         the line too) go at the new rate, as on a real line whose rate changes."""
-        if gbps <= 0:
-            raise ValueError(f"link rate must be positive, got {gbps} Gbit/s")
-        new = gbps * GBIT / 8
+        new = check_rate(gbps) * GBIT / 8
         with contextlib.suppress(RuntimeError):  # no loop yet: nothing is on the line
             now = asyncio.get_running_loop().time()
             scale = self._bytes_per_s / new

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import random
 import socket
 import struct
@@ -28,6 +29,19 @@ from pdd.wan.bottleneck import GBIT, Bottleneck
 from pdd.wan.pipe import PathModel, Pipe
 
 log = logging.getLogger(__name__)
+
+#: The longest round trip and jitter a line takes, ms: a minute, a hundred times a
+#: geostationary satellite's, yet no typo's hours of bytes held on the delay line.
+MAX_DELAY_MS = 60_000.0
+#: The longest a cut line holds its connections before resetting them, seconds.
+MAX_PARTITION_GRACE_S = 3_600.0
+
+
+def check_bounded(name: str, value: float, high: float, unit: str) -> float:
+    """``value`` where it is finite and within [0, high]; ValueError saying the bounds."""
+    if not (math.isfinite(value) and 0 <= value <= high):
+        raise ValueError(f"{name} must be from 0 to {high:g} {unit}, got {value!r}")
+    return value
 
 
 def parse_addr(text: str) -> tuple[str, int]:
@@ -89,8 +103,9 @@ class WanLink:
         network: Network = TCP,
         extra_routes: Sequence[Route] = (),
     ) -> None:
-        if rtt_ms < 0 or jitter_ms < 0 or partition_grace_s < 0:
-            raise ValueError("rtt_ms, jitter_ms and partition_grace_s must not be negative")
+        check_bounded("rtt_ms", rtt_ms, MAX_DELAY_MS, "ms")
+        check_bounded("jitter_ms", jitter_ms, MAX_DELAY_MS, "ms")
+        check_bounded("partition_grace_s", partition_grace_s, MAX_PARTITION_GRACE_S, "s")
         self._routes = (Route(listen, to), *extra_routes)
         for route in self._routes:
             parse_addr(route.listen), parse_addr(route.to)

@@ -5,7 +5,8 @@
     pdd models inspect PATH|NAME         shape, KV bytes per token, and a spec.model block
 
 A pull prints one line (and, for a Hub repo, huggingface_hub's progress on stderr);
-a failure is one line on stderr with its cause, exit code 1. ``--termination-log``
+a failure is one line on stderr with its cause, exit code 1 (2 for a name that is no
+Hub repo id, checked before the Hub is asked). ``--termination-log``
 (the operator's init container) also writes ``REASON: message`` to that file, which
 Kubernetes shows in the pod status, for the operator's ModelAvailable condition.
 """
@@ -28,6 +29,7 @@ from pdd.common.model_store import (
     TINY,
     TINY_DESCRIPTION,
     ModelNotPulledError,
+    hub_repo_problem,
     is_hub_repo,
     list_cached,
     models_dir,
@@ -100,6 +102,9 @@ def _list() -> int:
 
 def _pull(args: argparse.Namespace) -> int:
     name: str = args.name
+    problem = hub_repo_problem(name) if is_hub_repo(name) else None
+    if problem is not None:  # a usage error: exit 2, as argparse's
+        return _refuse(args, "InvalidRepoId", problem, status=2)
     try:
         if name in BUILTINS:
             pull_builtin(BUILTINS[name], say=print, full_check=args.verify)
@@ -115,11 +120,16 @@ def _pull(args: argparse.Namespace) -> int:
         message = " ".join(str(e).split())
         if name in BUILTINS:
             message += f"; until it is pulled, pdd up serves {TINY!r} (random weights)"
-        print(f"pdd models pull: {name}: {message}", file=sys.stderr)
-        if args.termination_log is not None:
-            args.termination_log.write_text(f"{e.reason}: {message}\n")
-        return 1
+        return _refuse(args, e.reason, message, status=1)
     return 0
+
+
+def _refuse(args: argparse.Namespace, reason: str, message: str, status: int) -> int:
+    """A failed pull: one line on stderr, ``REASON: message`` in the termination log."""
+    print(f"pdd models pull: {args.name}: {message}", file=sys.stderr)
+    if args.termination_log is not None:
+        args.termination_log.write_text(f"{reason}: {message}\n")
+    return status
 
 
 def describe(source: str) -> dict[str, Any]:
