@@ -23,7 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "wan-link": ("pdd.wan.cli", "run the WAN link emulator (TCP proxy)"),
     "operator": ("pdd.operator.main", "run the Kubernetes operator, or render manifests"),
     "bench": ("pdd.bench.cli", "replay a trace against a stack and report"),
-    "generate": ("pdd.worker.generate_cli", "generate token IDs with the inference core"),
+    "generate": ("pdd.worker.generate_cli", "generate token IDs with the inference core or vLLM"),
     "tiny-tokenizer": ("pdd.local.tiny_tokenizer", "write the tiny model's tokenizer files"),
     "simulate": ("pdd.simulator.cli", "simulate a datacenter-scale scenario (YAML)"),
     "calibrate": ("pdd.simulator.calibrate_cli", "fit the simulator's step model to a profile"),

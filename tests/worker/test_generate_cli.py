@@ -52,6 +52,8 @@ def test_text_prompt_and_seeded_sampling(capsys: pytest.CaptureFixture[str]) -> 
     first = json.loads(capsys.readouterr().out)["token_ids"]
     assert generate_cli.main(seeded) == 0
     assert json.loads(capsys.readouterr().out)["token_ids"] == first
+    assert generate_cli.main([*seeded, "--block-size", "4"]) == 0  # a sequence spans blocks
+    assert json.loads(capsys.readouterr().out)["token_ids"] == first
     as_ids = [*base, "--prompt-ids", ",".join(str(b) for b in b"hello")]
     assert generate_cli.main([*as_ids, "--temperature", "0.8", "--seed", "3"]) == 0
     assert json.loads(capsys.readouterr().out)["token_ids"] == first
@@ -73,6 +75,11 @@ def test_text_prompt_and_seeded_sampling(capsys: pytest.CaptureFixture[str]) -> 
         (["--prompt-ids", "1", "--device", "tpu9"], "not a torch device"),
         (["--prompt-ids", "1", "--max-tokens", "many"], "invalid int value"),
         ([], "one of the arguments --prompt-ids --prompt is required"),
+        (["--prompt-ids", "1", "--kv-store", "/tmp/kv"], "--kv-store is a flag of --engine vllm"),
+        (["--prompt-ids", "1", "--engine", "vllm"], "runs a checkpoint directory"),
+        (["--prompt-ids", "1", "--engine", "tgi"], "invalid choice: 'tgi'"),
+        (["--prompt-ids", "1", "--kv-cache-memory-bytes", "lots"], "not a byte count"),
+        (["--prompt-ids", "1", "--block-size", "0"], "--block-size must be >= 1"),
     ],
 )
 @pytest.mark.unit
@@ -169,3 +176,29 @@ def test_a_gguf_file_generates_transformers_greedy_tokens(
     argv = ["--model", str(gguf), "--prompt", prompt, "--max-tokens", "24", "--ignore-eos"]
     assert generate_cli.main([*argv, "--json", "--dtype", "float32"]) == 0
     assert json.loads(capsys.readouterr().out) == {"token_ids": expected}
+
+
+@pytest.mark.unit
+def test_engine_vllm_without_vllm_names_the_extra(
+    hf_checkpoint: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Where vLLM is not installed (made so here, where it may be), ``--engine vllm`` is
+    one line naming the extra and exit 2; the prompt and flags were checked first."""
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
+    argv = ["--model", str(hf_checkpoint("llama")), "--engine", "vllm", "--prompt", "hi"]
+    capsys.readouterr()  # the checkpoint writer's progress bar
+    assert generate_cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "pip install -e '.[vllm]'" in err
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("268435456", 1 << 28), ("256M", 1 << 28), ("1G", 1 << 30), ("2k", 2000)]
+)
+@pytest.mark.unit
+def test_kv_cache_memory_bytes_reads_as_vllm_writes_it(text: str, expected: int) -> None:
+    """Upper case units binary, lower case decimal, as vLLM's flag reads them."""
+    assert generate_cli.parse_bytes(text) == expected

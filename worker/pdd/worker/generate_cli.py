@@ -7,25 +7,58 @@ generated IDs only). Without ``--json``, a ``--prompt`` prints the generated tex
 them), then their text when the checkpoint has a tokenizer. ``--prompt-ids`` never
 tokenizes, so it also runs a checkpoint that has no ``tokenizer.json``. Bad input is
 one line on stderr and exit code 2.
+
+``--engine vllm`` runs the same prompt IDs (a ``--prompt`` encoded by the same
+tokenizer) through vLLM offline instead (``pdd.worker.vllm.offline``; float32 unless
+``--dtype`` says otherwise), so one command is the reference for both engines. With
+``--kv-store DIR`` it does the PDD connector's moves by hand: ``--export-kv KEY`` (P's:
+the prompt's KV goes to DIR under KEY) or ``--import-kv KEY`` (MD's: the KV of all
+that KEY holds, for a prompt that starts with the exported one, e.g. P's prompt plus
+handed-over IDs). Its ``--json`` adds the prompt IDs, ``num_cached_tokens`` (the prompt
+tokens vLLM did not compute) and the connector's ``kv_transfer_params``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
+from pdd.common.model_store import ModelNotPulledError, resolve_model
 from pdd.common.settings import HelpFormatter
+from pdd.common.tokenizer import HFTokenizer
 from pdd.worker.engine import Engine, EngineConfigError
 from pdd.worker.engine.request import RequestError
 from pdd.worker.engine.sampling import SamplingParams
 from pdd.worker.model.errors import ModelLoadError
 from pdd.worker.model.loader import IdsOnlyTokenizer, load_model
+from pdd.worker.vllm import offline
+from pdd.worker.vllm.engine_args import VllmEngineSettings
+from pdd.worker.vllm.params import export_params
 
 _BLOCK_SIZE = 16
+#: ``--engine vllm``'s KV space unless asked otherwise: the pdd worker's CPU default,
+#: ample for one prompt (vLLM's own default on a CPU reserves 90% of its memory).
+_VLLM_KV_BYTES = 256 << 20
+#: Flags only ``--engine vllm`` reads, and their defaults.
+_VLLM_ONLY = {
+    "max_model_len": None,
+    "max_num_batched_tokens": None,
+    "gpu_memory_utilization": None,
+    "kv_cache_memory_bytes": None,
+    "tensor_parallel_size": 1,
+    "kv_cache_dtype": "auto",
+    "enforce_eager": False,
+    "kv_store": None,
+    "export_kv": None,
+    "import_kv": None,
+}
+_BYTES = re.compile(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)")
 
 
 class UsageError(Exception):
@@ -60,9 +93,67 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype", default=None,
         help="compute dtype: float32, bfloat16 or float16 (default: the checkpoint's)",
     )  # fmt: skip
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument(
+        "--device", default="cpu",
+        help="the pdd engine's device: cpu, cuda or cuda:N (vLLM runs where its build does)",
+    )  # fmt: skip
+    p.add_argument(
+        "--engine", choices=("pdd", "vllm"), default="pdd",
+        help="the inference core, or vLLM offline (the pdd[vllm] extra)",
+    )  # fmt: skip
+    p.add_argument(
+        "--block-size", type=int, default=None,
+        help="tokens per KV block (default: 16; with --engine vllm, vLLM's)",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help='print {"token_ids": [...]}')
+    _add_vllm_flags(p.add_argument_group("--engine vllm (vLLM's own flag names)"))
     return p
+
+
+def _add_vllm_flags(g: argparse._ArgumentGroup) -> None:
+    g.add_argument(
+        "--max-model-len", type=int, default=None,
+        help="context window (default: the prompt plus --max-tokens)",
+    )  # fmt: skip
+    g.add_argument(
+        "--max-num-batched-tokens", type=int, default=None,
+        help="per-step token budget; longer prompts are computed in chunks (default: vLLM's)",
+    )  # fmt: skip
+    g.add_argument(
+        "--gpu-memory-utilization", type=float, default=None,
+        help="share of the device memory vLLM takes (default: vLLM's)",
+    )  # fmt: skip
+    g.add_argument(
+        "--kv-cache-memory-bytes", type=parse_bytes, default=None,
+        help="KV cache size, e.g. 256M or 1G (default: 256M unless --gpu-memory-utilization; "
+        "$VLLM_CPU_KVCACHE_SPACE, in GiB, overrides it on the CPU)",
+    )  # fmt: skip
+    g.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs the model spans")
+    g.add_argument("--kv-cache-dtype", default="auto", help="KV cache dtype (auto: the model's)")
+    g.add_argument(
+        "--enforce-eager", action="store_true",
+        help="no compiled graphs: starts sooner (no warm-up with a set KV size)",
+    )  # fmt: skip
+    g.add_argument(
+        "--kv-store", default=None,
+        help="folder where instances exchange KV through the PDD connector",
+    )  # fmt: skip
+    move = g.add_mutually_exclusive_group()
+    move.add_argument("--export-kv", metavar="KEY", help="P's move: export the prompt's KV")
+    move.add_argument(
+        "--import-kv", metavar="KEY",
+        help="MD's move: import all the KV stored under KEY (the prompt starts with its tokens)",
+    )  # fmt: skip
+
+
+def parse_bytes(text: str) -> int:
+    """A byte count as vLLM writes one: 256M, 1G (upper case binary, lower case decimal)."""
+    match = _BYTES.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a byte count (e.g. 268435456, 256M, 1G)")
+    number, unit = match.groups()
+    power = "kmgt".index(unit.lower()) + 1 if unit else 0
+    return int(float(number) * (1024 if unit.isupper() else 1000) ** power)
 
 
 def parse_ids(text: str) -> list[int]:
@@ -85,10 +176,9 @@ def check_device(name: str) -> torch.device:
     return device
 
 
-def run(args: argparse.Namespace) -> dict[str, object]:
-    """Generate for the parsed arguments; returns the generated ``token_ids`` and their
-    ``text`` (None when the checkpoint has no tokenizer)."""
-    params = SamplingParams(
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    """The sampling flags, checked by the pdd engine's rules whichever engine runs."""
+    return SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
         top_k=args.top_k,
@@ -96,6 +186,21 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         seed=args.seed,
         ignore_eos=args.ignore_eos,
     )
+
+
+def run(args: argparse.Namespace) -> dict[str, object]:
+    """Generate for the parsed arguments; returns the generated ``token_ids`` and their
+    ``text`` (None when the checkpoint has no tokenizer), and with ``--engine vllm`` the
+    fields its ``--json`` adds."""
+    if args.block_size is not None and args.block_size < 1:
+        raise UsageError(f"--block-size must be >= 1, got {args.block_size}")
+    if args.engine == "vllm":
+        return run_vllm(args)
+    given = [name for name, default in _VLLM_ONLY.items() if getattr(args, name) != default]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise UsageError(f"{flag} is a flag of --engine vllm")
+    params = sampling_params(args)
     prompt_ids = parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
     if args.prompt is not None and not args.prompt:
         raise UsageError("--prompt is empty")
@@ -105,10 +210,11 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     if prompt_ids is None:
         prompt_ids = loaded.tokenizer.encode(args.prompt)
     length = len(prompt_ids) + args.max_tokens
+    block_size = _BLOCK_SIZE if args.block_size is None else args.block_size
     engine = Engine(
         loaded,
-        block_size=_BLOCK_SIZE,
-        num_blocks=-(-length // _BLOCK_SIZE),  # one request: size the pool to it
+        block_size=block_size,
+        num_blocks=-(-length // block_size),  # one request: size the pool to it
     )
     (token_ids,) = engine.generate([prompt_ids], params)
     has_tokenizer = not isinstance(loaded.tokenizer, IdsOnlyTokenizer)
@@ -118,20 +224,89 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
+def run_vllm(args: argparse.Namespace) -> dict[str, object]:
+    """``run`` with vLLM: the same prompt IDs and sampling, the connector's move if asked."""
+    params = sampling_params(args)
+    if args.device != "cpu":
+        raise UsageError("--device is the pdd engine's; vLLM runs where its build does")
+    model = _vllm_checkpoint(args.model)
+    has_tokenizer = (model / "tokenizer.json").is_file()
+    tokenizer = HFTokenizer(model / "tokenizer.json", ()) if has_tokenizer else None
+    if args.prompt_ids is not None:
+        prompt_ids = parse_ids(args.prompt_ids)
+    elif not args.prompt:
+        raise UsageError("--prompt is empty")
+    elif tokenizer is None:
+        raise UsageError(f"{model / 'tokenizer.json'} not found; pass --prompt-ids")
+    else:
+        prompt_ids = tokenizer.encode(args.prompt)
+    if (args.export_kv or args.import_kv) and not args.kv_store:
+        raise UsageError("--export-kv and --import-kv need --kv-store DIR")
+    if args.import_kv:
+        transfer = offline.import_transfer(args.kv_store, args.import_kv, prompt_ids)
+    else:
+        transfer = export_params(args.export_kv) if args.export_kv else None
+    kv_bytes = args.kv_cache_memory_bytes
+    if kv_bytes is None and args.gpu_memory_utilization is None:
+        kv_bytes = _VLLM_KV_BYTES
+    settings = VllmEngineSettings(
+        model=str(model),
+        dtype=args.dtype or "float32",
+        block_size=args.block_size,
+        max_model_len=args.max_model_len or len(prompt_ids) + args.max_tokens,
+        max_num_seqs=1,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        kv_cache_memory_bytes=kv_bytes,
+        tensor_parallel_size=args.tensor_parallel_size,
+        kv_cache_dtype=args.kv_cache_dtype,
+        enforce_eager=args.enforce_eager,
+        seed=0,
+        kv_store_dir=args.kv_store,
+    )
+    out = offline.generate(settings, prompt_ids, params, transfer)
+    return {
+        "token_ids": out.token_ids,
+        "text": tokenizer.decode(out.token_ids) if tokenizer is not None else None,
+        "details": {
+            "prompt_token_ids": prompt_ids,
+            "num_cached_tokens": out.num_cached_tokens,
+            "kv_transfer_params": out.kv_transfer_params,
+        },
+    }
+
+
+def _vllm_checkpoint(source: str) -> Path:
+    """The checkpoint directory vLLM loads for ``--model``: a folder or a pulled name."""
+    try:
+        resolved = resolve_model(source)
+    except ModelNotPulledError as exc:
+        raise UsageError(str(exc)) from None
+    if not (Path(resolved) / "config.json").is_file():
+        raise UsageError(
+            f"--engine vllm runs a checkpoint directory (config.json and safetensors); "
+            f"{source!r} is not one"
+        )
+    return Path(resolved)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
         result = run(args)
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
-    except (UsageError, ModelLoadError, RequestError, EngineConfigError, ValueError) as exc:
+    except (
+        UsageError, ModelLoadError, RequestError, EngineConfigError, ValueError,
+        offline.VllmNotInstalledError,
+    ) as exc:  # fmt: skip
         print(f"pdd generate: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except torch.cuda.OutOfMemoryError as exc:
         print(f"pdd generate: error: out of device memory: {_one_line(exc)}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({"token_ids": result["token_ids"]}))
+        print(json.dumps({"token_ids": result["token_ids"], **result.get("details", {})}))
     elif args.prompt_ids is None:
         print(result["text"])
     else:

@@ -160,12 +160,16 @@ class PagedKVCache:
         self._kv[:, :, :, slots] = data.transpose(2, 3)
 
     def _slots(self, block_table: Sequence[int], start: int, end: int) -> torch.Tensor:
-        bs = self.layout.block_size
-        if not 0 <= start <= end <= len(block_table) * bs:
-            raise ValueError(
-                f"token range [{start}, {end}) is outside the block table "
-                f"({len(block_table)} blocks of {bs} tokens)"
-            )
-        positions = torch.arange(start, end)
-        table = torch.as_tensor(list(block_table), dtype=torch.long)
-        return (table[positions // bs] * bs + positions % bs).to(self.device)
+        return token_slots(block_table, self.layout.block_size, start, end).to(self.device)
+
+
+def token_slots(block_table: Sequence[int], block_size: int, start: int, end: int) -> torch.Tensor:
+    """Cache slots (block id * block_size + offset) of a sequence's positions [start, end)."""
+    if not 0 <= start <= end <= len(block_table) * block_size:
+        raise ValueError(
+            f"token range [{start}, {end}) is outside the block table "
+            f"({len(block_table)} blocks of {block_size} tokens)"
+        )
+    positions = torch.arange(start, end)
+    table = torch.as_tensor(list(block_table), dtype=torch.long)
+    return table[positions // block_size] * block_size + positions % block_size
