@@ -98,3 +98,41 @@ def test_tool_parameters_the_engine_cannot_compile_are_a_400_on_tools() -> None:
     with pytest.raises(InvalidRequestError, match="nope") as e:
         spec(tools=tools, tool_choice="required")
     assert e.value.param == "tools"
+
+
+#: The schema that once failed every request in the batch it joined.
+RECURSIVE = {
+    "$defs": {
+        "n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}}, "required": ["c"]}
+    },
+    "$ref": "#/$defs/n",
+}
+
+
+def _nested(depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+@pytest.mark.parametrize(
+    ("schema", "reason"),
+    [
+        (RECURSIVE, "admits no finite value"),
+        (_nested(200), "levels deep"),
+        ({"enum": ["ok", "\ud800"]}, "lone surrogate"),
+        ({"enum": [f"value number {i}" for i in range(5000)]}, "bytes"),
+    ],
+)
+def test_a_schema_no_engine_could_serve_is_a_400_before_any_worker(schema, reason) -> None:
+    """Not a RecursionError, a ValueError from the grammar engine (500s) or a schema that
+    fails every request in the batch it joins on a worker: the client's 400, with why."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    with pytest.raises(InvalidRequestError, match=reason) as e:
+        spec(response_format=fmt)
+    assert e.value.status == 400 and e.value.param == "response_format"
+    tools = [{"type": "function", "function": {"name": "t", "parameters": schema}}]
+    with pytest.raises(InvalidRequestError, match=reason) as e:
+        spec(tools=tools, tool_choice="required")
+    assert e.value.param == "tools"

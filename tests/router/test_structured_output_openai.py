@@ -133,3 +133,22 @@ def test_a_schema_the_engine_cannot_compile_is_a_400_with_the_reason(client) -> 
     with pytest.raises(openai.BadRequestError, match="strnig") as e:
         chat(client, response_format=fmt)
     assert e.value.body["param"] == "response_format"
+
+
+#: The schema a user sent beside another user's long chat, which once failed every
+#: request in the batch it joined: "c" is required and is itself such an object.
+RECURSIVE = {
+    "$defs": {
+        "n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}}, "required": ["c"]}
+    },
+    "$ref": "#/$defs/n",
+}
+
+
+def test_a_schema_that_admits_no_finite_output_is_a_400_not_a_429(client) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": RECURSIVE}}
+    with pytest.raises(openai.BadRequestError, match="admits no finite value") as e:
+        chat(client, response_format=fmt)
+    assert e.value.body["param"] == "response_format"
+    assert e.value.body["type"] == "invalid_request_error"
+    assert chat(client, max_tokens=4).choices  # and the router serves on

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from pdd.common.wire import REQUEST_FAILED_ERROR_TYPE
 from pdd.testing.waiting import until
 from pdd.worker.engine import Engine
 from pdd.worker.engine.request import FinishReason, RequestOutput
@@ -118,3 +119,41 @@ async def test_after_next_step_reads_what_a_step_wrote_before_the_next_starts(ti
     finally:
         gate.release(100)
         runner.stop()
+
+
+@pytest.mark.parametrize("driver", ["thread", "loop"])
+async def test_a_subscriber_that_raises_ends_its_own_request_alone(tiny, assert_no_leaks, driver):
+    """The role's work on one request's output raises (a bug that request's output
+    triggers): that request's subscriber is told once more, with an error, and the engine
+    lets go of it; the request beside it streams every token to the end."""
+    engine = Engine(tiny, num_blocks=64)
+    loop = asyncio.get_running_loop()
+    runner = ThreadEngineRunner(engine, loop) if driver == "thread" else LoopEngineRunner(
+        engine, loop, step_s=0.001
+    )  # fmt: skip
+    seen: list[RequestOutput] = []
+    ended: asyncio.Future[RequestOutput] = loop.create_future()
+
+    def fragile(out: RequestOutput) -> None:
+        seen.append(out)
+        if out.error is not None:
+            ended.set_result(out)
+        elif len(seen) == 3:
+            raise ValueError("a bug on this request's third output")
+
+    runner.subscribe("fragile", fragile)
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    runner.start()
+    try:
+        await runner.call(lambda e: e.add_request([7, 8, 9], params, "fragile"))
+        other = await _collect(runner, "other", [1, 2, 3, 4, 5])
+        failed = await asyncio.wait_for(ended, timeout=60)
+        assert other.error is None and other.finish_reason is FinishReason.LENGTH
+        assert failed.finish_reason is FinishReason.ABORT and "third output" in (failed.error or "")
+        assert failed.error_type == REQUEST_FAILED_ERROR_TYPE
+        stats = lambda: runner.snapshot.stats  # noqa: E731
+        await until(lambda: stats().num_running + stats().num_waiting == 0, "the engine let go")
+        assert [o for o in seen if o.error is not None] == [failed]
+    finally:
+        runner.stop()
+    assert_no_leaks(engine)

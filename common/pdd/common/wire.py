@@ -47,6 +47,11 @@ __all__ = [
 
 HandoffMode = Literal["auto", "one-shot", "catch-up"]
 
+#: ``error.type`` of a worker's 400 for a request it can never take, whatever its load
+#: (its prompt over ``max_prompt_tokens`` or the context window, its prompt plus
+#: ``max_tokens`` over the whole KV pool): the client's 400, not a worker to route around.
+REQUEST_TOO_LARGE_ERROR_TYPE = "request_too_large"
+
 #: Which instances each pipeline needs, by plan field.
 PIPELINE_STAGES: dict[Pipeline, tuple[str, ...]] = {
     Pipeline.P_RLD_MD: ("prefill", "relay", "main"),
@@ -252,6 +257,13 @@ class KVShipment(_Wire):
     seconds: float = Field(ge=0)
 
 
+#: ``TokenEvent.error_type`` of a request that failed in its own work on an instance (its
+#: logits processing, its sampling, its logprobs; a grammar's failure is the
+#: ``GRAMMAR_ERROR_TYPE`` of ``pdd.common.grammar``): any instance would fail it alike, so
+#: the router ends it with the error instead of routing around the instance.
+REQUEST_FAILED_ERROR_TYPE = "request_failed"
+
+
 class TokenEvent(_Wire):
     """One line of a token stream.
 
@@ -283,6 +295,11 @@ class TokenEvent(_Wire):
     #: With ``error``: the instance whose failure ended this source's work where that was
     #: another one (the P whose KV stopped coming), so the router leaves that one out.
     culprit: str | None = None
+    #: With ``error``: set where the request's own work failed, not the instance (its
+    #: grammar: ``GRAMMAR_ERROR_TYPE``, the client's input; anything else:
+    #: ``REQUEST_FAILED_ERROR_TYPE``). No other instance would do better, so the router
+    #: ends the request with it (a 400 for the grammar) and blames no instance.
+    error_type: str | None = None
     #: With ``error``, on P's stream: P's KV could not cross the WAN to ``culprit`` (the
     #: main decode), and how. P reports it at once, so the router need not wait for MD's
     #: transfer timeout to learn that MD will never get the request.

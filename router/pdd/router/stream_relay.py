@@ -4,7 +4,9 @@ The relay (RLD) streams the first tokens and the main decode (MD) continues afte
 the handoff; every token carries its output position, so ``TokenStreamMerger``
 releases each position exactly once, in order. A decode-side source that breaks
 is routed around (RLD gone before the handoff: hand MD the IDs the client already
-has; MD gone: tell RLD to take over). Where P ships KV across the WAN, P's stream is
+has; MD gone: tell RLD to take over); one that reports the request's own failure
+(``TokenEvent.error_type``: its grammar, its sampling) ends it, since any instance
+would fail it alike. Where P ships KV across the WAN, P's stream is
 read too: it reports at once a transfer to MD that failed on the line, so a relay on
 the route takes over, and a request without one fails now (naming MD, for the
 router's retry) rather than after MD's transfer timeout; and it reports that MD
@@ -38,8 +40,19 @@ from typing import Any
 from pdd.common.grammar import GRAMMAR_ERROR_TYPE
 from pdd.common.token_stream import TokenStreamMerger
 from pdd.common.vocabulary import Pipeline
-from pdd.common.wire import Endpoint, KVShipment, PipelinePlan, TokenEvent
-from pdd.router.errors import InvalidRequestError, UpstreamError
+from pdd.common.wire import (
+    REQUEST_TOO_LARGE_ERROR_TYPE,
+    Endpoint,
+    KVShipment,
+    PipelinePlan,
+    TokenEvent,
+)
+from pdd.router.errors import (
+    InvalidRequestError,
+    RequestTooLargeError,
+    RouterError,
+    UpstreamError,
+)
 from pdd.router.stoppable import StoppableTask
 from pdd.router.worker_client import WorkerCallError, WorkerClient
 
@@ -113,6 +126,8 @@ async def relay_tokens(
         except WorkerCallError as exc:
             if exc.error_type == GRAMMAR_ERROR_TYPE:  # the request's fault: no retry helps
                 raise InvalidRequestError(exc.message, param="response_format") from exc
+            if exc.error_type == REQUEST_TOO_LARGE_ERROR_TYPE:  # the same, for good
+                raise RequestTooLargeError(exc.message) from exc
             raise UpstreamError(
                 f"{entry.instance_id} refused the request: {exc.detail}", (entry.instance_id,)
             ) from exc
@@ -189,6 +204,8 @@ async def _merged(
                 merger.errors.setdefault(item.source, item.broken)
                 await _route_around(plan, client, item.source, merger)
             continue
+        if item.error is not None and item.error_type is not None:
+            raise _request_failure(plan, item)
         for event in merger.accept(item):
             yield event
         if item.error is not None and not merger.finished:
@@ -231,6 +248,17 @@ async def _p_report(
         reader.stop()
         if on_reports_over is not None:
             on_reports_over()
+
+
+def _request_failure(plan: PipelinePlan, event: TokenEvent) -> RouterError:
+    """A source's report that the request's own work failed (``TokenEvent.error_type``):
+    any other instance would fail it alike, so it ends here, blaming none (no retry, no
+    suspect instance): the client's 400 where its grammar failed, else a 500."""
+    if event.error_type == GRAMMAR_ERROR_TYPE:
+        guided = plan.sampling.guided
+        param = "tools" if guided is not None and guided.kind == "tool_calls" else "response_format"
+        return InvalidRequestError(event.error or "its grammar failed", param=param)
+    return RouterError(f"the request failed on {event.source}: {event.error}")
 
 
 def _clear_blame(merger: TokenStreamMerger, instance_id: str | None) -> None:

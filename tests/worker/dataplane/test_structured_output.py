@@ -15,12 +15,14 @@ or a 6-byte ``\\u00XX`` escape) 30 + ``","age":`` 8 + at most 2 digits + ``,"pet
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
 from pdd.common.wire import GuidedDecoding, SamplingSpec, TokenEvent
 from pdd.router.errors import InvalidRequestError
+from pdd.worker.engine.grammar import GrammarCompiler, GrammarRequestError
 
 pytestmark = pytest.mark.virtual_clock  # tiers per test: the 100-output run is slow
 
@@ -167,3 +169,101 @@ async def test_a_grammar_the_worker_cannot_compile_reaches_the_client_as_a_400(v
         await vdp.run_all([plan])
     assert e.value.status == 400
     await vdp.assert_quiescent()
+
+
+#: The spec whose grammar the engines fail (``doomed_grammar``): an object whose string
+#: runs past every ``fail_at`` below, so no output ends before its grammar fails.
+LONG_STRING = {
+    "type": "object",
+    "properties": {"s": {"type": "string", "minLength": 20, "maxLength": 24}},
+    "required": ["s"],
+}
+DOOMED = GuidedDecoding(kind="json_schema", schema_text=json.dumps(LONG_STRING))
+
+
+def doomed_grammar(monkeypatch: pytest.MonkeyPatch, fail_at: int) -> None:
+    """Every engine's matcher of ``DOOMED`` gives up once ``fail_at`` tokens are out, as
+    llguidance does on a grammar it cannot go on with (one the router did not catch)."""
+    real_start = GrammarCompiler.start
+
+    def start(self: GrammarCompiler, spec: GuidedDecoding, prior_output=()):  # type: ignore[no-untyped-def]
+        state = real_start(self, spec, prior_output)
+        if spec == DOOMED:
+            advance = state.advance
+
+            def failing(output_ids) -> None:  # type: ignore[no-untyped-def]
+                if len(output_ids) > fail_at:
+                    raise RuntimeError("injected: the grammar engine gave up")
+                advance(output_ids)
+
+            state.advance = failing
+        return state
+
+    monkeypatch.setattr(GrammarCompiler, "start", start)
+
+
+async def doomed_beside_innocent(vdp, pipeline: str, setup) -> InvalidRequestError:
+    """Run three innocent requests alone, then again beside one whose grammar ``setup``
+    dooms: the innocent ones stream the same tokens, the doomed one's error is returned,
+    and nothing is left held."""
+    cluster = vdp.cluster
+    main = "mono" if pipeline == "mono" else "md"
+    prompts = vdp.prompts(3, seed=23, lo=8, hi=40)
+
+    def innocent(tag: str) -> list:
+        return [
+            cluster.plan(f"{tag}-{i}", p, pipeline, sampling(i), main=main)
+            for i, p in enumerate(prompts)
+        ]
+
+    alone = await vdp.run_all(innocent("alone"))
+    setup()
+    spec = SamplingSpec(max_tokens=MAX_TOKENS, temperature=1.0, seed=1, guided=DOOMED)
+    doomed = asyncio.ensure_future(
+        vdp.run_all([cluster.plan("doomed", [5, 6, 7, 8], pipeline, spec, main=main)])
+    )
+    beside = await vdp.run_all(innocent("beside"))
+    with pytest.raises(InvalidRequestError) as e:
+        await doomed
+    assert [r.token_ids for r in beside] == [r.token_ids for r in alone]
+    assert all(not r.errors for r in beside)
+    await vdp.assert_quiescent()
+    return e.value
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("pipeline", "fail_at"),
+    [("P-RLD-MD", 0), ("P-RLD-MD", 6), ("P-MD", 0), ("P-MD", 3), ("mono", 4)],
+)
+async def test_a_grammar_that_fails_in_an_engine_is_that_requests_400_alone(
+    vdp, monkeypatch, pipeline, fail_at
+) -> None:
+    """The grammar fails on P (its first token), on the relay or MD mid-answer, or on
+    mono: its own request gets a 400 with the reason (no instance is blamed, nothing is
+    retried), while the requests sharing those engines' batches stream on unchanged."""
+    error = await doomed_beside_innocent(
+        vdp, pipeline, lambda: doomed_grammar(monkeypatch, fail_at)
+    )
+    assert error.status == 400 and "grammar engine gave up" in error.message
+
+
+@pytest.mark.unit
+async def test_a_grammar_the_engines_cannot_compile_after_admission_is_a_400(
+    vdp, monkeypatch
+) -> None:
+    """The entry checked the spec, but P's engine (and the receivers') cannot compile it
+    over the model's vocabulary: P fails the request after accepting it, and the 400
+    still reaches the client through the relay and MD, not a retry elsewhere."""
+    real = GrammarCompiler._compile
+
+    def compile_(self: GrammarCompiler, spec: GuidedDecoding):  # type: ignore[no-untyped-def]
+        if spec == DOOMED:
+            raise GrammarRequestError("injected: this vocabulary cannot spell it")
+        return real(self, spec)
+
+    def setup() -> None:
+        monkeypatch.setattr(GrammarCompiler, "_compile", compile_)
+
+    error = await doomed_beside_innocent(vdp, "P-RLD-MD", setup)
+    assert error.status == 400 and "cannot spell it" in error.message

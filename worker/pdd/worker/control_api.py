@@ -17,9 +17,16 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from pdd.common.grammar import GRAMMAR_ERROR_TYPE, GrammarError, check_grammar
-from pdd.common.wire import CacheEventsPage, HandoffIds, PipelinePlan, WanPeers, WorkerHealth
+from pdd.common.wire import (
+    REQUEST_TOO_LARGE_ERROR_TYPE,
+    CacheEventsPage,
+    HandoffIds,
+    PipelinePlan,
+    WanPeers,
+    WorkerHealth,
+)
 from pdd.worker.engine.grammar import GrammarRequestError
-from pdd.worker.engine.request import RequestError
+from pdd.worker.engine.request import PromptTooLongError, RequestError, RequestTooLargeError
 from pdd.worker.metrics import CONTENT_TYPE_LATEST
 from pdd.worker.roles.base import NoSuchRequestError, RoleBase, RoleMismatchError
 from pdd.worker.roles.cache_feed import CacheFeed
@@ -144,6 +151,11 @@ def _install_errors(app: FastAPI) -> None:
     @app.exception_handler(RequestError)
     async def refused(_: Request, exc: RequestError) -> JSONResponse:
         return _error(400, "invalid_request", str(exc))
+
+    @app.exception_handler(PromptTooLongError)
+    @app.exception_handler(RequestTooLargeError)
+    async def too_large(_: Request, exc: RequestError) -> JSONResponse:
+        return _error(400, REQUEST_TOO_LARGE_ERROR_TYPE, str(exc))
 
     @app.exception_handler(GrammarError)
     @app.exception_handler(GrammarRequestError)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import abc
 import asyncio
 import concurrent.futures
+import contextlib
+import functools
 import logging
 import queue
 import threading
@@ -27,8 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from pdd.common.wire import REQUEST_FAILED_ERROR_TYPE
 from pdd.worker.engine import Engine, EngineStats
-from pdd.worker.engine.request import RequestOutput
+from pdd.worker.engine.request import FinishReason, RequestOutput, UnknownRequestError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -59,6 +62,7 @@ class EngineRunner(abc.ABC):
         self._loop = loop
         self._subscribers: dict[str, Subscriber] = {}
         self._step_waiters: list[asyncio.Future[None]] = []
+        self._aborts: set[asyncio.Task] = set()  # of requests whose subscriber failed
         self._steps = 0
         self.snapshot = self._take_snapshot()
 
@@ -110,6 +114,29 @@ class EngineRunner(abc.ABC):
         self._steps += 1
         return outputs
 
+    def _subscriber_failed(
+        self, out: RequestOutput, subscriber: Subscriber, exc: Exception
+    ) -> None:
+        """A subscriber raised on ``out`` (the role's work on one request's output): that
+        request alone ends. The engine lets go of it, and the subscriber is told once more,
+        with an error output, so the request's stream ends with the error instead of
+        hanging; the other requests of the step were delivered as ever."""
+        rid = out.request_id
+        log.exception("token subscriber of %s failed; ending that request", rid)
+        self._subscribers.pop(rid, None)
+        if not out.finished:
+            task = self._loop.create_task(self.call(functools.partial(_abort_quietly, rid=rid)))
+            self._aborts.add(task)
+            task.add_done_callback(self._aborts.discard)
+        error = RequestOutput(
+            rid, [], True, FinishReason.ABORT, error=f"the worker failed on its output: {exc!r}",
+            error_type=REQUEST_FAILED_ERROR_TYPE,
+        )  # fmt: skip
+        try:
+            subscriber(error)
+        except Exception:
+            log.exception("token subscriber of %s failed on its error too", rid)
+
     def _take_snapshot(self) -> RunnerSnapshot:
         return RunnerSnapshot(stats=self.engine.stats, steps=self._steps)
 
@@ -122,8 +149,8 @@ class EngineRunner(abc.ABC):
                 self._subscribers.pop(out.request_id, None)
             try:
                 subscriber(out)
-            except Exception:
-                log.exception("token subscriber of %s failed", out.request_id)
+            except Exception as exc:
+                self._subscriber_failed(out, subscriber, exc)
         waiters, self._step_waiters = self._step_waiters, []
         for waiter in waiters:
             if not waiter.done():
@@ -196,6 +223,12 @@ class ThreadEngineRunner(EngineRunner):
                 item = self._commands.get_nowait()
             except queue.Empty:
                 return
+
+
+def _abort_quietly(engine: Engine, rid: str) -> None:
+    """Abort ``rid`` if the engine still holds it."""
+    with contextlib.suppress(UnknownRequestError):
+        engine.abort(rid)
 
 
 def _turn(engine: Engine) -> None:

@@ -25,8 +25,10 @@ from dataclasses import replace
 import torch
 
 from pdd.common.cache_events import CacheEvent
+from pdd.common.grammar import GRAMMAR_ERROR_TYPE
 from pdd.common.kv_codec import NO_CODEC, KVCodec
 from pdd.common.tokenizer import Tokenizer
+from pdd.common.wire import REQUEST_FAILED_ERROR_TYPE as FAILED
 from pdd.common.wire import EngineInfo, KVShape, TokenLogprobs
 from pdd.worker.cpu_allocator import keep_freed_memory
 from pdd.worker.engine.block_pool import BlockPool
@@ -35,23 +37,34 @@ from pdd.worker.engine.device import SYSTEM_PROBE, DeviceProbe, load_on_device
 from pdd.worker.engine.forward import last_token_logits
 from pdd.worker.engine.grammar import GrammarCompiler, GrammarStateError, mask_logits
 from pdd.worker.engine.handoff import Handoff
+from pdd.worker.engine.isolation import per_row, stage
 from pdd.worker.engine.kv_budget import blocks_for_budget
 from pdd.worker.engine.radix_cache import RadixCache
 from pdd.worker.engine.request import (
     FinishReason,
     NoFreeBlocksError,
     Request,
+    RequestFailedError,
     RequestLimits,
     RequestOutput,
     RequestStatus,
 )
 from pdd.worker.engine.request_table import RequestTable
-from pdd.worker.engine.sampling import SamplingParams, process_logits, sample, token_logprobs
+from pdd.worker.engine.sampling import (
+    SamplingParams,
+    output_history,
+    process_logits,
+    sample,
+    token_logprobs,
+)
 from pdd.worker.engine.scheduler import ScheduledSeq, Scheduler, SchedulerConfig
 from pdd.worker.model.kv_cache import KVLayout, PagedKVCache
 from pdd.worker.model.loader import LoadedModel
 
 log = logging.getLogger(__name__)
+
+#: One sampled row: its token and, where asked, the token's logprobs.
+Picked = tuple[int, TokenLogprobs | None]
 
 
 class Engine:
@@ -148,6 +161,8 @@ class Engine:
     def fail_scheduled(self, error: str) -> list[RequestOutput]:
         """Abort every queued or running request after a failed step; one output each.
 
+        Only the step's shared part (the scheduler, the forward pass) can fail it: a
+        failure in one request's own work ends that request alone (``isolation``).
         A step that raised left those requests in an unknown state: retrying them
         would most likely fail the same way forever, so each ends with ``error`` and
         gives back its blocks and locks. Attached requests (awaiting KV) were not part
@@ -222,10 +237,9 @@ class Engine:
                 continue
             req.unchunked = False
             try:
-                if req.grammar is not None:  # catch up on handed-over tokens before the pick
-                    req.grammar.advance(req.output_ids)
-            except GrammarStateError as e:
-                outputs.append(self._fail(req, str(e)))
+                self._catch_up(req)
+            except RequestFailedError as e:
+                outputs.append(self._fail(req, str(e), e.error_type))
                 continue
             reason = req.stop_reason(self._eos, self.max_model_len) if req.output_ids else None
             if reason is not None:  # handed-over tokens already ended it
@@ -233,48 +247,82 @@ class Engine:
             else:
                 rows.append(row)
         sampling = [scheduled[r].request for r in rows]
-        tokens, logprobs = self._sample(logits[rows], sampling)
+        picks = per_row(self._sample, logits[rows], sampling)
         sampled_at = self.clock()
-        for req, token, lp in zip(sampling, tokens, logprobs, strict=True):
-            prefill_s = _prefill_time(req, sampled_at)
-            req.output_ids.append(token)
-            if req.grammar is not None:
-                req.grammar.advance(req.output_ids)  # the mask allowed it: cannot fail
-            reason = req.stop_reason(self._eos, self.max_model_len)
-            lps = None if lp is None else [lp]
-            if reason is None:
-                outputs.append(
-                    RequestOutput(
-                        req.request_id, [token], False, None, req.num_cached_tokens, logprobs=lps,
-                        prefill_time_s=prefill_s,
-                    )
-                )  # fmt: skip
-            else:
-                outputs.append(self._finish(req, reason, [token], lps, prefill_s))
+        for req, pick in zip(sampling, picks, strict=True):
+            try:
+                if isinstance(pick, RequestFailedError):
+                    raise pick
+                outputs.append(self._append(req, *pick, sampled_at))
+            except RequestFailedError as e:
+                outputs.append(self._fail(req, str(e), e.error_type))
         return outputs
 
-    def _fail(self, req: Request, error: str) -> RequestOutput:
-        """End ``req`` with ``error`` (it cannot go on) and give back what it holds."""
-        self.abort(req.request_id)
-        return RequestOutput(req.request_id, [], True, FinishReason.ABORT, error=error)
+    @staticmethod
+    def _catch_up(req: Request) -> None:
+        """Advance ``req``'s grammar over handed-over tokens before its pick. One the
+        grammar refuses is an untyped failure: no instance with the same grammar could
+        have sampled it, so it is a bug or a mismatched pipeline, not the request's."""
+        if req.grammar is None:
+            return
+        try:
+            req.grammar.advance(req.output_ids)
+        except GrammarStateError as e:
+            raise RequestFailedError(str(e)) from e
+        except Exception as e:
+            raise RequestFailedError(
+                f"the structured-output grammar failed: {e}", GRAMMAR_ERROR_TYPE
+            ) from e
 
-    def _sample(
-        self, logits: torch.Tensor, requests: list[Request]
-    ) -> tuple[list[int], list[TokenLogprobs | None]]:
+    def _append(
+        self, req: Request, token: int, lp: TokenLogprobs | None, sampled_at: float
+    ) -> RequestOutput:
+        """``req``'s new token, its grammar advanced over it, and whether it ends it."""
+        prefill_s = _prefill_time(req, sampled_at)
+        req.output_ids.append(token)
+        if req.grammar is not None:  # its own mask allowed the token: a failure is its own
+            with stage("the structured-output grammar's advance", GRAMMAR_ERROR_TYPE):
+                req.grammar.advance(req.output_ids)
+        reason = req.stop_reason(self._eos, self.max_model_len)
+        lps = None if lp is None else [lp]
+        if reason is not None:
+            return self._finish(req, reason, [token], lps, prefill_s)
+        return RequestOutput(
+            req.request_id, [token], False, None, req.num_cached_tokens, logprobs=lps,
+            prefill_time_s=prefill_s,
+        )  # fmt: skip
+
+    def _fail(self, req: Request, error: str, error_type: str | None = None) -> RequestOutput:
+        """End ``req`` with ``error`` (it cannot go on) and give back what it holds."""
+        log.warning("request %s failed: %s", req.request_id, error)
+        self.abort(req.request_id)
+        return RequestOutput(
+            req.request_id, [], True, FinishReason.ABORT, error=error, error_type=error_type
+        )
+
+    def _sample(self, logits: torch.Tensor, requests: list[Request]) -> list[Picked]:
         """One token per row, and its logprobs where asked. A guided row's grammar masks
         what it forbids first (``grammar.mask_logits``). Rows are steered (bias,
         ``min_tokens``, penalties) only when some request asks for it: the plain path is
-        the batched argmax/sampler on the model's logits as they come."""
+        the batched argmax/sampler on the model's logits as they come. Each stage that
+        raises names itself (``isolation.stage``); ``per_row`` runs this batched, then
+        row by row where it raised."""
         params = [r.params for r in requests]
-        logits = mask_logits(logits, [r.grammar for r in requests])
+        with stage("the structured-output grammar's mask", GRAMMAR_ERROR_TYPE):
+            logits = mask_logits(logits, [r.grammar for r in requests])
         if any(p.steers for p in params):
-            logits = process_logits(logits, params, requests, self._eos)
-        tokens = sample(
-            logits, params, [r.seed for r in requests], [r.num_tokens for r in requests]
-        )
-        if any(p.logprobs is not None for p in params):
-            return tokens, token_logprobs(logits, tokens, params)
-        return tokens, [None] * len(tokens)
+            with stage("the logits processing (logit_bias, min_tokens, penalties)", FAILED):
+                logits = process_logits(logits, params, requests, self._eos)
+        _check_some_token_left(logits, requests)
+        with stage("sampling", FAILED):
+            tokens = sample(
+                logits, params, [r.seed for r in requests], [r.num_tokens for r in requests]
+            )
+        if not any(p.logprobs is not None for p in params):
+            return [(t, None) for t in tokens]
+        with stage("the logprobs", FAILED):
+            logprobs = token_logprobs(logits, tokens, params)
+        return list(zip(tokens, logprobs, strict=True))
 
     def _finish(
         self,
@@ -418,6 +466,30 @@ class Engine:
 
     def _release(self, req: Request) -> None:
         self.requests.release(req)
+
+
+def _check_some_token_left(logits: torch.Tensor, requests: list[Request]) -> None:
+    """Raise, naming the request, where a guided or steered row forbids every token: the
+    grammar (with ``min_tokens`` and the stop ids it masks) allows none, and a pick among
+    ``-inf`` would be a token nothing allows. Plain rows are the model's own logits."""
+    rows = [i for i, r in enumerate(requests) if r.grammar is not None or r.params.steers]
+    if not rows:
+        return
+    left = torch.isfinite(logits[rows]).any(dim=-1).tolist()
+    for row, any_left in zip(rows, left, strict=True):
+        if any_left:
+            continue
+        req = requests[row]
+        steering = "min_tokens, stop_token_ids, logit_bias and penalties"
+        if req.grammar is None:
+            what, error_type = f"the logits after {steering} allow", FAILED
+        else:
+            steered = f" (with {steering})" if req.params.steers else ""
+            what, error_type = f"the structured-output grammar{steered} allows", GRAMMAR_ERROR_TYPE
+        position = len(output_history(req.params, req))
+        raise RequestFailedError(
+            f"no token can follow at output position {position}: {what} none", error_type
+        )
 
 
 def _prefill_time(req: Request, now: float) -> float | None:

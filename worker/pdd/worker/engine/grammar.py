@@ -22,7 +22,8 @@ import llguidance
 import numpy as np
 import torch
 
-from pdd.common.grammar import GrammarError, check_grammar
+from pdd.common.grammar import GrammarError, check_grammar, parser_limits
+from pdd.common.grammar_probe import byte_tokenizer
 from pdd.common.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from pdd.common.wire import GuidedDecoding
 from pdd.worker.engine.request import OutputGrammar, RequestError
@@ -40,30 +41,17 @@ class GrammarStateError(RuntimeError):
     with the same grammar could have sampled (a bug or a mismatched pipeline)."""
 
 
-class _ByteVocabulary:
-    """The ``tiny`` model's byte tokenizer as llguidance reads a vocabulary: ids 0-255
-    are the bytes, the rest are special tokens that spell nothing."""
-
-    def __init__(self, tokenizer: ByteTokenizer) -> None:
-        self.eos_token_id = tokenizer.eos_token_ids[0]
-        self.bos_token_id = tokenizer.bos_token_id
-        special = sorted({tokenizer.bos_token_id, *tokenizer.eos_token_ids, tokenizer.pad_token_id})
-        self.special_token_ids = special
-        self.tokens = [bytes([i]) for i in range(256)] + [
-            f"<special_{i}>".encode() for i in range(256, tokenizer.vocab_size)
-        ]
-
-    def __call__(self, text: bytes | str) -> list[int]:
-        return list(text.encode() if isinstance(text, str) else text)
+class GrammarFailedError(RuntimeError):
+    """llguidance gave up on a request's grammar (one of its work limits, see
+    ``parser_limits``): the grammar's own failure, which admission's probe of its first
+    tokens did not reach."""
 
 
 def _llg_tokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
-    eos = list(tokenizer.eos_token_ids)
     if isinstance(tokenizer, ByteTokenizer):
-        wrapper = llguidance.TokenizerWrapper(_ByteVocabulary(tokenizer))
-        return llguidance.LLTokenizer(wrapper, eos_token=eos)
+        return byte_tokenizer(tokenizer)
     if isinstance(tokenizer, HFTokenizer):
-        return llguidance.LLTokenizer(tokenizer.to_json(), eos_token=eos)
+        return llguidance.LLTokenizer(tokenizer.to_json(), eos_token=list(tokenizer.eos_token_ids))
     raise GrammarRequestError(
         "structured output needs the model's tokenizer.json (the grammar is over its "
         "vocabulary); this instance has none"
@@ -117,10 +105,10 @@ class GrammarCompiler:
             grammar = check_grammar(spec)
         except GrammarError as e:
             raise GrammarRequestError(str(e)) from None
-        matcher = llguidance.LLMatcher(self._llg, grammar, log_level=0)
+        matcher = llguidance.LLMatcher(self._llg, grammar, log_level=0, limits=parser_limits())
         if matcher.is_error():
             raise GrammarRequestError(
-                f"the structured-output grammar cannot be compiled: {matcher.get_error()}"
+                f"the structured-output grammar cannot be compiled: {_error(matcher)}"
             )
         return matcher
 
@@ -141,23 +129,34 @@ class GrammarState:
             if not self._matcher.consume_token(token):
                 raise GrammarStateError(
                     f"output token {token} at position {self.consumed} breaks the grammar: "
-                    f"{self._matcher.get_error()}"
+                    f"{_error(self._matcher)}"
                 )
             self.consumed += 1
 
     @property
     def complete(self) -> bool:
-        """The grammar can take no more text: the output is whole and must stop here."""
-        return self._matcher.is_stopped()
+        """The grammar can take no more text: the output is whole and must stop here (a
+        matcher in error has stopped too, but its output is not whole)."""
+        return self._matcher.is_stopped() and not self._matcher.is_error()
 
     def allowed(self) -> torch.Tensor:
-        """A bool ``[vocab]`` tensor: True where the grammar allows the next token."""
+        """A bool ``[vocab]`` tensor: True where the grammar allows the next token;
+        ``GrammarFailedError`` where llguidance gave up computing it (its mask would then
+        allow only EOS, and the request would end as if its output were whole)."""
         # Bit i of the (little-endian) bitmask is token i: one C pass unpacks it.
-        packed = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
+        bitmask = self._matcher.compute_bitmask()
+        if self._matcher.is_error():
+            raise GrammarFailedError(_error(self._matcher))
+        packed = np.frombuffer(bitmask, dtype=np.uint8)
         bits = np.unpackbits(packed, bitorder="little")[: self._vocab_size]
         allowed = torch.zeros(self._vocab_size, dtype=torch.bool)
         allowed[: bits.size] = torch.from_numpy(bits.astype(bool))
         return allowed
+
+
+def _error(matcher: llguidance.LLMatcher) -> str:
+    """llguidance's error, first line only (the rest is its parser state)."""
+    return next(iter(matcher.get_error().strip().splitlines()), "no reason given")
 
 
 def mask_logits(logits: torch.Tensor, states: Sequence[OutputGrammar | None]) -> torch.Tensor:

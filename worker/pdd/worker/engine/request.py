@@ -48,6 +48,15 @@ class InvalidRequestStateError(RequestError):
     """The operation does not apply to the request in its current state."""
 
 
+class RequestFailedError(RuntimeError):
+    """A live request the engine gave up on (``RequestOutput.error``): ``error_type`` is
+    set where its own work failed, not the instance (``TokenEvent.error_type``)."""
+
+    def __init__(self, message: str, error_type: str | None = None) -> None:
+        super().__init__(message)
+        self.error_type = error_type
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"  # queued for admission (new, or preempted and requeued for recompute)
     RUNNING = "running"  # holds blocks; gets tokens computed each step
@@ -71,6 +80,8 @@ class RequestOutput:
     finish_reason: FinishReason | None = None
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache at admission
     error: str | None = None  # set when the engine gave up on the request (finish is ABORT)
+    #: With ``error``: the request's own work failed, not the step (``TokenEvent.error_type``).
+    error_type: str | None = None
     #: One per new token when the request asked for logprobs (``SamplingParams.logprobs``).
     logprobs: list[TokenLogprobs] | None = None
     #: On the output carrying a prefill's first token: seconds from the step that began

@@ -35,10 +35,13 @@ from pdd.common.kv_codec import (
 )
 from pdd.common.wire import PipelinePlan, TokenLogprobs
 from pdd.worker.engine import Engine
+from pdd.worker.engine.isolation import fault_of
 from pdd.worker.engine.kv_transfer import KVGapError, KVTransferError
 from pdd.worker.engine.request import NoFreeBlocksError, RequestError
 from pdd.worker.roles.base import RoleBase, sampling_params
 from pdd.worker.roles.protocol import (
+    REQUEST_FAULTS,
+    PeerError,
     ProtocolError,
     expect,
     int_field,
@@ -50,11 +53,16 @@ from pdd.worker.transport import Channel, MsgType, TransportError, decode_json
 
 class KVReceiveError(Exception):
     """The KV never arrived complete; the message says why (for the stream's error event),
-    ``culprit`` which instance failed where it was the sender (its link or its data)."""
+    ``culprit`` which instance failed where it was the sender (its link or its data),
+    ``error_type`` where the request's own work failed in P's engine instead (its
+    grammar, say: ``TokenEvent.error_type``)."""
 
-    def __init__(self, message: str, culprit: str | None = None) -> None:
+    def __init__(
+        self, message: str, culprit: str | None = None, error_type: str | None = None
+    ) -> None:
         super().__init__(message)
         self.culprit = culprit
+        self.error_type = error_type
 
 
 @dataclass(frozen=True)
@@ -107,7 +115,7 @@ async def receive_kv(
         hit = await _attach_when_room(role, plan, params, use_cache, private, attach_wait_s)
     except RequestError as exc:
         await send_error(channel, rid, "attach_failed", str(exc))
-        raise KVReceiveError(f"cannot take the request: {exc}") from exc
+        raise KVReceiveError(f"cannot take the request: {exc}", error_type=fault_of(exc)) from exc
     role.metrics.count_prompt(n, hit)
     try:
         await send_meta(channel, rid, op="prepared", hit=hit, codec=handshake_name(codec))
@@ -123,6 +131,8 @@ async def receive_kv(
         await role.abort_engine_request(rid)
         if isinstance(exc, KVTransferError | RequestError):
             await send_error(channel, rid, "import_failed", str(exc))
+        if isinstance(exc, PeerError) and exc.code in REQUEST_FAULTS:  # not P's fault
+            raise KVReceiveError(exc.detail, error_type=exc.code) from exc
         culprit = None if isinstance(exc, RequestError) else channel.peer.name
         raise KVReceiveError(
             f"KV transfer from {channel.peer.name} failed: {exc}", culprit

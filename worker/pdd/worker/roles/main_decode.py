@@ -112,7 +112,7 @@ class MainDecodeRole(RoleBase):
                 attach_wait_s=answer_by - asyncio.get_running_loop().time(),
             )  # fmt: skip
         except KVReceiveError as exc:
-            self._end(rid, error=str(exc), culprit=exc.culprit)
+            self._end(rid, error=str(exc), culprit=exc.culprit, error_type=exc.error_type)
             return False
         if rid in self.cancelled:  # cancelled while its KV came in: nobody reads it
             await self.abort_engine_request(rid)
@@ -297,12 +297,18 @@ class MainDecodeRole(RoleBase):
         await self.runner.call(lambda e: e.extend(rid, rest, hold=False))
         session.stream_from(len(posted))  # type: ignore[union-attr]
 
-    def _end(self, rid: str, error: str | None = None, culprit: str | None = None) -> None:
+    def _end(
+        self,
+        rid: str,
+        error: str | None = None,
+        culprit: str | None = None,
+        error_type: str | None = None,
+    ) -> None:
         self.landing.landed(rid)
         entry = self.requests.pop(rid, None)
         if error is not None:
             seq = entry.session.emitted if entry and entry.session else 0
-            self.hub.fail(rid, seq, error, culprit)
+            self.hub.fail(rid, seq, error, culprit, error_type=error_type)
         else:
             self.hub.get(rid).close()
         self.runner.unsubscribe(rid)

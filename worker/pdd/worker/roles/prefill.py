@@ -45,9 +45,16 @@ from pdd.common.kv_codec import (
 from pdd.common.vocabulary import LinkFault, Pipeline, Role
 from pdd.common.wire import Endpoint, KVShipment, PipelinePlan, TokenEvent, TokenLogprobs
 from pdd.worker.engine import Engine
-from pdd.worker.engine.request import RequestOutput
+from pdd.worker.engine.isolation import fault_of
+from pdd.worker.engine.request import RequestFailedError, RequestOutput
 from pdd.worker.roles.base import NoSuchRequestError, RoleBase, sampling_params
-from pdd.worker.roles.protocol import ProtocolError, expect_meta, int_field, send_meta
+from pdd.worker.roles.protocol import (
+    ProtocolError,
+    expect_meta,
+    int_field,
+    send_error,
+    send_meta,
+)
 from pdd.worker.transport import (
     Channel,
     LinkDown,
@@ -210,6 +217,16 @@ def _errored(future: asyncio.Future) -> bool:
     return future.done() and not future.cancelled() and future.exception() is not None
 
 
+async def _pass_on(channel: Channel, rid: str, exc: BaseException | None) -> None:
+    """Tell the receiver that the request's own work failed in P's engine (the ERROR
+    code is its ``error_type``, ``fault_of``): it ends the request with that error,
+    blaming no instance, rather than blame P for a channel that just closed."""
+    error_type = fault_of(exc)
+    if error_type is not None:
+        with contextlib.suppress(Exception):  # the channel may be gone already
+            await send_error(channel, rid, error_type, str(exc))
+
+
 def _refusal(answer: asyncio.Future[int]) -> BaseException | None:
     """Why the receiver's answer failed (an ERROR it sent, a timeout), if it did."""
     if answer.done() and not answer.cancelled():
@@ -261,8 +278,11 @@ class PrefillRole(RoleBase):
         self._works[rid] = work
         try:
             await asyncio.wait({work})
-            if not work.cancelled() and work.exception() is not None:
-                log.error("prefill of %s failed", rid, exc_info=work.exception())
+            failure = None if work.cancelled() else work.exception()
+            if fault_of(failure) is not None:  # the request's doing, not P's: no stack
+                log.warning("prefill of %s failed: %s", rid, failure)
+            elif failure is not None:
+                log.error("prefill of %s failed", rid, exc_info=failure)
         finally:
             work.cancel()  # the run itself was cancelled (the worker is closing)
             del self._works[rid]
@@ -362,7 +382,7 @@ class PrefillRole(RoleBase):
 
         def on_output(out: RequestOutput) -> None:
             if out.error is not None and not first.done():
-                first.set_exception(RuntimeError(out.error))
+                first.set_exception(RequestFailedError(out.error, out.error_type))
             elif out.new_token_ids and not first.done():
                 self.metrics.observe_prefill(out.prefill_time_s)
                 lp = out.logprobs[0] if out.logprobs else None
@@ -438,8 +458,9 @@ class PrefillRole(RoleBase):
             if target.wan:
                 self._shipped(plan, clock)
         except Exception as exc:
-            if _errored(prefill):
-                raise  # a failed prefill is no transfer failure: nothing to say of the line
+            if _errored(prefill):  # a failed prefill is no transfer failure: nothing to
+                await _pass_on(channel, rid, prefill.exception())  # say of the line
+                raise
             if not answer.done() and not channel.is_open:
                 await asyncio.wait({answer})  # a failed channel fails it at once
             cause = _refusal(answer) or exc  # the receiver's own answer says why, if it came

@@ -24,13 +24,17 @@ failed one is closed.
     then does RLD free the request's KV.
 
 Either side may answer ERROR ``{code, message}`` instead; the other side ends
-the request with that outcome.
+the request with that outcome. P's ERROR whose code is a ``TokenEvent.error_type``
+(``REQUEST_FAULTS``: the request's own work failed in P's engine, its grammar say) makes
+the receiver end the request with P's message and that type, blaming no instance.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from pdd.common.grammar import GRAMMAR_ERROR_TYPE
+from pdd.common.wire import REQUEST_FAILED_ERROR_TYPE
 from pdd.worker.transport import (
     Channel,
     Frame,
@@ -46,9 +50,19 @@ from pdd.worker.transport import (
 FLAG_FINAL = 1
 FLAG_FINISHED = 2
 
+#: ERROR codes that say the request's own work failed, not the peer: the receiver passes
+#: them on as its stream's ``TokenEvent.error_type``.
+REQUEST_FAULTS = (GRAMMAR_ERROR_TYPE, REQUEST_FAILED_ERROR_TYPE)
+
 
 class PeerError(TransportError):
-    """The peer answered with an ERROR frame; the message is the peer's."""
+    """The peer answered with an ERROR frame: its ``code`` and its own message
+    (``detail``)."""
+
+    def __init__(self, message: str, code: str = "", detail: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.detail = detail
 
 
 class ProtocolError(TransportError):
@@ -70,7 +84,8 @@ async def expect(channel: Channel, *allowed: MsgType, timeout_s: float | None = 
     frame = await (channel.recv() if timeout_s is None else channel.recv(timeout_s))
     if frame.msg_type == MsgType.ERROR:
         info = decode_error(frame.payload)
-        raise PeerError(f"{channel.peer.name} failed ({info.code}): {info.message}")
+        message = f"{channel.peer.name} failed ({info.code}): {info.message}"
+        raise PeerError(message, info.code, info.message)
     if frame.msg_type not in allowed:
         names = "/".join(t.name for t in allowed)
         raise ProtocolError(f"expected {names} from {channel.peer.name}, got {frame.msg_type.name}")

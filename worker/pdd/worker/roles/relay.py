@@ -68,7 +68,7 @@ class RelayRole(RoleBase):
                 attach_wait_s=self.answer_deadline() - asyncio.get_running_loop().time(),
             )  # fmt: skip
         except KVReceiveError as exc:
-            self.hub.fail(rid, 0, str(exc))
+            self.hub.fail(rid, 0, str(exc), error_type=exc.error_type)
             self.live.discard(rid)
             return False
         if rid in self.cancelled:  # cancelled while its KV came in: nobody reads it

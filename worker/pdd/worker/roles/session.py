@@ -46,7 +46,7 @@ class DecodeSession:
         """Engine-runner subscriber: record the new tokens, stream what is ours."""
         if out.error is not None:  # the engine gave up: end the stream with the error
             self.finished = True
-            self.hub.fail(self.request_id, len(self.output), out.error)
+            self.hub.fail(self.request_id, len(self.output), out.error, error_type=out.error_type)
             self.done.set()
             return
         if out.logprobs is not None:

@@ -127,10 +127,12 @@ class StreamHub:
         error: str,
         culprit: str | None = None,
         link_fault: LinkFault | None = None,
+        error_type: str | None = None,
     ) -> None:
         """Push an error status event and close: this instance gives up on the request
         (``culprit``: the other instance that made it, if one did; ``link_fault``: P's KV
-        could not cross the WAN to it)."""
+        could not cross the WAN to it; ``error_type``: the request's own work failed, see
+        ``TokenEvent``)."""
         stream = self.get(request_id)
         event = TokenEvent(
             request_id=request_id,
@@ -139,6 +141,7 @@ class StreamHub:
             error=error,
             culprit=culprit,
             link_fault=link_fault,
+            error_type=error_type,
         )
         stream.push(event)
         stream.close()
