@@ -51,7 +51,7 @@ def test_chat_request_as_clients_send_it():
     assert req.output_token_limit == 64  # the newer field wins
     assert req.include_usage_in_stream
     assert req.stop_strings == ["END"]
-    assert req.messages[1].text() == "hi there"
+    assert req.messages[1].text() == "hi \nthere"  # text parts joined as vLLM joins them
     # Extra message keys survive for the chat template.
     assert req.messages[2].model_dump()["tool_calls"][0]["id"] == "1"
 

@@ -1,10 +1,13 @@
 """The router's access log: one line per API request, served or refused, with what an
 operator looks for (request id, pipeline, status, TTFT, tokens, reason); JSON on
-request; ``--log-level`` in any case; no library chatter at INFO."""
+request; ``--log-level`` in any case; no library chatter at INFO; and nothing a client
+sends (a path, a header, a field name) can split a line or forge one."""
 
 from __future__ import annotations
 
 import json
+import socket
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -106,3 +109,80 @@ def test_info_logs_hold_no_library_chatter(worker_flags, start_router):
 def test_text_lines_quote_values_with_spaces_and_leave_out_unset_ones():
     line = format_line({"request_id": "pdd-1", "status": 429, "pipeline": None, "reason": "a b"})
     assert line == 'request_id=pdd-1 status=429 reason="a b"'
+
+
+@pytest.mark.unit
+def test_text_values_escape_quotes_backslashes_and_control_characters():
+    line = format_line({"path": '/v1/a"b\\c\r\nd', "status": 404, "user_agent": "x\x85y"})
+    assert line == 'path="/v1/a\\"b\\\\c\\x0d\\x0ad" status=404 user_agent=x\\x85y'
+
+
+#: A whole forged access line, as a client would smuggle it in after a CR LF.
+FORGED = "2026-01-01 00:00:00,000 pdd.router.access INFO request_id=forged status=200"
+#: Raw bytes a client can put in a header value (HTTP allows obs-text: latin-1's C1
+#: controls, NEL among them, which ``str.splitlines`` breaks a line at).
+AGENT = b"probe\x85" + FORGED.encode() + b"\t\x9b[2J\xff"
+#: A path that decodes to CR LF, a forged line, NUL, NEL and Unicode's line separator.
+HOSTILE_PATH = "/v1/completions\r\n" + FORGED + "\x00\u0085\u2028"
+#: A JSON field name carrying the same (the 400 names it in its reason).
+HOSTILE_FIELD = "evil\r\n" + FORGED + "\u0000\u2028"
+
+
+def send_raw(router, method: str, target: str, body: bytes = b"") -> bytes:
+    """One request exactly as written (an HTTP client would quote or refuse these
+    bytes); the whole reply (``Connection: close``)."""
+    host, port = router.url.removeprefix("http://").split(":")
+    head = (
+        f"{method} {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    )
+    head_bytes = head.encode() + b"User-Agent: " + AGENT + b"\r\n\r\n"
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(head_bytes + body)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    return reply
+
+
+def text_access(line: str) -> str | None:
+    """A text record of the access logger (a forged one included: that is the point)."""
+    parts = line.split(" ", 4)
+    return line if len(parts) == 5 and parts[2] == "pdd.router.access" else None
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_what_a_client_sends_never_splits_or_forges_a_line(log_format, worker_flags, start_router):
+    """CR LF, NUL and other control characters in the path, a header and a JSON field
+    name: each request is exactly one line, its values escaped (text) or JSON-quoted."""
+    router = start_router(*worker_flags(), "--log-format", log_format)
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 1, HOSTILE_FIELD: 1}
+    bad_path = send_raw(router, "POST", quote(HOSTILE_PATH, safe="/"), json.dumps(body).encode())
+    bad_field = send_raw(router, "POST", "/v1/completions", json.dumps(body).encode())
+    assert bad_path.startswith(b"HTTP/1.1 404") and bad_field.startswith(b"HTTP/1.1 400")
+    parse = json_access if log_format == "json" else text_access
+    lines = until_sync(
+        lambda: found if len(found := access_lines(router, parse)) >= 2 else None,
+        "both access-log lines",
+        every_s=0.05,
+    )
+    text = router.log.read_text(errors="replace")
+    assert text.split("\n") == [*text.splitlines(), ""]  # no other line breaks
+    assert not set(text) & set("\x00\r\x1b\x85\x9b\u2028"), "a raw control character"
+    assert len(lines) == 2, lines
+    if log_format == "json":
+        assert all(json.loads(line) for line in text.splitlines())
+        by_status = {line["status"]: line for line in lines}
+        assert by_status[404]["path"] == HOSTILE_PATH
+        assert HOSTILE_FIELD in by_status[400]["reason"]
+        assert {line["user_agent"] for line in lines} == {AGENT.decode("latin-1")}
+        return
+    agent = 'user_agent="probe\\x85' + FORGED + '\\x09\\x9b[2J\xff"'
+    for line in lines:
+        assert line.isprintable() and line.endswith(agent), line
+        assert not line.split(" ", 4)[4].startswith("request_id=forged"), line
+    not_found, invalid = sorted(lines, key=lambda line: "status=404" not in line)
+    assert ' path="/v1/completions\\x0d\\x0a' + FORGED + '\\x00\\x85\\u2028" ' in not_found
+    assert " status=404 " in not_found
+    assert " status=400 " in invalid and "evil\\x0d\\x0a" + FORGED + "\\x00\\u2028" in invalid

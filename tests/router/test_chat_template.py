@@ -179,7 +179,7 @@ def test_plain_fallback():
     text = render_plain(
         [
             {"role": "user", "content": "hi"},
-            {"role": "assistant", "content": [{"type": "text", "text": "yo"}]},
+            {"role": "assistant", "content": "yo"},
         ]
     )
     assert text == "user: hi\nassistant: yo\nassistant:"

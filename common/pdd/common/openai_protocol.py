@@ -6,7 +6,10 @@ client that asked for something must not silently get something else. The few fi
 real clients send that change nothing about the output (``user``, ``metadata``,
 ``store``, ``service_tier``) are declared and accepted; docs/router.md lists every
 field with its status. Fields we implement are validated, so a bad value becomes a
-400 with a message, not a 500. Messages and tool definitions keep extra keys: they are
+400 with a message, not a 500: numbers and flags strictly (``max_tokens: true`` or
+``"5"`` is refused, not read as 1 or 5, as the OpenAI API refuses them), stop strings
+non-empty, a message's content text or text parts (an image or audio part is refused:
+the models served here read text only). Messages and tool definitions keep extra keys: they are
 the chat template's input (``tool_calls``, ``tool_call_id`` ...). Every error,
 including one in the middle of a stream, has the one ``ErrorResponse`` shape.
 """
@@ -22,6 +25,10 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    field_validator,
     model_serializer,
     model_validator,
 )
@@ -66,7 +73,7 @@ class _SparseWire(_Wire):
 
 
 class StreamOptions(_Wire):
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 #: How logprobs name a token with ``return_tokens_as_token_ids``: ``token_id:<id>`` (vLLM's).
@@ -83,33 +90,41 @@ class SamplingFields(_StrictRequest):
     completion (nothing is stored here) and OpenAI's processing tier."""
 
     model: str
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=-1, ge=-1)
-    seed: int | None = None
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    temperature: StrictFloat = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: StrictInt = Field(default=-1, ge=-1)
+    seed: StrictInt | None = None
     stop: str | list[str] | None = None
     #: Each sample is a routed request of its own; 16 bounds what one call can ask of the
     #: fleet (OpenAI takes up to 128).
-    n: int = Field(default=1, ge=1, le=16)
-    stream: bool = False
+    n: StrictInt = Field(default=1, ge=1, le=16)
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    ignore_eos: bool = False
+    ignore_eos: StrictBool = False
     user: str | None = None
     metadata: dict[str, str] | None = None
-    store: bool | None = None
+    store: StrictBool | None = None
     service_tier: str | None = None
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(
+    presence_penalty: StrictFloat = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: StrictFloat = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: StrictFloat = Field(
         default=1.0, ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1]
     )
-    min_tokens: int = Field(default=0, ge=0)
-    stop_token_ids: list[int] | None = None
+    min_tokens: StrictInt = Field(default=0, ge=0)
+    stop_token_ids: list[StrictInt] | None = None
     #: Token id (as a string, JSON keys are strings) -> bias in [-100, 100].
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, StrictFloat] | None = None
     #: Logprobs name each token ``TOKEN_ID_PREFIX`` + its id rather than by its text.
-    return_tokens_as_token_ids: bool = False
+    return_tokens_as_token_ids: StrictBool = False
+
+    @field_validator("stop")
+    @classmethod
+    def _no_empty_stop(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        """An empty stop string matches before any output: nothing could be generated."""
+        if stop == "" or (isinstance(stop, list) and "" in stop):
+            raise ValueError("a stop string must not be empty")
+        return stop
 
     @model_validator(mode="after")
     def _valid_logit_bias(self) -> SamplingFields:
@@ -189,33 +204,70 @@ class ResponseFormat(_Request):
         return self
 
 
+#: Content parts that carry text, and the key that holds it: ``text`` in any message,
+#: ``refusal`` in an assistant's (OpenAI's shape of an earlier refusal).
+TEXT_PARTS = {"text": "text", "refusal": "refusal"}
+#: Content parts of other media, and what to call them when one is refused.
+MEDIA_PARTS = {
+    "image_url": "images are",
+    "input_image": "images are",
+    "input_audio": "audio is",
+    "audio_url": "audio is",
+    "video_url": "video is",
+    "file": "files are",
+    "input_file": "files are",
+}
+
+
 class ChatMessage(_Request):
-    """One message; extra keys (``tool_calls``, ``tool_call_id`` ...) pass to the template."""
+    """One message; extra keys (``tool_calls``, ``tool_call_id`` ...) pass to the template.
+    ``content`` is a text, or a list of content parts of which only text parts are
+    taken (a model here reads text only: an image part is a 400 saying so)."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
 
-    def text(self) -> str:
-        """The message's text: string content, or the text parts of a content list."""
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
+    @field_validator("content")
+    @classmethod
+    def _text_parts_only(
+        cls, content: str | list[dict[str, Any]] | None
+    ) -> str | list[dict[str, Any]] | None:
+        for part in content if isinstance(content, list) else ():
+            kind = part.get("type")
+            if kind in MEDIA_PARTS:
+                raise ValueError(
+                    f"{MEDIA_PARTS[kind]} not supported: this model takes text only "
+                    f"(a {kind!r} content part)"
+                )
+            if kind not in TEXT_PARTS:
+                raise ValueError(
+                    f"content part type {kind!r} is not supported; "
+                    f"parts may be {sorted(TEXT_PARTS)}"
+                )
+            if not isinstance(part.get(TEXT_PARTS[kind]), str):
+                raise ValueError(f"a {kind!r} content part needs {TEXT_PARTS[kind]!r}: a string")
+        return content
+
+    def text(self) -> str | None:
+        """The message's text as chat templates take it: the content, or its text parts
+        joined by newlines (as vLLM joins them for a template that reads a string)."""
+        if not isinstance(self.content, list):
             return self.content
-        return "".join(p.get("text", "") for p in self.content if p.get("type") == "text")
+        return "\n".join(part[TEXT_PARTS[part["type"]]] for part in self.content)
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    add_generation_prompt: bool = True
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    add_generation_prompt: StrictBool = True
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[ToolDefinition] | None = None
     tool_choice: ToolChoice | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: StrictBool = True
     response_format: ResponseFormat | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
 
     @model_validator(mode="after")
     def _top_logprobs_needs_logprobs(self) -> ChatCompletionRequest:
@@ -253,9 +305,9 @@ class ChatCompletionRequest(SamplingFields):
 class CompletionRequest(SamplingFields):
     """A plain completion; ``prompt`` is text or already-tokenized IDs (one prompt)."""
 
-    prompt: str | list[int]
-    echo: bool = False
-    logprobs: int | None = Field(default=None, ge=0, le=5)
+    prompt: str | list[StrictInt]
+    echo: StrictBool = False
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=5)
 
     @model_validator(mode="after")
     def _non_empty_prompt(self) -> CompletionRequest:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -22,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from pdd.common.openai_protocol import (
@@ -31,9 +31,10 @@ from pdd.common.openai_protocol import (
     ErrorResponse,
     unrecognized_argument,
 )
-from pdd.router.access_log import AccessLogMiddleware
+from pdd.router.access_log import CLIENT_CLOSED_REQUEST, AccessLogMiddleware
 from pdd.router.access_log import current as current_access
 from pdd.router.admission import StreamSlots, releasing
+from pdd.router.disconnect import unless_disconnected
 from pdd.router.errors import (
     AuthenticationError,
     InvalidRequestError,
@@ -42,6 +43,7 @@ from pdd.router.errors import (
 )
 from pdd.router.metrics import CONTENT_TYPE_LATEST
 from pdd.router.openapi import document_bodies
+from pdd.router.request_body import check_content_type, decode_json
 from pdd.router.runtime import RouterRuntime
 from pdd.router.serving_base import Served
 from pdd.router.serving_chat import OpenAIServingChat
@@ -104,7 +106,8 @@ def create_app(runtime: RouterRuntime) -> FastAPI:
         request: Request, model: type[T], create: Callable[[T], Awaitable[Served]]
     ) -> Response:
         """Key, stream slot, body, a slot of the router's capacity (fair per key), then
-        the response; the slots are held until it is sent."""
+        the response; the slots are held until it is sent. A client that goes away once
+        its body is read cancels the rest (``unless_disconnected``)."""
         key = _authenticate(runtime, request)
         releases = [slots.take(key)]
 
@@ -112,10 +115,13 @@ def create_app(runtime: RouterRuntime) -> FastAPI:
             for give_back in releases:
                 give_back()
 
+        async def admitted(parsed: T) -> Served:
+            releases.append(await admission.admit(key))
+            return await create(parsed)
+
         try:
             parsed = await _parse(runtime, request, model)
-            releases.append(await admission.admit(key))
-            return _respond(await create(parsed), release)
+            return _respond(await unless_disconnected(request.receive, admitted(parsed)), release)
         except BaseException:
             release()
             raise
@@ -139,21 +145,21 @@ def create_app(runtime: RouterRuntime) -> FastAPI:
 
 
 def _authenticate(runtime: RouterRuntime, request: Request) -> str:
-    """The caller's API key ("" where the router takes none), or AuthenticationError."""
+    """The caller's API key ("" where the router takes none), or AuthenticationError.
+    The whole header must be ``Bearer <key>``, byte for byte, as vLLM compares it."""
     keys = runtime.config.api_keys
     if not keys:
         return ""
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    ok = scheme.lower() == "bearer" and any(
-        hmac.compare_digest(token.encode(), k.encode()) for k in keys
-    )
-    if not ok:
+    header = request.headers.get("authorization", "")
+    if not any(hmac.compare_digest(header.encode(), f"Bearer {k}".encode()) for k in keys):
         raise AuthenticationError("invalid API key: send Authorization: Bearer <key>")
-    return token
+    return header.removeprefix("Bearer ")
 
 
 async def _parse(runtime: RouterRuntime, request: Request, model: type[T]) -> T:
-    """Size-limited body -> JSON -> the endpoint's request model, each failure a 4xx."""
+    """JSON declared, size-limited body -> JSON (``request_body``) -> the endpoint's
+    request model, each failure a 4xx."""
+    check_content_type(request.headers.get("content-type"))
     limit = runtime.config.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -163,10 +169,7 @@ async def _parse(runtime: RouterRuntime, request: Request, model: type[T]) -> T:
         raw += chunk
         if len(raw) > limit:
             raise PayloadTooLargeError(f"the request body exceeds the {limit}-byte limit")
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidRequestError(f"the body is not valid JSON: {exc}") from exc
+    data = decode_json(bytes(raw))
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -249,6 +252,15 @@ def _install_errors(app: FastAPI, runtime: RouterRuntime) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         return error_response(400, ErrorResponse.of(str(exc), "invalid_request_error", code=400))
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_left(_: Request, exc: ClientDisconnect) -> Response:
+        """Gone before any status went out (its body cut short, or its answer not ready):
+        nobody reads this one; the access log says 499, as nginx does."""
+        current = current_access()
+        if current is not None:
+            current.left()
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
 
     @app.exception_handler(Exception)
     async def internal(_: Request, exc: Exception) -> JSONResponse:

@@ -8,6 +8,11 @@ lstrip_blocks, ``raise_exception``, a ``tojson`` that does not HTML-escape,
 ``strftime_now``, loop controls, the ``{% generation %}`` tag, and the tokenizer's
 special tokens as variables. Messages lose their None-valued keys first, as in
 transformers, because templates test ``'key' in message``.
+
+A template is code run on the client's data: whatever it raises while rendering one
+conversation (a ``raise_exception``, a type error on a value from ``chat_template_kwargs``)
+is that request's 400, never the server's 500. ``chat_template_kwargs`` may set any
+variable but those in ``RESERVED_KWARGS`` (``check_template_kwargs``).
 """
 
 from __future__ import annotations
@@ -38,6 +43,18 @@ SPECIAL_TOKEN_NAMES = (
 
 class ChatTemplateError(ValueError):
     """A template refused the conversation (``raise_exception``) or is broken; a 400."""
+
+
+class ReservedKwargError(ChatTemplateError):
+    """``chat_template_kwargs`` names a variable the request may not set (``key``)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(
+            f"chat_template_kwargs may not set {key!r}: the router or the template's "
+            "environment defines it "
+            f"(reserved: {', '.join(sorted(RESERVED_KWARGS))})"
+        )
+        self.key = key
 
 
 class _GenerationTag(Extension):
@@ -75,18 +92,40 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-@lru_cache(maxsize=16)
-def _compile(source: str) -> jinja2.Template:
+def _environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, loopcontrols]
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+@lru_cache(maxsize=16)
+def _compile(source: str) -> jinja2.Template:
     try:
-        return env.from_string(source)
+        return _environment().from_string(source)
     except jinja2.TemplateSyntaxError as exc:
         raise ChatTemplateError(f"chat template does not compile: {exc}") from exc
+
+
+#: What ``chat_template_kwargs`` may not set: the arguments the router passes itself (a
+#: key among them was a TypeError, a 500), the template (not swapped per request), and
+#: the environment's functions (``raise_exception``, ``strftime_now``, jinja's
+#: ``range``, ``namespace`` ...), which a value would shadow in every template that
+#: calls them. Special tokens may be set, as transformers lets them be.
+RESERVED_KWARGS = frozenset(
+    ("messages", "tools", "documents", "add_generation_prompt", "chat_template",
+     *_environment().globals)
+)  # fmt: skip
+
+
+def check_template_kwargs(kwargs: Mapping[str, Any]) -> None:
+    """``ReservedKwargError`` for the first key of ``kwargs`` the request may not set."""
+    for key in kwargs:
+        if key in RESERVED_KWARGS:
+            raise ReservedKwargError(key)
 
 
 class ChatTemplate:
@@ -105,7 +144,8 @@ class ChatTemplate:
         documents: list[dict[str, Any]] | None = None,
         **kwargs: Any,
     ) -> str:
-        """The prompt string; ``kwargs`` (``chat_template_kwargs``) override special tokens."""
+        """The prompt string; ``kwargs`` (``chat_template_kwargs``, checked with
+        ``check_template_kwargs``) override special tokens."""
         cleaned = [{k: v for k, v in m.items() if v is not None} for m in messages]
         try:
             return self._template.render(
@@ -117,6 +157,10 @@ class ChatTemplate:
             )
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"chat template rejected the conversation: {exc}") from exc
+        except (TypeError, ValueError, LookupError, ArithmeticError) as exc:
+            raise ChatTemplateError(
+                f"chat template failed on this conversation: {type(exc).__name__}: {exc}"
+            ) from exc
 
 
 #: How the plain fallback teaches a model to call a tool: the Hermes convention, so the
@@ -141,12 +185,9 @@ def render_plain(
     return "".join(lines)
 
 
-def _plain_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(p.get("text", "") for p in content if p.get("type") == "text")
+def _plain_text(content: str | None) -> str:
+    """A message's content, already text (``ChatMessage.text``), or none."""
+    return content or ""
 
 
 def special_tokens_from_config(tokenizer_config: Mapping[str, Any]) -> dict[str, str]:

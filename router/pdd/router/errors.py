@@ -3,6 +3,9 @@
 Serving code raises these; the app turns every one (and anything unexpected) into
 the single OpenAI ``ErrorResponse`` shape, so a client's error handling never meets
 a FastAPI default body. A mid-stream failure uses the same shape as an SSE frame.
+docs/errors.md lists every class with its status, ``type``, ``cause`` and whether a
+retry can help (a test keeps it complete). A 4xx is the request's own fault, said so
+for good: only 429 (capacity that comes back), 502 and 503 are worth a retry.
 """
 
 from __future__ import annotations
@@ -10,6 +13,12 @@ from __future__ import annotations
 import math
 
 from pdd.common.openai_protocol import ErrorResponse
+
+
+def printable(text: str) -> str:
+    """``text`` with what has no UTF-8 form (a lone surrogate a client sent, echoed in a
+    message or a param) written as its escape, so the error itself can always be sent."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class RouterError(Exception):
@@ -22,8 +31,8 @@ class RouterError(Exception):
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
-        self.message = message
-        self.param = param
+        self.message = printable(message)
+        self.param = None if param is None else printable(param)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -50,6 +59,14 @@ class ContextLengthError(InvalidRequestError):
     cause = "context_length_exceeded"
 
 
+class RequestTooLargeError(InvalidRequestError):
+    """The request could never fit a worker's KV cache, even with the cache to itself:
+    its prompt plus ``max_tokens`` is over the pool (``EngineInfo.kv_tokens``), which may
+    be smaller than the context window. Permanent, so a 400, never a 429."""
+
+    cause = "request_too_large"
+
+
 class AuthenticationError(RouterError):
     status, type = 401, "authentication_error"
     cause = "unauthorized"
@@ -63,6 +80,13 @@ class ModelNotFoundError(RouterError):
 class PayloadTooLargeError(RouterError):
     status, type = 413, "invalid_request_error"
     cause = "body_too_large"
+
+
+class UnsupportedMediaTypeError(RouterError):
+    """The body is declared as something other than JSON (``Content-Type``)."""
+
+    status, type = 415, "invalid_request_error"
+    cause = "unsupported_media_type"
 
 
 class SaturatedError(RouterError):

@@ -140,6 +140,16 @@ class Generation:
         return self._first_hits.cached_tokens
 
     @property
+    def request_id(self) -> str:
+        """The request's id as first routed (``x-pdd-request-id``; a recovery's plan
+        adds a suffix): the access log's, where no response headers went out."""
+        return self._request.request_id
+
+    @property
+    def pipeline(self) -> str:
+        return self.route.pipeline
+
+    @property
     def token_ids(self) -> list[int]:
         """The output token IDs the client has been sent so far."""
         return list(self._detok.ids)

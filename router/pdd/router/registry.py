@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
@@ -172,6 +173,19 @@ class InstanceRegistry:
                 i.engine.max_model_len
                 for i in self._instances.values()
                 if i.ready and i.engine is not None
+            ),
+            default=None,
+        )
+
+    def kv_limit(self, roles: Collection[Role]) -> int | None:
+        """The smallest KV pool, in tokens (``EngineInfo.kv_tokens``), of the ready
+        instances of ``roles``: the most one request can hold there, even with the pool
+        to itself (it may be less than the context window); None before any answered."""
+        return min(
+            (
+                i.engine.kv_tokens
+                for i in self._instances.values()
+                if i.ready and i.engine is not None and i.role in roles
             ),
             default=None,
         )

@@ -19,7 +19,7 @@ from urllib.parse import quote
 from pydantic import BaseModel
 
 from pdd.common.openai_protocol import SSE_DONE, ErrorResponse, SamplingFields, new_id, sse_frame
-from pdd.common.vocabulary import FinishReason
+from pdd.common.vocabulary import FinishReason, Role
 from pdd.common.wire import GuidedDecoding, SamplingSpec
 from pdd.router import access_log
 from pdd.router.errors import (
@@ -27,6 +27,7 @@ from pdd.router.errors import (
     InvalidRequestError,
     ModelNotFoundError,
     PromptTooLongError,
+    RequestTooLargeError,
     RouterError,
 )
 from pdd.router.generation import Generation, TokenLogprobEntry
@@ -36,6 +37,10 @@ from pdd.router.runtime import RouterRuntime
 from pdd.router.samples import Samples
 
 log = logging.getLogger(__name__)
+
+#: The roles that hold a request's whole KV, prompt and output (P holds the prompt and
+#: its first token only).
+DECODE_ROLES = (Role.RELAY, Role.MAIN, Role.MONO)
 
 
 @dataclass(frozen=True)
@@ -96,8 +101,11 @@ class OpenAIServing:
         """OpenAI's sampling fields in the workers' terms (top_k -1 means off: 0 there).
         A request without ``max_tokens`` gets the default, within the router's limit and
         the context the prompt leaves; one whose prompt plus ``max_tokens`` exceeds the
-        model's context window is a 400 naming both numbers, as vLLM answers it.
-        Sample ``i`` of ``n`` draws with ``seed + i``, so the samples differ.
+        model's context window is a 400 naming both numbers, as vLLM answers it; so is one
+        over the KV cache of the workers that decode it (``RequestTooLargeError``: they
+        would refuse it whatever their load, so it is no 429), and the default stays
+        within that cache too. Sample ``i`` of ``n`` draws with ``seed + i``, so the
+        samples differ.
         ``guided``: the grammar the output must follow (structured output)."""
         config = self.runtime.config
         limit = config.max_tokens_limit
@@ -115,6 +123,18 @@ class OpenAIServing:
                     f"max_tokens is too large: {max_tokens}. This model's maximum context "
                     f"length is {context} tokens and your request has {prompt_tokens} input "
                     f"tokens ({max_tokens} > {context} - {prompt_tokens})",
+                    param="max_tokens",
+                )
+            default = max(1, min(default, left))
+        room = self.runtime.registry.kv_limit(DECODE_ROLES)
+        if room is not None:
+            left = room - prompt_tokens
+            if max_tokens is not None and max_tokens > left:
+                raise RequestTooLargeError(
+                    f"max_tokens is too large: {max_tokens}. This deployment's workers hold "
+                    f"at most {room} tokens of KV cache for one request (its input and output "
+                    f"tokens together) and your request has {prompt_tokens} input tokens "
+                    f"({max_tokens} > {room} - {prompt_tokens})",
                     param="max_tokens",
                 )
             default = max(1, min(default, left))
@@ -141,6 +161,18 @@ class OpenAIServing:
             logprobs=request.logprobs_count,
             guided=guided,
         )
+
+    def _check_prompt_room(self, prompt_tokens: int, param: str) -> None:
+        """The prompt and one output token must fit the KV cache of every worker that
+        holds it (P, and the decoding ones), or no worker could ever take it."""
+        room = self.runtime.registry.kv_limit((Role.PREFILL, *DECODE_ROLES))
+        if room is not None and prompt_tokens + 1 > room:
+            raise RequestTooLargeError(
+                f"the prompt has {prompt_tokens} tokens; this deployment's workers hold at "
+                f"most {room} tokens of KV cache for one request (its input and at least one "
+                "output token together): shorten the prompt",
+                param=param,
+            )
 
     def _check_token_ids(self, request: SamplingFields) -> None:
         """``stop_token_ids`` and ``logit_bias`` keys must name tokens of the vocabulary."""
@@ -193,6 +225,7 @@ class OpenAIServing:
                 f"the prompt has {len(prompt_ids)} tokens; this router accepts at most {limit}",
                 param=param,
             )
+        self._check_prompt_room(len(prompt_ids), param)
         request_id = new_id("pdd")
         sampling = self.sampling(request, max_tokens, sample, guided, len(prompt_ids))
 

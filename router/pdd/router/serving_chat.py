@@ -22,6 +22,7 @@ from pdd.common.openai_protocol import (
     ChatCompletionChunkChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,
+    ChatMessage,
     ChatResponseMessage,
     DeltaFunctionCall,
     DeltaMessage,
@@ -31,7 +32,7 @@ from pdd.common.openai_protocol import (
     new_id,
 )
 from pdd.common.vocabulary import FinishReason, ToolCallFormat
-from pdd.router.chat_template import ChatTemplateError
+from pdd.router.chat_template import ChatTemplateError, ReservedKwargError
 from pdd.router.errors import InvalidRequestError
 from pdd.router.generation import TokenLogprobEntry
 from pdd.router.logprobs import chat_logprobs
@@ -113,14 +114,17 @@ class OpenAIServingChat(OpenAIServing):
         return ChatCompletionChoice(index=index, message=message, finish_reason=finish)
 
     def _prompt_ids(self, request: ChatCompletionRequest) -> list[int]:
-        messages = [_template_message(m.model_dump(exclude_none=True)) for m in request.messages]
+        messages = [_template_message(m) for m in request.messages]
         try:
             return self.runtime.tokenizer.chat_ids(
                 messages,
                 request.add_generation_prompt,
                 request.tool_dicts,
-                **(request.chat_template_kwargs or {}),
+                request.chat_template_kwargs,
             )
+        except ReservedKwargError as exc:
+            param = f"chat_template_kwargs.{exc.key}"
+            raise InvalidRequestError(str(exc), param=param) from exc
         except ChatTemplateError as exc:
             raise InvalidRequestError(str(exc), param="messages") from exc
 
@@ -197,10 +201,15 @@ def _delta_of(event: StreamEvent) -> DeltaMessage:
     return DeltaMessage(tool_calls=[DeltaToolCall(index=event.index, function=function)])
 
 
-def _template_message(message: dict[str, Any]) -> dict[str, Any]:
-    """A message as chat templates take it: the arguments of an assistant's earlier tool
-    calls are a JSON *text* on the wire but an object in templates (they ``tojson`` it),
-    so they are decoded first, as vLLM does; a text that is not JSON stays as it is."""
+def _template_message(chat_message: ChatMessage) -> dict[str, Any]:
+    """A message as chat templates take it: content parts joined into one text
+    (``ChatMessage.text``: templates concatenate ``message['content']`` as a string), and
+    the arguments of an assistant's earlier tool calls, a JSON *text* on the wire but an
+    object in templates (they ``tojson`` it), decoded first, as vLLM does; a text that is
+    not JSON stays as it is."""
+    message = chat_message.model_dump(exclude_none=True)
+    if isinstance(chat_message.content, list):
+        message["content"] = chat_message.text()
     calls = message.get("tool_calls")
     if not isinstance(calls, list):
         return message

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,6 +24,7 @@ from pdd.common.tokenizer import ByteTokenizer
 from pdd.router.chat_template import (
     PLAIN_TOOL_INSTRUCTION,
     ChatTemplate,
+    check_template_kwargs,
     find_chat_template,
     render_plain,
     special_tokens_from_config,
@@ -144,16 +145,21 @@ class PromptTokenizer:
         messages: Sequence[dict[str, Any]],
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
-        **template_kwargs: Any,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """Render and tokenize. A template already writes BOS into the text, so (as in
         transformers' ``apply_chat_template``) special tokens are not added again; the
         plain fallback has no BOS of its own, so the tokenizer adds its special
-        tokens, exactly as for a completion prompt."""
+        tokens, exactly as for a completion prompt. ``template_kwargs``
+        (``chat_template_kwargs``) may not set what the router sets
+        (``ReservedKwargError``), with a template or without."""
+        check_template_kwargs(template_kwargs or {})
         if self.template is None:
             text = render_plain(messages, add_generation_prompt, tools)
             return self.tokenizer.encode(text, add_special_tokens=True)
-        text = self.template.render(messages, add_generation_prompt, tools, **template_kwargs)
+        text = self.template.render(
+            messages, add_generation_prompt, tools, **(template_kwargs or {})
+        )
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     @property

@@ -251,6 +251,7 @@ async def run(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> No
             host=http_host,
             port=http_port,
             log_level="warning",
+            log_config=None,  # uvicorn's lines through this process's handler (escaped, JSON)
             lifespan="off",
             ssl_context_factory=http_tls(settings),
         ),
