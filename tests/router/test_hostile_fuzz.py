@@ -418,6 +418,7 @@ def run_hostile(router, cluster, examples: int, seconds: float | None) -> Counte
         thread.join(CLIENT_TIMEOUT_S)
         client.close()
     v1_statuses[200] += innocent.sent
+    print(f"innocent requests: {innocent.sent}, {len(innocent.wrong)} not equal to their clean run")
     assert not innocent.wrong, f"seed {run_seed}: " + "\n".join(innocent.wrong[:5])
     assert innocent.sent >= len(INNOCENT)
 
