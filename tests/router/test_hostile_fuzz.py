@@ -357,6 +357,10 @@ def _new_lines(offsets: dict[Path, int]) -> dict[Path, list[str]]:
     return out
 
 
+def _access_lines(lines: list[str]) -> int:
+    return sum('"pdd.router.access"' in ln for ln in lines)
+
+
 def _router_idle(url: str) -> bool:
     text = httpx.get(f"{url}/metrics", timeout=10).text
     gauges = ("pdd_router_admitted_requests ", "pdd_router_queued_requests ")
@@ -371,13 +375,14 @@ def run_hostile(router, cluster, examples: int, seconds: float | None) -> Counte
     run_seed = int(os.environ.get("PDD_HOSTILE_FUZZ_SEED", random.randrange(2**32)))
     print(f"hostile-input fuzz seed: {run_seed} (replay: PDD_HOSTILE_FUZZ_SEED={run_seed})")
     logs = [router.log, *(w.log for w in cluster.workers.values())]
+    offsets = {p: p.stat().st_size for p in logs}  # before the clean run: a line is
+    # written once the last byte went out, which may be after the client has it
     with httpx.Client() as client:
         expected = [send_innocent(client, router.url, p, b) for p, b in INNOCENT]
-    offsets = {p: p.stat().st_size for p in logs}
     innocent = InnocentLoop(router.url, expected)
     thread = threading.Thread(target=innocent.run, name="innocent", daemon=True)
     statuses: Counter = Counter()
-    v1_statuses: Counter = Counter()  # from the offsets on: the clean run is before
+    v1_statuses: Counter = Counter({200: len(INNOCENT)})  # the clean run's
     client = httpx.Client()
 
     def hostile_round(round_seed: int) -> None:
@@ -425,6 +430,10 @@ def run_hostile(router, cluster, examples: int, seconds: float | None) -> Counte
     until_sync(lambda: _router_idle(router.url), "the router holding no admitted request")
     states = cluster.wait_quiescent()
     assert all(s.quiescent for s in states.values()), states
+    until_sync(
+        lambda: _access_lines(_new_lines(offsets)[router.log]) >= sum(v1_statuses.values()),
+        "an access-log line for every /v1 request",
+    )
     lines = _new_lines(offsets)
     for path, text in lines.items():
         assert not [ln for ln in text if "Traceback" in ln], f"seed {run_seed}: traceback in {path}"
