@@ -35,7 +35,9 @@ def test_what_startup_left_alive_is_frozen_and_its_garbage_collected_first(unfro
     finally:
         gc.enable()
     assert dropped() is None  # collected before the freeze, not frozen with the rest
-    assert frozen == gc.get_freeze_count() >= len(kept)
+    # Frozen objects another thread of this process frees leave the permanent generation
+    # (a non-root run saw two go between the call and this line): the count may only fall.
+    assert frozen >= gc.get_freeze_count() >= len(kept)
     walked = {id(o) for o in gc.get_objects()}  # what a full pass walks
     assert not any(id(node) in walked for node in kept)
     later = _Node()

@@ -8,6 +8,7 @@ timeouts fire exactly when due and no outcome depends on the machine's speed.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 
 import pytest
@@ -26,6 +27,7 @@ from pdd.worker.transport import (
     decode_error,
     decode_token_ids,
     encode_token_ids,
+    endpoints,
     serve,
 )
 from pdd.worker.transport.counters import ByteCounters as _Counters
@@ -98,6 +100,50 @@ async def test_garbage_and_silent_peers_are_dropped(net, echo_server, secret, sm
     assert await silent_reader.read() != b"x"  # EOF after connect_timeout_s
     silent_writer.close()
     assert echo_server.stats.rejected == 2
+    channel = await connect(HOST, echo_server.port, secret, "ok", config=small, network=net)
+    await channel.close()
+
+
+@pytest.mark.parametrize(
+    ("name", "proof"),
+    [
+        ("forger", "\u00e9" * 64),  # not ASCII: hmac.compare_digest raised TypeError on it
+        ("forger", 7),  # not a string
+        ("\ud800", "00" * 32),  # a lone surrogate in JSON: no UTF-8 for the proof's message
+    ],
+    ids=["non-ascii-proof", "number-proof", "surrogate-name"],
+)
+async def test_a_malformed_handshake_is_refused_and_closed(
+    net, echo_server, secret, small, name, proof
+) -> None:
+    reader, writer = await net.open_connection(HOST, echo_server.port)
+    hello = {"name": name, "nonce": "00" * 32, "window": 1 << 20}
+    writer.write(encode_frame(Frame(MsgType.HELLO, 0, 0, json.dumps(hello).encode())))
+    writer.write(encode_frame(Frame(MsgType.AUTH, 0, 1, json.dumps({"proof": proof}).encode())))
+    frames = await _frames_until_eof(reader)  # answered and closed, not left open
+    assert decode_error(frames[-1].payload).code == "auth_failed"
+    writer.close()
+    assert (echo_server.stats.rejected, echo_server.stats.handler_errors) == (1, 0)
+    channel = await connect(HOST, echo_server.port, secret, "ok", config=small, network=net)
+    await channel.close()
+
+
+async def test_a_bug_in_the_handshake_closes_the_connection_and_is_logged(
+    net, echo_server, secret, small, monkeypatch, caplog
+) -> None:
+    real = endpoints.server_handshake
+
+    async def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(endpoints, "server_handshake", broken)
+    reader, writer = await net.open_connection(HOST, echo_server.port)
+    with pytest.raises(ConnectionResetError):  # closed at once, not left open for ever
+        await asyncio.wait_for(reader.read(), small.connect_timeout_s * 10)
+    writer.close()
+    assert echo_server.stats.handler_errors == 1
+    assert "transport handler failed" in caplog.text
+    monkeypatch.setattr(endpoints, "server_handshake", real)
     channel = await connect(HOST, echo_server.port, secret, "ok", config=small, network=net)
     await channel.close()
 

@@ -101,6 +101,12 @@ class Server:
             # Only Server.close() cancels these tasks. Ending quietly keeps asyncio's
             # stream callback (Python 3.11) from logging the cancellation as an error.
             writer.transport.abort()
+        except Exception:
+            # A bug, not a peer's fault: logged as one, and the connection closed, since
+            # asyncio (3.11) leaves a failed callback's socket open, its peer waiting.
+            self.stats.handler_errors += 1
+            log.exception("transport handler failed on a connection from %s", _peer_of(writer))
+            writer.transport.abort()
         finally:
             self._tasks.discard(task)
 
@@ -146,12 +152,15 @@ class Server:
             await writer.start_tls(self._tls, ssl_handshake_timeout=self.config.connect_timeout_s)
         except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
             self.stats.rejected += 1
-            peer = writer.get_extra_info("peername")
-            where = f"{peer[0]}:{peer[1]}" if peer else "?"
-            log.warning("rejected connection from %s: %s", where, tls_failure(exc))
+            log.warning("rejected connection from %s: %s", _peer_of(writer), tls_failure(exc))
             writer.close()  # not abort(): the alert that tells the client why must go out
             return False
         return True
+
+
+def _peer_of(writer: asyncio.StreamWriter) -> str:
+    peer = writer.get_extra_info("peername")
+    return f"{peer[0]}:{peer[1]}" if peer else "?"
 
 
 def _why(exc: BaseException) -> str:

@@ -73,6 +73,24 @@ def _field(obj: dict, name: str, kind: type) -> object:
     return value
 
 
+def _name(obj: dict) -> str:
+    """A peer's name: it enters the proof's message as UTF-8, so a lone surrogate (which
+    JSON can carry) is refused here, not raised later as a UnicodeEncodeError."""
+    name = str(_field(obj, "name", str))
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        raise FrameError("handshake field 'name' is not valid Unicode text") from None
+    return name
+
+
+def _proof_matches(expected: str, obj: dict) -> bool:
+    """Constant-time check of the peer's ``proof``; a proof that is not an ASCII string
+    (which ``hmac.compare_digest`` refuses with a TypeError) simply does not match."""
+    given = str(_field(obj, "proof", str))
+    return given.isascii() and hmac.compare_digest(expected.encode(), given.encode())
+
+
 def _window(obj: dict) -> int:
     window = int(_field(obj, "window", int))
     if window <= 0:
@@ -101,11 +119,11 @@ async def client_handshake(
     await stream.write(MsgType.HELLO, 0, encode_json(hello))
     challenge = decode_json((await _expect(stream, MsgType.AUTH, max_bytes)).payload)
     first_rtt = clock() - started
-    server_name = str(_field(challenge, "name", str))
+    server_name = _name(challenge)
     nonce_s = _nonce(challenge, "nonce")
     names = f"{name}|{server_name}"
     expected = _proof(secret, b"server", nonce_s, nonce_c, names)
-    if not hmac.compare_digest(expected, str(_field(challenge, "proof", str))):
+    if not _proof_matches(expected, challenge):
         raise AuthError(
             f"server {server_name!r} at {stream.peer_address} failed to prove the shared "
             "secret: both ends must use the same transport secret"
@@ -122,7 +140,7 @@ async def server_handshake(
 ) -> PeerInfo:
     """Verify a connecting client; on failure tell it why and raise ``AuthError``."""
     hello = decode_json((await _expect(stream, MsgType.HELLO, max_bytes)).payload)
-    client_name = str(_field(hello, "name", str))
+    client_name = _name(hello)
     nonce_c = _nonce(hello, "nonce")
     window = _window(hello)
     nonce_s = os.urandom(_NONCE_BYTES)
@@ -135,7 +153,7 @@ async def server_handshake(
     answer = decode_json((await _expect(stream, MsgType.AUTH, max_bytes)).payload)
     rtt = clock() - started
     expected = _proof(secret, b"client", nonce_c, nonce_s, names)
-    if not hmac.compare_digest(expected, str(_field(answer, "proof", str))):
+    if not _proof_matches(expected, answer):
         raise AuthError(
             f"peer {client_name!r} at {stream.peer_address} failed the shared-secret check"
         )
