@@ -26,6 +26,7 @@ from pdd.common.link_estimator import LinkEstimator
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.router.fleet import Fleet
 from pdd.router.instance_choice import choose_relay
+from pdd.router.instance_load import InstanceLoad
 from pdd.router.link_view import LinkView
 from pdd.router.policy import Assignment, Decision, PolicyConfig, RequestFeatures, Saturated, decide
 from pdd.router.recent_traffic import RecentTraffic
@@ -63,19 +64,12 @@ class Cluster:
         )
         self.index = HolderIndex(block_size)
         self.fleet = Fleet()
+        #: Instances scaled down, by id, to their pool's name: the router no longer sees
+        #: them; they finish what they hold (``by_id`` still has them).
+        self.retired: dict[str, str] = {}
         self._block_size = block_size
-        self.prefill = [
-            PrefillInstance(
-                env,
-                f"p{i}",
-                scenario.shape(spec.prefill),
-                spec.prefill.max_num_batched_tokens,
-                spec.prefill.max_queue,
-                self._cache(f"p{i}", spec.prefill),
-                self.fleet.update,
-            )
-            for i in range(spec.prefill.instances)
-        ]
+        self._created: dict[str, int] = {}
+        self.prefill = [self._prefill_instance() for _ in range(spec.prefill.instances)]
         self.relay = self._decode_pool("rld", Role.RELAY, spec.relay, cached=False)
         main_pool = spec.decode if spec.kind == SystemKind.SAME_DC else spec.main
         self.main = self._decode_pool("md", Role.MAIN, main_pool, cached=spec.keeps_history)
@@ -107,24 +101,77 @@ class Cluster:
             capacity = self.scenario.shape(pool).kv_capacity_tokens
         return PrefixCache(instance_id, capacity, self._block_size, self.index)
 
+    def _name(self, prefix: str) -> str:
+        """p0, p1, ... per prefix, never reused (a retired instance keeps its name)."""
+        index = self._created.get(prefix, 0)
+        self._created[prefix] = index + 1
+        return f"{prefix}{index}"
+
+    def _publish(self, load: InstanceLoad) -> None:
+        """An instance's new load, to the router's fleet, unless it was retired."""
+        if load.instance_id not in self.retired:
+            self.fleet.update(load)
+
+    def _prefill_instance(self) -> PrefillInstance:
+        pool, name = self.spec.prefill, self._name("p")
+        return PrefillInstance(
+            self.env,
+            name,
+            self.scenario.shape(pool),
+            pool.max_num_batched_tokens,
+            pool.max_queue,
+            self._cache(name, pool),
+            self._publish,
+        )
+
+    def _decode_instance(
+        self, prefix: str, role: Role, pool: PoolSpec, cached: bool
+    ) -> DecodeInstance:
+        name = self._name(prefix)
+        cache = self._cache(name, pool) if cached else None
+        shape = self.scenario.shape(pool)
+        return DecodeInstance(self.env, name, role, shape, pool.max_batch, cache, self._publish)
+
     def _decode_pool(
         self, prefix: str, role: Role, pool: PoolSpec | None, cached: bool
     ) -> list[DecodeInstance]:
         if pool is None:
             return []
-        shape = self.scenario.shape(pool)
-        return [
-            DecodeInstance(
-                self.env,
-                f"{prefix}{i}",
-                role,
-                shape,
-                pool.max_batch,
-                self._cache(f"{prefix}{i}", pool) if cached else None,
-                self.fleet.update,
-            )
-            for i in range(pool.instances)
-        ]
+        return [self._decode_instance(prefix, role, pool, cached) for _ in range(pool.instances)]
+
+    def draining(self, name: str) -> int:
+        """Retired instances of pool ``name`` still finishing requests."""
+        return sum(self.by_id[i].active > 0 for i, pool in self.retired.items() if pool == name)
+
+    def pool(self, name: str) -> list:
+        """The live instances of pool ``name`` (prefill, relay, main; decode: main)."""
+        return {"prefill": self.prefill, "relay": self.relay}.get(name, self.main)
+
+    def add_instance(self, name: str) -> None:
+        """One more live instance in pool ``name``, cold (empty cache), seen by the router."""
+        inst: PrefillInstance | DecodeInstance
+        if name == "prefill":
+            inst = self._prefill_instance()
+        elif name == "relay" and self.spec.relay is not None:
+            inst = self._decode_instance("rld", Role.RELAY, self.spec.relay, cached=False)
+        else:
+            main = self.spec.decode if self.spec.kind == SystemKind.SAME_DC else self.spec.main
+            assert main is not None
+            inst = self._decode_instance("md", Role.MAIN, main, cached=self.spec.keeps_history)
+        self.pool(name).append(inst)
+        self.by_id[inst.instance_id] = inst
+        self.fleet.update(inst.load())
+
+    def retire_instance(self, name: str) -> None:
+        """Scale pool ``name`` down by one through drain: the router stops choosing its
+        least-loaded instance, which finishes every request it holds (none is lost)."""
+        live = self.pool(name)
+        if len(live) <= 1:
+            return
+        inst = min(reversed(live), key=lambda i: i.active)
+        live.remove(inst)
+        self.retired[inst.instance_id] = name
+        self.fleet.remove(inst.instance_id)
 
     def _policy_config(self) -> PolicyConfig:
         r = self.scenario.router

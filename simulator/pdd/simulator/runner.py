@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import simpy
@@ -74,17 +74,22 @@ def _affinity_key(keys: tuple[int, ...], request_key: str) -> int:
     return int.from_bytes(hashlib.blake2b(request_key.encode(), digest_size=8).digest(), "little")
 
 
+#: A process started beside the run (an autoscaler): it sees the cluster and the records.
+Controller = Callable[[simpy.Environment, Cluster, list[RequestRecord]], Generator]
+
+
 def simulate(
     scenario: Scenario,
     name: str,
     trace: Trace[TraceRequest],
     score_until_s: float | None = None,
+    controllers: Sequence[Controller] = (),
 ) -> SystemRun:
     """Run system ``name`` of ``scenario`` on ``trace`` until it drains (or the horizon).
 
     ``score_until_s`` closes the scoring window (a generator's duration: its sessions
     keep their turns going after it, so the load does not ramp down inside the window);
-    by default it is the last arrival."""
+    by default it is the last arrival. ``controllers`` run as processes beside it."""
     spec = scenario.systems[name]
     env = simpy.Environment()
     block_size = scenario.block_size or trace.block_size
@@ -127,6 +132,8 @@ def simulate(
     horizon = _horizon(trace) + scenario.run.drain_s
     env.process(feeder())
     env.process(_sampler(env, cluster, scenario.run.sample_s, samples))
+    for controller in controllers:
+        env.process(controller(env, cluster, records))
     with _rare_collections():
         run_until(env, horizon)
     return SystemRun(

@@ -1,0 +1,107 @@
+"""The planner loop: each interval, one observation in, desired replicas per pool out.
+
+It predicts the next interval's load (:mod:`pdd.simulator.planner.predict`), sizes the
+pools with the capacity model (:mod:`pdd.simulator.planner.capacity`), and corrects that
+model with what clients measured: a pool whose queue made the TTFT (or ITL) P90 miss
+its target gets a larger headroom factor, which decays back while the P90s sit well
+under target. The operator's planner, and the simulated day's autoscaler, run this
+class; it keeps no clock and does no I/O.
+
+The WAN line is the bottleneck when MD's misses need more than ``LINE_BOUND`` of the
+rate the router's link estimator measures: more replicas cannot fix that, so it is a
+verdict (a status condition), not a replica count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pdd.simulator.planner.capacity import LINE_UTILIZATION, DeploymentModel, size
+from pdd.simulator.planner.load import ObservedLoad, Slo
+from pdd.simulator.planner.pools import PoolBounds
+from pdd.simulator.planner.predict import LastValue, Predictor
+
+#: The line is the bottleneck when MD's misses need more than this share of its rate.
+LINE_BOUND = 0.9
+#: Headroom bounds, and how fast it decays back to 1 per interval well within the SLO.
+HEADROOM = (0.5, 4.0)
+HEADROOM_DECAY = 0.9
+#: Below this share of a target, the P90 is "well within" it.
+COMFORT = 0.5
+
+
+@dataclass(frozen=True)
+class Decision:
+    replicas: dict[str, int]
+    line_bound: bool  # the WAN line, not a replica count, limits the SLO
+    line_gbps_needed: float
+    predicted: ObservedLoad
+    headroom: dict[str, float]
+
+
+def line_is_bottleneck(model: DeploymentModel, load: ObservedLoad) -> bool:
+    """MD's misses at ``load`` need more than ``LINE_BOUND`` of the measured line rate."""
+    if not math.isfinite(load.wan_gbps):
+        return False
+    bits = load.rate_rps * load.md_miss_tokens * model.kv_bytes_per_token * 8
+    return bits / 1e9 > LINE_BOUND * load.wan_gbps
+
+
+class Planner:
+    """Desired replicas per pool from a stream of interval observations."""
+
+    def __init__(
+        self,
+        model: DeploymentModel,
+        pools: Mapping[str, PoolBounds],
+        slo: Slo,
+        predictor: Predictor | None = None,
+        history: int = 12,
+    ) -> None:
+        self.model, self.pools, self.slo = model, dict(pools), slo
+        self.predictor = predictor or LastValue()
+        self.history: deque[ObservedLoad] = deque(maxlen=history)
+        self.headroom = {name: 1.0 for name in pools}
+
+    def observe(self, load: ObservedLoad) -> Decision:
+        """Take the last interval's observation; return the next interval's replicas."""
+        self.history.append(load)
+        self._correct(load)
+        predicted = self.predictor.predict(list(self.history))
+        sized = size(self.model, predicted, self.slo)
+        replicas = {}
+        for name, bounds in self.pools.items():
+            n = sized.get(name)
+            want = bounds.max_replicas if n is None else math.ceil(n * self.headroom[name])
+            replicas[name] = bounds.clamp(want)
+        needed = predicted.rate_rps * predicted.md_miss_tokens * self.model.kv_bytes_per_token
+        return Decision(
+            replicas=replicas,
+            line_bound=line_is_bottleneck(self.model, load),
+            line_gbps_needed=needed * 8 / 1e9 / LINE_UTILIZATION,
+            predicted=predicted,
+            headroom=dict(self.headroom),
+        )
+
+    def _correct(self, load: ObservedLoad) -> None:
+        """Grow the headroom of the pool that made a P90 miss; relax it when comfortable."""
+        decode = "main" if "main" in self.pools else "decode"
+        missed = []
+        if load.itl_p90_s > self.slo.itl_p90_s:
+            missed.append((decode, load.itl_p90_s / self.slo.itl_p90_s))
+        if load.ttft_p90_s > self.slo.ttft_p90_s and not line_is_bottleneck(self.model, load):
+            queued = "prefill" if load.prefill_queue_mean >= load.main_queue_mean else decode
+            missed.append((queued, load.ttft_p90_s / self.slo.ttft_p90_s))
+        for name, ratio in missed:
+            grown = self.headroom[name] * (1 + min(0.5, (ratio - 1) / 2))
+            self.headroom[name] = min(HEADROOM[1], grown)
+        comfortable = load.ttft_p90_s < COMFORT * self.slo.ttft_p90_s and (
+            load.itl_p90_s < COMFORT * self.slo.itl_p90_s
+        )
+        if comfortable:  # NaN (not measured) compares False: no decay on no data
+            for name in self.headroom:
+                relaxed = 1 + (self.headroom[name] - 1) * HEADROOM_DECAY
+                self.headroom[name] = max(HEADROOM[0], relaxed)
