@@ -172,6 +172,15 @@ MISTAKES = [
         {"relay": {"minReplicas": 3, "maxReplicas": 2}},
         "relay.maxReplicas (2) is below minReplicas (3)",
     ),
+    ({"planner": {"enabled": True}}, "planner.enabled needs slo.ttftP90Seconds"),
+    (
+        {"planner": {"relay": {"minReplicas": 3, "maxReplicas": 2}}},
+        "planner.relay.maxReplicas is below minReplicas",
+    ),
+    (
+        {"observability": {"tracing": {"endpoint": "collector:4318"}}},
+        "observability.tracing.endpoint must be an http:// or https:// URL",
+    ),
     ({"poolB": None}, "exactly one of poolB"),
     ({"poolB": {}, "remoteCluster": {"kubeconfigSecret": {"name": "b"}}}, "exactly one of poolB"),
     ({"model": {"source": {}, "servedName": "m"}}, "pvc, hostPath, image or huggingFace"),

@@ -688,3 +688,45 @@ async def test_without_a_kv_shape_the_link_is_sized_from_what_a_worker_reports(
             DTYPE_BYTES[shape["dtype"]],
         )  # fmt: skip
         assert "requiredGbps" in wan
+
+
+async def test_the_planner_scales_every_role_through_its_own_hpa_and_off_restores_today(
+    cluster_a: Any,
+) -> None:
+    """spec.planner on: one HPA per role on pdd_planner_desired_replicas{role}, worker
+    Deployments without replicas; switched off again: the relay HPA on relay load."""
+    k8s, client = cluster_a
+    cr = load_cr("pool-b.yaml", "uid-qwen")
+    cr["spec"]["slo"] = {"ttftP90Seconds": 10, "itlP90Seconds": 0.08}
+    cr["spec"]["planner"] = {"enabled": True, "mainDecode": {"maxReplicas": 32}}
+    async with running_operator(k8s):
+        await create(client, CR_PATH, cr)
+        for role in ("prefill", "relay", "main"):
+            hpa = await until(lambda r=role: live(k8s, HPAS, "serving", f"qwen-{r}"), role)
+            metric = hpa["spec"]["metrics"][0]
+            assert metric["external"]["metric"]["selector"]["matchLabels"]["role"] == role
+        assert live(k8s, HPAS, "serving", "qwen-main")["spec"]["maxReplicas"] == 32
+        assert "replicas" not in live(k8s, DEPLOYMENTS, "serving", "qwen-prefill")["spec"]
+        response = await client.patch(
+            f"{CR_PATH}/qwen",
+            json={"spec": {"planner": {"enabled": False}}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        response.raise_for_status()
+        relay = await until(
+            lambda: (
+                (h := live(k8s, HPAS, "serving", "qwen-relay"))
+                and h["spec"]["metrics"][0]["type"] == "Pods"
+                and h
+            ),
+            "the relay HPA on relay load again",
+        )
+        assert relay["spec"]["metrics"][0]["pods"]["metric"]["name"] == "pdd_worker_relay_load"
+        await until(lambda: live(k8s, HPAS, "serving", "qwen-prefill") is None, "P's HPA gone")
+        await until(
+            lambda: (live(k8s, DEPLOYMENTS, "serving", "qwen-prefill") or {})
+            .get("spec", {})
+            .get("replicas")
+            is not None,
+            "P's fixed replicas back",
+        )

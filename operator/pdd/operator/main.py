@@ -16,6 +16,7 @@ import kopf
 
 from pdd.common.logs import add_log_flags, configure_logging
 from pdd.common.settings import parser as settings_parser
+from pdd.operator.default_tracing import add_default_tracing_flags, default_tracing
 from pdd.operator.runtime import OperatorOptions
 
 
@@ -61,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between readiness reads of an MD in cluster B while it changes, "
         "backing off to 5 minutes while it does not (cluster A's children are watched)",
     )
+    add_default_tracing_flags(parser)
     parser.add_argument(
         "--liveness",
         default=None,
@@ -80,11 +82,15 @@ def main(argv: list[str] | None = None) -> int:
         from pdd.operator import render
 
         return render.main(argv[1:])
-    args = parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     configure_logging("DEBUG" if args.verbose else args.log_level, args.log_format)
     import pdd.operator.handlers  # noqa: F401  (registers the handlers with kopf)
 
-    options = OperatorOptions(status_interval_s=args.status_interval)
+    options = OperatorOptions(
+        status_interval_s=args.status_interval,
+        default_tracing=default_tracing(parser, args),
+    )
     kopf.run(
         clusterwide=not args.namespace,
         namespaces=args.namespace,

@@ -22,7 +22,7 @@ from pdd.operator.builders.deployments import (
     build_router_deployment,
     build_worker_deployment,
 )
-from pdd.operator.builders.hpa import build_relay_hpa
+from pdd.operator.builders.hpa import build_planner_hpa, build_relay_hpa
 from pdd.operator.builders.meta import Site, with_spec_hash
 from pdd.operator.builders.pdb import build_pdb
 from pdd.operator.builders.services import (
@@ -120,8 +120,11 @@ def build_plan(
             (cluster, build_worker_deployment(spec, owner, role, site, config_hash(cfg))),
             (cluster, build_pdb(owner, role, site)),
         ]
+        if spec.planner.enabled:
+            children.append((cluster, build_planner_hpa(spec, owner, role, site)))
+    if not spec.planner.enabled:
+        children.append((Cluster.LOCAL, build_relay_hpa(spec, owner)))
     children += [
-        (Cluster.LOCAL, build_relay_hpa(spec, owner)),
         (Cluster.LOCAL, build_router_service(owner)),
         (Cluster.LOCAL, build_router_deployment(spec, owner, config_hash(local_config))),
         (Cluster.LOCAL, build_pdb(owner, Component.ROUTER, local)),
@@ -149,8 +152,8 @@ def possible_children(owner: Owner, cluster: Cluster, namespace: str) -> list[Ch
         return ChildRef(cluster, kind, namespace, name)
 
     refs = [ref("Deployment", owner.child(role)) for role in roles]
-    if cluster is Cluster.LOCAL:
-        refs.append(ref("HorizontalPodAutoscaler", owner.child(Component.RELAY)))
+    if cluster is Cluster.LOCAL:  # cluster B's Role grants no HPAs (docs/planner.md)
+        refs += [ref("HorizontalPodAutoscaler", owner.child(r)) for r in WORKER_ROLES]
     refs += [
         ref("PodDisruptionBudget", owner.child(role)) for role in roles if role != Component.REDIS
     ]

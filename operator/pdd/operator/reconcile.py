@@ -17,6 +17,7 @@ from pdd.common.wan_tls import TLS_FILES
 from pdd.operator.builders.config import new_shared_token
 from pdd.operator.builders.wan_tls import WanTlsMaterial, generates_wan_tls, new_wan_tls, wan_tls_of
 from pdd.operator.conditions import Condition
+from pdd.operator.default_tracing import with_default_tracing
 from pdd.operator.kube import KubeApi, ObjectPath, Outcome
 from pdd.operator.naming import SHARED_SECRET_KEY, Owner
 from pdd.operator.plan import Cluster, Plan, build_plan, possible_children
@@ -43,7 +44,8 @@ async def reconcile(runtime: OperatorRuntime, body: kopf.Body, logger: logging.L
     owner = owner_of(body)
     api = runtime.api
     try:
-        spec = parse_spec(dict(body.get("spec") or {}), owner.name)
+        raw = with_default_tracing(dict(body.get("spec") or {}), runtime.options.default_tracing)
+        spec = parse_spec(raw, owner.name)
     except InvalidSpecError as exc:
         await _report_blocked(runtime, owner, "InvalidSpec", str(exc))
         kopf.warn(body, reason="InvalidSpec", message=str(exc))

@@ -9,6 +9,7 @@ import kopf
 
 from pdd.operator.kube import KubeApi
 from pdd.operator.remote import RemoteClients
+from pdd.operator.spec import Tracing
 from pdd.operator.wakeups import ReadinessWakeups
 
 
@@ -25,6 +26,8 @@ class OperatorOptions:
     #: Deletion retries while cluster B is unreachable before giving up on its objects
     #: (with a Warning event naming the leftovers) so a dead cluster cannot block deletion.
     remote_cleanup_retries: int = 3
+    #: spec.observability.tracing for PDDDeployments that set none (the chart's values).
+    default_tracing: Tracing | None = None
 
 
 @dataclass

@@ -237,6 +237,31 @@ class Workload(_Spec):
 class Slo(_Spec):
     ttft_p99_ms: float = Field(default=5000.0, gt=0)
     tpot_ms: float = Field(default=50.0, gt=0)
+    #: The planner's targets: client-side TTFT (queue time included) and ITL, P90.
+    ttft_p90_seconds: float | None = Field(default=None, gt=0)
+    itl_p90_seconds: float | None = Field(default=None, gt=0)
+
+
+class PlannerPool(_Spec):
+    """What the planner may buy of one worker role: its price and its bounds."""
+
+    #: $ per replica-hour; None: all replicas of every role cost the same.
+    cost_per_hour: float | None = Field(default=None, ge=0)
+    min_replicas: int = Field(default=1, ge=1)
+    max_replicas: int = Field(default=16, ge=1)
+
+
+class Planner(_Spec):
+    """The SLO planner: P, RLD and MD sized for ``slo``'s P90 targets at least cost, each
+    through its own HPA on ``pdd_planner_desired_replicas{role}``. Off: the relay's HPA on
+    relay load, and P and MD at their fixed ``replicas``."""
+
+    enabled: bool = False
+    interval_seconds: int = Field(default=60, ge=10)
+    predictor: Literal["last", "trend"] = "trend"
+    prefill: PlannerPool = Field(default_factory=PlannerPool)
+    relay: PlannerPool = Field(default_factory=PlannerPool)
+    main_decode: PlannerPool = Field(default_factory=PlannerPool)
 
 
 class ApiKeysSecret(_Spec):
@@ -264,6 +289,22 @@ class AnomalousTraffic(_Spec):
     max_output_tokens: int = Field(default=500, ge=1)
 
 
+#: An OTLP endpoint as the CRD's CEL rule reads one: http(s), a host, then anything.
+TRACING_ENDPOINT_PATTERN = r"https?://[^/?#\s]+([/?#].*)?"
+
+
+class Tracing(_Spec):
+    """OpenTelemetry spans from every pod (docs/tracing.md): where they go, how many."""
+
+    endpoint: str = Field(min_length=1)
+    #: The share of requests traced (``parentbased_traceidratio``).
+    sample_ratio: float = Field(default=1.0, ge=0, le=1)
+
+
+class Observability(_Spec):
+    tracing: Tracing | None = None
+
+
 class PDDSpec(_Spec):
     """The whole ``spec`` of a PDDDeployment."""
 
@@ -278,9 +319,11 @@ class PDDSpec(_Spec):
     wan: Wan
     workload: Workload | None = None
     slo: Slo = Field(default_factory=Slo)
+    planner: Planner = Field(default_factory=Planner)
     router: Router = Field(default_factory=Router)
     handoff: Handoff = Field(default_factory=Handoff)
     anomalous_traffic: AnomalousTraffic = Field(default_factory=AnomalousTraffic)
+    observability: Observability = Field(default_factory=Observability)
     #: Engine settings every worker role shares; each role's ``engine`` overrides them.
     engine: EngineSettings = Field(default_factory=EngineSettings)
     #: How long a worker pod told to stop may take to finish what it runs.

@@ -8,13 +8,14 @@ before a rule existed all reach the handlers. Every message says what to change.
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
 from pydantic import ValidationError
 
-from pdd.operator.spec import PDDSpec, Resources
+from pdd.operator.spec import TRACING_ENDPOINT_PATTERN, PDDSpec, Resources
 
 #: Child names append up to 22 characters ("-shared-secret") to the PDDDeployment's
 #: name and Service names must stay DNS labels (<= 63); 40 leaves room for the role.
@@ -91,10 +92,41 @@ def spec_problems(spec: PDDSpec) -> list[str]:
             "wan.tls.secretName is set but wan.tls.enabled is false; set enabled: true to use "
             "the Secret, or drop secretName"
         )
+    problems += _planner_problems(spec)
+    problems += _tracing_problems(spec)
     problems += _anomalous_threshold_problems(spec)
     problems += _engine_fit_problems(spec)
     problems += _resource_problems(spec)
     return problems
+
+
+def _planner_problems(spec: PDDSpec) -> list[str]:
+    """The planner needs its targets, and each role's bounds in order."""
+    planner, problems = spec.planner, []
+    if planner.enabled and (spec.slo.ttft_p90_seconds is None or spec.slo.itl_p90_seconds is None):
+        problems.append(
+            "planner.enabled needs slo.ttftP90Seconds and slo.itlP90Seconds: the targets "
+            "it sizes for"
+        )
+    for field, pool in (("prefill", planner.prefill), ("relay", planner.relay),
+                        ("mainDecode", planner.main_decode)):  # fmt: skip
+        if pool.max_replicas < pool.min_replicas:
+            problems.append(
+                f"planner.{field}.maxReplicas is below minReplicas "
+                f"({pool.max_replicas} < {pool.min_replicas})"
+            )
+    return problems
+
+
+def _tracing_problems(spec: PDDSpec) -> list[str]:
+    """An endpoint every pod's exporter can reach (the pods would refuse to start)."""
+    tracing = spec.observability.tracing
+    if tracing is None or re.fullmatch(TRACING_ENDPOINT_PATTERN, tracing.endpoint):
+        return []
+    return [
+        f"observability.tracing.endpoint must be an http:// or https:// URL with a host, "
+        f"not {tracing.endpoint!r}"
+    ]
 
 
 def _resource_problems(spec: PDDSpec) -> list[str]:

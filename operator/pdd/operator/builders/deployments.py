@@ -15,6 +15,7 @@ from pdd.operator.builders.model_pull import (
     model_pull_volume,
     pulls_model,
 )
+from pdd.operator.builders.tracing import tracing_env
 from pdd.operator.builders.wan_tls import wan_tls_secret_name
 from pdd.operator.naming import (
     CONFIG_DIR,
@@ -54,7 +55,10 @@ def worker_pool(spec: PDDSpec, role: Component) -> Pool:
 
 
 def worker_replicas(spec: PDDSpec, role: Component) -> int | None:
-    """Replicas the operator sets; None for the relay, whose replica count the HPA owns."""
+    """Replicas the operator sets; None where an HPA owns the count (the relay's always,
+    every role's with the planner on)."""
+    if spec.planner.enabled:
+        return None
     if role is Component.PREFILL:
         return spec.prefill.replicas
     if role is Component.MAIN:
@@ -92,7 +96,7 @@ def build_worker_deployment(
             {"name": "kv", "containerPort": WORKER_KV_PORT},
             {"name": "wan", "containerPort": WORKER_WAN_PORT},
         ],
-        "env": _common_env(owner, role),
+        "env": _common_env(owner, role) + tracing_env(spec, owner, role, site),
         "resources": spec.container_resources[ROLE_FIELDS[role]].manifest(),
         **_probes(https, _worker_startup(spec)),
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
@@ -132,6 +136,8 @@ def build_worker_deployment(
 
 def build_router_deployment(spec: PDDSpec, owner: Owner, config_hash: str) -> dict[str, Any]:
     """The router: CPU only, so it carries no pool's GPU selector."""
+    site = Site(owner.namespace)
+    env = _common_env(owner, Component.ROUTER) + _api_keys_env(spec)
     container: dict[str, Any] = {
         "name": str(Component.ROUTER),
         "image": spec.images.router,
@@ -139,7 +145,7 @@ def build_router_deployment(spec: PDDSpec, owner: Owner, config_hash: str) -> di
         "command": ["pdd"],
         "args": ["router", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"],
         "ports": [{"name": "http", "containerPort": ROUTER_PORT}],
-        "env": _common_env(owner, Component.ROUTER) + _api_keys_env(spec),
+        "env": env + tracing_env(spec, owner, Component.ROUTER, site),
         "resources": spec.container_resources["router"].manifest(),
         **_probes(False, ROUTER_STARTUP),
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
@@ -162,7 +168,6 @@ def build_router_deployment(spec: PDDSpec, owner: Owner, config_hash: str) -> di
             {"name": MODEL_VOLUME, "mountPath": model_path(spec), "readOnly": True}
         )
         pod_spec["initContainers"] = [model_pull_container(spec, model_path(spec), router=True)]
-    site = Site(owner.namespace)
     return _deployment(
         owner,
         Component.ROUTER,
