@@ -3,6 +3,8 @@
     python bench/router.py [--requests 64] [--concurrency 4] [--max-tokens 16]
                            [--prompt-tokens 200] [--pipeline P-MD|mono] [--json OUT]
                            [--instances 10 100 1000] [--decision-only]
+    python bench/router.py --stub-workers 64 [--router-replicas 1 2 4] [--rates 100 200 ..]
+                           [--duration 5] [--long-tokens 256] [--json OUT]
 
 Starts real ``pdd worker`` processes (the tiny model) and one ``pdd router`` on
 loopback. Each request runs twice at a fixed concurrency: once through the router
@@ -15,6 +17,14 @@ prints just that table), twice: the policy alone (prefix lookup + ``policy.decid
 the fleet updates of the request's in-flight counts) and the router's whole
 ``Dispatcher.route`` (the registry's ready instances, the store's in-flight counts,
 the prefix lookup, the policy), while polls keep bringing new load reports.
+
+``--stub-workers N`` measures the router itself instead, in front of N stub workers
+(``stub_worker.py``: the worker API, fake tokens, no model; ``stub_worker_load.py``):
+routed requests per second (plain and streaming) open-loop up to saturation, the router
+processes' CPU per request and per streamed token, the TTFT the router adds, its memory
+per open stream; ``--router-replicas 1 2 4`` repeats the plain ramp with that many
+router processes sharing a Redis of their own, with the prefix-hit rate and load spread
+the stubs saw, side by side (docs/router-scale.md).
 """
 
 from __future__ import annotations
@@ -55,6 +65,9 @@ from pdd.router.registry import Instance, InstanceRegistry
 from pdd.router.state.memory import LocalStore
 from pdd.router.stream_relay import relay_tokens
 from pdd.router.worker_client import WorkerClient
+
+sys.path.insert(0, str(Path(__file__).parent))  # bench/ scripts import each other
+import stub_worker_load
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -311,7 +324,10 @@ def main() -> int:
     p.add_argument("--instances", type=int, nargs="+", default=[10, 100, 1000],
                    help="fleet sizes for the decision cost")  # fmt: skip
     p.add_argument("--decision-only", action="store_true", help="no workers, no router")
+    add_stub_flags(p)
     args = p.parse_args()
+    if args.stub_workers is not None:
+        return stub_bench(args)
     if args.decision_only:
         result = {"decision": decision_table(args.instances, args.prompt_tokens)}
         if args.json:
@@ -345,6 +361,52 @@ def main() -> int:
         "decision": decision_table(args.instances, args.prompt_tokens),
     }
     print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+def add_stub_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("the router in front of stub workers")
+    g.add_argument("--stub-workers", type=int, metavar="N", help="N stub workers, no model")
+    g.add_argument("--router-replicas", type=int, nargs="+", default=[1], metavar="R",
+                   help="router processes sharing Redis (one run per count)")  # fmt: skip
+    g.add_argument("--rates", type=float, nargs="+", default=[100, 200, 400, 800, 1600],
+                   help="offered requests/s, rising, until the routers fall behind")  # fmt: skip
+    g.add_argument("--duration", type=float, default=5.0, help="seconds per rate")
+    g.add_argument("--long-tokens", type=int, default=256, help="tokens of the long streams")
+    g.add_argument("--token-phase-rps", type=float, default=20.0,
+                   help="requests/s of the short and long streams (per-token cost)")  # fmt: skip
+    g.add_argument("--token-rate", type=float, default=1000.0, help="stub tokens/s per stream")
+    g.add_argument("--ttft-requests", type=int, default=200)
+    g.add_argument("--open-streams", type=int, default=256, help="streams held for memory")
+    g.add_argument("--max-inflight", type=int, default=512, help="the generator's cap")
+    g.add_argument("--poll-interval-s", type=float,
+                   help="the routers' worker poll interval (default: theirs, 0.5 s)")  # fmt: skip
+    g.add_argument("--idle-seconds", type=float, default=5.0,
+                   help="routers at rest, measuring what their polls cost")  # fmt: skip
+
+
+def stub_bench(args: argparse.Namespace) -> int:
+    bad = [n for n in ("stub_workers", "duration", "long_tokens", "token_phase_rps",
+                       "token_rate", "ttft_requests", "open_streams", "max_inflight",
+                       "idle_seconds")
+           if getattr(args, n) <= 0]  # fmt: skip
+    if bad or min(args.rates) <= 0 or min(args.router_replicas) < 1:
+        named = ", ".join(bad) or "--rates, --router-replicas"
+        sys.exit(f"bench/router.py: these need positive values: {named}")
+    if args.long_tokens <= args.max_tokens:
+        sys.exit("bench/router.py: --long-tokens must exceed --max-tokens")
+    bench = stub_worker_load.BenchArgs(
+        stub_workers=args.stub_workers, pipeline=args.pipeline, replicas=args.router_replicas,
+        rates=sorted(args.rates), duration_s=args.duration, max_tokens=args.max_tokens,
+        long_tokens=args.long_tokens, token_phase_rps=args.token_phase_rps,
+        token_rate=args.token_rate, ttft_requests=args.ttft_requests,
+        open_streams=args.open_streams, max_inflight=args.max_inflight,
+        idle_s=args.idle_seconds, poll_interval_s=args.poll_interval_s,
+    )  # fmt: skip
+    result = stub_worker_load.run(bench)
+    print(stub_worker_load.table(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -1,6 +1,8 @@
 """The link estimator on a driven clock: backlog bookkeeping, goodput and prefill samples."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pdd.common.cost_model import LinkState, wan_transfer_seconds
 from pdd.common.link_estimator import (
@@ -60,6 +62,59 @@ def test_a_transfer_is_awaited_by_prompts_sharing_its_blocks_on_its_md_until_it_
     shipped = e.commit(MB, "p0", 100, now=1.0, main_id="md0", carried=[31])
     e.shipped(shipped, MB, 0.2, now=1.3)  # P's report: MD imported it
     assert e.awaited_bytes([31]) == {}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.sampled_from(["md0", "md1", "md2"]), st.sets(st.integers(0, 9))),
+            st.integers(0, 30),  # the k-th transfer still crossing, if any, is settled
+        ),
+        max_size=40,
+    ),
+    st.sets(st.integers(0, 9)),
+)
+def test_awaited_bytes_equal_a_pass_over_every_transfer_crossing(steps, prompt) -> None:
+    """What a request waits for, per MD, after any commits and settles: the sum over the
+    transfers still crossing that carry one of its blocks, as a pass over all of them."""
+    e, crossing = estimator(), []
+    for step in steps:
+        if isinstance(step, tuple):
+            main, carried = step
+            nbytes = (len(crossing) + 1) * 1000
+            crossing.append(e.commit(nbytes, "p0", 0, now=0.0, main_id=main, carried=carried))
+        elif crossing:
+            e.settle(crossing.pop(step % len(crossing)))
+        expected: dict[str, int] = {}
+        for t in crossing:
+            if t.carried & prompt:
+                expected[t.main_id] = expected.get(t.main_id, 0) + t.nbytes
+        assert e.awaited_bytes(prompt) == expected
+
+
+class TransfersNotToWalk(dict):
+    """Every transfer crossing, which a request's lookup may not walk through."""
+
+    def __iter__(self):
+        raise AssertionError("walked every transfer crossing for one prompt's")
+
+    def values(self):
+        raise AssertionError("walked every transfer crossing for one prompt's")
+
+    def items(self):
+        raise AssertionError("walked every transfer crossing for one prompt's")
+
+
+def test_awaited_bytes_look_up_the_prompts_blocks_not_every_transfer():
+    """A busy line at fleet scale has thousands of transfers crossing; a request's
+    lookup costs its own blocks and the transfers that carry them."""
+    e = estimator()
+    for k in range(100):
+        e.commit(MB, "p0", 0, now=0.0, main_id=f"md{k}", carried=[1000 + k])
+    e.commit(MB, "p0", 0, now=0.0, main_id="md0", carried=[7])
+    e._in_flight = TransfersNotToWalk(e._in_flight)
+    assert e.awaited_bytes([7, 1005, 5]) == {"md0": MB, "md5": MB}
 
 
 def test_a_shared_backlog_replaces_the_own_one():
@@ -333,6 +388,27 @@ def test_prefill_throughput_per_instance():
     assert set(rates) == {"p0"}
     assert 1 / rates["p0"] == pytest.approx(1 / 1000 + GAIN * (4 / 1000 - 1 / 1000))
     assert e.prefill_tokens_per_s("p1") == 1000
+
+
+class NotToWalk(dict):
+    """Every P's measured rate, which a lookup may read but not walk through."""
+
+    def __iter__(self):
+        raise AssertionError("walked every P's rate for one P's")
+
+    def items(self):
+        raise AssertionError("walked every P's rate for one P's")
+
+
+def test_one_ps_rate_is_read_without_walking_every_ps():
+    """The policy asks for the rate of the P it chose, per request: with thousands of P
+    measured, building the map of all of them each time costs O(fleet)."""
+    e = estimator()
+    for k in range(100):
+        e.prefill_seen(f"p{k}", 1000, seconds=4.0)
+    e._prefill_spt = NotToWalk(e._prefill_spt)
+    rates = e.prefill_rates()
+    assert rates.get("p7") == e.prefill_tokens_per_s("p7") and rates.get("q0") is None
 
 
 def test_a_prefills_fixed_cost_is_not_read_as_a_slow_p():

@@ -85,6 +85,26 @@ def test_md_computing_counts_against_md_until_its_first_token():
     assert counts(store) == {}
 
 
+class CountsNotToScan(dict):
+    """Every instance's in-flight count, which a lookup may read but not walk through."""
+
+    def __iter__(self):
+        raise AssertionError("walked every in-flight count for one MD's")
+
+    def items(self):
+        raise AssertionError("walked every in-flight count for one MD's")
+
+
+def test_md_computing_is_read_per_md_not_by_walking_every_count():
+    """At 10,000 instances the store counts thousands of busy instances; the policy asks
+    only about the MD it chose, so a route must not walk all of them."""
+    inflight = CountsNotToScan({f"p{k}": 1 for k in range(100)})
+    inflight[md_computing_key("md0")] = 300
+    computing = md_computing_tokens(inflight)
+    assert computing.get("md0", 0) == 300 and computing.get("md1", 0) == 0
+    assert "md0" in computing and "md1" not in computing
+
+
 def test_a_request_that_ends_before_its_kv_lands_settles_it_unlearnt():
     store, estimator = LocalStore(60.0), LinkEstimator(LINK, 10_000)
     Lease.of(p_md_route(300 * KVB), store, estimator).release_all()

@@ -115,7 +115,7 @@ is still counted (the router's own bookkeeping, not a measurement), nothing is l
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
 from pdd.common.cost_model import LinkState, queued_ahead_bytes
@@ -208,6 +208,9 @@ class LinkEstimator:
         self._last_arrival_at = float("-inf")
         #: This estimator's commitments not yet settled, by identity.
         self._in_flight: dict[int, Transfer] = {}
+        #: Per prompt block, the transfers crossing that carry it (by identity): what
+        #: ``awaited_bytes`` looks up, a prompt's blocks rather than every transfer.
+        self._carrying: dict[int, dict[int, Transfer]] = {}
         self._commits = 0
         self._committed_bytes = 0
         #: Decisions that found the oldest transfer still crossing overdue (``overdue``).
@@ -245,10 +248,10 @@ class LinkEstimator:
         return 0.0 if self.frozen else self._relay_slot_s
 
     def prefill_rates(self) -> Mapping[str, float]:
-        """Measured prefill tokens/s per P instance (empty when frozen or none measured)."""
-        if self.frozen:
-            return {}
-        return {p: 1.0 / spt for p, spt in self._prefill_spt.items()}
+        """Measured prefill tokens/s per P instance (empty when frozen or none measured),
+        read per P when asked (valid until the next sample): the policy asks about one P
+        per request, and building the map would walk every measured P."""
+        return {} if self.frozen else _Rates(self._prefill_spt)
 
     def commit(
         self, nbytes: int, prefill_id: str, prefill_tokens: int, now: float,
@@ -273,24 +276,33 @@ class LinkEstimator:
         )  # fmt: skip
         self._committed_bytes += nbytes
         self._in_flight[id(transfer)] = transfer
+        for h in transfer.carried:
+            self._carrying.setdefault(h, {})[id(transfer)] = transfer
         return transfer
 
     def settle(self, transfer: Transfer) -> None:
         """The transfer is off the line, with no timing to learn from (it failed, or its
         request ended first)."""
         self._own = Backlog(self._own.bytes - transfer.nbytes, self._own.transfers - 1)
-        self._in_flight.pop(id(transfer), None)
+        if self._in_flight.pop(id(transfer), None) is None:
+            return
+        for h in transfer.carried:
+            carriers = self._carrying[h]
+            del carriers[id(transfer)]
+            if not carriers:
+                del self._carrying[h]
 
     def awaited_bytes(self, hashes: Iterable[int]) -> dict[str, int]:
         """Per MD, the bytes of the transfers still crossing to it that carry any of the
         prompt blocks ``hashes``: what a request counting on them waits for."""
-        if not self._in_flight:  # the common case on a quiet line: no set to build
+        if not self._carrying:  # the common case on a quiet line: nothing to look up
             return {}
-        wanted = set(hashes)
+        awaited_by: dict[int, Transfer] = {}
+        for h in hashes:
+            awaited_by.update(self._carrying.get(h, {}))
         awaited: dict[str, int] = {}
-        for t in self._in_flight.values():
-            if t.carried and not wanted.isdisjoint(t.carried):
-                awaited[t.main_id] = awaited.get(t.main_id, 0) + t.nbytes
+        for t in awaited_by.values():
+            awaited[t.main_id] = awaited.get(t.main_id, 0) + t.nbytes
         return awaited
 
     def overdue(self, now: float, backlog: Backlog | None = None) -> None:
@@ -435,3 +447,19 @@ class LinkEstimator:
 
 def _seconds_per_byte(gbps: float) -> float:
     return _BITS_PER_BYTE / (gbps * _GIGA)
+
+
+class _Rates(Mapping[str, float]):
+    """Tokens/s per P, read off the seconds per token learnt for it."""
+
+    def __init__(self, seconds_per_token: Mapping[str, float]) -> None:
+        self._spt = seconds_per_token
+
+    def __getitem__(self, instance_id: str) -> float:
+        return 1.0 / self._spt[instance_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._spt)
+
+    def __len__(self) -> int:
+        return len(self._spt)

@@ -17,8 +17,9 @@ from pdd.router.load_order import LoadOrder
 
 
 class Fleet:
-    """Per role, the instances ordered by load (:class:`LoadOrder`) and, built when first
-    needed after a membership change, their :class:`AffinityRing`."""
+    """Per role, the instances ordered by load (:class:`LoadOrder`) and their
+    :class:`AffinityRing`, built when first needed and from then on kept up member by
+    member (only MD's is ever asked for)."""
 
     def __init__(self) -> None:
         self._orders: dict[Role, LoadOrder] = {}
@@ -33,20 +34,25 @@ class Fleet:
         return fleet
 
     def update(self, load: InstanceLoad) -> None:
-        """Add an instance or record its new load: O(log n)."""
+        """Add an instance or record its new load: O(log n) (a new member also places its
+        points on its role's ring, once that is built)."""
         role = self._role_of.get(load.instance_id)
         if role is not load.role:
             if role is not None:
                 self.remove(load.instance_id)
             self._role_of[load.instance_id] = load.role
-            self._rings.pop(load.role, None)
+            ring = self._rings.get(load.role)
+            if ring is not None:
+                ring.add(load.instance_id)
         self.role(load.role).update(load)
 
     def remove(self, instance_id: str) -> None:
         role = self._role_of.pop(instance_id, None)
         if role is not None:
             self._orders[role].remove(instance_id)
-            self._rings.pop(role, None)
+            ring = self._rings.get(role)
+            if ring is not None:
+                ring.remove(instance_id)
 
     def sync(self, loads: Iterable[InstanceLoad]) -> None:
         """Make the fleet exactly ``loads``: changed instances are updated, missing ones

@@ -15,7 +15,8 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Collection
+from collections import Counter
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
@@ -70,6 +71,38 @@ class _RoleMembers:
         return len(self.ready) > len(self.suspected)
 
 
+@dataclass
+class _EngineLimits:
+    """The context windows and, per role, the KV pools of the ready instances whose engine
+    is known, counted as they change: a request reads the smallest of each without a
+    pass over the fleet (few distinct values: a deployment serves one model)."""
+
+    context: Counter[int] = field(default_factory=Counter)
+    kv_tokens: dict[Role, Counter[int]] = field(default_factory=dict)
+    #: What each instance (by URL) adds now.
+    counted: dict[str, tuple[Role, EngineInfo]] = field(default_factory=dict)
+
+    def set(self, url: str, role: Role, engine: EngineInfo | None) -> None:
+        """``url``'s contribution from now on (None: it adds nothing)."""
+        old = self.counted.pop(url, None)
+        if old is not None:
+            _drop(self.context, old[1].max_model_len)
+            _drop(self.kv_tokens[old[0]], old[1].kv_tokens)
+        if engine is not None:
+            self.counted[url] = (role, engine)
+            self.context[engine.max_model_len] += 1
+            self.kv_tokens.setdefault(role, Counter())[engine.kv_tokens] += 1
+
+    def smallest_kv(self, roles: Collection[Role]) -> int | None:
+        return min((min(self.kv_tokens[r]) for r in roles if self.kv_tokens.get(r)), default=None)
+
+
+def _drop(counts: Counter[int], value: int) -> None:
+    counts[value] -= 1
+    if counts[value] == 0:
+        del counts[value]
+
+
 class MisconfiguredWorkerError(ValueError):
     """A worker reports another identity than the router was told."""
 
@@ -98,6 +131,8 @@ class InstanceRegistry:
         #: URLs whose routing inputs (readiness, suspicion, load, identity) changed since
         #: the router last took them (``take_changes``).
         self._changed: set[str] = set()
+        self._watcher: Callable[[], None] | None = None
+        self._limits = _EngineLimits()
 
     def ready(self, role: Role) -> list[Instance]:
         """The instances of ``role`` new requests may go to: those whose last poll
@@ -126,6 +161,12 @@ class InstanceRegistry:
         self._changed.clear()
         return changes
 
+    def watch(self, on_change: Callable[[], None]) -> None:
+        """Call ``on_change`` after each change of routing inputs, so the router takes
+        the changes as polls and suspicions bring them, not on a request's path (at
+        10,000 instances polled twice a second, a hundred between two requests)."""
+        self._watcher = on_change
+
     def routes_to(self, inst: Instance) -> bool:
         """Whether new requests may go to ``inst`` now (see :meth:`ready`)."""
         if not inst.ready or inst.endpoint is None:
@@ -148,7 +189,10 @@ class InstanceRegistry:
         (members.ready.add if ready else members.ready.discard)(url)
         suspected = ready and inst.suspected is not None
         (members.suspected.add if suspected else members.suspected.discard)(url)
+        self._limits.set(url, inst.role, inst.engine if ready else None)
         self._changed.add(url)
+        if self._watcher is not None:
+            self._watcher()
 
     def suspect(self, instance_id: str, problem: str) -> None:
         """Avoid an instance now, not at the next poll: a request just failed on it.
@@ -168,27 +212,13 @@ class InstanceRegistry:
         """The model's context window (prompt plus output), the smallest any ready instance
         has (a request's tokens end on MD or RLD, after P), as of the last poll; None
         before any has answered."""
-        return min(
-            (
-                i.engine.max_model_len
-                for i in self._instances.values()
-                if i.ready and i.engine is not None
-            ),
-            default=None,
-        )
+        return min(self._limits.context, default=None)
 
     def kv_limit(self, roles: Collection[Role]) -> int | None:
         """The smallest KV pool, in tokens (``EngineInfo.kv_tokens``), of the ready
         instances of ``roles``: the most one request can hold there, even with the pool
         to itself (it may be less than the context window); None before any answered."""
-        return min(
-            (
-                i.engine.kv_tokens
-                for i in self._instances.values()
-                if i.ready and i.engine is not None and i.role in roles
-            ),
-            default=None,
-        )
+        return self._limits.smallest_kv(roles)
 
     def _update_prompt_limit(self) -> None:
         limits = [
@@ -245,6 +275,7 @@ class InstanceRegistry:
         for url in set(self._instances) - seen:
             gone = self._instances.pop(url)
             self._touch(gone)
+            await self._client.forget(url)  # its pooled connections, once its calls end
             if gone.instance_id is not None:
                 self._index.forget_instance(gone.instance_id)
 

@@ -10,7 +10,7 @@ all of them committed (``committed_backlog``).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from pdd.common.kv_codec import ADAPTIVE, KVCodec, shared_in_receiver_cache
@@ -36,11 +36,31 @@ def md_computing_key(main_id: str) -> str:
     return f"{_MD_COMPUTING}{main_id}"
 
 
-def md_computing_tokens(inflight: Mapping[str, int]) -> dict[str, int]:
+def md_computing_tokens(inflight: Mapping[str, int]) -> Mapping[str, int]:
     """Per MD, the tokens every replica's routes have it computing (from the store's
-    in-flight counts)."""
-    n = len(_MD_COMPUTING)
-    return {k[n:]: v for k, v in inflight.items() if k.startswith(_MD_COMPUTING) and v > 0}
+    in-flight counts), read per MD when asked."""
+    return _MdComputing(inflight)
+
+
+class _MdComputing(Mapping[str, int]):
+    """The in-flight counts seen per MD: the policy asks only about the MD it chose, and
+    building the whole map would walk every busy instance's count per request."""
+
+    def __init__(self, inflight: Mapping[str, int]) -> None:
+        self._inflight = inflight
+
+    def __getitem__(self, main_id: str) -> int:
+        tokens = self._inflight.get(md_computing_key(main_id), 0)
+        if tokens <= 0:
+            raise KeyError(main_id)
+        return tokens
+
+    def __iter__(self) -> Iterator[str]:
+        n = len(_MD_COMPUTING)
+        return (k[n:] for k, v in self._inflight.items() if k.startswith(_MD_COMPUTING) and v > 0)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,11 @@ _background: set[asyncio.Task] = set()
 #: Events one request's merged stream holds ahead of its client (see the module's note).
 #: An event is one token's line (with its logprobs, if asked), so the bytes are bounded too.
 STREAM_BUFFER_EVENTS = 64
+#: After a request's last token, how long its readers may go on to read their streams'
+#: ends (the worker ends each right after the last event): a stream read to its end leaves
+#: its connection in the pool, one stopped short of it closes the connection, and the next
+#: request to that worker pays a new one (with WAN TLS to MD: a handshake across the WAN).
+STREAM_END_GRACE_S = 1.0
 #: Every live request's buffer, for ``fullest_buffer``.
 _buffers: set[asyncio.Queue] = set()
 
@@ -138,8 +143,12 @@ async def relay_tokens(
     finally:
         _buffers.discard(queue)
         awaits_p = merger.finished and plan.ships_kv_over_wan and not p_reported.is_set()
-        for reader in readers[:-1] if awaits_p else readers:
-            reader.stop()
+        stopping = readers[:-1] if awaits_p else readers
+        if merger.finished:  # their streams' ends are on the way: let them arrive
+            _spawn(_finish_reading(stopping))
+        else:
+            for reader in stopping:
+                reader.stop()
         if not merger.finished:
             _spawn(_cancel_everywhere(plan, client, started))
         if awaits_p:
@@ -318,6 +327,16 @@ async def _read(
     except WorkerCallError as exc:
         broken = exc.detail
     await queue.put(_StreamEnd(endpoint.instance_id, broken))
+
+
+async def _finish_reading(readers: list[StoppableTask]) -> None:
+    """Give the readers of a finished request ``STREAM_END_GRACE_S`` to reach their
+    streams' ends on their own, then stop whichever has not (a worker that keeps a
+    finished stream open costs that connection, as before)."""
+    if readers:  # asyncio.wait refuses an empty set
+        await asyncio.wait([r.task for r in readers], timeout=STREAM_END_GRACE_S)  # cancels none
+    for reader in readers:
+        reader.stop()
 
 
 async def _cancel_everywhere(
