@@ -25,8 +25,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("pdd.bench.cli", "replay a trace against a stack and report"),
     "generate": ("pdd.worker.generate_cli", "generate token IDs with the inference core or vLLM"),
     "tiny-tokenizer": ("pdd.local.tiny_tokenizer", "write the tiny model's tokenizer files"),
+    "trace": ("pdd.local.trace_view", "print one request's trace as a waterfall (pdd up's spans)"),
     "simulate": ("pdd.simulator.cli", "simulate a datacenter-scale scenario (YAML)"),
     "calibrate": ("pdd.simulator.calibrate_cli", "fit the simulator's step model to a profile"),
+    "plan": ("pdd.simulator.planner.cli", "size P, RLD and MD for an SLO at least cost"),
+    "plan-day": ("pdd.simulator.planner.day_cli", "simulate a day: planner vs static vs RLD HPA"),
 }
 #: Commands that run the inference core: started as a program, they execute themselves
 #: again with tcmalloc preloaded where it is installed (pdd.worker.cpu_allocator).

@@ -194,6 +194,10 @@ class PipelinePlan(_Wire):
     #: see ``md_prefills``; on P-RLD-MD, where the relay needs P's prefill, P sends MD the
     #: first token and MD computes its miss with the relay's IDs).
     md_computes_miss: bool = False
+    #: The W3C trace context (``{"traceparent": ...}``) of the router's span for this
+    #: request, so every instance's spans join its trace (``pdd.common.tracing``); None
+    #: where tracing is off.
+    trace_context: dict[str, str] | None = None
 
     @model_validator(mode="after")
     def _stages_present(self) -> PipelinePlan:

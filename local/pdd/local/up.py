@@ -39,6 +39,7 @@ from pdd.common.model_store import (
     resolve_model,
 )
 from pdd.common.settings import parser as settings_parser
+from pdd.common.tracing import TRACES_FILE, TRACES_FILE_ENV
 from pdd.common.vocabulary import Role
 from pdd.local.cluster import LinkSpec
 from pdd.local.stack import LocalStack, StackStartError
@@ -144,7 +145,27 @@ def build_parser() -> argparse.ArgumentParser:
         "else none: open); they reach the router through its environment, never argv",
     )  # fmt: skip
     add_stack_flags(p, Path("pdd-logs"))
+    p.add_argument(
+        "--otlp-traces-endpoint",
+        help="every process also sends its spans over OTLP to this URL (a Jaeger, Tempo or "
+        "Collector; OTEL_EXPORTER_OTLP_* and OTEL_TRACES_SAMPLER* are honoured too)",
+    )
+    p.add_argument(
+        "--no-traces-file", action="store_true",
+        help="do not write LOG_DIR/traces.jsonl (the spans `pdd trace` reads)",
+    )  # fmt: skip
     return p
+
+
+def tracing_env(args: argparse.Namespace) -> dict[str, str]:
+    """What every process of the stack inherits to trace: the file ``pdd trace`` reads
+    (``LOG_DIR/traces.jsonl``) and the OTLP endpoint, where given."""
+    env = {}
+    if not args.no_traces_file:
+        env[TRACES_FILE_ENV] = str((args.log_dir / TRACES_FILE).resolve())
+    if args.otlp_traces_endpoint:
+        env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = args.otlp_traces_endpoint
+    return env
 
 
 def say(text: str) -> None:
@@ -196,6 +217,7 @@ def _serve(args: argparse.Namespace) -> int:
             )
         config = stack_config(args, args.mode, args.port, args.log_dir)
         config = dataclasses.replace(config, api_keys=keys)
+        os.environ.update(tracing_env(args))  # the stack's processes inherit it
         stack = LocalStack.start(config, say)
         print(f"PDD ({args.mode}) is up. OpenAI base URL: {stack.info.base_url}", flush=True)
         print(curl_example(stack.info.base_url, stack.info.model, key_expression), flush=True)

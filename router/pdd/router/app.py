@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
+from pdd.common import tracing
 from pdd.common.openai_protocol import (
     UNRECOGNIZED_FIELD_ERROR,
     ChatCompletionRequest,
@@ -48,6 +49,7 @@ from pdd.router.runtime import RouterRuntime
 from pdd.router.serving_base import Served
 from pdd.router.serving_chat import OpenAIServingChat
 from pdd.router.serving_completions import OpenAIServingCompletion
+from pdd.router.tracing_middleware import TracingMiddleware
 
 log = logging.getLogger(__name__)
 T = TypeVar("T", bound=BaseModel)
@@ -64,6 +66,7 @@ def create_app(runtime: RouterRuntime) -> FastAPI:
 
     app = FastAPI(title="pdd router", lifespan=lifespan)
     app.add_middleware(AccessLogMiddleware)
+    app.add_middleware(TracingMiddleware)  # outermost: its span covers the access log's
     slots = StreamSlots(runtime.config.max_streams_per_key, runtime.config.retry_after_s)
     admission = runtime.admission
     chat = OpenAIServingChat(runtime)
@@ -116,7 +119,8 @@ def create_app(runtime: RouterRuntime) -> FastAPI:
                 give_back()
 
         async def admitted(parsed: T) -> Served:
-            releases.append(await admission.admit(key))
+            with tracing.span("pdd.admission"):
+                releases.append(await admission.admit(key))
             return await create(parsed)
 
         try:

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from pdd.common import tracing
 from pdd.common.cost_model import LinkState
 from pdd.common.link_estimator import LinkEstimator
 from pdd.common.vocabulary import Pipeline, Role
@@ -32,6 +33,7 @@ from pdd.router.prefix_index import PrefixIndex
 from pdd.router.recent_traffic import RecentTraffic
 from pdd.router.registry import InstanceRegistry
 from pdd.router.route import Route, committed_backlog, md_computing_tokens
+from pdd.router.route_trace import link_attributes, route_attributes
 from pdd.router.routing_view import RoutingView
 from pdd.router.state.base import RouterStore
 
@@ -94,9 +96,14 @@ class Dispatcher:
                 "prior_output_tokens": len(emitted),
             }
         )
-        route = await self.route(prompt, left.max_tokens, exclude)
+        with tracing.span("pdd.route", attributes={tracing.REQUEST_ID: request_id}):
+            route = await self.route(prompt, left.max_tokens, exclude)
+            tracing.set_attributes(route_attributes(route))
         lease = Lease.of(route, self._store, self._estimator)
-        return Attempt(route, route.plan(request_id, prompt, left, self._config), lease)
+        plan = route.plan(request_id, prompt, left, self._config)
+        if tracing.enabled():  # the workers' spans join the request's (``pdd.request``)
+            plan = plan.model_copy(update={"trace_context": tracing.carrier()})
+        return Attempt(route, plan, lease)
 
     async def route(
         self,
@@ -118,6 +125,7 @@ class Dispatcher:
         backlog = committed_backlog(inflight)
         self._estimator.overdue(time.monotonic(), backlog)
         link = self._estimator.link(backlog)
+        tracing.set_attributes(link_attributes(link))
         features = RequestFeatures.from_prompt(prompt_ids, max_tokens, self._config.block_size)
         with self._view.excluding(exclude):
             if self._config.mono:
@@ -157,7 +165,7 @@ class Dispatcher:
         link: LinkState,
         retry: bool = False,
         awaited: dict[str, int] | None = None,
-        computing: dict[str, int] | None = None,
+        computing: Mapping[str, int] | None = None,
     ) -> Route:
         """PDD: the pure policy picks the pipeline and instances; ``awaited``: per MD, the
         KV still crossing to it that the prompt's hit there counts on; ``computing``: per
@@ -170,7 +178,7 @@ class Dispatcher:
             prefill_rates=self._estimator.prefill_rates(),
             relay_slot_s=self._estimator.relay_slot_s,
             awaited_bytes=awaited or {},
-            md_computing_tokens=computing or {},
+            md_computing_tokens={} if computing is None else computing,
             md_step_s=self._estimator.overhead_s,
         )
         result = decide(features, hits, self._view.fleet, view, traffic, self._policy, retry)

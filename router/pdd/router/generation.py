@@ -29,6 +29,7 @@ import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 
+from pdd.common import tracing
 from pdd.common.openai_protocol import UsageInfo
 from pdd.common.vocabulary import FinishReason
 from pdd.common.wire import KVShipment, PipelinePlan, TokenEvent, TokenLogprobs
@@ -118,6 +119,9 @@ class Generation:
         #: Every output token's logprobs so far (the non-streaming response reads them).
         self.logprobs: list[TokenLogprobEntry] = []
         self._unsent_logprobs = 0  # of those, how many no delta has carried yet
+        #: The request's trace id, as the exemplar of its TTFT sample and its first ITL
+        #: sample (None: untraced, or already used).
+        self._exemplar: dict[str, str] | None = None
         self._use(attempt)
         self._first_hits = self.hits
         record = access_log.current()
@@ -202,6 +206,11 @@ class Generation:
         emitted = self.token_ids
         kind = "resume" if emitted else "redispatch"
         self.runtime.metrics.recoveries.labels(kind).inc()
+        tracing.event(
+            f"pdd.{kind}",
+            {"pdd.failed": sorted(exc.failed), "pdd.emitted_tokens": len(emitted),
+             "pdd.error": exc.message},
+        )  # fmt: skip
         log.warning(
             "request %s failed after %d tokens (%s); %s without %s",
             self.plan.request_id,
@@ -242,13 +251,17 @@ class Generation:
                 if last is None:
                     if self.completion_tokens == 0:
                         self.ttft_s = now - self._arrived_at
-                        rt.metrics.ttft.observe(self.ttft_s)
+                        self._exemplar = _exemplar()
+                        rt.metrics.ttft.observe(self.ttft_s, self._exemplar)
                     if self.plan.prefill is not None:
                         self._lease.release(self.plan.prefill.instance_id)
                     if relay_id is not None and event.source == relay_id:
                         self._prefill_seen(now)
                 else:
-                    rt.metrics.itl.observe(now - last)
+                    # The trace id rides on the request's first gap only: an exemplar
+                    # costs its validation on every observation that carries one.
+                    rt.metrics.itl.observe(now - last, self._exemplar)
+                    self._exemplar = None
                 if self.plan.main is not None and event.source == self.plan.main.instance_id:
                     self._lease.kv_landed(now)  # MD streams: it has the KV
                     if self.route.ships_kv:
@@ -316,3 +329,10 @@ class Generation:
         self.completion_tokens += 1
         self.relayed_tokens += from_relay
         self.runtime.metrics.tokens.labels("relay" if from_relay else "main").inc()
+
+
+def _exemplar() -> dict[str, str] | None:
+    """``{"trace_id": ...}`` of the request being served, where it is traced: a
+    histogram's slow bucket then links to a trace (OpenMetrics exemplars)."""
+    trace_id = tracing.trace_id_hex()
+    return None if trace_id is None else {"trace_id": trace_id}

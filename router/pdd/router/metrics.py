@@ -15,6 +15,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from pdd.common import tracing
+
 __all__ = ["CONTENT_TYPE_LATEST", "RouterMetrics"]
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -29,6 +31,7 @@ class RouterMetrics:
 
     def __init__(self, redis: bool = False) -> None:
         self.registry = r = CollectorRegistry()
+        tracing.register_metrics(r, "pdd_router")
         self.requests = Counter(
             "pdd_router_requests", "Routed requests", ["pipeline", "reason"], registry=r
         )

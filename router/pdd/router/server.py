@@ -25,6 +25,7 @@ from pdd.common.gc_heap import freeze_startup_heap
 from pdd.common.logs import add_log_flags, configure_logging
 from pdd.common.settings import add_settings, settings_of
 from pdd.common.settings import parser as settings_parser
+from pdd.common.tracing import add_tracing_flags, configure_from_args
 from pdd.common.vocabulary import Role
 from pdd.router.app import create_app
 from pdd.router.config import (
@@ -75,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     # value, else the table's default (shown in --help).
     add_settings(p, ROUTER_SETTINGS, flag_defaults=False)
     add_log_flags(p)
+    add_tracing_flags(p)
     return p
 
 
@@ -118,6 +120,7 @@ def main(argv: list[str]) -> int:
     configure_logging(args.log_level, args.log_format)
     try:
         config = build_config(args)
+        configure_from_args(args, "pdd-router", {"pdd.role": "router", "pdd.datacenter": "A"})
         runtime = RouterRuntime(config)
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         log.error("%s", exc)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 from pydantic import ValidationError
@@ -64,8 +64,47 @@ CANCEL_ATTEMPTS = 3
 CANCEL_RETRY_S = 0.2
 
 
+class _Pool:
+    """One worker's ``httpx.AsyncClient`` and how many calls are using it now, so a pool
+    whose worker left the fleet is closed when its last call ends, not under a stream
+    still being read (a draining pod leaves the Service before its streams end)."""
+
+    def __init__(self, http: httpx.AsyncClient, retire: Callable[[_Pool], None]) -> None:
+        self.http = http
+        self.calls = 0
+        self.retired = False
+        self._retire = retire
+
+    def __enter__(self) -> httpx.AsyncClient:
+        self.calls += 1
+        return self.http
+
+    def __exit__(self, *exc: object) -> None:
+        self.calls -= 1
+        if self.retired and self.calls == 0:
+            self._retire(self)
+
+
+class _Unclosed(httpx.AsyncBaseTransport):
+    """A transport given to :class:`WorkerClient` (tests: an in-process one), shared by
+    every worker's pool; a pool that closes leaves it open for the others."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self.inner = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self.inner.handle_async_request(request)
+
+
 class WorkerClient:
-    """One pooled ``httpx.AsyncClient`` for every worker; cheap to share."""
+    """A pooled ``httpx.AsyncClient`` per worker (by base URL), made at its first call;
+    cheap to share.
+
+    One pool per worker, not one for the fleet: httpcore walks every connection of a pool,
+    with a syscall or two each, on every request and again on every response's close, so
+    one shared pool made each call cost in proportion to the fleet (docs/router-scale.md).
+    A worker that leaves the fleet is :meth:`forget`-ten: its pool is closed.
+    """
 
     def __init__(
         self,
@@ -77,11 +116,28 @@ class WorkerClient:
         """``transport`` replaces the network (an in-process one in tests); default: TCP.
         ``tls``: how https workers are verified (``load_wan_ca``); default: system CAs."""
         self._headers = {"Authorization": f"Bearer {secret}"}
-        self._http = httpx.AsyncClient(
-            transport=transport,
-            verify=tls if tls is not None else True,
+        self._timeout = httpx.Timeout(timeout_s)
+        self._transport = transport
+        self._tls = tls
+        self._pools: dict[str, _Pool] = {}
+        #: Forgotten pools still serving calls, and the tasks closing pools.
+        self._retiring: set[_Pool] = set()
+        self._closing: set[asyncio.Task] = set()
+
+    def _pool(self, http_url: str) -> _Pool:
+        pool = self._pools.get(http_url)
+        if pool is None:
+            pool = self._pools[http_url] = _Pool(self._new_client(), self._close_later)
+        return pool
+
+    def _new_client(self) -> httpx.AsyncClient:
+        if self._tls is None and self._transport is None:
+            self._tls = httpx.create_ssl_context()  # once: it reads the CA bundle
+        return httpx.AsyncClient(
+            transport=_Unclosed(self._transport) if self._transport is not None else None,
+            verify=self._tls if self._tls is not None else True,
             headers=self._headers,
-            timeout=httpx.Timeout(timeout_s),
+            timeout=self._timeout,
             limits=httpx.Limits(
                 max_connections=1000,
                 max_keepalive_connections=200,
@@ -89,44 +145,80 @@ class WorkerClient:
             ),
         )
 
-    async def aclose(self) -> None:
-        await self._http.aclose()
+    async def forget(self, http_url: str) -> None:
+        """The worker at ``http_url`` left the fleet: close its pool now, or when the calls
+        still using it end (its streams run on). Left open, its idle connections would
+        sit in ``CLOSE_WAIT`` for the router's life once the pod is gone. A later call to
+        the same URL opens a new pool."""
+        pool = self._pools.pop(http_url, None)
+        if pool is None:
+            return
+        pool.retired = True
+        if pool.calls == 0:
+            await pool.http.aclose()
+        else:
+            self._retiring.add(pool)
 
-    async def _get_json(self, url: str, params: dict | None = None) -> dict:
+    def _close_later(self, pool: _Pool) -> None:
+        """Close a forgotten pool whose last call just ended, on a task of its own: this
+        runs in that call's exit, which may be a cancelled one's."""
+        self._retiring.discard(pool)
+        task = asyncio.get_running_loop().create_task(pool.http.aclose())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def aclose(self) -> None:
+        pools = [*self._pools.values(), *self._retiring]
+        self._pools.clear()
+        self._retiring.clear()
+        for pool in pools:
+            await pool.http.aclose()
+        await asyncio.gather(*self._closing, return_exceptions=True)
+        if self._transport is not None:
+            await self._transport.aclose()
+
+    async def _get(self, http_url: str, path: str) -> bytes:
+        """The body of a 200 answer to ``GET http_url + path``, for the caller to parse
+        straight from JSON (pydantic's ``model_validate_json``: no dict in between)."""
+        url = http_url + path
         try:
-            resp = await self._http.get(url, params=params)
+            with self._pool(http_url) as http:
+                resp = await http.get(url)
         except httpx.HTTPError as exc:
             raise WorkerCallError(url, failure(exc)) from exc
         if resp.status_code != 200:
             raise WorkerCallError(url, f"answered {resp.status_code}: {resp.text[:300]}")
-        return resp.json()
+        return resp.content
 
     async def health(self, http_url: str) -> WorkerHealth:
         """The worker's identity, data addresses and engine limits."""
-        return WorkerHealth.model_validate(await self._get_json(f"{http_url}/health"))
+        return WorkerHealth.model_validate_json(await self._get(http_url, "/health"))
 
     async def load(self, http_url: str) -> LoadReport:
-        return LoadReport.model_validate(await self._get_json(f"{http_url}/load"))
+        return LoadReport.model_validate_json(await self._get(http_url, "/load"))
 
     async def cache_events(self, http_url: str, since: int) -> CacheEventsPage:
-        body = await self._get_json(f"{http_url}/v1/pdd/cache-events", {"since": since})
-        return CacheEventsPage.model_validate(body)
+        body = await self._get(http_url, f"/v1/pdd/cache-events?since={since}")
+        return CacheEventsPage.model_validate_json(body)
 
     async def warm_wan_peers(self, http_url: str, main_decodes: list[Endpoint]) -> None:
         """Name to a prefill worker the main decodes it ships KV to (it opens channels)."""
         body = WanPeers(main_decodes=main_decodes).model_dump_json()
-        await self._send("PUT", f"{http_url}/v1/pdd/wan-peers", body, 204)
+        await self._send("PUT", http_url, "/v1/pdd/wan-peers", body, 204)
 
     async def start(self, http_url: str, plan: PipelinePlan) -> None:
-        await self._send("POST", f"{http_url}/v1/pdd/requests", plan.model_dump_json(), 202)
+        """Start ``plan`` on its entry instance; its trace context goes as ``traceparent``
+        too (W3C's header, beside the plan's own field the data channels carry on)."""
+        body = plan.model_dump_json()
+        await self._send("POST", http_url, "/v1/pdd/requests", body, 202, plan.trace_context)
 
     async def handoff(self, http_url: str, request_id: str, token_ids: list[int]) -> None:
-        url = f"{http_url}/v1/pdd/requests/{request_id}/handoff"
-        await self._send("POST", url, HandoffIds(token_ids=token_ids).model_dump_json(), 200)
+        path = f"/v1/pdd/requests/{request_id}/handoff"
+        body = HandoffIds(token_ids=token_ids).model_dump_json()
+        await self._send("POST", http_url, path, body, 200)
 
     async def takeover(self, http_url: str, request_id: str) -> None:
-        url = f"{http_url}/v1/pdd/requests/{request_id}/takeover"
-        await self._send("POST", url, "{}", 200)
+        await self._send("POST", http_url, f"/v1/pdd/requests/{request_id}/takeover", "{}", 200)
 
     async def cancel(self, http_url: str, request_id: str) -> None:
         """Tell the worker to stop the request; any answer will do (404: it already
@@ -136,17 +228,28 @@ class WorkerClient:
         url = f"{http_url}/v1/pdd/requests/{request_id}"
         for attempt in range(1, CANCEL_ATTEMPTS + 1):
             try:
-                await self._http.delete(url)
+                with self._pool(http_url) as http:
+                    await http.delete(url)
                 return
             except httpx.HTTPError:
                 if attempt == CANCEL_ATTEMPTS:
                     return  # the worker is unreachable: its own timeouts free the request
                 await asyncio.sleep(CANCEL_RETRY_S * attempt)
 
-    async def _send(self, method: str, url: str, body: str, expect: int) -> None:
-        headers = {"Content-Type": "application/json"}
+    async def _send(
+        self,
+        method: str,
+        http_url: str,
+        path: str,
+        body: str,
+        expect: int,
+        trace: dict[str, str] | None = None,
+    ) -> None:
+        url = http_url + path
+        headers = {"Content-Type": "application/json", **(trace or {})}
         try:
-            resp = await self._http.request(method, url, content=body, headers=headers)
+            with self._pool(http_url) as http:
+                resp = await http.request(method, url, content=body, headers=headers)
         except httpx.HTTPError as exc:
             raise WorkerCallError(url, failure(exc)) from exc
         if resp.status_code != expect:
@@ -157,12 +260,13 @@ class WorkerClient:
         """The instance's NDJSON token stream for ``request_id`` until it closes."""
         url = f"{http_url}/v1/pdd/requests/{request_id}/stream"
         try:
-            async with self._http.stream("GET", url, timeout=None) as resp:
-                if resp.status_code != 200:
-                    raise WorkerCallError(url, f"answered {resp.status_code}")
-                async for line in resp.aiter_lines():
-                    if line.strip():
-                        yield _token_event(url, line)
+            with self._pool(http_url) as http:
+                async with http.stream("GET", url, timeout=None) as resp:
+                    if resp.status_code != 200:
+                        raise WorkerCallError(url, f"answered {resp.status_code}")
+                    async for line in resp.aiter_lines():
+                        if line.strip():
+                            yield _token_event(url, line)
         except httpx.HTTPError as exc:
             raise WorkerCallError(url, failure(exc)) from exc
 

@@ -16,6 +16,7 @@ from fastapi import Depends, FastAPI, Header, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
+from pdd.common import tracing
 from pdd.common.grammar import GRAMMAR_ERROR_TYPE, GrammarError, check_grammar
 from pdd.common.wire import (
     REQUEST_TOO_LARGE_ERROR_TYPE,
@@ -106,6 +107,9 @@ def create_app(role: RoleBase, feed: CacheFeed, ready: Callable[[], bool]) -> Fa
     @app.post("/v1/pdd/requests", dependencies=[auth], status_code=202)
     async def start(request: Request) -> dict:
         plan = PipelinePlan.model_validate_json(await request.body())
+        traceparent = request.headers.get(tracing.TRACEPARENT)
+        if plan.trace_context is None and traceparent:  # W3C's header, where the plan has none
+            plan = plan.model_copy(update={"trace_context": {tracing.TRACEPARENT: traceparent}})
         if plan.sampling.guided is not None:  # refuse a bad schema now, not mid-pipeline
             check_grammar(plan.sampling.guided)
         await role.start_request(plan)

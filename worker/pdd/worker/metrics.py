@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from pdd.common import tracing
 from pdd.common.link_meter import LinkMeters
 from pdd.common.vocabulary import RELAY_LOAD_METRIC
 from pdd.common.wire import EngineInfo
@@ -49,6 +50,7 @@ class WorkerMetrics:
         #: Every WAN link this instance is an end of (see ``pdd.common.link_meter``).
         self.links = LinkMeters()
         r.register(WanLinkCollector(self.links))
+        tracing.register_metrics(r, "pdd_worker")
         #: All bytes sent on WAN / in-datacenter channels (framing too), as the transport
         #: counts them; exported as counters at scrape time (``refresh_gauges`` updates them).
         self.wire_sent = {"wan": 0, "fastpath": 0}

@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from pdd.common import tracing
 from pdd.common.kv_codec import (
     NO_CODEC,
     KVCodec,
@@ -80,6 +81,15 @@ def first_position_logprobs(received: ReceivedKV) -> dict[int, TokenLogprobs]:
     return {} if received.first_logprobs is None else {0: received.first_logprobs}
 
 
+def import_attributes(plan: PipelinePlan, msg: dict[str, Any]) -> dict[str, str | int]:
+    """``pdd.kv_import``'s attributes: the request, its prompt, the codec P offered."""
+    return {
+        tracing.REQUEST_ID: plan.request_id,
+        "pdd.prompt_tokens": len(plan.prompt_ids),
+        "pdd.kv.codec": str(msg.get("codec", NO_CODEC)),
+    }
+
+
 async def receive_kv(
     role: RoleBase, channel: Channel, plan: PipelinePlan, use_cache: bool,
     offered: object = NO_CODEC, expected: KVCodecSetting = NO_CODEC, attach_wait_s: float = 0.0,
@@ -117,6 +127,7 @@ async def receive_kv(
         await send_error(channel, rid, "attach_failed", str(exc))
         raise KVReceiveError(f"cannot take the request: {exc}", error_type=fault_of(exc)) from exc
     role.metrics.count_prompt(n, hit)
+    tracing.set_attributes({"pdd.hit_tokens": hit, "pdd.kv.tokens": n - hit})
     try:
         await send_meta(channel, rid, op="prepared", hit=hit, codec=handshake_name(codec))
         done = await _import_all(role, channel, rid, codec)

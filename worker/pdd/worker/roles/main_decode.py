@@ -19,14 +19,27 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdd.common import tracing
 from pdd.common.kv_codec import NO_CODEC, codec_of_handshake, shared_in_receiver_cache
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.common.wire import Endpoint, PipelinePlan, TokenLogprobs
 from pdd.worker.engine.request import RequestError
 from pdd.worker.roles.base import NoSuchRequestError, RoleBase
-from pdd.worker.roles.kv_receiver import KVReceiveError, first_position_logprobs, receive_kv
+from pdd.worker.roles.kv_receiver import (
+    KVReceiveError,
+    first_position_logprobs,
+    import_attributes,
+    receive_kv,
+)
 from pdd.worker.roles.landing import LandingKV
-from pdd.worker.roles.protocol import FLAG_FINAL, FLAG_FINISHED, expect, send_error, send_meta
+from pdd.worker.roles.protocol import (
+    FLAG_FINAL,
+    FLAG_FINISHED,
+    expect,
+    meta_trace,
+    send_error,
+    send_meta,
+)
 from pdd.worker.roles.session import DecodeSession
 from pdd.worker.transport import (
     Channel,
@@ -101,16 +114,18 @@ class MainDecodeRole(RoleBase):
             codec, self.settings.kv_codec
         )
         try:
-            if use_cache:
-                # Where MD prefills, it computes whatever has not landed: nothing would
-                # cross twice, so the request does not wait for an earlier one's KV.
-                await self._wait_for_landing_kv(
-                    rid, plan.prompt_ids, entry.shares_kv, wait=not plan.md_prefills
-                )
-            received = await receive_kv(
-                self, channel, plan, use_cache, msg.get("codec", NO_CODEC), self.settings.kv_codec,
-                attach_wait_s=answer_by - asyncio.get_running_loop().time(),
-            )  # fmt: skip
+            with tracing.span("pdd.kv_import", meta_trace(msg), import_attributes(plan, msg)):
+                if use_cache:
+                    # Where MD prefills, it computes whatever has not landed: nothing would
+                    # cross twice, so the request does not wait for an earlier one's KV.
+                    await self._wait_for_landing_kv(
+                        rid, plan.prompt_ids, entry.shares_kv, wait=not plan.md_prefills
+                    )
+                received = await receive_kv(
+                    self, channel, plan, use_cache, msg.get("codec", NO_CODEC),
+                    self.settings.kv_codec,
+                    attach_wait_s=answer_by - asyncio.get_running_loop().time(),
+                )  # fmt: skip
         except KVReceiveError as exc:
             self._end(rid, error=str(exc), culprit=exc.culprit, error_type=exc.error_type)
             return False
@@ -143,6 +158,20 @@ class MainDecodeRole(RoleBase):
         await self.landing.wait_ahead(rid, prompt_ids, cached, timeout_s)
 
     async def _continue(
+        self, plan: PipelinePlan, entry: MainRequest, first_token: int | None
+    ) -> None:
+        attributes = {tracing.REQUEST_ID: plan.request_id, "pdd.pipeline": str(plan.pipeline)}
+        with tracing.span("pdd.main.decode", plan.trace_context, attributes) as span:
+            await self._continue_traced(plan, entry, first_token)
+            session = entry.session
+            if session is not None:
+                span.set_attributes(
+                    {"pdd.streamed_tokens": session.emitted - session.emit_from,
+                     "pdd.output_tokens": len(session.output),
+                     "pdd.finish_reason": session.finish_reason or ""}
+                )  # fmt: skip
+
+    async def _continue_traced(
         self, plan: PipelinePlan, entry: MainRequest, first_token: int | None
     ) -> None:
         rid = plan.request_id
@@ -200,6 +229,13 @@ class MainDecodeRole(RoleBase):
         self, plan: PipelinePlan, entry: MainRequest, first_token: int
     ) -> None:
         """KV complete: take the relay's IDs (one-shot or catch-up chunks) and continue."""
+        with tracing.span("pdd.extend", attributes={tracing.REQUEST_ID: plan.request_id}) as span:
+            handed = await self._take_handoff(plan, entry, first_token)
+            span.set_attributes({"pdd.extend.tokens": handed})
+
+    async def _take_handoff(self, plan: PipelinePlan, entry: MainRequest, first_token: int) -> int:
+        """The handoff itself; returns how many output positions MD took from the relay
+        (the tokens its extend recomputes)."""
         rid = plan.request_id
         handed, started = 1, False  # positions MD holds: the first token, then the relay's
         try:
@@ -208,7 +244,8 @@ class MainDecodeRole(RoleBase):
             channel = await self.relay_pool.take_warm(relay.instance_id, self._relay_opener(relay))
             over = False  # the relay ended the conversation: the channel may carry another
             try:
-                await send_meta(channel, rid, op="kv_complete", have=handed)
+                await send_meta(channel, rid, op="kv_complete", have=handed,
+                                trace=tracing.carrier())  # fmt: skip
                 while True:
                     frame = await expect(channel, MsgType.TOKEN_IDS)
                     ids = decode_token_ids(frame.payload).ids
@@ -216,7 +253,7 @@ class MainDecodeRole(RoleBase):
                         over = True
                         rest = ids if started else [first_token, *ids]
                         await self._cache_finished(plan, entry, rest)
-                        return
+                        return handed + len(ids)
                     final = bool(frame.flags & FLAG_FINAL)
                     if not started:
                         await self._start_held(rid, entry, [first_token, *ids], hold=not final)
@@ -231,14 +268,16 @@ class MainDecodeRole(RoleBase):
                         await channel.send(MsgType.ACK, request_key(rid))
                         over = True
                         entry.session.stream_from(handed)  # type: ignore[union-attr]
-                        return
+                        return handed
                     await self.runner.next_step()  # the chunk is computed; ask for the next
                     await send_meta(channel, rid, op="more", have=handed)
             finally:
                 await self.relay_pool.release(relay.instance_id, channel, over)
         except TransportError as exc:
             log.warning("relay unreachable for %s (%s); waiting for the streamed ids", rid, exc)
+            tracing.event("pdd.relay_unreachable", {"pdd.error": str(exc)})
             await self._start_from_posted(rid, entry, first_token, handed, started)
+            return handed
 
     def _relay_opener(self, relay: Endpoint) -> SpareOpener:
         """Opens a channel to ``relay`` across the WAN (``ChannelPool.take_warm``)."""

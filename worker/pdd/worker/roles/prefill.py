@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pdd.common import tracing
 from pdd.common.kv_codec import (
     NO_CODEC,
     KVCodec,
@@ -134,6 +135,9 @@ class _ShipClock:
     def __init__(self) -> None:
         self.first_sent_at: float | None = None
         self.kv_bytes = 0
+        #: The whole transfer's bytes (never reset by ``waited``): its span's figures.
+        self.total_kv_bytes = 0
+        self.wire_bytes = 0
 
     def sending(self, tokens: int, bytes_per_token: int) -> None:
         if self.first_sent_at is None:
@@ -296,6 +300,11 @@ class PrefillRole(RoleBase):
         """Prefill and each path run at once; a slow WAN handshake never delays the relay.
         Where MD prefills (``PipelinePlan.md_prefills``) P computes nothing: its "prefill"
         is done at once, with no first token."""
+        attributes = {tracing.REQUEST_ID: plan.request_id, "pdd.pipeline": str(plan.pipeline)}
+        with tracing.span("pdd.prefill.request", plan.trace_context, attributes):
+            await self._prefill_and_ship_traced(plan)
+
+    async def _prefill_and_ship_traced(self, plan: PipelinePlan) -> None:
         prefill: asyncio.Future[Prefilled | None]
         if plan.md_prefills:
             prefill = asyncio.get_running_loop().create_future()
@@ -314,6 +323,16 @@ class PrefillRole(RoleBase):
         The receiver's answer (its hit) is awaited before any KV only where P has no
         prediction of it: across the WAN the router's prediction saves that round trip."""
         codec = self._wan_codec(plan) if target.wan else NO_CODEC
+        attributes = {
+            tracing.REQUEST_ID: plan.request_id, "pdd.kv.path": target.path,
+            "pdd.kv.peer": target.endpoint.instance_id, "pdd.kv.codec": handshake_name(codec),
+        }  # fmt: skip
+        with tracing.span("pdd.kv_transfer", attributes=attributes):
+            await self._path_traced(plan, target, prefill, codec)
+
+    async def _path_traced(
+        self, plan: PipelinePlan, target: Target, prefill: asyncio.Future, codec: KVCodec
+    ) -> None:
         try:
             channel = await self._channel(target)
         except Exception as exc:
@@ -322,7 +341,7 @@ class PrefillRole(RoleBase):
         try:
             await send_meta(
                 channel, plan.request_id, op="prepare", plan=plan.model_dump(mode="json"),
-                codec=handshake_name(codec),
+                codec=handshake_name(codec), trace=tracing.carrier(),
             )  # fmt: skip
         except Exception as exc:
             await self._release(target, channel, reusable=False)
@@ -389,6 +408,17 @@ class PrefillRole(RoleBase):
                 first.set_result(Prefilled(out.new_token_ids[0], out.num_cached_tokens, lp))
 
         params = sampling_params(plan, max_tokens=1)
+        with tracing.span("pdd.prefill", attributes={"pdd.prompt_tokens": len(plan.prompt_ids)}):
+            prefilled = await self._prefill_first(plan, params, first, on_output)
+            tracing.set_attributes({"pdd.cached_tokens": prefilled.cached_tokens})
+        self.metrics.count_prompt(len(plan.prompt_ids), prefilled.cached_tokens)
+        return prefilled
+
+    async def _prefill_first(
+        self, plan: PipelinePlan, params: Any, first: asyncio.Future[Prefilled],
+        on_output: Callable[[RequestOutput], None],
+    ) -> Prefilled:  # fmt: skip
+        """Queue the prompt in the engine and wait for its first token."""
         self.runner.subscribe(plan.request_id, on_output)
         await self.runner.call(
             lambda e: e.add_request(
@@ -396,9 +426,7 @@ class PrefillRole(RoleBase):
                 chunk_break=chunk_break(plan, e.config.max_num_batched_tokens),
             )
         )  # fmt: skip
-        prefilled = await first
-        self.metrics.count_prompt(len(plan.prompt_ids), prefilled.cached_tokens)
-        return prefilled
+        return await first
 
     async def _answer(self, channel: Channel, codec: KVCodec) -> int:
         """The receiver's answer to ``prepare``: the prefix it holds (and locked); it names
@@ -455,6 +483,10 @@ class PrefillRole(RoleBase):
                 done = _done_message(prefilled)
                 await channel.send(MsgType.KV_DONE, request_key(rid), encode_json(done))
             await expect_meta(channel, "imported")
+            tracing.set_attributes(
+                {"pdd.kv.start_token": start, "pdd.kv.raw_bytes": clock.total_kv_bytes,
+                 "pdd.kv.wire_bytes": clock.wire_bytes, "pdd.kv.md_computes": computes}
+            )  # fmt: skip
             if target.wan:
                 self._shipped(plan, clock)
         except Exception as exc:
@@ -524,6 +556,8 @@ class PrefillRole(RoleBase):
             last, blob = taken
             send.clock.sending(last - first, self._bytes_per_token)
             await channel.send(MsgType.KV_CHUNK, key, blob)
+            send.clock.total_kv_bytes += (last - first) * self._bytes_per_token
+            send.clock.wire_bytes += len(blob)
             counter.inc((last - first) * self._bytes_per_token)
             if send.target.wan:
                 self.metrics.wan_kv_wire_bytes.inc(len(blob))
@@ -568,6 +602,7 @@ class PrefillRole(RoleBase):
     ) -> None:
         """Count and log a transfer that did not complete, and report it on P's stream."""
         self.metrics.transfer_failures.labels(target.path).inc()
+        tracing.event("pdd.transfer_failed", {"pdd.error": f"{verb} failed: {exc}"})
         log.warning(
             "%s %s for %s failed: %s", verb, target.endpoint.instance_id, plan.request_id, exc
         )

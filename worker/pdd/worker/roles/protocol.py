@@ -8,7 +8,7 @@ purpose. A channel whose conversation ended cleanly may carry the sender's next 
 failed one is closed.
 
 ``prepare`` (P -> RLD over the fast path, P -> MD over the WAN)
-    META ``{op, plan, codec}`` -> receiver attaches the request (locking the prefix
+    META ``{op, plan, codec, trace}`` -> receiver attaches the request (locking the prefix
     it already holds) and answers META ``{op: "prepared", hit, codec}``; P streams
     KV_CHUNK frames for ``[hit, n)`` and a KV_DONE ``{first_token,
     cached_tokens}`` (cached_tokens: P's own prefix hit, for the stream); the
@@ -22,6 +22,11 @@ failed one is closed.
     = RLD already finished the request). After a non-final chunk MD asks
     META ``{op: "more", have}``; after the final one it sends ACK, and only
     then does RLD free the request's KV.
+
+A conversation's opening META may carry ``trace``: the W3C context (``{"traceparent":
+...}``) of the sender's span for it (P's ``pdd.kv_transfer``, MD's ``pdd.handoff``), so
+the receiver's span joins the request's trace under it (``meta_trace``); empty or absent
+where the sender does not trace.
 
 Either side may answer ERROR ``{code, message}`` instead; the other side ends
 the request with that outcome. P's ERROR whose code is a ``TokenEvent.error_type``
@@ -97,6 +102,16 @@ async def expect_meta(channel: Channel, op: str, timeout_s: float | None = None)
     if msg.get("op") != op:
         raise ProtocolError(f"expected op {op!r} from {channel.peer.name}, got {msg.get('op')!r}")
     return msg
+
+
+def meta_trace(msg: dict[str, Any]) -> dict[str, str] | None:
+    """The META's ``trace`` carrier, None where it has none (or not one of strings)."""
+    trace = msg.get("trace")
+    if not isinstance(trace, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in trace.items()
+    ):
+        return None
+    return trace
 
 
 def int_field(msg: dict[str, Any], name: str) -> int:

@@ -16,18 +16,25 @@ import asyncio
 import logging
 from typing import Any
 
+from pdd.common import tracing
 from pdd.common.handoff import choose_handoff_mode
 from pdd.common.kv_codec import NO_CODEC
 from pdd.common.vocabulary import Role
 from pdd.common.wire import PipelinePlan
 from pdd.worker.roles.base import NoSuchRequestError, RoleBase
-from pdd.worker.roles.kv_receiver import KVReceiveError, first_position_logprobs, receive_kv
+from pdd.worker.roles.kv_receiver import (
+    KVReceiveError,
+    first_position_logprobs,
+    import_attributes,
+    receive_kv,
+)
 from pdd.worker.roles.protocol import (
     FLAG_FINAL,
     FLAG_FINISHED,
     expect,
     expect_meta,
     int_field,
+    meta_trace,
     send_error,
 )
 from pdd.worker.roles.session import DecodeSession
@@ -63,10 +70,11 @@ class RelayRole(RoleBase):
         self.live.add(rid)
         self.hub.get(rid).start()
         try:
-            received = await receive_kv(
-                self, channel, plan, use_cache=True, offered=msg.get("codec", NO_CODEC),
-                attach_wait_s=self.answer_deadline() - asyncio.get_running_loop().time(),
-            )  # fmt: skip
+            with tracing.span("pdd.kv_import", meta_trace(msg), import_attributes(plan, msg)):
+                received = await receive_kv(
+                    self, channel, plan, use_cache=True, offered=msg.get("codec", NO_CODEC),
+                    attach_wait_s=self.answer_deadline() - asyncio.get_running_loop().time(),
+                )  # fmt: skip
         except KVReceiveError as exc:
             self.hub.fail(rid, 0, str(exc), error_type=exc.error_type)
             self.live.discard(rid)
@@ -84,13 +92,22 @@ class RelayRole(RoleBase):
         )  # fmt: skip
         self.sessions[rid] = (plan, session)
         self._signal_arrival()
+        decode = tracing.start_span(
+            "pdd.relay.decode", plan.trace_context, {tracing.REQUEST_ID: rid}
+        )
         self.runner.subscribe(rid, session.on_output)
         await self.runner.call(lambda e: e.resume(rid, [first_token]))
-        self.spawn(self._forget_when_done(rid, session), f"relay-{rid}")
+        self.spawn(self._forget_when_done(rid, session, decode), f"relay-{rid}")
         return True
 
-    async def _forget_when_done(self, rid: str, session: DecodeSession) -> None:
+    async def _forget_when_done(
+        self, rid: str, session: DecodeSession, decode: tracing.Span
+    ) -> None:
         await session.done.wait()
+        decode.set_attributes(
+            {"pdd.streamed_tokens": session.emitted, "pdd.decoded_tokens": len(session.output)}
+        )
+        decode.end()
         self.live.discard(rid)
         # Keep the record a while: MD may still ask, and must learn it finished here.
         await asyncio.sleep(self.settings.transfer_timeout_s)
@@ -125,12 +142,16 @@ class RelayRole(RoleBase):
             return False
         mode = self._mode(plan)
         have = int_field(msg, "have")
+        attributes = {tracing.REQUEST_ID: rid, "pdd.handoff.mode": mode, "pdd.handoff.from": have}
         try:
-            while True:
-                final = await self._hand(channel, plan, session, have, mode)
-                if final:
-                    return True
-                have = int_field(await expect_meta(channel, "more"), "have")
+            with tracing.span("pdd.handoff", meta_trace(msg), attributes) as span:
+                rounds = 1
+                while not await self._hand(channel, plan, session, have, mode):
+                    have = int_field(await expect_meta(channel, "more"), "have")
+                    rounds += 1
+                handed = len(session.output) - int_field(msg, "have")
+                span.set_attributes({"pdd.handoff.rounds": rounds, "pdd.handoff.tokens": handed})
+                return True
         except TransportError as exc:
             log.warning("handoff of %s to %s failed: %s", rid, channel.peer.name, exc)
             self.metrics.transfer_failures.labels("handoff").inc()
