@@ -117,6 +117,16 @@ def test_pdd_up_role_flags_reach_the_stack_config(tmp_path: Path) -> None:
     assert flags[Role.MAIN] == flags[Role.PREFILL] == ("--seed=1",)
 
 
+def test_pdd_up_engine_vllm_reaches_every_mono_worker_and_refuses_other_modes(
+    tmp_path: Path,
+) -> None:
+    args = build_parser().parse_args(["--model", "tiny", "--engine", "vllm", "--worker-arg=-x"])
+    flags = extra_args(stack_config(args, "mono", 8080, tmp_path))
+    assert flags[Role.MONO] == ("--engine=vllm", "-x")
+    with pytest.raises(TopologyError, match="--engine vllm runs --mode mono so far"):
+        stack_config(args, "pdd", 8080, tmp_path)
+
+
 def test_wan_tls_gives_every_worker_the_certificates_as_files() -> None:
     """``pdd up --wan-tls``: the rendered Secret becomes a folder of PEM files per worker,
     named by the flag that the worker reads (``host_argv`` points it at the host copy)."""

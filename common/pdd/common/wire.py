@@ -335,6 +335,8 @@ class EngineInfo(_Wire):
     """What an instance's engine actually got (``GET /health``'s ``engine``, the start-up
     log line, the ``pdd_worker_engine_*`` gauges): settings resolved against the machine."""
 
+    #: The inference engine serving this instance: PDD's own, or vLLM (issue 56).
+    engine: Literal["pdd", "vllm"] = "pdd"
     device: str
     dtype: str
     dtype_reason: str = Field(

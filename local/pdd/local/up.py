@@ -57,6 +57,11 @@ def add_stack_flags(p: argparse.ArgumentParser, default_log_dir: Path | None) ->
         "checkpoint directory or a GGUF file",
     )  # fmt: skip
     p.add_argument("--host", default=d.host, help="address every process listens on")
+    p.add_argument(
+        "--engine", choices=("pdd", "vllm"), default="pdd",
+        help="every worker's engine: PDD's own, or vLLM's AsyncLLM (the pdd[vllm] extra; "
+        "--mode mono so far; vLLM's flags through --worker-arg, e.g. --worker-arg=--dtype=float32)",
+    )  # fmt: skip
     for role in ("prefill", "relay", "main", "mono"):
         p.add_argument(f"--{role}", type=int, default=1, metavar="N", help=f"{role} workers")
     # The WAN line's flags, named as pdd router and pdd wan-link name them.
@@ -114,7 +119,7 @@ def stack_config(args: argparse.Namespace, mode: str, port: int, log_dir: Path) 
         link=LinkSpec(gbps=args.link_gbps, rtt_ms=args.link_rtt_ms, jitter_ms=args.link_jitter_ms),
         redis_url=args.redis,
         log_dir=log_dir,
-        worker_args=tuple(args.worker_arg),
+        worker_args=engine_worker_args(args.engine, mode) + tuple(args.worker_arg),
         role_args=tuple((role, tuple(getattr(args, f"{role}_arg"))) for role in Role),
         router_args=tuple(args.router_arg),
         ready_timeout_s=args.ready_timeout_s,
@@ -122,6 +127,18 @@ def stack_config(args: argparse.Namespace, mode: str, port: int, log_dir: Path) 
         wan_tls=args.wan_tls,
         kv_codec=args.kv_codec,
     )
+
+
+def engine_worker_args(engine: str, mode: str) -> tuple[str, ...]:
+    """The workers' ``--engine`` flag; vLLM serves role mono only so far."""
+    if engine == "pdd":
+        return ()
+    if mode != "mono":
+        raise TopologyError(
+            f"--engine {engine} runs --mode mono so far (P, RLD and MD on vLLM are next), "
+            f"not --mode {mode}"
+        )
+    return (f"--engine={engine}",)
 
 
 def stack_model(requested: str | None) -> str:

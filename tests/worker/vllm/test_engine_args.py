@@ -90,3 +90,13 @@ def test_a_gap_ends_the_exported_prefix(tmp_path: Path) -> None:
     prompt = list(range(10, 40))
     put_chunks(tmp_path, "p", prompt, [(0, 8), (16, 30)])
     assert exported_prefix(tmp_path, "p")[0] == 8
+
+
+def test_an_events_endpoint_turns_vllms_kv_events_on() -> None:
+    """Off unless asked (``pdd generate`` and the connector's tests publish nothing);
+    the vLLM worker asks, on a zmq socket vLLM binds."""
+    assert "kv_events_config" not in engine_kwargs(VllmEngineSettings(model="/m"))
+    settings = VllmEngineSettings(model="/m", kv_events_endpoint="ipc:///e", kv_events_topic="t")
+    assert engine_kwargs(settings)["kv_events_config"] == {
+        "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "ipc:///e", "topic": "t",
+    }  # fmt: skip

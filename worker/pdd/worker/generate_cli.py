@@ -29,7 +29,6 @@ from pathlib import Path
 
 import torch
 
-from pdd.common.model_store import ModelNotPulledError, resolve_model
 from pdd.common.settings import HelpFormatter
 from pdd.common.tokenizer import HFTokenizer
 from pdd.worker.engine import Engine, EngineConfigError
@@ -40,11 +39,9 @@ from pdd.worker.model.loader import IdsOnlyTokenizer, load_model
 from pdd.worker.vllm import offline
 from pdd.worker.vllm.engine_args import VllmEngineSettings
 from pdd.worker.vllm.params import export_params
+from pdd.worker.vllm.worker_config import DEFAULT_KV_BYTES, add_vllm_only_flags, checkpoint
 
 _BLOCK_SIZE = 16
-#: ``--engine vllm``'s KV space unless asked otherwise: the pdd worker's CPU default,
-#: ample for one prompt (vLLM's own default on a CPU reserves 90% of its memory).
-_VLLM_KV_BYTES = 256 << 20
 #: Flags only ``--engine vllm`` reads, and their defaults.
 _VLLM_ONLY = {
     "max_model_len": None,
@@ -128,12 +125,7 @@ def _add_vllm_flags(g: argparse._ArgumentGroup) -> None:
         help="KV cache size, e.g. 256M or 1G (default: 256M unless --gpu-memory-utilization; "
         "$VLLM_CPU_KVCACHE_SPACE, in GiB, overrides it on the CPU)",
     )  # fmt: skip
-    g.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs the model spans")
-    g.add_argument("--kv-cache-dtype", default="auto", help="KV cache dtype (auto: the model's)")
-    g.add_argument(
-        "--enforce-eager", action="store_true",
-        help="no compiled graphs: starts sooner (no warm-up with a set KV size)",
-    )  # fmt: skip
+    add_vllm_only_flags(g)
     g.add_argument(
         "--kv-store", default=None,
         help="folder where instances exchange KV through the PDD connector",
@@ -229,7 +221,7 @@ def run_vllm(args: argparse.Namespace) -> dict[str, object]:
     params = sampling_params(args)
     if args.device != "cpu":
         raise UsageError("--device is the pdd engine's; vLLM runs where its build does")
-    model = _vllm_checkpoint(args.model)
+    model = Path(checkpoint(args.model))
     has_tokenizer = (model / "tokenizer.json").is_file()
     tokenizer = HFTokenizer(model / "tokenizer.json", ()) if has_tokenizer else None
     if args.prompt_ids is not None:
@@ -248,7 +240,7 @@ def run_vllm(args: argparse.Namespace) -> dict[str, object]:
         transfer = export_params(args.export_kv) if args.export_kv else None
     kv_bytes = args.kv_cache_memory_bytes
     if kv_bytes is None and args.gpu_memory_utilization is None:
-        kv_bytes = _VLLM_KV_BYTES
+        kv_bytes = DEFAULT_KV_BYTES  # ample for one prompt (vLLM's own: 90% of memory)
     settings = VllmEngineSettings(
         model=str(model),
         dtype=args.dtype or "float32",
@@ -274,20 +266,6 @@ def run_vllm(args: argparse.Namespace) -> dict[str, object]:
             "kv_transfer_params": out.kv_transfer_params,
         },
     }
-
-
-def _vllm_checkpoint(source: str) -> Path:
-    """The checkpoint directory vLLM loads for ``--model``: a folder or a pulled name."""
-    try:
-        resolved = resolve_model(source)
-    except ModelNotPulledError as exc:
-        raise UsageError(str(exc)) from None
-    if not (Path(resolved) / "config.json").is_file():
-        raise UsageError(
-            f"--engine vllm runs a checkpoint directory (config.json and safetensors); "
-            f"{source!r} is not one"
-        )
-    return Path(resolved)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

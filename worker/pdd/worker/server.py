@@ -41,17 +41,21 @@ from pdd.common.kv_codec import (
 from pdd.common.logs import add_log_flags, configure_logging
 from pdd.common.settings import add_settings, settings_of
 from pdd.common.settings import parser as settings_parser
+from pdd.common.tracing import TracingConfigError, add_tracing_flags, configure_from_args
 from pdd.common.wire import WorkerRefusal
 from pdd.worker.deploy_config import flag_defaults
 from pdd.worker.engine import Engine, EngineConfigError
 from pdd.worker.engine.device import SYSTEM_PROBE, DeviceProbe
 from pdd.worker.engine.kv_codec import fp8_supported
-from pdd.worker.engine_runner import ThreadEngineRunner
+from pdd.worker.engine_runner import EngineRunner, ThreadEngineRunner
 from pdd.worker.instance import ROLES, WorkerInstance
 from pdd.worker.refused_config import ENGINE_SETTINGS, WAN_TLS_FILES, serve_refused
 from pdd.worker.roles.base import WorkerSettings
 from pdd.worker.roles.protocol import split_addr
 from pdd.worker.transport import TlsConfigError, WanTls, load_wan_tls
+from pdd.worker.vllm.offline import VllmNotInstalledError
+from pdd.worker.vllm.startup import start_stoppably
+from pdd.worker.vllm.worker_config import VllmWorkerConfigError, add_engine_flags, vllm_settings
 
 log = logging.getLogger("pdd.worker")
 
@@ -105,8 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_settings(kv, settings_of(EngineSettings), only=kv_size)
     kv.add_argument("--num-blocks", type=int, help="KV cache size in blocks (tests, benchmarks)")
     engine.add_argument(
-        "--block-size", type=int, default=16, help="tokens per KV block (the router's too)"
-    )
+        "--block-size", type=int, default=None,
+        help="tokens per KV block, the router's too (default: 16; with --engine vllm, vLLM's)",
+    )  # fmt: skip
     p.add_argument(
         "--handoff", default="auto", choices=("auto", "one-shot", "catch-up"),
         help="how RLD hands a request to MD: one-shot, catch-up, or auto (by relay load)",
@@ -142,9 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="on SIGTERM, keep serving what is still sent this long (routers poll every "
         "0.5 s; Kubernetes takes a few seconds to drop the pod from its Service)",
     )
+    add_engine_flags(p)
     add_log_flags(p)
+    add_tracing_flags(p)
     return p
 
+
+#: The pdd engine's tokens per KV block unless ``--block-size`` says otherwise.
+PDD_BLOCK_SIZE = 16
 
 #: The flags that size the KV cache (at most one applies; see build_engine).
 KV_SIZE_DESTS = ("num_blocks", "kv_cache_memory_fraction", "kv_cache_gib")
@@ -221,7 +231,7 @@ def build_engine(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) ->
         probe=probe,
         dtype=args.dtype,
         device=args.device,
-        block_size=args.block_size,
+        block_size=args.block_size or PDD_BLOCK_SIZE,
         num_blocks=args.num_blocks,
         kv_budget_bytes=None if args.kv_cache_gib is None else round(args.kv_cache_gib * 2**30),
         kv_cache_memory_fraction=args.kv_cache_memory_fraction,
@@ -232,17 +242,37 @@ def build_engine(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) ->
     )
 
 
+async def build_runner(
+    args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE
+) -> EngineRunner:
+    """The engine and its driver: the pdd engine on its thread, or (``--engine vllm``)
+    vLLM's AsyncLLM on this loop (``pdd.worker.vllm.serving``, imported only then)."""
+    loop = asyncio.get_running_loop()
+    if args.engine == "vllm":
+        from pdd.worker.vllm import serving
+
+        try:
+            settings = vllm_settings(args)
+            engine = await start_stoppably(
+                lambda: serving.start_engine(settings, args.router_block_size)
+            )
+        except (VllmWorkerConfigError, VllmNotInstalledError) as exc:
+            raise ConfigError(str(exc)) from exc
+        return serving.VllmRunner(engine, loop)
+    return ThreadEngineRunner(build_engine(args, probe), loop)
+
+
 async def run(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> None:
     try:
         settings = build_settings(args)
-        engine = build_engine(args, probe)
+        runner = await build_runner(args, probe)
     except (EngineConfigError, TlsConfigError) as exc:
         # Stay up, not ready, saying why: exiting would crash-loop the pod (refused_config).
         refusal = WorkerRefusal(role=args.role, instance_id=args.instance_id, problem=str(exc))
         tls = isinstance(exc, TlsConfigError)
         await serve_refused(refusal, args.http, WAN_TLS_FILES if tls else ENGINE_SETTINGS)
         return
-    worker = WorkerInstance(settings, ThreadEngineRunner(engine, asyncio.get_running_loop()))
+    worker = WorkerInstance(settings, runner)
     await worker.start(args.data, args.wan)
     http_host, http_port = split_addr(args.http)
     server = DrainingServer(
@@ -346,10 +376,30 @@ class DrainingServer(uvicorn.Server):
         drain.add_done_callback(lambda _: setattr(self, "should_exit", True))
 
 
+#: Each role's datacenter: P and the relays sit in A with the router, MD in B.
+ROLE_DATACENTERS = {"prefill": "A", "relay": "A", "main": "B", "mono": "A"}
+
+
+def configure_tracing(args: argparse.Namespace) -> None:
+    """Spans as ``pdd-<role>`` (``OTEL_SERVICE_NAME`` overrides), naming the instance
+    and its datacenter; ``OTEL_RESOURCE_ATTRIBUTES`` adds the pool and the rest."""
+    attributes = {
+        "pdd.role": args.role,
+        "pdd.datacenter": ROLE_DATACENTERS.get(args.role, ""),
+        "service.instance.id": args.instance_id,
+    }
+    configure_from_args(args, f"pdd-{args.role}", attributes)
+
+
 def main(argv: list[str], probe: DeviceProbe = SYSTEM_PROBE) -> int:
     """``pdd worker``; ``probe`` stands in for the machine (tests fake a CPU or a GPU)."""
     args = parse_args(argv)
     configure_logging(args.log_level, args.log_format)
+    try:
+        configure_tracing(args)
+    except TracingConfigError as exc:
+        log.error("%s", exc)
+        return 2
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     try:

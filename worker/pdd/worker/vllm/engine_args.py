@@ -9,7 +9,8 @@ its flags spell them with dashes, so a vLLM user reads PDD's configuration as vL
 ``None`` leaves vLLM's default. No vLLM import: the arguments are plain data, checked
 here without vLLM, and vLLM's ``LLM(**engine_kwargs(...))`` turns the
 ``kv_transfer_config`` dict into its ``KVTransferConfig`` (``EngineArgs``, for
-``AsyncLLM``, takes ``KVTransferConfig(**kwargs["kv_transfer_config"])``).
+``AsyncLLM``, takes ``KVTransferConfig(**kwargs["kv_transfer_config"])``; the same for
+``kv_events_config`` and ``KVEventsConfig``).
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ class VllmEngineSettings:
     seed: int | None = None
     kv_store_dir: str | Path | None = None
     kv_role: KVRole = "kv_both"
+    #: Where vLLM publishes its KV events (zmq PUB; an ``ipc://`` path or ``tcp://*:PORT``
+    #: binds), so the worker renames them into the router's cache events; None: no events.
+    kv_events_endpoint: str | None = None
+    kv_events_topic: str = "pdd-kv"
 
 
 def engine_kwargs(settings: VllmEngineSettings) -> dict[str, Any]:
@@ -80,7 +85,22 @@ def engine_kwargs(settings: VllmEngineSettings) -> dict[str, Any]:
             kwargs[name] = value
     if settings.kv_store_dir is not None:
         kwargs["kv_transfer_config"] = kv_transfer_config(settings.kv_store_dir, settings.kv_role)
+    if settings.kv_events_endpoint is not None:
+        kwargs["kv_events_config"] = kv_events_config(
+            settings.kv_events_endpoint, settings.kv_events_topic
+        )
     return kwargs
+
+
+def kv_events_config(endpoint: str, topic: str) -> dict[str, Any]:
+    """vLLM's ``KVEventsConfig`` fields: every block its prefix cache stores or evicts,
+    published as msgpack ``KVEventBatch``es on a zmq PUB socket bound at ``endpoint``."""
+    return {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": endpoint,
+        "topic": topic,
+    }
 
 
 def kv_transfer_config(store_dir: str | Path, kv_role: KVRole = "kv_both") -> dict[str, Any]:

@@ -19,6 +19,7 @@ from pdd.worker.engine.kv_transfer import KVTransferError, decode_chunk, prefix_
 from pdd.worker.engine.sampling import SamplingParams
 from pdd.worker.vllm.engine_args import VllmEngineSettings, engine_kwargs
 from pdd.worker.vllm.params import import_params
+from pdd.worker.vllm.sampling import vllm_sampling_kwargs
 from pdd.worker.vllm.store import DirectoryKVStore
 
 INSTALL_HINT = "pip install -e '.[vllm]'"
@@ -81,27 +82,32 @@ def generate(
 ) -> OfflineResult:
     """Start vLLM with ``settings``, run ``prompt_ids`` sampled as ``params`` asks (the
     pdd engine's parameters, checked there), stop vLLM."""
+    return generate_all(settings, [prompt_ids], params, kv_transfer_params)[0]
+
+
+def generate_all(
+    settings: VllmEngineSettings,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    kv_transfer_params: dict[str, Any] | None = None,
+) -> list[OfflineResult]:
+    """``generate`` for several prompts in one vLLM start (a reference for many)."""
     try:
         import vllm
     except ImportError as exc:
         raise VllmNotInstalledError(
             f"--engine vllm needs vLLM, the pdd[vllm] extra: {INSTALL_HINT}"
         ) from exc
-    sampling = vllm.SamplingParams(
-        max_tokens=params.max_tokens,
-        temperature=params.temperature,
-        top_k=params.top_k,
-        top_p=params.top_p,
-        seed=params.seed,
-        ignore_eos=params.ignore_eos,
-        detokenize=False,
-        extra_args={"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None,
-    )
+    sampling = vllm.SamplingParams(**vllm_sampling_kwargs(params, kv_transfer_params))
     llm = vllm.LLM(**engine_kwargs(settings))
     try:
-        (out,) = llm.generate([{"prompt_token_ids": prompt_ids}], sampling, use_tqdm=False)
+        inputs = [{"prompt_token_ids": ids} for ids in prompts]
+        outs = llm.generate(inputs, sampling, use_tqdm=False)
     finally:
         llm.llm_engine.engine_core.shutdown()
-    return OfflineResult(
-        list(out.outputs[0].token_ids), int(out.num_cached_tokens or 0), out.kv_transfer_params
-    )
+    return [
+        OfflineResult(
+            list(out.outputs[0].token_ids), int(out.num_cached_tokens or 0), out.kv_transfer_params
+        )
+        for out in outs
+    ]

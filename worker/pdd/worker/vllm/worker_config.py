@@ -1,0 +1,115 @@
+"""``pdd worker --engine vllm``: the worker's flags as vLLM's engine settings.
+
+The worker's engine flags already carry vLLM's names where the pdd engine has the same
+setting (``--max-num-seqs``, ``--gpu-memory-utilization``, ``--max-model-len``,
+``--max-num-batched-tokens``, ``--block-size``, ``--dtype``); the settings only vLLM has
+are added here under its names (``--tensor-parallel-size``, ``--kv-cache-dtype``,
+``--enforce-eager``). A flag vLLM has no use for, or a role not yet served on vLLM, is
+refused with the reason (``VllmWorkerConfigError``; the worker exits 2), never ignored.
+No vLLM import: the settings are checked before vLLM starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+from pdd.common.model_store import ModelNotPulledError, resolve_model
+from pdd.worker.vllm.engine_args import VllmEngineSettings
+
+ENGINES = ("pdd", "vllm")
+#: Roles the vLLM worker serves so far (P, RLD and MD are issue 56's next slices).
+VLLM_ROLES = frozenset({"mono"})
+#: vLLM's KV space unless the flags size it: the pdd worker's CPU default.
+DEFAULT_KV_BYTES = 256 << 20
+#: The router's tokens per block unless ``--router-block-size`` says otherwise (its default).
+ROUTER_BLOCK_SIZE = 16
+
+
+class VllmWorkerConfigError(ValueError):
+    """The worker's flags ask engine vllm for what it does not do; says which."""
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    """``--engine`` and the settings only vLLM reads, by vLLM's names."""
+    parser.add_argument(
+        "--engine", choices=ENGINES, default="pdd",
+        help="the inference engine: PDD's own, or vLLM's AsyncLLM (the pdd[vllm] extra; "
+        "role mono so far)",
+    )  # fmt: skip
+    g = parser.add_argument_group("--engine vllm (vLLM's own flag names)")
+    add_vllm_only_flags(g)
+    g.add_argument(
+        "--router-block-size", type=int, default=ROUTER_BLOCK_SIZE,
+        help="the router's --block-size: vLLM's cached blocks are published as the router's "
+        f"blocks of this many tokens (default: {ROUTER_BLOCK_SIZE}, the router's)",
+    )  # fmt: skip
+
+
+def add_vllm_only_flags(g: argparse._ArgumentGroup) -> None:
+    """The settings vLLM has and the pdd engine does not, by vLLM's names (``pdd worker``
+    and ``pdd generate`` both take them)."""
+    g.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs the model spans")
+    g.add_argument("--kv-cache-dtype", default="auto", help="KV cache dtype (auto: the model's)")
+    g.add_argument(
+        "--enforce-eager", action="store_true",
+        help="no compiled graphs: starts sooner (no warm-up with a set KV size)",
+    )  # fmt: skip
+
+
+def vllm_settings(args: argparse.Namespace) -> VllmEngineSettings:
+    """vLLM's settings from ``pdd worker``'s parsed flags (``VllmWorkerConfigError``)."""
+    if args.router_block_size <= 0:
+        raise VllmWorkerConfigError(
+            f"--router-block-size must be positive, got {args.router_block_size}"
+        )
+    if args.role not in VLLM_ROLES:
+        raise VllmWorkerConfigError(
+            f"--engine vllm serves role {', '.join(sorted(VLLM_ROLES))} so far, not {args.role}"
+        )
+    pdd_only = (("num_blocks", "--num-blocks"), ("max_prompt_tokens", "--max-prompt-tokens"))
+    for dest, flag in pdd_only:
+        if getattr(args, dest) is not None:
+            raise VllmWorkerConfigError(f"{flag} is the pdd engine's; vLLM has no such setting")
+    kv_bytes = None
+    if args.kv_cache_gib is not None:
+        kv_bytes = round(args.kv_cache_gib * 2**30)
+    elif args.kv_cache_memory_fraction is None:
+        kv_bytes = DEFAULT_KV_BYTES
+    return VllmEngineSettings(
+        model=checkpoint(args.model),
+        dtype=args.dtype or "auto",
+        block_size=args.block_size,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_running_requests,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        gpu_memory_utilization=args.kv_cache_memory_fraction,
+        kv_cache_memory_bytes=kv_bytes,
+        tensor_parallel_size=args.tensor_parallel_size,
+        kv_cache_dtype=args.kv_cache_dtype,
+        enforce_eager=args.enforce_eager,
+        seed=0,
+        kv_events_endpoint=kv_events_endpoint(),
+    )
+
+
+def kv_events_endpoint() -> str:
+    """Where this worker's vLLM publishes its KV events: an ipc socket named by the
+    worker's process ID, so instances on one host never collide on a port."""
+    return f"ipc://{tempfile.gettempdir()}/pdd-vllm-kv-events-{os.getpid()}"
+
+
+def checkpoint(source: str) -> str:
+    """The checkpoint directory vLLM loads for ``--model``: a folder or a pulled name."""
+    try:
+        resolved = resolve_model(source)
+    except ModelNotPulledError as exc:
+        raise VllmWorkerConfigError(str(exc)) from None
+    if not (Path(resolved) / "config.json").is_file():
+        raise VllmWorkerConfigError(
+            f"--engine vllm runs a checkpoint directory (config.json and safetensors); "
+            f"{source!r} is not one"
+        )
+    return resolved
