@@ -44,7 +44,11 @@ class CacheFeed:
 
         events, dropped = await self._runner.call(drain)
         if dropped > self._dropped_seen:
+            # The lost events get a cursor of their own, which no subscriber can have
+            # seen: one that was current before them is reset, and once reset (its cursor
+            # now this one or later) it is not reset again while the feed stays idle.
             self._dropped_seen = dropped
+            self._last += 1
             self._valid_after = self._last
         for event in events:
             self._last += 1
