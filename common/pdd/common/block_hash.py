@@ -16,6 +16,9 @@ from collections.abc import Sequence
 
 #: The parent hash of the first block of every sequence.
 ROOT_HASH = 0
+#: Tokens per block unless a deployment sets its own: the workers' KV block and the
+#: router's prefix-index block, which must agree (one setting, spec.blockSize / --block-size).
+DEFAULT_BLOCK_SIZE = 16
 
 _MASK64 = (1 << 64) - 1
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from pdd.common.block_hash import DEFAULT_BLOCK_SIZE
 from pdd.common.config_document import ConfigDocument
 from pdd.common.cost_model import LinkState, kv_bytes_per_token, kv_bytes_per_token_from_hf_config
 from pdd.common.gguf_file import GGUFModelFile, gguf_checkpoint
@@ -155,7 +156,9 @@ class RouterConfig:
             field="wan.mdRecomputeMaxTokens",
         ),
     )
-    block_size: int = field(default=16, metadata=setting("tokens per KV block (the workers')"))
+    block_size: int = field(
+        default=DEFAULT_BLOCK_SIZE, metadata=setting("tokens per KV block (the workers')")
+    )
     host: str = field(default="0.0.0.0", metadata=setting("address to listen on"))
     port: int = field(
         default=8080, metadata=setting("port of the OpenAI API", field="ports.router")

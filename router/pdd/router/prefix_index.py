@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from pdd.common.block_hash import block_hashes
+from pdd.common.block_hash import DEFAULT_BLOCK_SIZE, block_hashes
 from pdd.common.cache_events import AllCleared, BlockRemoved, BlockStored, CacheEvent
 
 
@@ -33,7 +33,7 @@ class BlockSizeMismatchError(ValueError):
 @dataclass(frozen=True)
 class PrefixIndexConfig:
     #: Tokens per block; must equal every worker's cache block size.
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     #: Seconds an entry lives without being stored again or confirmed. Long enough
     #: that a conversation's next turn (seconds to minutes later) still finds it.
     ttl_s: float = 600.0

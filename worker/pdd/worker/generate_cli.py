@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from pdd.common.block_hash import DEFAULT_BLOCK_SIZE
 from pdd.common.settings import HelpFormatter
 from pdd.common.tokenizer import HFTokenizer
 from pdd.worker.engine import Engine, EngineConfigError
@@ -41,7 +42,6 @@ from pdd.worker.vllm.engine_args import VllmEngineSettings
 from pdd.worker.vllm.params import export_params
 from pdd.worker.vllm.worker_config import DEFAULT_KV_BYTES, add_vllm_only_flags, checkpoint
 
-_BLOCK_SIZE = 16
 #: Flags only ``--engine vllm`` reads, and their defaults.
 _VLLM_ONLY = {
     "max_model_len": None,
@@ -202,7 +202,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     if prompt_ids is None:
         prompt_ids = loaded.tokenizer.encode(args.prompt)
     length = len(prompt_ids) + args.max_tokens
-    block_size = _BLOCK_SIZE if args.block_size is None else args.block_size
+    block_size = DEFAULT_BLOCK_SIZE if args.block_size is None else args.block_size
     engine = Engine(
         loaded,
         block_size=block_size,

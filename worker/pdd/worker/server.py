@@ -26,6 +26,7 @@ from types import FrameType
 import torch
 import uvicorn
 
+from pdd.common.block_hash import DEFAULT_BLOCK_SIZE
 from pdd.common.config_document import (
     ConfigDocumentError,
     EngineSettings,
@@ -153,9 +154,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-#: The pdd engine's tokens per KV block unless ``--block-size`` says otherwise.
-PDD_BLOCK_SIZE = 16
-
 #: The flags that size the KV cache (at most one applies; see build_engine).
 KV_SIZE_DESTS = ("num_blocks", "kv_cache_memory_fraction", "kv_cache_gib")
 
@@ -231,7 +229,7 @@ def build_engine(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) ->
         probe=probe,
         dtype=args.dtype,
         device=args.device,
-        block_size=args.block_size or PDD_BLOCK_SIZE,
+        block_size=args.block_size or DEFAULT_BLOCK_SIZE,
         num_blocks=args.num_blocks,
         kv_budget_bytes=None if args.kv_cache_gib is None else round(args.kv_cache_gib * 2**30),
         kv_cache_memory_fraction=args.kv_cache_memory_fraction,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pdd.common.block_hash import DEFAULT_BLOCK_SIZE
+
 #: The KV cache when nothing sizes it: most of a GPU's free memory (vLLM's 0.9 default)...
 DEFAULT_CUDA_KV_FRACTION = 0.9
 #: ... but a modest fixed size on the CPU, whose memory the host and other processes share.
@@ -24,7 +26,7 @@ class EngineConfig:
 
     dtype: str | None = None  # None or "auto": bfloat16 on CUDA, the checkpoint's own on CPU
     device: str = "cpu"  # "auto": CUDA when one is visible
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     num_blocks: int | None = None
     kv_budget_bytes: int | None = None
     kv_cache_memory_fraction: float | None = None

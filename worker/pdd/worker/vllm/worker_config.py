@@ -16,6 +16,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from pdd.common.block_hash import DEFAULT_BLOCK_SIZE
 from pdd.common.model_store import ModelNotPulledError, resolve_model
 from pdd.worker.vllm.engine_args import VllmEngineSettings
 
@@ -24,8 +25,6 @@ ENGINES = ("pdd", "vllm")
 VLLM_ROLES = frozenset({"mono"})
 #: vLLM's KV space unless the flags size it: the pdd worker's CPU default.
 DEFAULT_KV_BYTES = 256 << 20
-#: The router's tokens per block unless ``--router-block-size`` says otherwise (its default).
-ROUTER_BLOCK_SIZE = 16
 
 
 class VllmWorkerConfigError(ValueError):
@@ -42,9 +41,9 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("--engine vllm (vLLM's own flag names)")
     add_vllm_only_flags(g)
     g.add_argument(
-        "--router-block-size", type=int, default=ROUTER_BLOCK_SIZE,
+        "--router-block-size", type=int, default=DEFAULT_BLOCK_SIZE,
         help="the router's --block-size: vLLM's cached blocks are published as the router's "
-        f"blocks of this many tokens (default: {ROUTER_BLOCK_SIZE}, the router's)",
+        f"blocks of this many tokens (default: {DEFAULT_BLOCK_SIZE}, the router's)",
     )  # fmt: skip
 
 
