@@ -2,9 +2,12 @@
 
 Pure on purpose (no asyncio, no torch, no clock of its own: every call passes ``now``
 in seconds of the caller's clock). The worker's channel ends feed it (see
-``pdd.worker.transport.metering``) and export it to Prometheus; the link estimator that
-the router and the simulator will share (issue 14 item 2) reads the same
-``LinkSnapshot``, so what a dashboard shows and what routing decides on are one number.
+``pdd.worker.transport.metering``) and export it to Prometheus. It is the line as the
+workers see it, frame by frame; the router decides on its own estimate
+(``pdd.common.link_estimator``, shared with the simulator), learnt from each transfer's
+dispatch-to-landing time, because the router sees no frame. The two are separate
+measurements of one line: a dashboard that sets them side by side shows how far the
+router's view is from the workers'.
 
 A link is directed: ``src`` sends, ``dst`` receives. Both ends of a channel measure it,
 each with what it can see (``LinkMeter``'s methods say which end calls what).
