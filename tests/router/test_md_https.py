@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from pdd.common.wan_tls import CA_FILE, load_wan_ca
-from pdd.local.cluster import HOST, free_port
+from pdd.local.cluster import ADDRESS_IN_USE, HOST, PORT_ATTEMPTS, free_port
 from pdd.local.supervisor import spawn_pdd
 from pdd.operator.builders.wan_tls import new_wan_tls
 from pdd.testing.waiting import until_sync
@@ -125,28 +125,43 @@ def workers(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[Worker
     tls = request.param
     tmp = tmp_path_factory.mktemp("md-https-tls" if tls else "md-https-plain")
     tls_dir = write_material(tmp / "wan-tls", new_wan_tls("chat").files()) if tls else None
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        stack = ExitStack()
+        try:
+            started = start_workers(stack, tmp / f"attempt-{attempt}", tls_dir)
+            break
+        except RuntimeError as exc:  # a port free_port handed out was taken before the bind
+            stack.close()
+            if ADDRESS_IN_USE not in str(exc) or attempt == PORT_ATTEMPTS:
+                raise
+    with stack:
+        yield started
+
+
+def start_workers(stack: ExitStack, logs: Path, tls_dir: Path | None) -> Workers:
+    """P and MD on ports drawn now, ready; their clean-up goes on ``stack``."""
+    logs.mkdir()
     env = {**os.environ, "PDD_SHARED_SECRET": SECRET, "OMP_NUM_THREADS": "1"}
     p_http, md_http = free_port(), free_port()
     tap = Wiretap((HOST, md_http))
+    stack.callback(tap.close)
     main_argv = worker_argv("main", "md", md_http, tls_dir)
     main_argv += ["--advertise-http", f"{HOST}:{tap.port}"]  # the router's calls cross the tap
     urls = {
         "p": f"http://{HOST}:{p_http}",
-        "md": f"{'https' if tls else 'http'}://{HOST}:{md_http}",
+        "md": f"{'https' if tls_dir is not None else 'http'}://{HOST}:{md_http}",
     }
     verify: ssl.SSLContext | bool = load_wan_ca(tls_dir) if tls_dir is not None else True
-    with ExitStack() as stack:
-        stack.callback(tap.close)
-        started = []
-        for name, argv in (("p", worker_argv("prefill", "p", p_http, tls_dir)), ("md", main_argv)):
-            log = tmp / f"{name}.log"
-            proc = spawn_pdd(argv, log, env)
-            stack.callback(stop, proc)
-            started.append((urls[name], proc, log))
-        for url, proc, log in started:
-            ready = functools.partial(answers, f"{url}/ready", verify, proc, log)
-            until_sync(ready, f"{url}/ready")
-        yield Workers(urls["p"], urls["md"], tap, tls_dir)
+    started = []
+    for name, argv in (("p", worker_argv("prefill", "p", p_http, tls_dir)), ("md", main_argv)):
+        log = logs / f"{name}.log"
+        proc = spawn_pdd(argv, log, env)
+        stack.callback(stop, proc)
+        started.append((urls[name], proc, log))
+    for url, proc, log in started:
+        ready = functools.partial(answers, f"{url}/ready", verify, proc, log)
+        until_sync(ready, f"{url}/ready")
+    return Workers(urls["p"], urls["md"], tap, tls_dir)
 
 
 def stop(proc: subprocess.Popen) -> None:
