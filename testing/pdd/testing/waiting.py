@@ -8,8 +8,9 @@ polls in loop time, so under a virtual clock it is exact and costs nothing.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -25,18 +26,24 @@ class WaitTimeout(AssertionError):
 
 
 async def until(
-    condition: Callable[[], T],
+    condition: Callable[[], T | Awaitable[T]],
     what: str,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     every_s: float = 0.01,
 ) -> T:
     """Poll ``condition`` (on the event loop) until it returns something truthy; return that.
+    ``condition`` may be a coroutine function (a poll over HTTP, say): it is awaited.
 
     An exception from ``condition`` (say, "the process died") ends the wait at once.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    while not (value := condition()):
+
+    async def check() -> T:
+        value = condition()
+        return await value if inspect.isawaitable(value) else value  # type: ignore[return-value]
+
+    while not (value := await check()):
         if loop.time() > deadline:
             raise WaitTimeout(f"{what}: not within {timeout_s}s")
         await asyncio.sleep(every_s)

@@ -277,11 +277,11 @@ async def test_the_router_predicts_the_prefix_vllm_holds(
         view = RouterView(client, ready.url)
         first = await run_request(client, ready.url, one_token("kv-events-1", prompt))
         assert [e.error for e in first if e.error] == []
-        predicted = 0
-        async with asyncio.timeout(120):  # vLLM publishes after its step: wait for the blocks
-            while predicted < held:
-                await asyncio.sleep(0.05)
-                predicted = await view.predicted_hit(extended)
+        async def all_blocks_seen() -> int | None:  # vLLM publishes after its step
+            hit = await view.predicted_hit(extended)
+            return hit if hit >= held else None
+
+        predicted = await until(all_blocks_seen, "the index holds the prompt's blocks", 120, 0.05)
         again = await run_request(client, ready.url, one_token("kv-events-2", extended))
     finally:
         await client.aclose()
