@@ -34,9 +34,10 @@ import pytest
 import yaml
 
 from pdd.common.tokenizer import ByteTokenizer
+from pdd.common.vocabulary import COMPONENT_LABEL
 from pdd.local.cluster import LinkSpec
 from pdd.local.hostnet import start_host_pods
-from pdd.local.manifests import COMPONENT_LABEL, ClusterObjects, HostAddressing, plan_pods
+from pdd.local.manifests import ClusterObjects, HostAddressing, plan_pods
 from pdd.operator.render import render_file
 from pdd.testing.pods import RunningPods, start_pods
 from pdd.testing.waiting import until_sync

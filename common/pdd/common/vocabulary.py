@@ -59,3 +59,7 @@ class ToolCallFormat(StrEnum):
 #: The gauge each relay pod exports and its HPA scales on (through a custom-metrics
 #: adapter): the worker's metric, the operator's HPA and the chart's adapter rule.
 RELAY_LOAD_METRIC = "pdd_worker_relay_load"
+
+#: The Kubernetes label naming a pod's component (prefill, relay, main, router, redis):
+#: the operator puts it on what it renders, ``pdd up`` reads it back from the same objects.
+COMPONENT_LABEL = "app.kubernetes.io/component"

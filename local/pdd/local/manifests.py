@@ -27,12 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pdd.common.vocabulary import COMPONENT_LABEL
 from pdd.local.supervisor import PDD_PROGRAM
 
 #: Image repository -> its entrypoint, for containers without a ``command``.
 DEFAULT_ENTRYPOINTS: dict[str, tuple[str, ...]] = {"redis": ("redis-server",)}
-#: The label that names a pod's component (prefill, relay, main, router, redis).
-COMPONENT_LABEL = "app.kubernetes.io/component"
 #: The resources a CPU-only machine cannot give a pod.
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
 

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pdd.common.kv_codec import NO_CODEC, KVCodecSetting
-from pdd.common.vocabulary import Role
+from pdd.common.vocabulary import COMPONENT_LABEL, Role
 from pdd.local.cluster import LinkSpec
-from pdd.local.manifests import COMPONENT_LABEL, ClusterObjects
+from pdd.local.manifests import ClusterObjects
 
 Mode = Literal["pdd", "naive", "samedc", "mono"]
 MODES: tuple[Mode, ...] = ("mono", "samedc", "naive", "pdd")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from pdd.common.vocabulary import COMPONENT_LABEL as COMPONENT_LABEL  # the pod label
 from pdd.common.vocabulary import PDD_ROLES, Role
 from pdd.common.vocabulary import RELAY_LOAD_METRIC as RELAY_LOAD_METRIC  # the HPA metric
 
@@ -31,7 +32,6 @@ CONFIG_HASH_ANNOTATION = "pdd.dev/config-hash"
 OWNER_UID_LABEL = "pdd.dev/owner-uid"
 OWNER_NAMESPACE_LABEL = "pdd.dev/owner-namespace"
 DEPLOYMENT_LABEL = "pdd.dev/deployment"
-COMPONENT_LABEL = "app.kubernetes.io/component"
 
 #: Worker HTTP API (+ /metrics, /health), the data port for peers in the same datacenter,
 #: the data port for peers across the WAN (its own Service, so that cluster B's traffic can
