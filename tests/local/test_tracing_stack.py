@@ -5,8 +5,9 @@ on P-RLD-MD sent with a client ``traceparent``, one trace under the client's spa
 spans come from the router, P, RLD and MD (``service.name`` distinct per role), every
 parent link inside the trace intact: each KV transfer parents its receiver's import, MD's
 extend parents the relay's handoff (the context crossed in the channels' META), the WAN
-transfer counts the bytes P's WAN meter counted; and ``pdd trace`` draws the same request
-from the stack's ``traces.jsonl``.
+transfer counts the bytes P's WAN meter counted; the router's TTFT histogram carries the
+trace id as an OpenMetrics exemplar; and ``pdd trace`` draws the same request from the
+stack's ``traces.jsonl``.
 """
 
 from __future__ import annotations
@@ -104,6 +105,13 @@ def test_one_trace_across_router_p_rld_md(traced: tuple[Up, OtlpReceiver]) -> No
     assert {i.service for i in imports} == {"pdd-relay", "pdd-main"}
     (handoff,) = [s for s in spans if s.name == "pdd.handoff"]  # RLD's, under MD's extend
     assert by_id[handoff.parent_id].name == "pdd.extend"  # type: ignore[index]
+
+    # The TTFT sample links to the trace, where the scraper asks for OpenMetrics.
+    page = httpx.get(f"{up.info.router_url}/metrics", timeout=30,
+                     headers={"Accept": "application/openmetrics-text; version=1.0.0"})  # fmt: skip
+    assert page.headers["content-type"].startswith("application/openmetrics-text")
+    ttft = [line for line in page.text.splitlines() if line.startswith("pdd_router_ttft_seconds_b")]
+    assert any(f'# {{trace_id="{CLIENT_TRACE}"}}' in line for line in ttft), ttft
 
     view = subprocess.run(
         [sys.executable, "-m", "pdd.cli", "trace", request_id,

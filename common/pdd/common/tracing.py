@@ -315,10 +315,13 @@ def attached(ctx: otel_context.Context | None) -> Iterator[None]:
 
 
 def event(name: str, attributes: Attributes | None = None, on: Span | None = None) -> None:
-    """A span event (failover, re-dispatch, drain) on ``on`` or the current span."""
+    """A span event (failover, re-dispatch, drain) on ``on`` or the current span; none on
+    a span already ended (a report that came after the request's answer)."""
     if _State.tracer is None:
         return
-    (on or trace.get_current_span()).add_event(name, attributes=attributes)
+    target = on or trace.get_current_span()
+    if target.is_recording():
+        target.add_event(name, attributes=attributes)
 
 
 def trace_id_hex(span: Span | None = None) -> str | None:

@@ -24,6 +24,12 @@ class Role(StrEnum):
 PDD_ROLES: tuple[Role, ...] = (Role.PREFILL, Role.RELAY, Role.MAIN)
 
 
+def datacenter(component: str) -> str:
+    """The datacenter a component runs in (a trace's ``pdd.datacenter``): MD in B; the
+    router, P, the relays (and mono, the single-instance baseline) in A."""
+    return "B" if component == Role.MAIN else "A"
+
+
 class Pipeline(StrEnum):
     """The instances one request visits, in order."""
 

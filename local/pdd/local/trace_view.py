@@ -11,18 +11,15 @@ route's pipeline and reason, a KV transfer's path, codec and bytes, a handoff's 
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import sys
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pdd.common.settings import parser as settings_parser
-from pdd.common.tracing import REQUEST_ID, TRACES_FILE
+from pdd.common.tracing import TRACES_FILE
+from pdd.local.trace_query import Backend, TraceQueryError, fetch
+from pdd.local.trace_spans import SpanRecord, TraceNotFound, parse_lines, select
 
-_TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
 #: The attributes shown beside a span, in this order, under these short names.
 DETAILS = (
     ("pdd.pipeline", "pipeline"), ("pdd.reason_code", "reason"), ("pdd.kv.path", "path"),
@@ -33,82 +30,6 @@ DETAILS = (
     ("pdd.streamed_tokens", "streamed"), ("pdd.finish_reason", "finish"),
     ("http.response.status_code", "status"),
 )  # fmt: skip
-
-
-@dataclass
-class SpanRecord:
-    trace_id: str
-    span_id: str
-    parent_id: str | None
-    name: str
-    service: str
-    start_ns: int
-    end_ns: int
-    attributes: dict[str, Any] = field(default_factory=dict)
-    events: list[str] = field(default_factory=list)
-
-    @property
-    def duration_ms(self) -> float:
-        return (self.end_ns - self.start_ns) / 1e6
-
-
-class TraceNotFound(LookupError):
-    pass
-
-
-def _value(v: dict[str, Any]) -> Any:
-    """An OTLP ``AnyValue`` as Python."""
-    for key in ("stringValue", "boolValue", "doubleValue"):
-        if key in v:
-            return v[key]
-    if "intValue" in v:
-        return int(v["intValue"])
-    if "arrayValue" in v:
-        return [_value(x) for x in v["arrayValue"].get("values", [])]
-    return None
-
-
-def _attributes(items: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    return {a["key"]: _value(a.get("value", {})) for a in items}
-
-
-def parse_lines(lines: Iterable[str]) -> Iterator[SpanRecord]:
-    """Every span of OTLP JSON lines (``{"resourceSpans": [...]}`` each); lines that
-    are not such JSON are skipped (a line cut short by a process killed mid-write)."""
-    for line in lines:
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            continue
-        for rs in doc.get("resourceSpans", []) if isinstance(doc, dict) else []:
-            resource = _attributes(rs.get("resource", {}).get("attributes", []))
-            service = str(resource.get("service.name", "?"))
-            for ss in rs.get("scopeSpans", []):
-                for s in ss.get("spans", []):
-                    yield SpanRecord(
-                        trace_id=s["traceId"], span_id=s["spanId"],
-                        parent_id=s.get("parentSpanId") or None, name=s.get("name", "?"),
-                        service=service, start_ns=int(s["startTimeUnixNano"]),
-                        end_ns=int(s["endTimeUnixNano"]),
-                        attributes=_attributes(s.get("attributes", [])),
-                        events=[e.get("name", "?") for e in s.get("events", [])],
-                    )  # fmt: skip
-
-
-def select(spans: list[SpanRecord], key: str) -> list[SpanRecord]:
-    """The spans of the trace ``key`` names: a trace id (32 hex digits), or a request id
-    some span carries (``pdd.request_id``, or an attempt of it: ``ID-rN``)."""
-    if _TRACE_ID.match(key):
-        chosen = {key}
-    else:
-        chosen = {
-            s.trace_id for s in spans
-            if (rid := str(s.attributes.get(REQUEST_ID, ""))) == key or rid.startswith(f"{key}-r")
-        }  # fmt: skip
-    found = [s for s in spans if s.trace_id in chosen]
-    if not found:
-        raise TraceNotFound(f"no span of trace or request {key!r}")
-    return found
 
 
 def ordered(spans: list[SpanRecord]) -> list[tuple[int, SpanRecord]]:
@@ -166,24 +87,58 @@ def waterfall(spans: list[SpanRecord], width: int = 40) -> Any:
 def build_parser() -> argparse.ArgumentParser:
     p = settings_parser("pdd trace", __doc__.splitlines()[0])
     p.add_argument("key", metavar="REQUEST_ID|TRACE_ID", help="x-pdd-request-id or a trace id")
-    p.add_argument(
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
         "--from", dest="source", type=Path, default=Path("pdd-logs") / TRACES_FILE,
         help="OTLP JSON lines to read (default: pdd-logs/traces.jsonl, what `pdd up` writes)",
+    )  # fmt: skip
+    where.add_argument(
+        "--jaeger", metavar="URL",
+        help="ask this Jaeger query service (http://HOST:16686) instead of reading a file",
+    )  # fmt: skip
+    where.add_argument(
+        "--tempo", metavar="URL",
+        help="ask this Tempo's HTTP API (http://HOST:3200) instead of reading a file",
+    )  # fmt: skip
+    p.add_argument(
+        "--service", default="pdd-router",
+        help="with --jaeger and a request id: the service whose spans carry it (the "
+        "router's OTEL_SERVICE_NAME; default: pdd-router)",
+    )  # fmt: skip
+    p.add_argument(
+        "--lookback-hours", type=float, default=24.0,
+        help="with --jaeger or --tempo and a request id: how far back to search (default: 24)",
     )  # fmt: skip
     p.add_argument("--width", type=int, default=40, help="the time axis' width, in columns")
     return p
 
 
+def _spans(args: argparse.Namespace) -> list[SpanRecord]:
+    """The chosen trace's spans, from the backend or the file the flags name."""
+    if args.jaeger or args.tempo:
+        backend, url = (Backend.JAEGER, args.jaeger) if args.jaeger else (Backend.TEMPO, args.tempo)
+        spans = fetch(backend, url, args.key, args.service, args.lookback_hours * 3600)
+        return select(spans, args.key)
+    with args.source.open(encoding="utf-8") as f:
+        return select(list(parse_lines(f)), args.key)
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if args.lookback_hours <= 0:
+        print("pdd trace: --lookback-hours must be more than 0", file=sys.stderr)
+        return 2
     try:
-        with args.source.open(encoding="utf-8") as f:
-            spans = select(list(parse_lines(f)), args.key)
+        spans = _spans(args)
     except OSError as exc:
         print(f"pdd trace: cannot read {args.source}: {exc.strerror}", file=sys.stderr)
         return 2
-    except TraceNotFound as exc:
-        print(f"pdd trace: {exc} in {args.source}", file=sys.stderr)
+    except TraceQueryError as exc:
+        print(f"pdd trace: {exc}", file=sys.stderr)
+        return 2
+    except TraceNotFound as exc:  # a backend's message names it; a file's does not
+        where = "" if args.jaeger or args.tempo else f" in {args.source}"
+        print(f"pdd trace: {exc}{where}", file=sys.stderr)
         return 1
     from rich.console import Console
 

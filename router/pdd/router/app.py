@@ -42,7 +42,6 @@ from pdd.router.errors import (
     PayloadTooLargeError,
     RouterError,
 )
-from pdd.router.metrics import CONTENT_TYPE_LATEST
 from pdd.router.openapi import document_bodies
 from pdd.router.request_body import check_content_type, decode_json
 from pdd.router.runtime import RouterRuntime
@@ -94,9 +93,10 @@ def create_app(runtime: RouterRuntime) -> FastAPI:
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
         runtime.refresh_gauges()
-        return Response(runtime.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        body, content_type = runtime.metrics.exposition(request.headers.get("accept", ""))
+        return Response(body, media_type=content_type)
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict:

@@ -324,11 +324,16 @@ class Generation:
         """P could not send this request's KV over the WAN: the line is in doubt."""
         assert report.link_fault is not None
         self.runtime.link_health.failed(report.link_fault, report.error or "")
+        tracing.event(
+            "pdd.link_fault",
+            {"pdd.link.fault": report.link_fault.value, "pdd.failed": report.culprit or "",
+             "pdd.error": report.error or ""},
+        )  # fmt: skip
 
     def _count(self, from_relay: bool) -> None:
         self.completion_tokens += 1
         self.relayed_tokens += from_relay
-        self.runtime.metrics.tokens.labels("relay" if from_relay else "main").inc()
+        self.runtime.metrics.tokens_from["relay" if from_relay else "main"].inc()
 
 
 def _exemplar() -> dict[str, str] | None:

@@ -13,11 +13,11 @@ name), no label named ``instance`` or ``job`` (Prometheus' own target labels).
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.exposition import choose_encoder
 
 from pdd.common import tracing
 
-__all__ = ["CONTENT_TYPE_LATEST", "RouterMetrics"]
+__all__ = ["RouterMetrics"]
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _RATIO_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
@@ -152,3 +152,10 @@ class RouterMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def exposition(self, accept: str) -> tuple[bytes, str]:
+        """The page in the format the scraper's ``Accept`` asks for, and its content type:
+        OpenMetrics (which carries the TTFT and ITL histograms' trace-id exemplars) where
+        asked for, else the classic text format."""
+        encode, content_type = choose_encoder(accept)
+        return encode(self.registry), content_type

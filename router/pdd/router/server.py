@@ -26,7 +26,7 @@ from pdd.common.logs import add_log_flags, configure_logging
 from pdd.common.settings import add_settings, settings_of
 from pdd.common.settings import parser as settings_parser
 from pdd.common.tracing import add_tracing_flags, configure_from_args
-from pdd.common.vocabulary import Role
+from pdd.common.vocabulary import Role, datacenter
 from pdd.router.app import create_app
 from pdd.router.config import (
     ConfigError,
@@ -120,7 +120,8 @@ def main(argv: list[str]) -> int:
     configure_logging(args.log_level, args.log_format)
     try:
         config = build_config(args)
-        configure_from_args(args, "pdd-router", {"pdd.role": "router", "pdd.datacenter": "A"})
+        attributes = {"pdd.role": "router", "pdd.datacenter": datacenter("router")}
+        configure_from_args(args, "pdd-router", attributes)
         runtime = RouterRuntime(config)
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         log.error("%s", exc)

@@ -37,6 +37,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from pdd.common import tracing
 from pdd.common.grammar import GRAMMAR_ERROR_TYPE
 from pdd.common.token_stream import TokenStreamMerger
 from pdd.common.vocabulary import Pipeline
@@ -307,6 +308,12 @@ async def _route_around(
         failed,
         merger.errors.get(failed),
     )
+    survivor = plan.main if failed == plan.relay.instance_id else plan.relay
+    tracing.event(
+        "pdd.failover",
+        {"pdd.failed": failed, "pdd.failover.to": survivor.instance_id,
+         "pdd.emitted_tokens": len(merger.token_ids), "pdd.error": merger.errors.get(failed, "")},
+    )  # fmt: skip
     with contextlib.suppress(WorkerCallError):
         if failed == plan.relay.instance_id:
             await client.handoff(plan.main.http_url, plan.request_id, merger.token_ids)

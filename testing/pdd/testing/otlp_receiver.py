@@ -28,6 +28,8 @@ class ReceivedSpan:
     name: str
     service: str
     attributes: dict[str, Any]
+    #: The span's events' names, in order (failover, link fault, transfer failed).
+    events: tuple[str, ...] = ()
 
 
 def _value(v: Any) -> Any:
@@ -49,6 +51,7 @@ def decode(body: bytes) -> list[ReceivedSpan]:
                         parent_id=s.parent_span_id.hex() or None, name=s.name,
                         service=str(resource.get("service.name")),
                         attributes={a.key: _value(a.value) for a in s.attributes},
+                        events=tuple(e.name for e in s.events),
                     )
                 )  # fmt: skip
     return out

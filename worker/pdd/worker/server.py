@@ -43,6 +43,7 @@ from pdd.common.logs import add_log_flags, configure_logging
 from pdd.common.settings import add_settings, settings_of
 from pdd.common.settings import parser as settings_parser
 from pdd.common.tracing import TracingConfigError, add_tracing_flags, configure_from_args
+from pdd.common.vocabulary import datacenter
 from pdd.common.wire import WorkerRefusal
 from pdd.worker.deploy_config import flag_defaults
 from pdd.worker.engine import Engine, EngineConfigError
@@ -374,16 +375,12 @@ class DrainingServer(uvicorn.Server):
         drain.add_done_callback(lambda _: setattr(self, "should_exit", True))
 
 
-#: Each role's datacenter: P and the relays sit in A with the router, MD in B.
-ROLE_DATACENTERS = {"prefill": "A", "relay": "A", "main": "B", "mono": "A"}
-
-
 def configure_tracing(args: argparse.Namespace) -> None:
     """Spans as ``pdd-<role>`` (``OTEL_SERVICE_NAME`` overrides), naming the instance
     and its datacenter; ``OTEL_RESOURCE_ATTRIBUTES`` adds the pool and the rest."""
     attributes = {
         "pdd.role": args.role,
-        "pdd.datacenter": ROLE_DATACENTERS.get(args.role, ""),
+        "pdd.datacenter": datacenter(args.role),
         "service.instance.id": args.instance_id,
     }
     configure_from_args(args, f"pdd-{args.role}", attributes)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pdd.common.vocabulary import datacenter
 from pdd.operator.builders.meta import Site
 from pdd.operator.naming import Component, Owner
 from pdd.operator.spec import PDDSpec
@@ -19,11 +20,6 @@ from pdd.operator.spec import PDDSpec
 SAMPLER = "parentbased_traceidratio"
 #: The variable ``_common_env`` sets to the pod's name, expanded by kubelet in later values.
 POD_NAME_REF = "$(PDD_INSTANCE_ID)"
-
-
-def datacenter(role: Component) -> str:
-    """MD runs in datacenter B; the router, P and RLD in A."""
-    return "B" if role is Component.MAIN else "A"
 
 
 def pool_name(spec: PDDSpec, role: Component) -> str | None:
