@@ -3,9 +3,10 @@
 #
 # Build from the repository root:
 #   docker build -f docker/operator.Dockerfile -t ghcr.io/pdd-project/pdd-operator:0.1.0 .
-# The base package only: the `pdd` command (cli/), pdd.common and pdd.operator, no worker code
-# and no torch (the layering contracts in pyproject.toml keep it so; `pdd` loads components
-# lazily).
+# The base package only: the `pdd` command (cli/), pdd.common and pdd.operator, plus the
+# simulator's torch-free planner that the operator runs (pdd.simulator.planner: the loop and
+# the scenarios' step model), no worker code and no torch (the layering contracts in
+# pyproject.toml keep it so; `pdd` loads components lazily).
 ARG PYTHON_IMAGE=python:3.11-slim
 
 FROM ${PYTHON_IMAGE} AS build
@@ -17,6 +18,7 @@ COPY pyproject.toml setup.py README.md ./
 COPY cli cli
 COPY common common
 COPY operator operator
+COPY simulator simulator
 RUN pip install .
 
 FROM ${PYTHON_IMAGE}

@@ -127,8 +127,11 @@ def test_remote_children_are_allowed_by_the_cluster_b_role() -> None:
     [role] = [d for d in docs if d["kind"] == "Role"]
     assert role["metadata"]["namespace"] == remote_cr["spec"]["remoteCluster"]["namespace"]
     granted = _grants(role["rules"])
-    kinds = _child_kinds(remote_cr, Cluster.REMOTE)
-    assert "Deployment" in kinds
+    planned = copy.deepcopy(remote_cr)  # with the planner, MD's HPA goes to cluster B too
+    planned["spec"]["slo"] = {"ttftP90Seconds": 10, "itlP90Seconds": 0.08}
+    planned["spec"]["planner"] = {"enabled": True}
+    kinds = _child_kinds(remote_cr, Cluster.REMOTE) | _child_kinds(planned, Cluster.REMOTE)
+    assert {"Deployment", "HorizontalPodAutoscaler"} <= kinds
     for kind in kinds:
         group, plural = _group_and_plural(kind)
         assert {(group, plural, v) for v in CHILD_VERBS} <= granted, kind

@@ -57,6 +57,7 @@ def metric_families(registry: CollectorRegistry) -> list[tuple[str, str, tuple[s
 def component_registries() -> dict[str, CollectorRegistry]:
     """Each component's registry with every metric it can export (the router's with a
     Redis store configured, so ``redis_up`` is among them)."""
+    from pdd.operator.planner_publish import PlannerMetrics
     from pdd.router.metrics import RouterMetrics
     from pdd.worker.metrics import WorkerMetrics
     from pdd.worker.refused_config import refused_registry
@@ -65,6 +66,7 @@ def component_registries() -> dict[str, CollectorRegistry]:
         "router": RouterMetrics(redis=True).registry,
         "worker": WorkerMetrics("prefill").registry,
         "worker (engine settings refused)": refused_registry(),
+        "planner (in the operator)": PlannerMetrics().registry,
     }
 
 
@@ -122,7 +124,7 @@ def test_the_page_matches_the_code(page) -> None:
 
 
 #: One prefix per component.
-PREFIXES = {"router": "pdd_router_", "worker": "pdd_worker_"}
+PREFIXES = {"router": "pdd_router_", "worker": "pdd_worker_", "planner": "pdd_planner_"}
 
 
 @pytest.mark.parametrize("component", sorted(component_registries()))

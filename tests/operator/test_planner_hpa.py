@@ -89,15 +89,17 @@ def test_planner_on_renders_one_external_metric_hpa_per_role(
     assert set(replicas(spec, owner).values()) == {None}  # every count is the HPAs'
 
 
-def test_with_md_in_cluster_b_its_hpa_goes_there(remote_cr: dict[str, Any], owner: Owner) -> None:
+def test_with_md_in_cluster_b_its_hpa_goes_there_and_is_cleaned_up_there(
+    remote_cr: dict[str, Any], owner: Owner
+) -> None:
+    """Deletion walks possible_children in each cluster: cluster B's MD HPA among them."""
     spec = with_planner(remote_cr)
     found = hpas(spec, owner)
     assert (Cluster.REMOTE, "qwen-main") in found
     assert (Cluster.LOCAL, "qwen-main") not in found
     for cluster, obj in build_plan(spec, owner, "token").children:
         namespace = obj["metadata"]["namespace"]
-        if cluster is Cluster.LOCAL:  # cluster B's HPA is not cleaned up yet (docs/planner.md)
-            assert ref_of(cluster, obj) in possible_children(owner, cluster, namespace)
+        assert ref_of(cluster, obj) in possible_children(owner, cluster, namespace)
 
 
 def test_the_planner_needs_its_targets(pool_b_cr: dict[str, Any]) -> None:

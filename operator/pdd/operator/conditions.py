@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 #: The condition types a PDDDeployment reports, in the order they are listed.
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "LinkSized", "ModelAvailable")
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "LinkSized", "ModelAvailable", "LineBound")
 
 
 @dataclass(frozen=True)

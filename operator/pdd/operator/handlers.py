@@ -21,6 +21,8 @@ from pdd.operator.naming import (
     PLURAL,
     VERSION,
 )
+from pdd.operator.planner_loop import run_planner
+from pdd.operator.planner_publish import serve
 from pdd.operator.reconcile import owner_of, reconcile
 from pdd.operator.roles import REPORTED_ROLES, refresh_readiness
 from pdd.operator.runtime import OperatorOptions, OperatorRuntime
@@ -51,7 +53,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # Replicas (``pdd operator --peering NAME``) meet in one ClusterKopfPeering even when
     # they serve a list of namespaces: no peering object to create in each of them.
     settings.peering.clusterwide = True
-    memo.runtime = OperatorRuntime(memo.get("options", OperatorOptions()))
+    runtime = memo.runtime = OperatorRuntime(memo.get("options", OperatorOptions()))
+    port = runtime.options.planner_metrics_port
+    if port is not None:
+        runtime.planner_server = serve(
+            runtime.planner_metrics, runtime.options.planner_metrics_host, port
+        )
 
 
 @kopf.on.login()
@@ -117,6 +124,20 @@ async def keep_readiness_fresh(
             await runtime.wakeups.wait(owner.uid, stopped.wait(), poll_s)
     finally:
         runtime.wakeups.forget(owner.uid)
+
+
+def _plans(spec: Any, **_: Any) -> bool:
+    """A PDDDeployment with ``spec.planner.enabled``: only those run a planner."""
+    return bool(((spec or {}).get("planner") or {}).get("enabled"))
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, when=_plans, cancellation_timeout=5.0)
+async def plan_replicas(
+    body: kopf.Body, memo: kopf.Memo, logger: Any, stopped: kopf.DaemonStopped, **_: Any
+) -> None:
+    """The SLO planner of one PDDDeployment (planner_loop.py); kopf stops it when
+    ``spec.planner.enabled`` turns false or the object goes."""
+    await run_planner(memo.runtime, body, owner_of(body), stopped, logger)
 
 
 def _next_poll_s(

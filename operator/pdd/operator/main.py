@@ -64,6 +64,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_default_tracing_flags(parser)
     parser.add_argument(
+        "--planner-metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve the SLO planner's pdd_planner_desired_replicas on http://0.0.0.0:PORT/metrics "
+        "for the metrics adapter behind each role's HPA (docs/planner.md); default: not served",
+    )
+    parser.add_argument(
+        "--planner-scenario",
+        default=OperatorOptions.planner_scenario,
+        metavar="NAME|FILE",
+        help="the scenario whose step model (GPUs, model, pool shapes) the planner sizes "
+        "with: a shipped name or a YAML file written out in full (no extends)",
+    )
+    parser.add_argument(
         "--liveness",
         default=None,
         metavar="URL",
@@ -90,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     options = OperatorOptions(
         status_interval_s=args.status_interval,
         default_tracing=default_tracing(parser, args),
+        planner_scenario=args.planner_scenario,
+        planner_metrics_port=args.planner_metrics_port,
     )
     kopf.run(
         clusterwide=not args.namespace,

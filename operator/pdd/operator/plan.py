@@ -152,8 +152,7 @@ def possible_children(owner: Owner, cluster: Cluster, namespace: str) -> list[Ch
         return ChildRef(cluster, kind, namespace, name)
 
     refs = [ref("Deployment", owner.child(role)) for role in roles]
-    if cluster is Cluster.LOCAL:  # cluster B's Role grants no HPAs (docs/planner.md)
-        refs += [ref("HorizontalPodAutoscaler", owner.child(r)) for r in WORKER_ROLES]
+    refs += [ref("HorizontalPodAutoscaler", owner.child(r)) for r in roles if r in WORKER_ROLES]
     refs += [
         ref("PodDisruptionBudget", owner.child(role)) for role in roles if role != Component.REDIS
     ]

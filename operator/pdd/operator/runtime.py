@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from wsgiref.simple_server import WSGIServer
 
 import kopf
 
 from pdd.operator.kube import KubeApi
+from pdd.operator.planner_publish import PlannerMetrics
 from pdd.operator.remote import RemoteClients
 from pdd.operator.spec import Tracing
 from pdd.operator.wakeups import ReadinessWakeups
@@ -28,6 +30,15 @@ class OperatorOptions:
     remote_cleanup_retries: int = 3
     #: spec.observability.tracing for PDDDeployments that set none (the chart's values).
     default_tracing: Tracing | None = None
+    #: The scenario whose step model (GPUs, model, pool shapes) the planner sizes with:
+    #: a shipped name (``pdd simulate --list``) or a YAML file (docs/planner.md).
+    planner_scenario: str = "published"
+    #: Where the planner's metrics are served (``pdd_planner_desired_replicas``); None: nowhere.
+    planner_metrics_port: int | None = None
+    planner_metrics_host: str = "0.0.0.0"
+    #: Seconds between planner rounds for every deployment; None: each one's
+    #: ``spec.planner.intervalSeconds`` (at least 10; tests go faster).
+    planner_interval_s: float | None = None
 
 
 @dataclass
@@ -38,6 +49,9 @@ class OperatorRuntime:
     local: KubeApi | None = None
     remotes: RemoteClients = field(default_factory=RemoteClients)
     wakeups: ReadinessWakeups = field(default_factory=ReadinessWakeups)
+    planner_metrics: PlannerMetrics = field(default_factory=PlannerMetrics)
+    #: The planner metrics endpoint, while served (``OperatorOptions.planner_metrics_port``).
+    planner_server: WSGIServer | None = None
     #: Set by the cleanup activity when the operator exits.
     stopping: bool = False
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
@@ -56,6 +70,10 @@ class OperatorRuntime:
             await self.local.aclose()
             self.local = None
         await self.remotes.aclose()
+        if self.planner_server is not None:
+            await asyncio.to_thread(self.planner_server.shutdown)
+            self.planner_server.server_close()
+            self.planner_server = None
 
     @property
     def api(self) -> KubeApi:

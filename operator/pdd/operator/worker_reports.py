@@ -43,7 +43,12 @@ def needs_reported_shape(spec: PDDSpec) -> bool:
 
 
 def health_url(pod: dict[str, Any]) -> str | None:
-    """``http://IP:PORT/health`` of a running, ready pod (its container port named
+    """``http://IP:PORT/health`` of a running, ready pod, or None (``pod_url``)."""
+    return pod_url(pod, "/health")
+
+
+def pod_url(pod: dict[str, Any], path: str) -> str | None:
+    """``http://IP:PORT{path}`` of a running, ready pod (its container port named
     ``http``), or None for a pod not worth asking yet."""
     status = pod.get("status") or {}
     ip = status.get("podIP")
@@ -62,7 +67,7 @@ def health_url(pod: dict[str, Any]) -> str | None:
     if not ports:
         return None
     host = f"[{ip}]" if ":" in ip else ip
-    return f"http://{host}:{ports[0]}/health"
+    return f"http://{host}:{ports[0]}{path}"
 
 
 def shape_from_health(body: Any) -> tuple[ModelShape, int] | None:

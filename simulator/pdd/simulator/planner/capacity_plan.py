@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pdd.local.traces.base import Trace, TraceRequest, ideal_hit_ratios
@@ -70,12 +70,41 @@ class SystemPlan:
 
 
 def probe_scenario(scenario: Scenario, workload: WorkloadSpec, window: ProbeWindow) -> Scenario:
-    """``scenario`` with ``workload`` cut to the probe window."""
+    """``scenario`` with ``workload`` and the probe window's warm-up and drain (the trace is
+    cut to the window by ``probe_trace``, not by generating a shorter one)."""
     warmup = scenario.run.warmup_s if window.warmup_s is None else window.warmup_s
-    if isinstance(workload, GeneratorSpec):
-        workload = workload.model_copy(update={"duration_s": warmup + window.scored_s})
     run = scenario.run.model_copy(update={"warmup_s": warmup, "drain_s": window.drain_s})
     return scenario.model_copy(update={"workload": workload, "run": run})
+
+
+def probe_end_s(scenario: Scenario, window: ProbeWindow) -> float | None:
+    """Where a generated workload's probe stops scoring (None: a recorded trace's end)."""
+    if not isinstance(scenario.workload, GeneratorSpec):
+        return None
+    return min(scenario.workload.duration_s, scenario.run.warmup_s + window.scored_s)
+
+
+def probe_trace(
+    workload: WorkloadSpec, trace: Trace[TraceRequest], end_s: float | None
+) -> Trace[TraceRequest]:
+    """A generated trace's turns that go out before ``end_s`` by the generator's own clock
+    (each a think time and the expected answer after the last): a prefix of the very trace
+    the scenario runs. Generating a shorter trace instead draws another sample (the
+    generator's random stream depends on its duration), and near a goodput knee another
+    sample can flip the verdict on the same replica counts (docs/planner.md)."""
+    if end_s is None or not isinstance(workload, GeneratorSpec):
+        return trace
+    chains = []
+    for chain in trace.chains:
+        t, kept = chain.start_s, []
+        for i, request in enumerate(chain.requests):
+            t += (request.think_s + workload.expected_answer_s) if i else 0.0
+            if t >= end_s:
+                break
+            kept.append(request)
+        if kept:
+            chains.append(replace(chain, requests=tuple(kept), spawns=()))
+    return replace(trace, chains=tuple(chains))
 
 
 def plan_system(
@@ -87,8 +116,8 @@ def plan_system(
     window: ProbeWindow,
 ) -> SystemPlan:
     """The cheapest replica counts of ``system`` meeting ``slo`` on the scenario's workload."""
-    trace = scenario.workload.build(base_dir)
-    until = scenario.workload.duration_s if isinstance(scenario.workload, GeneratorSpec) else None
+    until = probe_end_s(scenario, window)
+    trace = probe_trace(scenario.workload, scenario.workload.build(base_dir), until)
     evaluate = SimulatedEvaluator(scenario, system, trace, slo, until)
     model = deployment_model(scenario, system)
     guess = first_guess(trace, offered_rps(scenario.workload, trace))
