@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import socket
 import sys
 from pathlib import Path
 
@@ -156,3 +157,28 @@ async def test_finished_requests_reuse_the_router_s_stream_connection(
         await client.aclose()
     assert (inst.stats.requests, inst.stats.hit_tokens) == (4, 3 * (40 // 16 * 16))
     assert len(inst.stream_peers) == 1  # one connection, reused by every request
+
+
+@pytest.mark.integration
+async def test_the_stub_s_connections_send_small_writes_at_once() -> None:
+    """uvicorn writes a response's head and its body separately; where Nagle's algorithm
+    is on, the body waits for the client's delayed ACK (40 ms on Linux), so each stub
+    answer came 40 ms late and the bench's latencies and connection counts were the
+    stub's. asyncio turns Nagle off only on sockets made with protocol ``IPPROTO_TCP``:
+    ``listen`` must make its socket so, for the connections it accepts."""
+    nodelay: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    def accepted(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        nodelay.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        writer.close()
+
+    listening = stub.listen()
+    server = await asyncio.start_server(accepted, sock=listening)
+    try:
+        _, writer = await asyncio.open_connection(*listening.getsockname())
+        assert await nodelay != 0
+        writer.close()
+    finally:
+        server.close()
+        await server.wait_closed()

@@ -217,7 +217,9 @@ def _respond(served: Served, release: Callable[[], None]) -> Response:
     the route's in-flight lease are given back when the response is closed."""
     if isinstance(served.body, BaseModel):
         release()
-        return JSONResponse(served.body.model_dump(mode="json"), headers=served.headers)
+        # Serialized by pydantic-core in one pass, not dumped to a dict for json.dumps.
+        content = served.body.model_dump_json().encode()
+        return Response(content, media_type="application/json", headers=served.headers)
     stream, began = served.body, False
 
     async def body() -> AsyncIterator[bytes]:

@@ -187,8 +187,10 @@ async def _merged(
                 merger.failed,
             )
         try:
-            remaining = deadline - asyncio.get_running_loop().time()
-            item = await asyncio.wait_for(queue.get(), max(0.0, remaining))
+            # A deadline scope, not ``wait_for``: that wraps every wait, one per token, in
+            # a task of its own (docs/router-scale.md).
+            async with asyncio.timeout_at(deadline):
+                item = await queue.get()
         except TimeoutError:
             raise UpstreamError(
                 f"request {plan.request_id} did not finish in time ({merger.next_seq} tokens)"

@@ -62,20 +62,23 @@ KEEPALIVE_EXPIRY_S = 2.0
 #: and the pause before the next try (times the attempt number).
 CANCEL_ATTEMPTS = 3
 CANCEL_RETRY_S = 0.2
+#: A token stream's timeout: none (it lasts as long as the answer; the relay keeps the
+#: request's deadline).
+_NO_TIMEOUT = httpx.Timeout(None).as_dict()
 
 
 class _Pool:
-    """One worker's ``httpx.AsyncClient`` and how many calls are using it now, so a pool
-    whose worker left the fleet is closed when its last call ends, not under a stream
-    still being read (a draining pod leaves the Service before its streams end)."""
+    """One worker's transport (its connection pool) and how many calls are using it now,
+    so a pool whose worker left the fleet is closed when its last call ends, not under a
+    stream still being read (a draining pod leaves the Service before its streams end)."""
 
-    def __init__(self, http: httpx.AsyncClient, retire: Callable[[_Pool], None]) -> None:
+    def __init__(self, http: httpx.AsyncBaseTransport, retire: Callable[[_Pool], None]) -> None:
         self.http = http
         self.calls = 0
         self.retired = False
         self._retire = retire
 
-    def __enter__(self) -> httpx.AsyncClient:
+    def __enter__(self) -> httpx.AsyncBaseTransport:
         self.calls += 1
         return self.http
 
@@ -97,13 +100,19 @@ class _Unclosed(httpx.AsyncBaseTransport):
 
 
 class WorkerClient:
-    """A pooled ``httpx.AsyncClient`` per worker (by base URL), made at its first call;
-    cheap to share.
+    """A pooled httpx transport per worker (by base URL), made at its first call; cheap
+    to share.
 
     One pool per worker, not one for the fleet: httpcore walks every connection of a pool,
     with a syscall or two each, on every request and again on every response's close, so
     one shared pool made each call cost in proportion to the fleet (docs/router-scale.md).
     A worker that leaves the fleet is :meth:`forget`-ten: its pool is closed.
+
+    Requests go to the transport itself, not through an ``httpx.AsyncClient``: the
+    client's layers (URL and header merging, cookie jars, auth and redirect handling,
+    proxies from the environment) serve none of these calls and cost a share of the
+    router's CPU on every one (docs/router-scale.md). So the workers are reached
+    directly, never through an ``HTTP(S)_PROXY``, and are offered no content encoding.
     """
 
     def __init__(
@@ -116,7 +125,7 @@ class WorkerClient:
         """``transport`` replaces the network (an in-process one in tests); default: TCP.
         ``tls``: how https workers are verified (``load_wan_ca``); default: system CAs."""
         self._headers = {"Authorization": f"Bearer {secret}"}
-        self._timeout = httpx.Timeout(timeout_s)
+        self._timeout = httpx.Timeout(timeout_s).as_dict()
         self._transport = transport
         self._tls = tls
         self._pools: dict[str, _Pool] = {}
@@ -127,23 +136,51 @@ class WorkerClient:
     def _pool(self, http_url: str) -> _Pool:
         pool = self._pools.get(http_url)
         if pool is None:
-            pool = self._pools[http_url] = _Pool(self._new_client(), self._close_later)
+            pool = self._pools[http_url] = _Pool(self._new_transport(), self._close_later)
         return pool
 
-    def _new_client(self) -> httpx.AsyncClient:
-        if self._tls is None and self._transport is None:
+    def _new_transport(self) -> httpx.AsyncBaseTransport:
+        if self._transport is not None:
+            return _Unclosed(self._transport)
+        if self._tls is None:
             self._tls = httpx.create_ssl_context()  # once: it reads the CA bundle
-        return httpx.AsyncClient(
-            transport=_Unclosed(self._transport) if self._transport is not None else None,
-            verify=self._tls if self._tls is not None else True,
-            headers=self._headers,
-            timeout=self._timeout,
+        return httpx.AsyncHTTPTransport(
+            verify=self._tls,
             limits=httpx.Limits(
                 max_connections=1000,
                 max_keepalive_connections=200,
                 keepalive_expiry=KEEPALIVE_EXPIRY_S,
             ),
         )
+
+    def _request(
+        self,
+        method: str,
+        url: str,
+        body: str | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: dict[str, float | None] | None = None,
+    ) -> httpx.Request:
+        """A request with the secret and ``headers`` only (no client defaults), and its
+        timeout (default: the client's) where the transport reads it."""
+        return httpx.Request(
+            method,
+            url,
+            content=body,
+            headers={**self._headers, **headers} if headers else self._headers,
+            extensions={"timeout": timeout or self._timeout},
+        )
+
+    async def _call(self, http_url: str, request: httpx.Request) -> httpx.Response:
+        """``request``'s answer, its body read whole (so its connection is back in the
+        pool); raises ``httpx.HTTPError`` as the client would."""
+        with self._pool(http_url) as http:
+            resp = await http.handle_async_request(request)
+            try:
+                await resp.aread()  # read to its end, it closes itself
+            finally:
+                await resp.aclose()
+        return resp
 
     async def forget(self, http_url: str) -> None:
         """The worker at ``http_url`` left the fleet: close its pool now, or when the calls
@@ -182,8 +219,7 @@ class WorkerClient:
         straight from JSON (pydantic's ``model_validate_json``: no dict in between)."""
         url = http_url + path
         try:
-            with self._pool(http_url) as http:
-                resp = await http.get(url)
+            resp = await self._call(http_url, self._request("GET", url))
         except httpx.HTTPError as exc:
             raise WorkerCallError(url, failure(exc)) from exc
         if resp.status_code != 200:
@@ -228,8 +264,7 @@ class WorkerClient:
         url = f"{http_url}/v1/pdd/requests/{request_id}"
         for attempt in range(1, CANCEL_ATTEMPTS + 1):
             try:
-                with self._pool(http_url) as http:
-                    await http.delete(url)
+                await self._call(http_url, self._request("DELETE", url))
                 return
             except httpx.HTTPError:
                 if attempt == CANCEL_ATTEMPTS:
@@ -248,8 +283,7 @@ class WorkerClient:
         url = http_url + path
         headers = {"Content-Type": "application/json", **(trace or {})}
         try:
-            with self._pool(http_url) as http:
-                resp = await http.request(method, url, content=body, headers=headers)
+            resp = await self._call(http_url, self._request(method, url, body, headers))
         except httpx.HTTPError as exc:
             raise WorkerCallError(url, failure(exc)) from exc
         if resp.status_code != expect:
@@ -259,19 +293,40 @@ class WorkerClient:
     async def stream(self, http_url: str, request_id: str) -> AsyncIterator[TokenEvent]:
         """The instance's NDJSON token stream for ``request_id`` until it closes."""
         url = f"{http_url}/v1/pdd/requests/{request_id}/stream"
+        request = self._request("GET", url, timeout=_NO_TIMEOUT)
         try:
             with self._pool(http_url) as http:
-                async with http.stream("GET", url, timeout=None) as resp:
+                resp = await http.handle_async_request(request)
+                try:
                     if resp.status_code != 200:
                         raise WorkerCallError(url, f"answered {resp.status_code}")
-                    async for line in resp.aiter_lines():
-                        if line.strip():
-                            yield _token_event(url, line)
+                    async for line in ndjson_lines(resp.aiter_raw()):
+                        yield _token_event(url, line)
+                finally:
+                    await resp.aclose()
         except httpx.HTTPError as exc:
             raise WorkerCallError(url, failure(exc)) from exc
 
 
-def _token_event(url: str, line: str) -> TokenEvent:
+async def ndjson_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The non-blank lines of an NDJSON body, as bytes, however its chunks cut them.
+
+    Read off the raw body (the workers send no content encoding): httpx's
+    ``aiter_lines`` runs each chunk through four generators (bytes, a decoder, text,
+    lines) and a UTF-8 decode that pydantic's ``model_validate_json`` does not need, on
+    every token event of every stream: a share of the router's CPU per request
+    (docs/router-scale.md)."""
+    rest = b""
+    async for chunk in chunks:
+        *lines, rest = (rest + chunk).split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield line
+    if rest.strip():
+        yield rest
+
+
+def _token_event(url: str, line: bytes | str) -> TokenEvent:
     """One stream line; a line that is not a token event fails this source (the router
     routes around it) instead of escaping as an error no one waits for."""
     try:
