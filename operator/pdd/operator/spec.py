@@ -102,6 +102,9 @@ class ModelSpec(_Spec):
 class Images(_Spec):
     worker: str = Field(min_length=1)
     router: str = Field(min_length=1)
+    #: The vLLM worker image (``docker buildx bake worker-vllm``: vLLM's CUDA build and
+    #: PDD), which the roles whose ``engineType`` is ``vllm`` run.
+    vllm_worker: str | None = Field(default=None, min_length=1)
     redis: str = "redis:7.4-alpine"
     pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     pull_secrets: list[str] = Field(default_factory=list)
@@ -180,18 +183,44 @@ class Pool(_Spec):
         return selector
 
 
-class RoleReplicas(_Spec):
-    replicas: int = Field(default=1, ge=0)
+#: The inference engine of a worker role: PDD's own, or vLLM's (``pdd worker --engine``).
+EngineType = Literal["pdd", "vllm"]
+#: vLLM's KV cache dtypes a PDD connector can carry (``--kv-cache-dtype``).
+VllmKVCacheDtype = Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
+
+
+class VllmSettings(_Spec):
+    """vLLM's own settings of a role whose ``engineType`` is ``vllm``, by vLLM's names; the
+    operator renders each one set into the role's ``pdd worker`` flags (vLLM's flag names),
+    which win over the same setting in the role's ``engine``. Unset: vLLM's default."""
+
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    max_model_len: int | None = Field(default=None, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    tensor_parallel_size: int | None = Field(default=None, ge=1)
+    kv_cache_dtype: VllmKVCacheDtype | None = None
+    #: No CUDA graphs or compiled model: a faster start, slower steps.
+    enforce_eager: bool | None = None
+
+
+class WorkerRole(_Spec):
+    """What every worker role has: its engine, its engine's settings and its resources."""
+
+    engine_type: EngineType = "pdd"
     engine: EngineSettings = Field(default_factory=EngineSettings)
+    vllm: VllmSettings | None = None
     resources: Resources = _default(WORKER_RESOURCES)
 
 
-class Relay(_Spec):
+class RoleReplicas(WorkerRole):
+    replicas: int = Field(default=1, ge=0)
+
+
+class Relay(WorkerRole):
     min_replicas: int = Field(default=1, ge=1)
     max_replicas: int = Field(default=4, ge=1)
     target_load: float = Field(default=0.7, gt=0, le=1)
-    engine: EngineSettings = Field(default_factory=EngineSettings)
-    resources: Resources = _default(WORKER_RESOURCES)
 
 
 class SecretKeyRef(_Spec):
@@ -348,6 +377,11 @@ class PDDSpec(_Spec):
             "mainDecode": self.main_decode.resources.over(self.main_pool.resources),
             "router": self.router.resources,
         }
+
+    @property
+    def worker_roles(self) -> dict[str, WorkerRole]:
+        """Each worker role's section by its spec field."""
+        return {"prefill": self.prefill, "relay": self.relay, "mainDecode": self.main_decode}
 
     @property
     def redis_enabled(self) -> bool:

@@ -96,6 +96,7 @@ def spec_problems(spec: PDDSpec) -> list[str]:
     problems += _tracing_problems(spec)
     problems += _anomalous_threshold_problems(spec)
     problems += _engine_fit_problems(spec)
+    problems += vllm_problems(spec)
     problems += _resource_problems(spec)
     return problems
 
@@ -203,6 +204,60 @@ def _engine_fit_problems(spec: PDDSpec) -> list[str]:
                 "lower kvCacheGiB or use kvCacheMemoryFraction"
             )
     return problems
+
+
+def vllm_problems(spec: PDDSpec) -> list[str]:
+    """Roles on vLLM (``engineType: vllm``): an image to run, and no setting the vLLM
+    worker would refuse at start (it exits 2 on them) or that vLLM cannot honour."""
+    problems = []
+    for name, role in spec.worker_roles.items():
+        if role.engine_type != "vllm":
+            if role.vllm is not None:
+                problems.append(
+                    f"{name}: vllm settings are set but engineType is pdd; set "
+                    f"{name}.engineType: vllm or drop {name}.vllm"
+                )
+            continue
+        if spec.images.vllm_worker is None:
+            problems.append(
+                f"{name}.engineType is vllm but images.vllmWorker is not set; name the vLLM "
+                "worker image (docker buildx bake worker-vllm)"
+            )
+        problems += _vllm_role_problems(spec, name)
+    return problems
+
+
+def _vllm_role_problems(spec: PDDSpec, name: str) -> list[str]:
+    """One vLLM role's settings against its engine settings and its pod's GPUs. (A vLLM
+    setting that has a twin in ``engine``, gpuMemoryUtilization and kvCacheGiB included,
+    is a flag, which the worker takes over the config document's: no conflict.)"""
+    role = spec.worker_roles[name]
+    engine = role.engine.over(spec.engine)
+    vllm = role.vllm
+    problems = []
+    if engine.max_prompt_tokens is not None:
+        problems.append(
+            f"{name}: maxPromptTokens is the pdd engine's setting and vLLM has none "
+            f"({name}.engineType is vllm); drop it from engine and {name}.engine (set it on "
+            "the pdd roles' own engine; vLLM takes prompts up to maxModelLen less one token)"
+        )
+    if vllm is None:
+        return problems
+    gpus = _gpus(spec.container_resources[name])
+    parallel = vllm.tensor_parallel_size
+    if parallel is not None and gpus is not None and parallel > gpus:
+        problems.append(
+            f"{name}: vllm.tensorParallelSize ({parallel}) needs that many GPUs in each pod, "
+            f"and its resources give {gpus}; raise the GPU limit or lower tensorParallelSize"
+        )
+    return problems
+
+
+def _gpus(resources: Resources) -> int | None:
+    """The GPUs a container's limits give (an extended resource named ``*/gpu``), if any."""
+    counts = [Decimal(parse_quantity(v)) for k, v in resources.limits.items()
+              if _extended(k) and k.endswith("/gpu")]  # fmt: skip
+    return int(sum(counts)) if counts else None
 
 
 def _anomalous_threshold_problems(spec: PDDSpec) -> list[str]:

@@ -30,7 +30,8 @@ try:
     import vllm
 except ImportError:
     pytest.skip(
-        "vLLM is not installed: `pip install -e '.[vllm]'` (the pdd[vllm] extra) runs these",
+        "vLLM is not installed: `./scripts/setup.sh --with-vllm` (the pdd[vllm] extra, in "
+        ".venv-vllm) runs these",
         allow_module_level=True,
     )
 

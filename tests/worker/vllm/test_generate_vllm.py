@@ -26,7 +26,8 @@ import pytest
 
 if importlib.util.find_spec("vllm") is None:
     pytest.skip(
-        "vLLM is not installed: `pip install -e '.[vllm]'` (the pdd[vllm] extra) runs these",
+        "vLLM is not installed: `./scripts/setup.sh --with-vllm` (the pdd[vllm] extra, in "
+        ".venv-vllm) runs these",
         allow_module_level=True,
     )
 

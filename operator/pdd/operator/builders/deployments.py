@@ -8,6 +8,7 @@ from pdd.common.config_document import API_KEYS_ENV, SHARED_SECRET_ENV
 from pdd.common.vocabulary import Role
 from pdd.common.wan_tls import CA_FILE, HTTPS_ROLES
 from pdd.operator.builders.config import model_path
+from pdd.operator.builders.engine import engine_args, worker_image
 from pdd.operator.builders.meta import Site, metadata
 from pdd.operator.builders.model_pull import (
     MODEL_VOLUME,
@@ -82,15 +83,17 @@ def build_worker_deployment(
 ) -> dict[str, Any]:
     """A worker role's Deployment. The relay's has no ``replicas``: the HPA sets it."""
     pool = worker_pool(spec, role)
+    role_spec = spec.worker_roles[ROLE_FIELDS[role]]
+    config = f"{CONFIG_DIR}/{CONFIG_FILE}"
     tls_secret = wan_tls_secret_name(spec, owner)
     # The router reaches this role's HTTP port across the WAN: with TLS on it serves https.
     https = tls_secret is not None and Role(role) in HTTPS_ROLES
     container: dict[str, Any] = {
         "name": str(role),
-        "image": spec.images.worker,
+        "image": worker_image(spec, role_spec),
         "imagePullPolicy": spec.images.pull_policy,
         "command": ["pdd"],
-        "args": ["worker", "--role", str(role), "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"],
+        "args": ["worker", "--role", str(role), "--config", config, *engine_args(role_spec)],
         "ports": [
             {"name": "http", "containerPort": WORKER_HTTP_PORT},
             {"name": "kv", "containerPort": WORKER_KV_PORT},
