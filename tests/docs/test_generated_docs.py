@@ -34,6 +34,12 @@ def _router_settings() -> str:
     return settings_table(settings_of(RouterConfig), "")
 
 
+def _policy_rules() -> str:
+    from pdd.router.policy_rules import rules_table
+
+    return rules_table()
+
+
 def _flags(module: str) -> Callable[[], str]:
     return lambda: flag_table(importlib.import_module(module).build_parser())
 
@@ -85,6 +91,7 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "metrics": metrics_table,
     "engine-settings": lambda: settings_table(settings_of(EngineSettings), "engine."),
     "router-settings": _router_settings,
+    "policy-rules": _policy_rules,
     "flags-router": _flags("pdd.router.server"),
     "flags-worker": _flags("pdd.worker.server"),
     "flags-wan-link": _flags("pdd.wan.cli"),

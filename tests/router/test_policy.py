@@ -18,7 +18,6 @@ from pdd.router.policy import (
     RequestFeatures,
     Saturated,
     decide,
-    reason_code,
 )
 from pdd.router.recent_traffic import TrafficWindow
 
@@ -290,7 +289,7 @@ def test_a_doubted_line_puts_a_relay_on_what_would_be_p_md():
     assert isinstance(d, Decision) and d.pipeline == Pipeline.P_RLD_MD
     assert (d.instances.relay, d.instances.main_decode) == ("rld0", "md0")
     assert DOUBT in d.reason
-    assert reason_code(d, req(500), CONFIG, link_doubted=True) == "link_doubted"
+    assert d.rule.code == "link_doubted"
 
 
 def test_a_doubted_line_with_every_relay_full_still_serves_p_md():
@@ -303,7 +302,7 @@ def test_a_doubted_line_with_every_relay_full_still_serves_p_md():
 def test_a_doubted_line_leaves_the_other_rules_alone():
     relayed = decide(req(64_000), {}, fleet(), LinkView(SLOW, doubt=DOUBT), QUIET, CONFIG)
     assert relayed.pipeline == Pipeline.P_RLD_MD
-    assert reason_code(relayed, req(64_000), CONFIG, link_doubted=True) == "transfer_exceeds_budget"
+    assert relayed.rule.code == "transfer_exceeds_budget"
     anomalous = req(64_000, output=100)
     d = decide(anomalous, {}, fleet(), LinkView(SLOW, doubt=DOUBT), QUIET, CONFIG)
     assert d.pipeline == Pipeline.P_RLD
@@ -325,7 +324,7 @@ def test_a_relay_whose_queue_outlasts_the_transfer_is_not_chosen():
     assert stays.estimate.after_prefill_s == pytest.approx(transfer - 0.4)
     assert stays.estimate.relay_queue_s == pytest.approx(2.4)
     assert "relay's queue" in stays.reason
-    assert reason_code(stays, req(n), CONFIG) == "relay_not_sooner"
+    assert stays.rule.code == "relay_not_sooner"
     relays = decide(req(n), hits, busy, LinkView(SLOW, relay_slot_s=0.05), QUIET, CONFIG)
     assert isinstance(relays, Decision) and relays.pipeline == Pipeline.P_RLD_MD
     assert relays.instances.relay == "rld0" and relays.estimate.relay_active == 4
@@ -350,14 +349,14 @@ def test_an_idle_relay_hides_a_transfer_that_fits_the_budget():
     assert decision.estimate.after_prefill_s == pytest.approx(0.03 + 0.16 - 0.05)
     assert decision.estimate.md_first_token_s < IDLE.ttft_budget_s
     assert decision.pipeline == Pipeline.P_RLD_MD and "idle relay" in decision.reason
-    assert reason_code(decision, req(4000), IDLE) == "idle_relay"
+    assert decision.rule.code == "idle_relay"
 
 
 def test_a_relay_holding_a_request_is_not_idle():
     busy = fleet(rld=("rld0", 1, 8))
     decision = run(req(4000), HIDDEN, instances=busy, config=IDLE)
     assert decision.pipeline == Pipeline.P_MD
-    assert reason_code(decision, req(4000), IDLE) == "fits_ttft_budget"
+    assert decision.rule.code == "fits_ttft_budget"
 
 
 def test_an_idle_relay_leaves_a_short_transfer_on_p_md():
@@ -550,7 +549,7 @@ def test_md_computes_a_small_miss_where_that_is_sooner_than_its_crossing():
     assert d.estimate.md_first_token_s == pytest.approx(0.03 + 0.2)
     assert d.estimate.kv_bytes_per_token == 0 and d.estimate.kv_codec is None
     assert "KV computed at MD: 0.23s, sooner than its crossing" in d.reason
-    assert reason_code(d, TURN[0], CONFIG) == "fits_ttft_budget"
+    assert d.rule.code == "fits_ttft_budget"
 
 
 def test_the_kv_crosses_where_its_line_keeps_pace_with_the_prefill():

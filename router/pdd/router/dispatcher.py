@@ -28,7 +28,7 @@ from pdd.router.instance_choice import choose_main_decode, choose_prefill
 from pdd.router.lease import Lease
 from pdd.router.link_health import LinkHealth
 from pdd.router.link_view import LinkView
-from pdd.router.policy import PolicyConfig, RequestFeatures, Saturated, decide, reason_code
+from pdd.router.policy import PolicyConfig, RequestFeatures, Saturated, decide
 from pdd.router.prefix_index import PrefixIndex
 from pdd.router.recent_traffic import RecentTraffic
 from pdd.router.registry import InstanceRegistry
@@ -189,7 +189,7 @@ class Dispatcher:
         return Route(
             pipeline=result.pipeline,
             reason=result.reason,
-            reason_code=reason_code(result, features, self._policy, retry, doubt is not None),
+            reason_code=result.rule.code,
             prefill=self._endpoint(a.prefill),
             relay=self._endpoint(a.relay) if a.relay else None,
             main=self._endpoint(a.main_decode) if a.main_decode else None,

@@ -5,32 +5,44 @@ prefix index's hit estimates, the instances' load (a :class:`Fleet`, only read),
 WAN link's state and the recent share of relay-only traffic. Same inputs, same
 decision; no clock, no I/O.
 
-The rules, in order (the technique's "only two pipelines, plus one filter"):
+The rules, the first that holds choosing the pipeline (the technique's "only two
+pipelines, plus one filter"; each is one ``Rule`` in ``pdd.router.policy_rules.RULES``,
+with its ``reason`` label and ``x-pdd-reason`` text, and a test keeps this list equal
+to that table):
 
-1. **P-MD** when the first token can come from MD in time: ``pmd_first_token_seconds``
-   (one RTT + the longer of P's prefill of its miss and the serialization of MD's miss,
-   since P streams KV while it prefills, + MD's first step) ``<= ttft_budget_s``, on the
-   live view of the line (``pdd.common.link_estimator``: measured goodput, the KV
-   already queued on it, all of an earlier transfer still crossing to MD that the
-   request's hit counts on), P's measured prefill throughput and the P-MD path's
-   measured fixed cost (MD's step). Except where a relay sits **idle** and MD's first
-   token would come at least ``idle_relay_min_transfer_s`` after the prefill ends: then
-   P-RLD-MD, since the relay's first token does not wait for the transfer and the relay
-   would otherwise do nothing. A relay holding any request is not idle, so under load
-   this never takes relay capacity that a request over budget needs; at light load it
-   keeps the tail of new conversations (their whole KV crosses) near same-datacenter
-   PD's.
-2. **P-RLD** for anomalous traffic only (input >= ``anomalous_min_input_tokens`` and a
-   declared output below ``anomalous_output_tokens_below``) whose transfer does not
-   fit, while relay-only traffic stays under its caps (share of recent requests and
-   input tokens/s), so it can never absorb normal traffic.
-3. **P-RLD-MD** when the transfer does not fit, a relay has room and the relay's own
-   queue costs its first token less than the transfer costs MD's. The relay hides what
-   MD's first token waits for after the prefill (one RTT and the serialization the
-   prefill did not cover), not the prefill (both paths wait for that), so relaying pays
-   only while the relay's queue is shorter than that; past that it would only load the
-   relay further (``relay_slot_s``, measured by the link estimator).
-4. **P-MD** anyway when every relay is saturated, saying so in the reason.
+- ``retry`` (P-RLD-MD): a retry; a relay has room and an MD is left
+- ``retry_no_main_decode`` (P-RLD): a retry; a relay has room, no MD is left
+- ``idle_relay`` (P-RLD-MD): fits the budget; an idle relay hides MD's lag
+- ``anomalous`` (P-RLD): over budget; long input, short output; under the caps
+- ``anomalous_capped`` (P-RLD-MD): over budget; anomalous but over a cap; the relay is sooner
+- ``transfer_exceeds_budget`` (P-RLD-MD): over budget; a relay has room and is sooner
+- ``link_doubted`` (P-RLD-MD): the line is in doubt; a relay has room
+- ``link_doubted_relays_saturated`` (P-MD): the line is in doubt; every relay saturated
+- ``fits_ttft_budget`` (P-MD): MD's first token fits the TTFT budget
+- ``relays_saturated`` (P-MD): over budget; every relay saturated
+- ``relay_not_sooner`` (P-MD): over budget; the relay's queue outlasts the wait it hides
+
+"The budget" is ``ttft_budget_s`` against ``pmd_first_token_seconds`` (one RTT + the
+longer of P's prefill of its miss and the serialization of MD's miss, since P streams
+KV while it prefills, + MD's first step), on the live view of the line
+(``pdd.common.link_estimator``: measured goodput, the KV already queued on it, all of an
+earlier transfer still crossing to MD that the request's hit counts on), P's measured
+prefill throughput and the P-MD path's measured fixed cost (MD's step).
+
+Why each rule: an **idle** relay takes a request that fits where MD's first token would
+come at least ``idle_relay_min_transfer_s`` after the prefill, since the relay's first
+token does not wait for the transfer and the relay would otherwise do nothing; a relay
+holding any request is not idle, so under load this never takes relay capacity that a
+request over budget needs, and at light load it keeps the tail of new conversations
+(their whole KV crosses) near same-datacenter PD's. **P-RLD** serves anomalous traffic
+only (input >= ``anomalous_min_input_tokens``, a declared output below
+``anomalous_output_tokens_below``) while relay-only traffic stays under its caps (share
+of recent requests and input tokens/s), so it can never absorb normal traffic. A request
+over budget is relayed only while the relay's own queue (``relay_slot_s``, measured by
+the link estimator, per request on it) costs its first token less than the transfer
+costs MD's: the relay hides what MD's first token waits for after the prefill (one RTT
+and the serialization the prefill did not cover), not the prefill (both paths wait for
+that); past that it would only load the relay further ("the relay is sooner" above).
 
 Where P-MD serves, **MD computes its miss** itself from the prompt's IDs when the miss
 is at most ``md_recompute_max_tokens`` and that is sooner than the exact KV's crossing
@@ -41,9 +53,8 @@ pipeline is still chosen on the exact KV's estimate, so an idle relay keeps the 
 conversations whose KV would lag, and a request over budget is relayed as before.
 
 A **retry** (the router recovering a request a worker failed) keeps a relay on the
-route whenever one has room: P-RLD-MD, or P-RLD where no MD is left to choose. The
-failure may be the WAN line or MD itself, and a relay in datacenter A carries the
-request through either; the rules above assume both work.
+route whenever one has room: the failure may be the WAN line or MD itself, and a relay
+in datacenter A carries the request through either; the other rules assume both work.
 
 Under ``spec.wan.kvCodec: adaptive`` the pipeline is chosen on the **exact** KV's
 estimate, as with no codec: a transfer that fits goes P-MD exact, one that does not is
@@ -62,8 +73,8 @@ that lags a throttle by seconds, so they overran it; and it would code requests 
 healthy line, whose lossy KV then deviates from an exact run.
 
 A **doubted line** (``LinkView.doubt``: a transfer over it failed lately, see
-``pdd.router.link_health``) turns rule 1's P-MD into P-RLD-MD where a relay has room:
-the relay serves if the KV cannot cross, and the KV that does cross proves the line.
+``pdd.router.link_health``) turns what would go P-MD into P-RLD-MD where a relay has
+room: the relay serves if the KV cannot cross, and the KV that does cross proves the line.
 
 No available P (or no available MD when the request must end at MD) is a typed
 :class:`Saturated` result the server turns into 429 with Retry-After.
@@ -71,149 +82,26 @@ No available P (or no available MD when the request must end at MD) is a typed
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 
-from pdd.common.block_hash import ROOT_HASH, hash_block
 from pdd.common.cost_model import (
     LinkState,
     backlog_drain_seconds,
-    pmd_first_token_seconds,
     wan_transfer_seconds,
 )
-from pdd.common.kv_codec import MD_RECOMPUTE_MAX_TOKENS, KVCodec
 from pdd.common.vocabulary import Pipeline
 from pdd.router.fleet import Fleet
 from pdd.router.instance_choice import (
-    ChoiceWeights,
     InstanceLoad,
     choose_main_decode,
     choose_prefill,
     choose_relay,
 )
 from pdd.router.link_view import LinkView
+from pdd.router.policy_inputs import Estimate, PolicyConfig, RequestFeatures
+from pdd.router.policy_rules import Facts, Rule, first_rule
 from pdd.router.recent_traffic import TrafficWindow
-
-
-@dataclass(frozen=True)
-class PolicyConfig:
-    """Knobs of the policy; defaults follow the technique's figures."""
-
-    kv_bytes_per_token: int
-    #: ``spec.wan.kvCodec: adaptive``: the codecs the router chooses from per request,
-    #: least lossy first, each with its KV bytes per token on the WAN (it takes the first
-    #: whose MD first token fits the budget, the last where none does); (): one codec for
-    #: every request, at ``kv_bytes_per_token``.
-    adaptive_codecs: tuple[tuple[KVCodec, int], ...] = ()
-    #: Time-to-first-token budget the P-MD path must meet (the SLO).
-    ttft_budget_s: float = 2.0
-    #: P's prefill throughput, to estimate how long P's miss takes to compute: the prior,
-    #: where ``decide`` has no measured rate for the chosen P.
-    prefill_tokens_per_s: float = 10_000.0
-    #: Anomalous traffic: at least this much input ...
-    anomalous_min_input_tokens: int = 32_000
-    #: ... and a declared output shorter than this (the technique: under 500 tokens).
-    anomalous_output_tokens_below: int = 500
-    #: P-RLD may take at most this share of recent requests (the technique: 3-4% are
-    #: anomalous; the cap sits just above so normal traffic can never flow there).
-    relay_only_max_share: float = 0.05
-    #: ... and at most this many input tokens/s; None leaves only the share cap.
-    relay_only_max_tokens_per_s: float | None = None
-    #: Seconds a client should wait before retrying a saturated router.
-    retry_after_s: float = 1.0
-    #: An idle relay takes a request that fits the budget when MD's first token would
-    #: come at least this long after the prefill (rule 1); None: only requests over
-    #: budget relay.
-    idle_relay_min_transfer_s: float | None = 0.05
-    #: MD's first step in the P-MD estimate where nothing measured it (the router's link
-    #: estimator learns the path's fixed cost; the simulator charges its decode step).
-    md_first_step_s: float = 0.0
-    #: Under adaptive, MD may compute up to this many prompt tokens itself, from their
-    #: IDs, where the exact KV's transfer misses the budget and that is sooner than any
-    #: codec's (nothing but the first token crosses, and nothing is lost); 0: never. It
-    #: bounds the prefill a decode instance takes on beside its batch.
-    md_recompute_max_tokens: int = MD_RECOMPUTE_MAX_TOKENS
-    #: MD's prefill throughput for that estimate; None: the chosen P's (the same model,
-    #: on hardware that may prefill slower: set it where MD's is known).
-    md_prefill_tokens_per_s: float | None = None
-    weights: ChoiceWeights = field(default_factory=ChoiceWeights)
-
-    @classmethod
-    def default_of(cls, knob: str) -> Any:
-        """A knob's default, for tools that expose the knobs (the simulator's scenarios)."""
-        return next(f.default for f in fields(cls) if f.name == knob)
-
-    def __post_init__(self) -> None:
-        if self.kv_bytes_per_token <= 0:
-            raise ValueError(f"kv_bytes_per_token must be positive, got {self.kv_bytes_per_token}")
-        if self.ttft_budget_s <= 0 or self.prefill_tokens_per_s <= 0:
-            raise ValueError("ttft_budget_s and prefill_tokens_per_s must be positive")
-        if self.md_recompute_max_tokens < 0:
-            raise ValueError(
-                f"md_recompute_max_tokens must be >= 0, got {self.md_recompute_max_tokens}"
-            )
-        if not 0.0 <= self.relay_only_max_share <= 1.0:
-            raise ValueError(
-                f"relay_only_max_share must be in [0, 1], got {self.relay_only_max_share}"
-            )
-
-
-@dataclass(frozen=True)
-class RequestFeatures:
-    input_tokens: int
-    #: The request's max_tokens; None (no limit declared) is never anomalous.
-    expected_output_tokens: int | None
-    #: Rendezvous key for MD affinity: the conversation's first block hash.
-    affinity_key: int
-
-    @classmethod
-    def from_prompt(
-        cls, token_ids: Sequence[int], expected_output_tokens: int | None, block_size: int
-    ) -> RequestFeatures:
-        """Features of a tokenized prompt; a prompt shorter than one block is keyed by
-        the hash of what it has, so it still lands somewhere deterministic."""
-        key = hash_block(ROOT_HASH, token_ids[:block_size])
-        return cls(len(token_ids), expected_output_tokens, key)
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """The numbers behind a decision, for the reason, logs and metrics."""
-
-    p_hit_tokens: int
-    md_hit_tokens: int
-    prefill_s: float
-    #: ``wan_transfer_seconds`` of MD's miss: its serialization (and queue) plus one RTT.
-    transfer_s: float
-    #: Requests on the chosen relay, and what its queue adds to a relayed first token
-    #: (0: no relay, or none measured).
-    relay_active: int = 0
-    relay_queue_s: float = 0.0
-    rtt_s: float = 0.0
-    md_step_s: float = 0.0  # MD's first step (the path's measured fixed cost)
-    #: The codec the router chose for MD's KV (adaptive), None: the deployment's; and
-    #: the KV bytes per token it puts on the WAN (None: ``kv_bytes_per_token``).
-    kv_codec: KVCodec | None = None
-    kv_bytes_per_token: int | None = None
-    #: MD computes its miss itself (``PipelinePlan.md_computes_miss``), in this long.
-    md_computes_miss: bool = False
-    md_compute_s: float = 0.0
-
-    @property
-    def md_first_token_s(self) -> float:
-        """Where MD computes its miss, P computes nothing on P-MD: the request crosses
-        (behind the line's queue), then MD prefills its miss and samples the first token."""
-        if self.md_computes_miss:
-            crossed = pmd_first_token_seconds(0.0, self.transfer_s, self.rtt_s, self.md_step_s)
-            return crossed + self.md_compute_s
-        return pmd_first_token_seconds(self.prefill_s, self.transfer_s, self.rtt_s, self.md_step_s)
-
-    @property
-    def after_prefill_s(self) -> float:
-        """How long after P's prefill MD's first token comes, its step aside: one RTT and
-        the serialization the prefill did not cover. What a relay hides."""
-        return self.md_first_token_s - self.prefill_s - self.md_step_s
 
 
 @dataclass(frozen=True)
@@ -227,8 +115,11 @@ class Assignment:
 class Decision:
     pipeline: Pipeline
     instances: Assignment
+    #: The ``x-pdd-reason`` text: the rule's reason, then the KV's way to MD where it chose one.
     reason: str
     estimate: Estimate
+    #: The rule that chose the pipeline; its ``code`` is the metric's ``reason`` label.
+    rule: Rule
 
 
 @dataclass(frozen=True)
@@ -296,12 +187,10 @@ def decide(
 
     # The deployment's codec; under adaptive the exact one (the first it chooses from).
     estimate = at(config.adaptive_codecs[0][1] if config.adaptive_codecs else None)
-    if retry and relay is not None:
-        pipeline, reason = retry_pipeline(md is not None)
-    else:
-        pipeline, reason = choose_pipeline(request, estimate, relay is not None, traffic, config)
-        if pipeline == Pipeline.P_MD and link.doubt is not None:
-            pipeline, reason = doubted_line_pipeline(link.doubt, relay is not None)
+    facts = Facts(request, estimate, config, traffic, relay is not None, md is not None,
+                  retry, link.doubt)  # fmt: skip
+    rule = first_rule(facts)
+    pipeline, reason = rule.pipeline, rule.explain(facts)
     if pipeline != Pipeline.P_RLD and md is None:
         return Saturated("every main-decode instance is at capacity", config.retry_after_s)
     assignment = Assignment(
@@ -316,14 +205,14 @@ def decide(
         computed = computed_at_md()
         if computed is not None and computed.md_first_token_s < estimate.md_first_token_s:
             note = f"KV computed at MD: {computed.md_first_token_s:.2f}s, sooner than its crossing"
-            return Decision(pipeline, assignment, f"{reason}; {note}", computed)
+            return Decision(pipeline, assignment, f"{reason}; {note}", computed, rule)
     if config.adaptive_codecs and pipeline != Pipeline.P_RLD:  # nothing crosses on P-RLD
         drain_s = backlog_drain_seconds(link.state)
         estimate, codec_note = _adaptive_codec(
             estimate, pipeline, at, computed_at_md, config, drain_s
         )
         reason = f"{reason}; {codec_note}"
-    return Decision(pipeline, assignment, reason, estimate)
+    return Decision(pipeline, assignment, reason, estimate, rule)
 
 
 def _adaptive_codec(
@@ -389,118 +278,3 @@ def _estimate(
         prefill_s=(n - p_hit) / prefill_tokens_per_s,
         transfer_s=wan_transfer_seconds(miss, kv_bpt, link, awaited_bytes),
     )
-
-
-def choose_pipeline(
-    request: RequestFeatures,
-    estimate: Estimate,
-    relay_available: bool,
-    traffic: TrafficWindow,
-    config: PolicyConfig,
-) -> tuple[Pipeline, str]:
-    """The pipeline rules on scalar inputs (see the module docstring)."""
-    budget = config.ttft_budget_s
-    eta = estimate.md_first_token_s
-    if eta <= budget:
-        if relay_available and idle_relay_hides(estimate, config):
-            return Pipeline.P_RLD_MD, (
-                f"MD's first token in {eta:.2f}s fits the {budget:.2f}s budget, but an idle "
-                f"relay hides its {estimate.after_prefill_s:.2f}s after the prefill: relaying"
-            )
-        return Pipeline.P_MD, f"MD's first token in {eta:.2f}s fits the {budget:.2f}s budget"
-    slow = f"MD's first token in {eta:.2f}s exceeds the {budget:.2f}s budget"
-    if not relay_available:
-        return Pipeline.P_MD, f"{slow}, but every relay is saturated: falling back to P-MD"
-    if is_anomalous(request, config):
-        cap = relay_only_cap_reason(request, traffic, config)
-        if cap is None:
-            return Pipeline.P_RLD, f"{slow}; anomalous (long input, short output): P-RLD"
-    else:
-        cap = None
-    if relay_not_sooner(estimate):
-        return Pipeline.P_MD, (
-            f"{slow}, but the relay's queue ({estimate.relay_queue_s:.2f}s) would cost more than "
-            f"the transfer it hides ({estimate.after_prefill_s:.2f}s): P-MD"
-        )
-    if cap is not None:
-        return Pipeline.P_RLD_MD, f"{slow}; anomalous but {cap}: relaying"
-    return Pipeline.P_RLD_MD, f"{slow}: relaying while the KV crosses the WAN"
-
-
-def idle_relay_hides(estimate: Estimate, config: PolicyConfig) -> bool:
-    """The chosen relay holds no request and MD's first token lags the prefill enough to
-    be worth hiding."""
-    least = config.idle_relay_min_transfer_s
-    return least is not None and estimate.relay_active == 0 and estimate.after_prefill_s >= least
-
-
-def relay_not_sooner(estimate: Estimate) -> bool:
-    """The relay's queue costs at least the wait for MD it would hide."""
-    return estimate.relay_queue_s > 0 and estimate.relay_queue_s >= estimate.after_prefill_s
-
-
-def retry_pipeline(md_available: bool) -> tuple[Pipeline, str]:
-    """A retry's pipeline when a relay has room: the relay carries the request if the WAN
-    line or MD fails it again."""
-    if md_available:
-        return Pipeline.P_RLD_MD, "a retry after a failure: relaying, in case MD or the WAN fails"
-    return Pipeline.P_RLD, "a retry after a failure, no main decode left: the relay serves it"
-
-
-def doubted_line_pipeline(doubt: str, relay_available: bool) -> tuple[Pipeline, str]:
-    """Where rule 1 chose P-MD over a line in doubt: a relay goes along if one has room."""
-    if relay_available:
-        return Pipeline.P_RLD_MD, f"{doubt}: relaying, so the relay serves if the KV cannot cross"
-    return Pipeline.P_MD, f"{doubt}, but every relay is saturated: P-MD"
-
-
-def is_anomalous(request: RequestFeatures, config: PolicyConfig) -> bool:
-    out = request.expected_output_tokens
-    return (
-        request.input_tokens >= config.anomalous_min_input_tokens
-        and out is not None
-        and out < config.anomalous_output_tokens_below
-    )
-
-
-def relay_only_cap_reason(
-    request: RequestFeatures, traffic: TrafficWindow, config: PolicyConfig
-) -> str | None:
-    """Why one more P-RLD request would break a cap, or None when it fits both."""
-    share = (traffic.relay_only_requests + 1) / (traffic.requests + 1)
-    if share > config.relay_only_max_share:
-        return (
-            f"P-RLD would be {share:.1%} of recent requests (cap {config.relay_only_max_share:.1%})"
-        )
-    limit = config.relay_only_max_tokens_per_s
-    if limit is not None:
-        rate = (traffic.relay_only_input_tokens + request.input_tokens) / traffic.window_s
-        if rate > limit:
-            return f"P-RLD would take {rate:.0f} input tokens/s (cap {limit:.0f})"
-    return None
-
-
-def reason_code(
-    decision: Decision,
-    features: RequestFeatures,
-    config: PolicyConfig,
-    retry: bool = False,
-    link_doubted: bool = False,
-) -> str:
-    """A bounded label for the decision, for metrics (the reason text carries numbers):
-    why the policy chose this pipeline. ``retry``: a recovering request; ``link_doubted``:
-    the line was doubted when it decided."""
-    if retry and decision.pipeline != Pipeline.P_MD:
-        return "retry"
-    fits = decision.estimate.md_first_token_s <= config.ttft_budget_s
-    if link_doubted and fits and decision.pipeline == Pipeline.P_RLD_MD:
-        return "link_doubted"
-    if fits and decision.pipeline == Pipeline.P_RLD_MD:
-        return "idle_relay"
-    if decision.pipeline == Pipeline.P_MD:
-        if fits:
-            return "fits_ttft_budget"
-        return "relay_not_sooner" if relay_not_sooner(decision.estimate) else "relays_saturated"
-    if decision.pipeline == Pipeline.P_RLD:
-        return "anomalous"
-    return "anomalous_capped" if is_anomalous(features, config) else "transfer_exceeds_budget"
