@@ -33,7 +33,7 @@ class ByteTokenizer:
 
     def __init__(self, bos_id: int = 256, eos_id: int = 257, pad_id: int = 258) -> None:
         self.bos_token_id, self.pad_token_id = bos_id, pad_id
-        self.eos_token_ids = (eos_id,)
+        self.eos_token_ids: tuple[int, ...] = (eos_id,)
         self.vocab_size = max(bos_id, eos_id, pad_id) + 1
 
     def encode(self, text: str) -> list[int]:

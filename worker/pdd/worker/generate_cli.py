@@ -26,6 +26,7 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, NotRequired, TypedDict
 
 import torch
 
@@ -56,6 +57,15 @@ _VLLM_ONLY = {
     "import_kv": None,
 }
 _BYTES = re.compile(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)")
+
+
+class Generated(TypedDict):
+    """What ``run`` returns: the generated IDs, their text (None without a tokenizer) and,
+    with ``--engine vllm``, the fields its ``--json`` adds."""
+
+    token_ids: list[int]
+    text: str | None
+    details: NotRequired[dict[str, object]]
 
 
 class UsageError(Exception):
@@ -180,7 +190,7 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
     )
 
 
-def run(args: argparse.Namespace) -> dict[str, object]:
+def run(args: argparse.Namespace) -> Generated:
     """Generate for the parsed arguments; returns the generated ``token_ids`` and their
     ``text`` (None when the checkpoint has no tokenizer), and with ``--engine vllm`` the
     fields its ``--json`` adds."""
@@ -194,7 +204,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         raise UsageError(f"{flag} is a flag of --engine vllm")
     params = sampling_params(args)
     prompt_ids = parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
-    if args.prompt is not None and not args.prompt:
+    if args.prompt == "":
         raise UsageError("--prompt is empty")
     loaded = load_model(
         args.model, args.dtype, check_device(args.device), require_tokenizer=prompt_ids is None
@@ -216,7 +226,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
-def run_vllm(args: argparse.Namespace) -> dict[str, object]:
+def run_vllm(args: argparse.Namespace) -> Generated:
     """``run`` with vLLM: the same prompt IDs and sampling, the connector's move if asked."""
     params = sampling_params(args)
     if args.device != "cpu":
@@ -234,6 +244,7 @@ def run_vllm(args: argparse.Namespace) -> dict[str, object]:
         prompt_ids = tokenizer.encode(args.prompt)
     if (args.export_kv or args.import_kv) and not args.kv_store:
         raise UsageError("--export-kv and --import-kv need --kv-store DIR")
+    transfer: dict[str, Any] | None
     if args.import_kv:
         transfer = offline.import_transfer(args.kv_store, args.import_kv, prompt_ids)
     else:

@@ -25,7 +25,7 @@ from pdd.worker.roles.cache_feed import CacheFeed
 from pdd.worker.roles.main_decode import MainDecodeRole
 from pdd.worker.roles.mono import MonoRole
 from pdd.worker.roles.prefill import PrefillRole
-from pdd.worker.roles.protocol import send_error, split_addr
+from pdd.worker.roles.protocol import ProtocolError, send_error, split_addr
 from pdd.worker.roles.relay import RelayRole
 from pdd.worker.transport import (
     Channel,
@@ -152,7 +152,7 @@ async def _converse(role: RoleBase, channel: Channel, frame: Frame) -> bool:
         if frame.msg_type != MsgType.META:
             raise ValueError(f"a conversation opens with META, not {frame.msg_type.name}")
         return await role.on_channel(channel, decode_json(frame.payload)) and channel.is_open
-    except (ValidationError, ValueError) as exc:
+    except (ValidationError, ValueError, ProtocolError) as exc:
         log.warning("bad data-plane message from %s: %s", channel.peer.name, exc)
         await send_error(channel, "", "bad_request", str(exc))
         return False

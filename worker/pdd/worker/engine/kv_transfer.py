@@ -23,12 +23,13 @@ import struct
 import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 import torch
 
 from pdd.common.kv_codec import NO_CODEC, KVCodec, chunk_wire_bytes
 from pdd.worker.engine import kv_codec
-from pdd.worker.model.kv_cache import PagedKVCache
+from pdd.worker.model.kv_cache import KVLayout
 
 MAGIC = b"PDDKV\x01"
 LAYOUT = "layer,kv,token,kv_head,head_dim"
@@ -198,8 +199,23 @@ def payload_tensor(
     return kv_codec.decode(payload, header.codec, header.shape, dtype, device)
 
 
+class TokenKVWriter(Protocol):
+    """What ``import_chunk`` writes into: the engine's ``PagedKVCache``, or vLLM's caches
+    seen the same way (``vllm.paged_view.VllmPagedKV``, ``vllm.token_kv.TokenKV``)."""
+
+    @property
+    def layout(self) -> KVLayout: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def write_tokens(
+        self, block_table: Sequence[int], start: int, data: torch.Tensor, /
+    ) -> None: ...
+
+
 def import_chunk(
-    kv: PagedKVCache,
+    kv: TokenKVWriter,
     block_table: Sequence[int],
     token_ids: Sequence[int],
     num_held: int,

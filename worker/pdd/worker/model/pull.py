@@ -155,7 +155,7 @@ def pull_hub(
     try:
         # Asked first and on its own: snapshot_download answers a refused token with a
         # folder already on disk, and a pod must learn the token is wrong, not serve that.
-        info = HfApi(token=token or None).repo_info(repo, revision=revision)
+        info = HfApi(token=token or None).model_info(repo, revision=revision)
         names = [s.rfilename for s in info.siblings or []]
         patterns = HUB_PATTERNS
         if tokenizer_only:

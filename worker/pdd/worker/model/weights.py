@@ -156,7 +156,7 @@ def init_random_weights(
     _assign(model, state)
 
 
-def _checkpoint_tensor(ckpt: SafetensorsCheckpoint, name: str) -> torch.Tensor:
+def _checkpoint_tensor(ckpt: SafetensorsCheckpoint | GGUFCheckpoint, name: str) -> torch.Tensor:
     for fused, parts in _FUSED.items():
         if f".{fused}." in name:
             return torch.cat([ckpt.get(name.replace(fused, part)) for part in parts], dim=0)

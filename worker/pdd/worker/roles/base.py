@@ -11,9 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from pdd.common.kv_codec import NO_CODEC, KVCodecSetting
 from pdd.common.link_meter import LinkKey
@@ -26,7 +25,7 @@ from pdd.worker.engine.sampling import SamplingParams
 from pdd.worker.engine_runner import EngineRunner
 from pdd.worker.metrics import WorkerMetrics, loop_time
 from pdd.worker.roles.cancellations import CancelledRequests
-from pdd.worker.roles.protocol import send_error, split_addr
+from pdd.worker.roles.protocol import Opening, OpHandler, answering, send_error, split_addr
 from pdd.worker.roles.streams import StreamHub
 from pdd.worker.transport import (
     ByteCounters,
@@ -40,10 +39,6 @@ from pdd.worker.transport import (
 from pdd.worker.transport.metering import ChannelMeter, failure_reason
 
 log = logging.getLogger(__name__)
-
-#: Runs one conversation; returns True when the channel may carry another (the sender
-#: keeps its WAN channels warm: ``transport.pool``), else the channel is closed after it.
-OpHandler = Callable[[Channel, dict[str, Any]], Awaitable[bool | None]]
 
 
 class RoleMismatchError(Exception):
@@ -187,9 +182,16 @@ class RoleBase:
     async def takeover(self, request_id: str) -> None:
         raise RoleMismatchError(f"a {self.role} instance takes no takeover (relay does)")
 
-    async def on_channel(self, channel: Channel, first: dict[str, Any]) -> bool:
+    def answer(
+        self, model: type[Opening], handler: Callable[[Channel, Opening], Awaitable[bool]]
+    ) -> None:
+        """Run ``handler`` for each conversation that opens with ``model``'s op."""
+        self.ops[model.kind()] = answering(model, handler)
+
+    async def on_channel(self, channel: Channel, first: Mapping[str, object]) -> bool:
         """Run the data-plane conversation that ``first`` (the opening META) names; True
-        when it ended cleanly and the channel may open another."""
+        when it ended cleanly and the channel may open another. An opening that is not
+        its op's message is a ``ProtocolError`` (``protocol.read``)."""
         op = first.get("op")
         handler = self.ops.get(op) if isinstance(op, str) else None
         if handler is None:

@@ -20,9 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
-
-from pydantic import ValidationError
 
 from pdd.common import tracing
 from pdd.common.kv_codec import (
@@ -42,14 +41,18 @@ from pdd.worker.engine.request import NoFreeBlocksError, RequestError
 from pdd.worker.roles.base import RoleBase, sampling_params
 from pdd.worker.roles.protocol import (
     REQUEST_FAULTS,
+    Imported,
+    KVDone,
     PeerError,
+    Prepare,
+    Prepared,
     ProtocolError,
     expect,
-    int_field,
+    read_kv_done,
     send_error,
     send_meta,
 )
-from pdd.worker.transport import Channel, MsgType, TransportError, decode_json
+from pdd.worker.transport import Channel, MsgType, TransportError
 
 
 class KVReceiveError(Exception):
@@ -81,18 +84,18 @@ def first_position_logprobs(received: ReceivedKV) -> dict[int, TokenLogprobs]:
     return {} if received.first_logprobs is None else {0: received.first_logprobs}
 
 
-def import_attributes(plan: PipelinePlan, msg: dict[str, Any]) -> dict[str, str | int]:
+def import_attributes(plan: PipelinePlan, msg: Prepare) -> dict[str, str | int]:
     """``pdd.kv_import``'s attributes: the request, its prompt, the codec P offered."""
     return {
         tracing.REQUEST_ID: plan.request_id,
         "pdd.prompt_tokens": len(plan.prompt_ids),
-        "pdd.kv.codec": str(msg.get("codec", NO_CODEC)),
+        "pdd.kv.codec": msg.codec,
     }
 
 
 async def receive_kv(
     role: RoleBase, channel: Channel, plan: PipelinePlan, use_cache: bool,
-    offered: object = NO_CODEC, expected: KVCodecSetting = NO_CODEC, attach_wait_s: float = 0.0,
+    offered: str = NO_CODEC, expected: KVCodecSetting = NO_CODEC, attach_wait_s: float = 0.0,
 ) -> ReceivedKV:  # fmt: skip
     """Attach and import every chunk; the request is attached (awaiting resume) on success.
 
@@ -129,15 +132,14 @@ async def receive_kv(
     role.metrics.count_prompt(n, hit)
     tracing.set_attributes({"pdd.hit_tokens": hit, "pdd.kv.tokens": n - hit})
     try:
-        await send_meta(channel, rid, op="prepared", hit=hit, codec=handshake_name(codec))
+        await send_meta(channel, Prepared(request_id=rid, hit=hit, codec=handshake_name(codec)))
         done = await _import_all(role, channel, rid, codec)
         if plan.md_prefills:  # P computed nothing: this instance prefills and samples
             first_token, prefill_hit, first_logprobs = None, hit, None
         else:
-            first_token = int_field(done, "first_token")
-            prefill_hit = int_field(done, "cached_tokens")
-            first_logprobs = _logprobs_field(done, "first_logprobs")
-        await send_meta(channel, rid, op="imported", n=n)
+            first_token, prefill_hit = _sampled(done, channel.peer.name)
+            first_logprobs = done.first_logprobs
+        await send_meta(channel, Imported(request_id=rid, n=n))
     except (TransportError, KVTransferError, RequestError) as exc:
         await role.abort_engine_request(rid)
         if isinstance(exc, KVTransferError | RequestError):
@@ -187,7 +189,7 @@ async def _attach_when_room(
         return hit
 
 
-async def _import_all(role: RoleBase, channel: Channel, rid: str, codec: KVCodec) -> dict[str, Any]:
+async def _import_all(role: RoleBase, channel: Channel, rid: str, codec: KVCodec) -> KVDone:
     """Import chunks until KV_DONE; returns its message (first token, P's prefix hit, the
     first token's logprobs).
 
@@ -200,10 +202,17 @@ async def _import_all(role: RoleBase, channel: Channel, rid: str, codec: KVCodec
         frame = await expect(channel, MsgType.KV_CHUNK, MsgType.KV_DONE)
         if frame.msg_type == MsgType.KV_DONE:
             if ahead:  # the gap never came: the import says which range is missing
-                await role.runner.call(lambda e, c=ahead[0]: e.import_kv(rid, c, codec))
-            return decode_json(frame.payload)
+                await _import_past_gap(role, rid, ahead[0], codec)
+            return read_kv_done(frame.payload, channel.peer.name)
         ahead.append(frame.payload)
-        ahead = await role.runner.call(lambda e, a=ahead: _import_in_order(e, rid, a, codec))
+        ahead = await role.runner.call(
+            partial(_import_in_order, rid=rid, chunks=ahead, codec=codec)
+        )
+
+
+async def _import_past_gap(role: RoleBase, rid: str, chunk: bytes, codec: KVCodec) -> None:
+    """Import ``chunk``, which lies past a gap: its ``KVGapError`` names the missing range."""
+    await role.runner.call(lambda e: e.import_kv(rid, chunk, codec))
 
 
 def _import_in_order(engine: Engine, rid: str, chunks: list[bytes], codec: KVCodec) -> list[bytes]:
@@ -223,11 +232,9 @@ def _import_in_order(engine: Engine, rid: str, chunks: list[bytes], codec: KVCod
     return waiting
 
 
-def _logprobs_field(msg: dict[str, Any], name: str) -> TokenLogprobs | None:
-    value = msg.get(name)
-    if value is None:
-        return None
-    try:
-        return TokenLogprobs.model_validate(value)
-    except ValidationError as exc:
-        raise ProtocolError(f"field {name!r} is not a token's logprobs: {exc}") from None
+def _sampled(done: KVDone, peer: str) -> tuple[int, int]:
+    """The first token and P's prefix hit, which a KV_DONE must carry where P prefilled."""
+    if done.first_token is None or done.cached_tokens is None:
+        missing = "first_token" if done.first_token is None else "cached_tokens"
+        raise ProtocolError(f"{peer} sent a KV_DONE without {missing!r}, but P prefilled")
+    return done.first_token, done.cached_tokens

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdd.common import tracing
-from pdd.common.kv_codec import NO_CODEC, codec_of_handshake, shared_in_receiver_cache
+from pdd.common.kv_codec import codec_of_handshake, shared_in_receiver_cache
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.common.wire import Endpoint, PipelinePlan, TokenLogprobs
 from pdd.worker.engine.request import RequestError
@@ -35,8 +35,10 @@ from pdd.worker.roles.landing import LandingKV
 from pdd.worker.roles.protocol import (
     FLAG_FINAL,
     FLAG_FINISHED,
+    KVComplete,
+    More,
+    Prepare,
     expect,
-    meta_trace,
     send_error,
     send_meta,
 )
@@ -71,7 +73,7 @@ class MainRequest:
 
 
 class MainDecodeRole(RoleBase):
-    role = "main"
+    role = Role.MAIN
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -84,7 +86,7 @@ class MainDecodeRole(RoleBase):
         #: trips first, while the relay holds the request and the conversation's next
         #: turn waits for its answer to land here (``landing``).
         self.relay_pool = ChannelPool()
-        self.ops = {"prepare": self._on_prepare}
+        self.answer(Prepare, self._on_prepare)
 
     async def close(self) -> None:
         await super().close()
@@ -95,10 +97,10 @@ class MainDecodeRole(RoleBase):
             self.requests[rid] = MainRequest()
         return self.requests[rid]
 
-    async def _on_prepare(self, channel: Channel, msg: dict[str, Any]) -> bool:
+    async def _on_prepare(self, channel: Channel, msg: Prepare) -> bool:
         """Receive a request's KV; True (P may send the next request on this channel)
         once all of it is in, False when the transfer failed."""
-        plan = PipelinePlan.model_validate(msg.get("plan"))
+        plan = msg.plan
         rid = plan.request_id
         self.meter_wan(channel, Role.PREFILL, sends=False)  # P -> MD always crosses the WAN
         if rid in self.cancelled:  # its cancel overtook P's prepare
@@ -109,12 +111,12 @@ class MainDecodeRole(RoleBase):
         entry = self._entry(rid)
         use_cache = plan.pipeline != Pipeline.NAIVE
         answer_by = self.answer_deadline()
-        codec = codec_of_handshake(msg.get("codec", NO_CODEC))
+        codec = codec_of_handshake(msg.codec)
         entry.shares_kv = codec is not None and shared_in_receiver_cache(
             codec, self.settings.kv_codec
         )
         try:
-            with tracing.span("pdd.kv_import", meta_trace(msg), import_attributes(plan, msg)):
+            with tracing.span("pdd.kv_import", msg.trace, import_attributes(plan, msg)):
                 if use_cache:
                     # Where MD prefills, it computes whatever has not landed: nothing would
                     # cross twice, so the request does not wait for an earlier one's KV.
@@ -122,7 +124,7 @@ class MainDecodeRole(RoleBase):
                         rid, plan.prompt_ids, entry.shares_kv, wait=not plan.md_prefills
                     )
                 received = await receive_kv(
-                    self, channel, plan, use_cache, msg.get("codec", NO_CODEC),
+                    self, channel, plan, use_cache, msg.codec,
                     self.settings.kv_codec,
                     attach_wait_s=answer_by - asyncio.get_running_loop().time(),
                 )  # fmt: skip
@@ -244,8 +246,9 @@ class MainDecodeRole(RoleBase):
             channel = await self.relay_pool.take_warm(relay.instance_id, self._relay_opener(relay))
             over = False  # the relay ended the conversation: the channel may carry another
             try:
-                await send_meta(channel, rid, op="kv_complete", have=handed,
-                                trace=tracing.carrier())  # fmt: skip
+                await send_meta(
+                    channel, KVComplete(request_id=rid, have=handed, trace=tracing.carrier())
+                )
                 while True:
                     frame = await expect(channel, MsgType.TOKEN_IDS)
                     ids = decode_token_ids(frame.payload).ids
@@ -260,9 +263,7 @@ class MainDecodeRole(RoleBase):
                         started = True
                     else:
                         entry.session.output.extend(ids)  # type: ignore[union-attr]
-                        await self.runner.call(
-                            lambda e, i=ids, h=not final: e.extend(rid, i, hold=h)
-                        )
+                        await self._extend(rid, ids, hold=not final)
                     handed += len(ids)
                     if final:
                         await channel.send(MsgType.ACK, request_key(rid))
@@ -270,7 +271,7 @@ class MainDecodeRole(RoleBase):
                         entry.session.stream_from(handed)  # type: ignore[union-attr]
                         return handed
                     await self.runner.next_step()  # the chunk is computed; ask for the next
-                    await send_meta(channel, rid, op="more", have=handed)
+                    await send_meta(channel, More(request_id=rid, have=handed))
             finally:
                 await self.relay_pool.release(relay.instance_id, channel, over)
         except TransportError as exc:
@@ -278,6 +279,11 @@ class MainDecodeRole(RoleBase):
             tracing.event("pdd.relay_unreachable", {"pdd.error": str(exc)})
             await self._start_from_posted(rid, entry, first_token, handed, started)
             return handed
+
+    async def _extend(self, rid: str, ids: list[int], hold: bool) -> None:
+        """Take the relay's next ``ids`` into the request and compute their KV; ``hold``:
+        more chunks follow (this is not the final one)."""
+        await self.runner.call(lambda e: e.extend(rid, ids, hold=hold))
 
     def _relay_opener(self, relay: Endpoint) -> SpareOpener:
         """Opens a channel to ``relay`` across the WAN (``ChannelPool.take_warm``)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pdd.common.vocabulary import Role
 from pdd.common.wire import PipelinePlan
 from pdd.worker.engine.request import RequestOutput
 from pdd.worker.roles.base import NoSuchRequestError, RoleBase, sampling_params
@@ -11,7 +12,7 @@ from pdd.worker.roles.session import DecodeSession
 
 
 class MonoRole(RoleBase):
-    role = "mono"
+    role = Role.MONO
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -50,10 +50,14 @@ from pdd.worker.engine.isolation import fault_of
 from pdd.worker.engine.request import RequestFailedError, RequestOutput
 from pdd.worker.roles.base import NoSuchRequestError, RoleBase, sampling_params
 from pdd.worker.roles.protocol import (
+    Imported,
+    KVDone,
+    Prepare,
+    Prepared,
     ProtocolError,
     expect_meta,
-    int_field,
     send_error,
+    send_kv_done,
     send_meta,
 )
 from pdd.worker.transport import (
@@ -61,7 +65,6 @@ from pdd.worker.transport import (
     LinkDown,
     MsgType,
     TransferTimeout,
-    encode_json,
     request_key,
 )
 from pdd.worker.transport.pool import ChannelPool, SpareOpener
@@ -188,17 +191,16 @@ def _written_chunk(
     return take
 
 
-def _done_message(prefilled: Prefilled | None) -> dict[str, Any]:
-    """``KV_DONE``'s fields: P's first token, its prefix hit and the token's logprobs; all
-    None where MD prefills (P computed nothing)."""
+def _done_message(prefilled: Prefilled | None) -> KVDone:
+    """``KV_DONE``: P's first token, its prefix hit and the token's logprobs; all None
+    where MD prefills (P computed nothing)."""
     if prefilled is None:
-        return {"first_token": None, "cached_tokens": None, "first_logprobs": None}
-    logprobs = prefilled.first_logprobs
-    return {
-        "first_token": prefilled.first_token,
-        "cached_tokens": prefilled.cached_tokens,
-        "first_logprobs": None if logprobs is None else logprobs.model_dump(),
-    }
+        return KVDone(first_token=None, cached_tokens=None, first_logprobs=None)
+    return KVDone(
+        first_token=prefilled.first_token,
+        cached_tokens=prefilled.cached_tokens,
+        first_logprobs=prefilled.first_logprobs,
+    )
 
 
 def with_seed(plan: PipelinePlan) -> PipelinePlan:
@@ -239,7 +241,7 @@ def _refusal(answer: asyncio.Future[int]) -> BaseException | None:
 
 
 class PrefillRole(RoleBase):
-    role = "prefill"
+    role = Role.PREFILL
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -339,10 +341,11 @@ class PrefillRole(RoleBase):
             self._failed(plan, target, "handshake with", exc, handshake=True)
             return
         try:
-            await send_meta(
-                channel, plan.request_id, op="prepare", plan=plan.model_dump(mode="json"),
-                codec=handshake_name(codec), trace=tracing.carrier(),
+            prepare = Prepare(
+                request_id=plan.request_id, plan=plan, codec=handshake_name(codec),
+                trace=tracing.carrier(),
             )  # fmt: skip
+            await send_meta(channel, prepare)
         except Exception as exc:
             await self._release(target, channel, reusable=False)
             self._failed(plan, target, "handshake with", exc, handshake=True)
@@ -435,19 +438,19 @@ class PrefillRole(RoleBase):
         # line that is not there, reported as such (not after the transfer timeout).
         timeout_s = self.settings.transport.connect_timeout_s
         try:
-            prepared = await expect_meta(channel, "prepared", timeout_s=timeout_s)
+            prepared = await expect_meta(channel, Prepared, timeout_s=timeout_s)
         except TransferTimeout:
             raise TransferTimeout(
                 f"{channel.peer.name} did not answer the request within {timeout_s}s (timed "
                 "out): the line is cut or the peer is stuck"
             ) from None
-        if prepared.get("codec", NO_CODEC) != handshake_name(codec):
+        if prepared.codec != handshake_name(codec):
             raise ProtocolError(
-                f"{channel.peer.name} takes KV coded {prepared.get('codec')!r}, this prefill "
+                f"{channel.peer.name} takes KV coded {prepared.codec!r}, this prefill "
                 f"sends {handshake_name(codec)!r}; give P and MD the same "
                 "spec.wan.kvCodec (--kv-codec) and the same build"
             )
-        return int_field(prepared, "hit")
+        return prepared.hit
 
     async def _ship(
         self, plan: PipelinePlan, target: Target, channel: Channel, answer: asyncio.Future[int],
@@ -471,8 +474,7 @@ class PrefillRole(RoleBase):
             clock = _ShipClock()
             send = _Sending(rid, target, channel, answer, codec, clock, prefill)
             if computes:  # no KV: the first token (if any) follows, without the answer's RTT
-                done = _done_message(await asyncio.shield(prefill))
-                await channel.send(MsgType.KV_DONE, request_key(rid), encode_json(done))
+                await send_kv_done(channel, rid, _done_message(await asyncio.shield(prefill)))
                 await asyncio.shield(answer)
             else:
                 await self._send_kv(send, start, n)
@@ -480,9 +482,8 @@ class PrefillRole(RoleBase):
                 hit = await asyncio.shield(answer)
                 if hit < start:  # MD holds less than predicted: [hit, start)
                     await self._send_kv(send, hit, start)
-                done = _done_message(prefilled)
-                await channel.send(MsgType.KV_DONE, request_key(rid), encode_json(done))
-            await expect_meta(channel, "imported")
+                await send_kv_done(channel, rid, _done_message(prefilled))
+            await expect_meta(channel, Imported)
             tracing.set_attributes(
                 {"pdd.kv.start_token": start, "pdd.kv.raw_bytes": clock.total_kv_bytes,
                  "pdd.kv.wire_bytes": clock.wire_bytes, "pdd.kv.md_computes": computes}
@@ -536,7 +537,7 @@ class PrefillRole(RoleBase):
                 # After its answer a receiver says nothing until "imported": this is its
                 # ERROR (a chunk it could not take), or the channel's failure. Stop here
                 # rather than stream the rest of the prefill into a refusal.
-                await expect_meta(channel, "imported")
+                await expect_meta(channel, Imported)
             if held is not None and held > first:  # the receiver holds these: skip them
                 skipped = min(held, end)
                 channel.commit(-self._coded_bytes(first, skipped, codec))  # never sent
@@ -574,8 +575,9 @@ class PrefillRole(RoleBase):
             prefill.result()  # raises the prefill's own error
             return None
         after = self.runner.after_next_step(take)
+        racing: set[asyncio.Future[Any]] = {after, prefill}
         try:
-            await asyncio.wait({after, prefill}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
         finally:
             if not after.done():
                 after.cancel()

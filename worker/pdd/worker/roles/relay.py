@@ -18,7 +18,6 @@ from typing import Any
 
 from pdd.common import tracing
 from pdd.common.handoff import choose_handoff_mode
-from pdd.common.kv_codec import NO_CODEC
 from pdd.common.vocabulary import Role
 from pdd.common.wire import PipelinePlan
 from pdd.worker.roles.base import NoSuchRequestError, RoleBase
@@ -31,10 +30,11 @@ from pdd.worker.roles.kv_receiver import (
 from pdd.worker.roles.protocol import (
     FLAG_FINAL,
     FLAG_FINISHED,
+    KVComplete,
+    More,
+    Prepare,
     expect,
     expect_meta,
-    int_field,
-    meta_trace,
     send_error,
 )
 from pdd.worker.roles.session import DecodeSession
@@ -50,19 +50,22 @@ log = logging.getLogger(__name__)
 
 
 class RelayRole(RoleBase):
-    role = "relay"
+    role = Role.RELAY
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.sessions: dict[str, tuple[PipelinePlan, DecodeSession]] = {}
+        #: Each live request's ``pdd.relay.decode`` span: a takeover is an event on it.
+        self._decode_spans: dict[str, tracing.Span] = {}
         self._arrived = asyncio.Event()
-        self.ops = {"prepare": self._on_prepare, "kv_complete": self._on_kv_complete}
+        self.answer(Prepare, self._on_prepare)
+        self.answer(KVComplete, self._on_kv_complete)
 
     # --- P -> RLD: KV over the fast path, then decode ------------------------------------------
-    async def _on_prepare(self, channel: Channel, msg: dict[str, Any]) -> bool:
+    async def _on_prepare(self, channel: Channel, msg: Prepare) -> bool:
         """Receive a request's KV and start decoding it; True (P may send the next
         request on this channel) once all of it is in, False when the transfer failed."""
-        plan = PipelinePlan.model_validate(msg.get("plan"))
+        plan = msg.plan
         rid = plan.request_id
         if rid in self.cancelled:  # its cancel overtook P's prepare
             await send_error(channel, rid, "cancelled", f"request {rid!r} was cancelled")
@@ -70,9 +73,9 @@ class RelayRole(RoleBase):
         self.live.add(rid)
         self.hub.get(rid).start()
         try:
-            with tracing.span("pdd.kv_import", meta_trace(msg), import_attributes(plan, msg)):
+            with tracing.span("pdd.kv_import", msg.trace, import_attributes(plan, msg)):
                 received = await receive_kv(
-                    self, channel, plan, use_cache=True, offered=msg.get("codec", NO_CODEC),
+                    self, channel, plan, use_cache=True, offered=msg.codec,
                     attach_wait_s=self.answer_deadline() - asyncio.get_running_loop().time(),
                 )  # fmt: skip
         except KVReceiveError as exc:
@@ -95,6 +98,7 @@ class RelayRole(RoleBase):
         decode = tracing.start_span(
             "pdd.relay.decode", plan.trace_context, {tracing.REQUEST_ID: rid}
         )
+        self._decode_spans[rid] = decode
         self.runner.subscribe(rid, session.on_output)
         await self.runner.call(lambda e: e.resume(rid, [first_token]))
         self.spawn(self._forget_when_done(rid, session, decode), f"relay-{rid}")
@@ -108,6 +112,7 @@ class RelayRole(RoleBase):
             {"pdd.streamed_tokens": session.emitted, "pdd.decoded_tokens": len(session.output)}
         )
         decode.end()
+        self._decode_spans.pop(rid, None)
         self.live.discard(rid)
         # Keep the record a while: MD may still ask, and must learn it finished here.
         await asyncio.sleep(self.settings.transfer_timeout_s)
@@ -130,10 +135,10 @@ class RelayRole(RoleBase):
         return self.sessions[rid]
 
     # --- MD -> RLD: the token-ID handoff ------------------------------------------------------
-    async def _on_kv_complete(self, channel: Channel, msg: dict[str, Any]) -> bool:
+    async def _on_kv_complete(self, channel: Channel, msg: KVComplete) -> bool:
         """Hand ``request_id``'s IDs to MD; True (MD may open its next hand-off on this
         channel: it keeps them warm) once the hand-off is over, False when it failed."""
-        rid = str(msg.get("request_id"))
+        rid = msg.request_id
         self.meter_wan(channel, Role.MAIN, sends=True)  # MD -> RLD always crosses the WAN
         try:
             plan, session = await self._session(rid)
@@ -141,15 +146,19 @@ class RelayRole(RoleBase):
             await send_error(channel, rid, "unknown_request", f"relay has no request {rid!r}")
             return False
         mode = self._mode(plan)
-        have = int_field(msg, "have")
-        attributes = {tracing.REQUEST_ID: rid, "pdd.handoff.mode": mode, "pdd.handoff.from": have}
+        have = msg.have
+        attributes: tracing.Attributes = {
+            tracing.REQUEST_ID: rid, "pdd.handoff.mode": mode, "pdd.handoff.from": have,
+        }  # fmt: skip
         try:
-            with tracing.span("pdd.handoff", meta_trace(msg), attributes) as span:
+            with tracing.span("pdd.handoff", msg.trace, attributes) as span:
+                if self.draining:  # why the plan's catch-up became one shot
+                    tracing.event("pdd.drain", {"pdd.instance": self.settings.instance_id})
                 rounds = 1
                 while not await self._hand(channel, plan, session, have, mode):
-                    have = int_field(await expect_meta(channel, "more"), "have")
+                    have = (await expect_meta(channel, More)).have
                     rounds += 1
-                handed = len(session.output) - int_field(msg, "have")
+                handed = len(session.output) - msg.have
                 span.set_attributes({"pdd.handoff.rounds": rounds, "pdd.handoff.tokens": handed})
                 return True
         except TransportError as exc:
@@ -199,6 +208,10 @@ class RelayRole(RoleBase):
         entry = self.sessions.get(request_id)
         if entry is None:
             raise NoSuchRequestError(request_id)
+        tracing.event(
+            "pdd.takeover", {"pdd.streamed_tokens": entry[1].emitted},
+            on=self._decode_spans.get(request_id),
+        )  # fmt: skip
         entry[1].unlimit()
 
     async def stop_request(self, request_id: str) -> None:

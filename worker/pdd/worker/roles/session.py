@@ -20,9 +20,18 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from pdd.common.vocabulary import FinishReason
 from pdd.common.wire import TokenLogprobs
+from pdd.worker.engine.request import FinishReason as EngineFinish
 from pdd.worker.engine.request import RequestOutput
 from pdd.worker.roles.streams import StreamHub
+
+#: Why the engine ended a request, in the stream's words (``TokenEvent.finish_reason``).
+STREAM_REASONS: dict[EngineFinish, FinishReason] = {
+    EngineFinish.LENGTH: "length",
+    EngineFinish.STOP: "stop",
+    EngineFinish.ABORT: "abort",
+}
 
 
 @dataclass
@@ -34,7 +43,7 @@ class DecodeSession:
     emit_limit: int | None = None
     emitted: int = 0  # next position to stream
     finished: bool = False
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     finish_sent: bool = False
     cached_tokens: int | None = None  # the prefilling instance's hit, on the seq-0 event
     md_hit_tokens: int | None = None  # this main decode's hit, on the first event it streams
@@ -55,7 +64,7 @@ class DecodeSession:
         self.output.extend(out.new_token_ids)
         if out.finished:
             self.finished = True
-            self.finish_reason = out.finish_reason.value if out.finish_reason else None
+            self.finish_reason = STREAM_REASONS[out.finish_reason] if out.finish_reason else None
         self.flush()
 
     def flush(self) -> None:

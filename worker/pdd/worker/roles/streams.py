@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from pdd.common.vocabulary import LinkFault
+from pdd.common.vocabulary import FinishReason, LinkFault
 from pdd.common.wire import TokenEvent, TokenLogprobs
 
 #: A closed stream is forgotten this long after it ends (time for a late reader).
@@ -102,7 +102,7 @@ class StreamHub:
         seq: int,
         token_id: int,
         finished: bool,
-        reason: str | None,
+        reason: FinishReason | None,
         cached_tokens: int | None = None,
         md_hit_tokens: int | None = None,
         logprobs: TokenLogprobs | None = None,

@@ -12,11 +12,16 @@ import json
 import struct
 import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic_core import ErrorDetails
 
 from pdd.worker.transport.errors import FrameError
+
+M = TypeVar("M", bound=BaseModel)
 
 _TOKEN_HEADER = struct.Struct("<II")
 _U32 = "I" if array("I").itemsize == 4 else "L"
@@ -68,18 +73,37 @@ def decode_json(payload: bytes) -> dict[str, Any]:
     return obj
 
 
-@dataclass(frozen=True)
-class ErrorInfo:
+def validated(model: type[M], obj: Mapping[str, object]) -> M:
+    """``obj`` (a decoded JSON payload) as ``model``; where it does not fit, a FrameError
+    naming each bad field, so whoever reads a peer's message says what was wrong with it."""
+    try:
+        return model.model_validate(obj)
+    except ValidationError as exc:
+        raise FrameError("; ".join(_reason(err) for err in exc.errors())) from None
+
+
+def _reason(err: ErrorDetails) -> str:
+    field = ".".join(str(part) for part in err["loc"]) or "(the message)"
+    if err["type"] == "missing":
+        return f"field {field!r} is missing"
+    shown = repr(err["input"])
+    shown = shown if len(shown) <= 60 else f"{shown[:57]}..."
+    return f"field {field!r}: {err['msg']} (got {shown})"
+
+
+class ErrorInfo(BaseModel):
     """What an ERROR frame says: a machine-readable code and a message for people."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     code: str
     message: str
 
 
 def encode_error(code: str, message: str) -> bytes:
-    return encode_json({"code": code, "message": message})
+    return encode_json(ErrorInfo(code=code, message=message).model_dump())
 
 
 def decode_error(payload: bytes) -> ErrorInfo:
-    obj = decode_json(payload)
-    return ErrorInfo(str(obj.get("code", "unknown")), str(obj.get("message", "")))
+    """The ERROR's code and message; a FrameError where it is not ``{code, message}``."""
+    return validated(ErrorInfo, decode_json(payload))

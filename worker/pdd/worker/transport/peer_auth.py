@@ -24,11 +24,14 @@ import hashlib
 import hmac
 import os
 from dataclasses import dataclass
+from typing import TypeVar
 
 from pdd.worker.transport.errors import AuthError, FrameError
 from pdd.worker.transport.framing import Frame, MsgType
 from pdd.worker.transport.payloads import decode_error, decode_json, encode_json
 from pdd.worker.transport.stream import FrameStream
+
+T = TypeVar("T")
 
 _NONCE_BYTES = 32
 
@@ -59,14 +62,17 @@ def _proof(key: bytes, role: bytes, own_nonce: bytes, other_nonce: bytes, names:
 async def _expect(stream: FrameStream, msg_type: MsgType, max_bytes: int) -> Frame:
     frame = await stream.read(max_bytes, timeout_s=None)  # the caller bounds the whole handshake
     if frame.msg_type == MsgType.ERROR:
-        info = decode_error(frame.payload)
+        try:
+            info = decode_error(frame.payload)
+        except FrameError as exc:
+            raise AuthError(f"peer refused the handshake with a malformed ERROR: {exc}") from None
         raise AuthError(f"peer refused the handshake ({info.code}): {info.message}")
     if frame.msg_type != msg_type:
         raise AuthError(f"expected {msg_type.name} during handshake, got {frame.msg_type.name}")
     return frame
 
 
-def _field(obj: dict, name: str, kind: type) -> object:
+def _field(obj: dict, name: str, kind: type[T]) -> T:
     value = obj.get(name)
     if not isinstance(value, kind) or isinstance(value, bool):
         raise FrameError(f"handshake field {name!r} missing or not {kind.__name__}")

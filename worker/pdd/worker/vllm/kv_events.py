@@ -84,7 +84,8 @@ class RouterChains:
         if start is None:
             return []
         parent_router = start.router_hash
-        end, named = start, []
+        end = start
+        named: list[int] = []
         for i, vllm_hash in enumerate(block_hashes):
             end = self._extend(end, token_ids[i * block_size : (i + 1) * block_size])
             if vllm_hash not in self._blocks:

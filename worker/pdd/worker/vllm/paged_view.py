@@ -37,7 +37,8 @@ def split_kv(block_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The K and V caches vLLM's CPU attention writes into, as views of ``block_cache``
     ``[num_blocks, kv_heads, block_size, 2 * head_dim]`` (as its ``forward`` makes them)."""
     num_blocks, kv_heads, block_size, _ = block_cache.shape
-    return block_cache.view(num_blocks, kv_heads, 2 * block_size, -1).chunk(2, dim=2)
+    k, v = block_cache.view(num_blocks, kv_heads, 2 * block_size, -1).chunk(2, dim=2)
+    return k, v
 
 
 def probe_block_layout(

@@ -217,7 +217,7 @@ class VllmRunner(EngineRunner):
         engine.deliver = self._on_outputs
         self._started = False
 
-    @property  # type: ignore[override]
+    @property
     def snapshot(self) -> RunnerSnapshot:
         """The load now: counted on the event loop, so never stale."""
         return RunnerSnapshot(stats=self.engine.stats, steps=self._steps)
@@ -235,7 +235,7 @@ class VllmRunner(EngineRunner):
 
     def stop(self) -> None:
         self._started = False
-        self.engine.shutdown()
+        self.engine.shutdown()  # type: ignore[attr-defined]
 
     @property
     def alive(self) -> bool:
