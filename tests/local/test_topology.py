@@ -117,14 +117,29 @@ def test_pdd_up_role_flags_reach_the_stack_config(tmp_path: Path) -> None:
     assert flags[Role.MAIN] == flags[Role.PREFILL] == ("--seed=1",)
 
 
-def test_pdd_up_engine_vllm_reaches_every_mono_worker_and_refuses_other_modes(
-    tmp_path: Path,
-) -> None:
+@pytest.mark.parametrize("mode", ["mono", "pdd", "naive", "samedc"])
+def test_pdd_up_engine_vllm_reaches_every_worker_in_every_mode(tmp_path: Path, mode: str) -> None:
     args = build_parser().parse_args(["--model", "tiny", "--engine", "vllm", "--worker-arg=-x"])
-    flags = extra_args(stack_config(args, "mono", 8080, tmp_path))
-    assert flags[Role.MONO] == ("--engine=vllm", "-x")
-    with pytest.raises(TopologyError, match="--engine vllm runs --mode mono so far"):
-        stack_config(args, "pdd", 8080, tmp_path)
+    flags = extra_args(stack_config(args, mode, 8080, tmp_path))
+    workers = (Role.PREFILL, Role.RELAY, Role.MAIN, Role.MONO)
+    assert all(flags[role] == ("--engine=vllm", "--router-block-size=16", "-x") for role in workers)
+
+
+@pytest.mark.parametrize(
+    ("router_args", "size"),
+    [([], 16), (["--router-arg=--block-size=32"], 32),
+     (["--router-arg=--block-size", "--router-arg=64", "--router-arg=--block-size=48"], 48)],
+)  # fmt: skip
+def test_pdd_up_tells_its_vllm_workers_the_routers_block_size(
+    tmp_path: Path, router_args: list[str], size: int
+) -> None:
+    """A vLLM worker renames vLLM's cached blocks into the router's: it must know their size,
+    whether the router runs at its default or at a --block-size given through --router-arg."""
+    args = build_parser().parse_args(["--model", "tiny", "--engine", "vllm", *router_args])
+    flags = extra_args(stack_config(args, "pdd", 8080, tmp_path))
+    assert all(f"--router-block-size={size}" in flags[role] for role in (Role.PREFILL, Role.MAIN))
+    pdd = build_parser().parse_args(["--model", "tiny", *router_args])
+    assert not extra_args(stack_config(pdd, "pdd", 8080, tmp_path))[Role.MAIN]
 
 
 def test_wan_tls_gives_every_worker_the_certificates_as_files() -> None:

@@ -25,9 +25,11 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from pdd.common.api_keys import ApiKeyFileError, env_api_keys, read_api_key_file
+from pdd.common.block_hash import DEFAULT_BLOCK_SIZE
 from pdd.common.config_document import API_KEYS_ENV
 from pdd.common.kv_codec import KV_CODEC_SETTINGS, MD_RECOMPUTE_MAX_TOKENS, NO_CODEC
 from pdd.common.model_store import (
@@ -60,7 +62,7 @@ def add_stack_flags(p: argparse.ArgumentParser, default_log_dir: Path | None) ->
     p.add_argument(
         "--engine", choices=("pdd", "vllm"), default="pdd",
         help="every worker's engine: PDD's own, or vLLM's AsyncLLM (the pdd[vllm] extra; "
-        "--mode mono so far; vLLM's flags through --worker-arg, e.g. --worker-arg=--dtype=float32)",
+        "vLLM's flags through --worker-arg, e.g. --worker-arg=--dtype=float32)",
     )  # fmt: skip
     for role in ("prefill", "relay", "main", "mono"):
         p.add_argument(f"--{role}", type=int, default=1, metavar="N", help=f"{role} workers")
@@ -119,7 +121,7 @@ def stack_config(args: argparse.Namespace, mode: str, port: int, log_dir: Path) 
         link=LinkSpec(gbps=args.link_gbps, rtt_ms=args.link_rtt_ms, jitter_ms=args.link_jitter_ms),
         redis_url=args.redis,
         log_dir=log_dir,
-        worker_args=engine_worker_args(args.engine, mode) + tuple(args.worker_arg),
+        worker_args=engine_worker_args(args.engine, mode, args.router_arg) + tuple(args.worker_arg),
         role_args=tuple((role, tuple(getattr(args, f"{role}_arg"))) for role in Role),
         router_args=tuple(args.router_arg),
         ready_timeout_s=args.ready_timeout_s,
@@ -129,16 +131,21 @@ def stack_config(args: argparse.Namespace, mode: str, port: int, log_dir: Path) 
     )
 
 
-def engine_worker_args(engine: str, mode: str) -> tuple[str, ...]:
-    """The workers' ``--engine`` flag; vLLM serves role mono only so far."""
+def engine_worker_args(engine: str, mode: str, router_args: Sequence[str] = ()) -> tuple[str, ...]:
+    """The workers' ``--engine`` flag (every role runs on either engine, in every mode).
+    A vLLM worker also gets the router's block size, the blocks it names vLLM's cached
+    blocks in for the router's prefix index (``--router-block-size``)."""
     if engine == "pdd":
         return ()
-    if mode != "mono":
-        raise TopologyError(
-            f"--engine {engine} runs --mode mono so far (P, RLD and MD on vLLM are next), "
-            f"not --mode {mode}"
-        )
-    return (f"--engine={engine}",)
+    return (f"--engine={engine}", f"--router-block-size={router_block_size(router_args)}")
+
+
+def router_block_size(router_args: Sequence[str]) -> int:
+    """The block size of the router ``pdd up`` starts: the last ``--block-size`` of its
+    ``--router-arg``s, else the router's default."""
+    p = argparse.ArgumentParser(prog="pdd up --router-arg", add_help=False, allow_abbrev=False)
+    p.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
+    return int(p.parse_known_args(list(router_args))[0].block_size)
 
 
 def stack_model(requested: str | None) -> str:

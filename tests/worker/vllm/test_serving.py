@@ -231,13 +231,16 @@ def test_worker_flags_reach_vllm_by_its_names(tmp_path: Path) -> None:
     assert gib.kv_cache_memory_bytes == 3 << 29
     events_at = f"ipc://{tempfile.gettempdir()}/pdd-vllm-kv-events-{os.getpid()}"
     assert sized.kv_events_endpoint == events_at  # a socket per worker process
+    assert sized.kv_store_dir is None  # mono moves no KV
+    for role in ("prefill", "relay", "main"):  # the connector's store: a folder per worker
+        moves = vllm_settings(worker_args("--model", str(tmp_path), "--role", role))
+        assert moves.kv_store_dir == f"{tempfile.gettempdir()}/pdd-vllm-kv-{os.getpid()}"
     assert args.router_block_size == 16  # the router's default, unless said otherwise
 
 
 @pytest.mark.parametrize(
     ("argv", "reason"),
     [
-        (["--role", "prefill"], "serves role mono so far, not prefill"),
         (["--num-blocks", "64"], "--num-blocks is the pdd engine's"),
         (["--model", "tiny"], "runs a checkpoint directory"),
         (["--router-block-size", "0"], "--router-block-size must be positive"),

@@ -245,15 +245,18 @@ async def build_runner(
     args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE
 ) -> EngineRunner:
     """The engine and its driver: the pdd engine on its thread, or (``--engine vllm``)
-    vLLM's AsyncLLM on this loop (``pdd.worker.vllm.serving``, imported only then)."""
+    vLLM's AsyncLLM on this loop (``pdd.worker.vllm.serving``, imported only then; P, RLD
+    and MD with the KV moves of ``role_engine``)."""
     loop = asyncio.get_running_loop()
     if args.engine == "vllm":
-        from pdd.worker.vllm import serving
+        from pdd.worker.vllm import role_engine, serving
 
         try:
             settings = vllm_settings(args)
+            moves_kv = settings.kv_store_dir is not None
+            start = role_engine.start_role_engine if moves_kv else serving.start_engine
             engine = await start_stoppably(
-                lambda: serving.start_engine(settings, args.router_block_size),
+                lambda: start(settings, args.router_block_size),
                 host_files(settings),
             )
         except (VllmWorkerConfigError, VllmNotInstalledError) as exc:

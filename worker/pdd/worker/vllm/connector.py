@@ -150,6 +150,14 @@ class PDDConnector(KVConnectorBase_V1):
             self._exports.setdefault(request.request_id, _Export(export, _prompt(request)))
         if imported is None:
             return 0, False
+        if num_computed_tokens < imported.start:
+            # The hit this instance answered was evicted meanwhile: the store lacks
+            # [hit, start), so the request is computed in full, never read stale.
+            log.warning(
+                "request %s: the prefix cache holds %d tokens, the import starts at %d; "
+                "computing it in full", request.request_id, num_computed_tokens, imported.start,
+            )  # fmt: skip
+            return 0, False
         self._imports[request.request_id] = imported
         self._local_hit[request.request_id] = num_computed_tokens
         matched = min(imported.tokens, len(_prompt(request)) - 1)

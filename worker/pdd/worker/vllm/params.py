@@ -8,6 +8,9 @@ tests build these without it.
   ``tokens`` tokens comes from ``key``, past what this instance's prefix cache holds.
   For a handoff the prompt is P's prompt plus the token IDs decoded elsewhere and
   ``tokens`` is P's prompt length: the instance computes only the handed-over IDs.
+  ``start``: the store holds the KV from this token on, the instance's prefix cache
+  being expected to hold what is before it (the hit it answered); where it no longer
+  does, nothing is imported and the request is computed in full.
 
 vLLM carries them as ``SamplingParams(extra_args={"kv_transfer_params": ...})``.
 """
@@ -35,6 +38,7 @@ class Transfer:
     key: str
     codec: KVCodec = NO_CODEC
     tokens: int = 0
+    start: int = 0
 
 
 def export_params(key: str, codec: KVCodec = NO_CODEC) -> dict[str, Any]:
@@ -42,11 +46,17 @@ def export_params(key: str, codec: KVCodec = NO_CODEC) -> dict[str, Any]:
     return {EXPORT: {"key": check_key(key), "codec": parse_kv_codec(codec)}}
 
 
-def import_params(key: str, tokens: int, codec: KVCodec = NO_CODEC) -> dict[str, Any]:
-    """``kv_transfer_params`` that import the KV of a prompt's first ``tokens`` tokens."""
+def import_params(
+    key: str, tokens: int, codec: KVCodec = NO_CODEC, start: int = 0
+) -> dict[str, Any]:
+    """``kv_transfer_params`` that import the KV of a prompt's first ``tokens`` tokens,
+    stored from token ``start`` on (the prefix cache holding those before it)."""
     if not isinstance(tokens, int) or tokens < 1:
         raise BadTransferParamsError(f"an import needs tokens >= 1, got {tokens!r}")
-    return {IMPORT: {"key": check_key(key), "tokens": tokens, "codec": parse_kv_codec(codec)}}
+    if not isinstance(start, int) or not 0 <= start < tokens:
+        raise BadTransferParamsError(f"an import starts in [0, {tokens}), got {start!r}")
+    entry = {"key": check_key(key), "tokens": tokens, "codec": parse_kv_codec(codec)}
+    return {IMPORT: {**entry, "start": start} if start else entry}
 
 
 def parse(params: dict[str, Any] | None) -> tuple[Transfer | None, Transfer | None]:
@@ -65,7 +75,8 @@ def _transfer(entry: Any, name: str) -> Transfer | None:
         if name == EXPORT:
             built = export_params(entry["key"], entry.get("codec", NO_CODEC))
         else:
-            built = import_params(entry["key"], entry["tokens"], entry.get("codec", NO_CODEC))
+            codec = entry.get("codec", NO_CODEC)
+            built = import_params(entry["key"], entry["tokens"], codec, entry.get("start", 0))
     except (TypeError, KeyError, ValueError) as exc:
         raise BadTransferParamsError(f"kv_transfer_params[{name!r}] = {entry!r}: {exc}") from exc
     return Transfer(**built[name])

@@ -24,6 +24,7 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -37,7 +38,7 @@ from pdd.worker.engine.request import (
     UnknownRequestError,
 )
 from pdd.worker.engine.sampling import SamplingParams
-from pdd.worker.engine_runner import EngineRunner, RunnerSnapshot
+from pdd.worker.engine_runner import EngineRunner, RunnerSnapshot, _run_all
 from pdd.worker.vllm.engine_args import VllmEngineSettings, engine_kwargs
 from pdd.worker.vllm.offline import INSTALL_HINT, VllmNotInstalledError
 from pdd.worker.vllm.sampling import vllm_sampling_kwargs
@@ -51,6 +52,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}
+#: How often a role waiting on vLLM between its outputs looks again (``after_next_step``).
+STEP_TICK_S = 0.01
 
 
 class KVUsage:
@@ -139,7 +142,19 @@ class VllmEngine:
                 f"the prompt has {len(prompt_ids)} tokens; this instance takes at most "
                 f"{self._info.max_prompt_tokens}"
             )
-        sampling = self._sampling(vllm_sampling_kwargs(params))
+        self._submit(request_id, prompt_ids, params)
+
+    def _submit(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        kv_transfer_params: dict[str, Any] | None = None,
+    ) -> None:
+        """Run ``prompt_ids`` as vLLM's request ``request_id``, the connector's move (if
+        any) in its ``kv_transfer_params``; refused (``VllmSamplingError``) as the
+        sampling mapping refuses."""
+        sampling = self._sampling(vllm_sampling_kwargs(params, kv_transfer_params))
         self._waiting.add(request_id)
         task = asyncio.get_running_loop().create_task(
             self._run(request_id, prompt_ids, sampling), name=f"vllm-{request_id}"
@@ -167,6 +182,8 @@ class VllmEngine:
             async for out in self.llm.generate({"prompt_token_ids": prompt_ids}, sampling, rid):
                 first = rid in self._waiting
                 self._waiting.discard(rid)
+                if first:
+                    self._started(rid, len(prompt_ids), int(out.num_cached_tokens or 0))
                 self.deliver([_pdd_output(rid, out, first)])
         except asyncio.CancelledError:
             raise
@@ -182,6 +199,15 @@ class VllmEngine:
             if self._tasks.get(rid) is asyncio.current_task():
                 del self._tasks[rid]
             self._waiting.discard(rid)
+            self._ended(rid)
+
+    def _started(self, rid: str, prompt_tokens: int, cached_tokens: int) -> None:
+        """vLLM's first output of ``rid``: of its ``prompt_tokens``, ``cached_tokens`` were
+        not computed (its prefix cache, or loaded by the connector)."""
+
+    def _ended(self, rid: str) -> None:
+        """vLLM is done with ``rid`` (finished, failed or cancelled): nothing to forget
+        here; the roles' engine drops what it kept for the request."""
 
     def shutdown(self) -> None:
         """Drop what runs and stop vLLM's engine core (its processes end with it)."""
@@ -216,6 +242,8 @@ class VllmRunner(EngineRunner):
         super().__init__(engine, loop)  # type: ignore[arg-type]  # the serving surface
         engine.deliver = self._on_outputs
         self._started = False
+        self._after_step: list[tuple[Callable[[Any], Any], asyncio.Future]] = []
+        self._tick: asyncio.TimerHandle | None = None
 
     @property
     def snapshot(self) -> RunnerSnapshot:
@@ -248,13 +276,59 @@ class VllmRunner(EngineRunner):
         return result
 
     def after_next_step(self, fn: Callable[[Any], T]) -> asyncio.Future[T]:
-        raise NotImplementedError("engine vllm steps in its own processes: no step hook")
+        """``fn(engine)`` once vLLM's next output arrives, or a tick passes: vLLM steps
+        in its own processes and says nothing between outputs (a prefill's chunks land
+        in the connector's store while no output comes), so the tick is how a role
+        waiting for KV looks again."""
+        future: asyncio.Future[T] = self._loop.create_future()
+        self._after_step.append((fn, future))
+        self._tick_soon()
+        return future
+
+    async def next_step(self) -> None:
+        """Until vLLM's next output, or a tick (see ``after_next_step``)."""
+        self._tick_soon()
+        await super().next_step()
+
+    def _tick_soon(self) -> None:
+        if self._tick is None:
+            self._tick = self._loop.call_later(STEP_TICK_S, self._turn)
+
+    def _turn(self) -> None:
+        """A turn without outputs: run the step hooks, wake the step waiters."""
+        self._tick = None
+        self._deliver([])
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        after, self._after_step = self._after_step, []
+        _run_all(self.engine, after)
+        super()._deliver(outputs)
+
+
+@dataclass(frozen=True)
+class StartedVllm:
+    """A started ``AsyncLLM`` and what an engine over it is built from."""
+
+    llm: AsyncLLM
+    info: EngineInfo
+    usage: KVUsage
+    sampling: Callable[[dict[str, Any]], Any]
+    cache_events: VllmKVEventFeed | None
 
 
 def start_engine(settings: VllmEngineSettings, router_block_size: int) -> VllmEngine:
+    """``start_vllm`` wrapped for the mono role (the roles that move KV:
+    ``role_engine.start_role_engine``)."""
+    started = start_vllm(settings, router_block_size)
+    return VllmEngine(
+        started.llm, started.info, started.usage, started.sampling, started.cache_events
+    )
+
+
+def start_vllm(settings: VllmEngineSettings, router_block_size: int) -> StartedVllm:
     """Start vLLM's ``AsyncLLM`` for ``settings`` (its engine core's processes: tens of
-    seconds) and wrap it; its KV events (when ``settings`` publishes them) are named in
-    the router's blocks of ``router_block_size`` tokens. VllmNotInstalledError without the
+    seconds); its KV events (when ``settings`` publishes them) are named in the router's
+    blocks of ``router_block_size`` tokens. VllmNotInstalledError without the
     ``pdd[vllm]`` extra."""
     try:
         from vllm import SamplingParams as VllmSamplingParams
@@ -285,7 +359,7 @@ def start_engine(settings: VllmEngineSettings, router_block_size: int) -> VllmEn
     def sampling(kwargs: dict[str, Any]) -> Any:
         return VllmSamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA)
 
-    return VllmEngine(llm, engine_info(llm.vllm_config, settings), usage, sampling, feed)
+    return StartedVllm(llm, engine_info(llm.vllm_config, settings), usage, sampling, feed)
 
 
 def engine_info(config: Any, settings: VllmEngineSettings) -> EngineInfo:

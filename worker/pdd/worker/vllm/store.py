@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Protocol
 
@@ -31,8 +32,8 @@ class KVStore(Protocol):
         """Append one chunk to ``key``'s stream."""
         ...
 
-    def chunks(self, key: str) -> list[bytes]:
-        """Every chunk of ``key`` so far, in the order they were put."""
+    def chunks(self, key: str, skip: int = 0) -> list[bytes]:
+        """Every chunk of ``key`` so far past the first ``skip``, in the order they were put."""
         ...
 
 
@@ -62,8 +63,12 @@ class DirectoryKVStore:
         partial.write_bytes(chunk)
         partial.rename(final)
 
-    def chunks(self, key: str) -> list[bytes]:
+    def chunks(self, key: str, skip: int = 0) -> list[bytes]:
         folder = self.root / check_key(key)
         if not folder.is_dir():
             return []
-        return [p.read_bytes() for p in sorted(folder.glob(f"*{_SUFFIX}"))]
+        return [p.read_bytes() for p in sorted(folder.glob(f"*{_SUFFIX}"))[skip:]]
+
+    def drop(self, key: str) -> None:
+        """Forget ``key``'s chunks (a request released or done with)."""
+        shutil.rmtree(self.root / check_key(key), ignore_errors=True)

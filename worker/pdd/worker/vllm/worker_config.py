@@ -4,7 +4,7 @@ The worker's engine flags already carry vLLM's names where the pdd engine has th
 setting (``--max-num-seqs``, ``--gpu-memory-utilization``, ``--max-model-len``,
 ``--max-num-batched-tokens``, ``--block-size``, ``--dtype``); the settings only vLLM has
 are added here under its names (``--tensor-parallel-size``, ``--kv-cache-dtype``,
-``--enforce-eager``). A flag vLLM has no use for, or a role not yet served on vLLM, is
+``--enforce-eager``). A flag vLLM has no use for is
 refused with the reason (``VllmWorkerConfigError``; the worker exits 2), never ignored.
 No vLLM import: the settings are checked before vLLM starts.
 """
@@ -21,8 +21,6 @@ from pdd.common.model_store import ModelNotPulledError, resolve_model
 from pdd.worker.vllm.engine_args import VllmEngineSettings
 
 ENGINES = ("pdd", "vllm")
-#: Roles the vLLM worker serves so far (P, RLD and MD are issue 56's next slices).
-VLLM_ROLES = frozenset({"mono"})
 #: vLLM's KV space unless the flags size it: the pdd worker's CPU default.
 DEFAULT_KV_BYTES = 256 << 20
 
@@ -35,8 +33,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """``--engine`` and the settings only vLLM reads, by vLLM's names."""
     parser.add_argument(
         "--engine", choices=ENGINES, default="pdd",
-        help="the inference engine: PDD's own, or vLLM's AsyncLLM (the pdd[vllm] extra; "
-        "role mono so far)",
+        help="the inference engine: PDD's own, or vLLM's AsyncLLM (the pdd[vllm] extra)",
     )  # fmt: skip
     g = parser.add_argument_group("--engine vllm (vLLM's own flag names)")
     add_vllm_only_flags(g)
@@ -64,10 +61,6 @@ def vllm_settings(args: argparse.Namespace) -> VllmEngineSettings:
         raise VllmWorkerConfigError(
             f"--router-block-size must be positive, got {args.router_block_size}"
         )
-    if args.role not in VLLM_ROLES:
-        raise VllmWorkerConfigError(
-            f"--engine vllm serves role {', '.join(sorted(VLLM_ROLES))} so far, not {args.role}"
-        )
     pdd_only = (("num_blocks", "--num-blocks"), ("max_prompt_tokens", "--max-prompt-tokens"))
     for dest, flag in pdd_only:
         if getattr(args, dest) is not None:
@@ -91,7 +84,14 @@ def vllm_settings(args: argparse.Namespace) -> VllmEngineSettings:
         enforce_eager=args.enforce_eager,
         seed=0,
         kv_events_endpoint=kv_events_endpoint(),
+        kv_store_dir=None if args.role == "mono" else kv_store_dir(),
     )
+
+
+def kv_store_dir() -> str:
+    """Where this worker and its vLLM engine core exchange KV chunks (the connector's
+    store): a folder of its own, named by the worker's process ID, removed when it stops."""
+    return f"{tempfile.gettempdir()}/pdd-vllm-kv-{os.getpid()}"
 
 
 def kv_events_endpoint() -> str:
