@@ -142,6 +142,26 @@ def test_pdd_up_tells_its_vllm_workers_the_routers_block_size(
     assert not extra_args(stack_config(pdd, "pdd", 8080, tmp_path))[Role.MAIN]
 
 
+@pytest.mark.parametrize(
+    "worker_args",
+    [["--worker-arg=--block-size=32"], ["--main-arg=--block-size", "--main-arg=32"]],
+)
+def test_pdd_up_refuses_pdd_engine_workers_whose_blocks_the_router_does_not_index(
+    tmp_path: Path, worker_args: list[str]
+) -> None:
+    """The router leaves out a pdd-engine worker whose block size differs from its own, so
+    such a stack would fail every request: refused up front, naming the router's flag."""
+    args = build_parser().parse_args(["--model", "tiny", *worker_args])
+    with pytest.raises(TopologyError, match="--router-arg=--block-size=32"):
+        stack_config(args, "pdd", 8080, tmp_path)
+    agreed = build_parser().parse_args(
+        ["--model", "tiny", *worker_args, "--router-arg=--block-size=32"]
+    )
+    assert stack_config(agreed, "pdd", 8080, tmp_path).router_args == ("--block-size=32",)
+    vllm = build_parser().parse_args(["--model", "tiny", "--engine", "vllm", *worker_args])
+    stack_config(vllm, "pdd", 8080, tmp_path)  # vLLM workers rename blocks into the router's
+
+
 def test_wan_tls_gives_every_worker_the_certificates_as_files() -> None:
     """``pdd up --wan-tls``: the rendered Secret becomes a folder of PEM files per worker,
     named by the flag that the worker reads (``host_argv`` points it at the host copy)."""

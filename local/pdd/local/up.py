@@ -112,6 +112,7 @@ def add_stack_flags(p: argparse.ArgumentParser, default_log_dir: Path | None) ->
 
 
 def stack_config(args: argparse.Namespace, mode: str, port: int, log_dir: Path) -> StackConfig:
+    check_block_sizes(args)
     return StackConfig(
         mode=mode,  # type: ignore[arg-type]
         model=stack_model(args.model),
@@ -143,9 +144,32 @@ def engine_worker_args(engine: str, mode: str, router_args: Sequence[str] = ()) 
 def router_block_size(router_args: Sequence[str]) -> int:
     """The block size of the router ``pdd up`` starts: the last ``--block-size`` of its
     ``--router-arg``s, else the router's default."""
-    p = argparse.ArgumentParser(prog="pdd up --router-arg", add_help=False, allow_abbrev=False)
-    p.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
-    return int(p.parse_known_args(list(router_args))[0].block_size)
+    given = block_size_flag(router_args)
+    return DEFAULT_BLOCK_SIZE if given is None else given
+
+
+def block_size_flag(flags: Sequence[str]) -> int | None:
+    """The last ``--block-size`` among ``flags`` (a process's extra arguments), if any."""
+    p = argparse.ArgumentParser(prog="pdd up", add_help=False, allow_abbrev=False)
+    p.add_argument("--block-size", type=int, default=None)
+    given = p.parse_known_args(list(flags))[0].block_size
+    return None if given is None else int(given)
+
+
+def check_block_sizes(args: argparse.Namespace) -> None:
+    """Refuse pdd-engine workers given a ``--block-size`` the router does not index (it
+    leaves such a worker out, so every request would fail), naming the router's flag.
+    vLLM workers rename their blocks into the router's (``--router-block-size``)."""
+    if args.engine != "pdd":
+        return
+    router = router_block_size(args.router_arg)
+    for role in Role:
+        worker = block_size_flag([*args.worker_arg, *getattr(args, f"{role}_arg")])
+        if worker is not None and worker != router:
+            raise TopologyError(
+                f"the {role} workers cache blocks of {worker} tokens but the router indexes "
+                f"blocks of {router}: give it the same (--router-arg=--block-size={worker})"
+            )
 
 
 def stack_model(requested: str | None) -> str:
