@@ -67,8 +67,8 @@ class Rig:
 
     async def submitted(self, rid: str) -> tuple[list[int], dict[str, Any]]:
         """The prompt and sampling keyword arguments vLLM got for ``rid``."""
-        while rid not in self.llm.prompts:
-            await asyncio.sleep(0)  # the generate task starts on the loop's next turn
+        # The generate task starts on a later turn of the loop.
+        await until(lambda: rid in self.llm.prompts, f"vLLM got {rid}")
         prompt, sampling = self.llm.prompts[rid]
         return prompt["prompt_token_ids"], sampling
 
@@ -95,7 +95,8 @@ async def test_p_exports_what_the_connector_wrote_in_the_receivers_codec(tmp_pat
     assert torch.allclose(got, want, rtol=0.02, atol=want.abs().max().item() / 100)
     # P's request is over in vLLM; the KV stays held until the role lets go of it.
     rig.llm.feed("p1", [7], finish="length")
-    await asyncio.sleep(0)
+    # vLLM's task for p1 is over (and the engine's end-of-request hook has run).
+    await until(lambda: not rig.engine.has_unfinished(), "vLLM done with p1")
     assert rig.engine.computed_tokens("p1") == 20
     rig.engine.abort("p1")
     assert rig.store.chunks(export.key) == []
