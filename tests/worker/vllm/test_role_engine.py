@@ -139,6 +139,8 @@ async def test_handed_ids_that_end_the_request_end_it_without_vllm(tmp_path: Pat
     for rid, params, ids, reason in (
         ("a", SamplingParams(max_tokens=2), [40, 41], FinishReason.LENGTH),
         ("b", SamplingParams(max_tokens=9), [40, EOS], FinishReason.STOP),
+        # EOS at the length limit is a stop, as the pdd engine ends it (one rule for both)
+        ("c", SamplingParams(max_tokens=2), [40, EOS], FinishReason.STOP),
     ):
         rig.engine.attach_request(PROMPT, params, rid)
         rig.engine.import_kv(rid, chunk(0, 20))

@@ -10,7 +10,7 @@ another instance) are the same operation with a different length.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -225,13 +225,29 @@ class Request:
         self, eos_token_ids: tuple[int, ...], max_model_len: int
     ) -> FinishReason | None:
         """Why the request is done after its last appended token, or None to keep going."""
-        last = self.output_ids[-1] if self.output_ids else None
         if self.grammar is not None and self.grammar.complete:
             return FinishReason.STOP
-        if last is not None and last in self.params.stop_token_ids:
-            return FinishReason.STOP
-        if last is not None and not self.params.ignore_eos and last in eos_token_ids:
-            return FinishReason.STOP
-        if len(self.output_ids) >= self.params.max_tokens or self.num_tokens >= max_model_len:
-            return FinishReason.LENGTH
-        return None
+        return finish_reason_after(
+            self.output_ids, self.params, eos_token_ids, self.num_tokens, max_model_len
+        )
+
+
+def finish_reason_after(
+    output_ids: Sequence[int],
+    params: SamplingParams,
+    eos_token_ids: Collection[int],
+    num_tokens: int,
+    max_model_len: int,
+) -> FinishReason | None:
+    """Why a request with ``output_ids`` (``num_tokens`` with its prompt) is done, its
+    grammar aside, or None to keep going: a stop id or EOS last, else its length. One rule
+    for the pdd engine's own samples and for IDs sampled elsewhere that vLLM's roles'
+    engine takes over (a relay's), so both engines end a request alike."""
+    last = output_ids[-1] if output_ids else None
+    if last is not None and last in params.stop_token_ids:
+        return FinishReason.STOP
+    if last is not None and not params.ignore_eos and last in eos_token_ids:
+        return FinishReason.STOP
+    if len(output_ids) >= params.max_tokens or num_tokens >= max_model_len:
+        return FinishReason.LENGTH
+    return None

@@ -45,11 +45,11 @@ from pdd.common.cache_events import CacheEvent
 from pdd.common.kv_codec import NO_CODEC, KVCodec
 from pdd.common.wire import EngineInfo
 from pdd.worker.engine.request import (
-    FinishReason,
     PromptTooLongError,
     RequestError,
     RequestOutput,
     UnknownRequestError,
+    finish_reason_after,
 )
 from pdd.worker.engine.sampling import SamplingParams
 from pdd.worker.model.kv_cache import KVLayout
@@ -237,7 +237,10 @@ class VllmRoleEngine(VllmEngine):
         """Submit the attached request, or end it where the handed-over IDs already do."""
         del self._attached[request_id]
         pending, params = attached.pending, attached.params
-        ended = self._ended_by(pending, params)
+        ended = finish_reason_after(
+            pending, params, self._eos, len(attached.kv.token_ids) + len(pending),
+            self._info.max_model_len,
+        ) if pending else None  # fmt: skip
         if ended is not None:
             done = RequestOutput(request_id, [], True, ended)
             asyncio.get_running_loop().call_soon(self.deliver, [done])
@@ -263,18 +266,6 @@ class VllmRoleEngine(VllmEngine):
             self._store.put(key, next(kv.chunks(kv.start, held, held)))
             transfer = import_params(key, held, start=kv.start)
         self._submit(request_id, prompt, params, transfer)
-
-    def _ended_by(self, ids: Sequence[int], params: SamplingParams) -> FinishReason | None:
-        """Whether IDs sampled elsewhere already end the request, as the pdd engine's
-        stop rules would: its length, or a stop (EOS unless ignored) past ``min_tokens``."""
-        if not ids:
-            return None
-        if len(ids) >= params.max_tokens:
-            return FinishReason.LENGTH
-        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else self._eos)
-        if len(ids) >= params.min_tokens and ids[-1] in stops:
-            return FinishReason.STOP
-        return None
 
     def _attachment(self, request_id: str) -> _Attached:
         attached = self._attached.get(request_id)
