@@ -8,6 +8,7 @@ and scrapers), everything under ``/v1`` needs a key when keys are configured.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import logging
@@ -62,6 +63,9 @@ def create_app(runtime: RouterRuntime) -> FastAPI:
             yield
         finally:
             await runtime.close()
+            # uvicorn ends the process by re-raising the stop signal once this has run, so
+            # no exit hook flushes the spans still batched (the last seconds of requests).
+            await asyncio.to_thread(tracing.flush)
 
     app = FastAPI(title="pdd router", lifespan=lifespan)
     app.add_middleware(AccessLogMiddleware)

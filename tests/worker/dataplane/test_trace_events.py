@@ -21,6 +21,7 @@ import pytest
 
 from pdd.common import tracing
 from pdd.common.wire import PipelinePlan, TokenEvent
+from pdd.testing.waiting import until
 
 pytestmark = [pytest.mark.unit, pytest.mark.virtual_clock]
 
@@ -84,6 +85,42 @@ async def test_a_dead_main_decode_is_a_failover_and_a_takeover_on_the_trace(
     assert (failover["pdd.failed"], failover["pdd.failover.to"]) == ("md_v", "rld")
     (decode,) = [s for s in ours if s["name"] == "pdd.relay.decode"]
     assert decode["parentSpanId"] == request["spanId"]
+    assert "pdd.takeover" in decode["eventsByName"]
+
+
+async def test_a_takeover_that_overtakes_the_relays_kv_waits_for_it(
+    vdp, traces: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MD dies before P's KV reaches the relay: the router's takeover arrives first. It
+    waits for the request (refused, it was lost: the relay stopped at the handoff point)."""
+    prompt = vdp.prompts(1, seed=63, lo=90, hi=91)[0]
+    relay = vdp.cluster["rld"].role
+    asked = asyncio.Event()
+    takeover = relay.takeover
+
+    async def observed(request_id: str) -> None:
+        asked.set()
+        await takeover(request_id)
+
+    monkeypatch.setattr(relay, "takeover", observed)
+    fast, wan = vdp.cluster.fast_path("rld"), vdp.cluster.wan_path("md_v")
+    fast.pause()  # the relay has nothing until the router has asked it to take over
+    wan.pause()
+    with tracing.span("pdd.request") as root:
+        plan = vdp.cluster.plan("t-early-0", prompt, "P-RLD-MD", vdp.sampling(0, MAX_TOKENS),
+                                main="md_v")  # fmt: skip
+        vdp.cluster.crash("md_v")
+        running = asyncio.ensure_future(vdp.run_all([traced(plan)]))
+        await until(asked.is_set, "the router asked the relay to take over")
+        assert plan.request_id not in relay.sessions
+        fast.resume()
+        [result] = await running
+        trace_id = tracing.trace_id_hex(root)
+    assert set(result.sources) == {"rld"} and len(result.token_ids) == MAX_TOKENS
+    await vdp.assert_quiescent()
+
+    ours = [s for s in spans(traces) if s["traceId"] == trace_id]
+    (decode,) = [s for s in ours if s["name"] == "pdd.relay.decode"]
     assert "pdd.takeover" in decode["eventsByName"]
 
 

@@ -204,15 +204,21 @@ class RelayRole(RoleBase):
 
     # --- control API --------------------------------------------------------------------------
     async def takeover(self, request_id: str) -> None:
-        """MD is gone: stream everything and finish here (RLD decodes on regardless)."""
-        entry = self.sessions.get(request_id)
-        if entry is None:
-            raise NoSuchRequestError(request_id)
+        """MD is gone: stream everything and finish here (RLD decodes on regardless).
+
+        The router may learn MD is gone before P's KV reached this relay (MD dies early,
+        the fast path is slow): the takeover then waits for the request, as MD's handoff
+        does, instead of being refused and lost, which left the relay's stream stopped
+        at the handoff point for a request nobody else would finish."""
+        try:
+            _, session = await self._session(request_id)
+        except TimeoutError:
+            raise NoSuchRequestError(request_id) from None
         tracing.event(
-            "pdd.takeover", {"pdd.streamed_tokens": entry[1].emitted},
+            "pdd.takeover", {"pdd.streamed_tokens": session.emitted},
             on=self._decode_spans.get(request_id),
         )  # fmt: skip
-        entry[1].unlimit()
+        session.unlimit()
 
     async def stop_request(self, request_id: str) -> None:
         entry = self.sessions.get(request_id)
