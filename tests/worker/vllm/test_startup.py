@@ -16,6 +16,7 @@ import pytest
 from pdd.testing.waiting import until_sync
 from pdd.worker.vllm.engine_args import VllmEngineSettings
 from pdd.worker.vllm.startup import host_files, start_stoppably
+from pdd.worker.vllm.worker_config import remove_dead_workers_files
 
 STARTING = """
 import asyncio, subprocess, sys, threading
@@ -85,3 +86,25 @@ def test_the_host_files_of_a_start_are_its_ipc_socket_only() -> None:
     ]
     assert host_files(settings("tcp://127.0.0.1:5557")) == []
     assert host_files(settings(None)) == []
+
+
+@pytest.mark.unit
+def test_a_start_removes_what_killed_workers_left_on_the_host(tmp_path: Path) -> None:
+    """SIGKILL (OOM, a node's kubelet) skips every stop: the socket and the KV store of
+    a dead worker stay in the temp folder, one pair per restart, until a start removes
+    them; a live worker's (this process's) and other files stay."""
+    dead = int(Path("/proc/sys/kernel/pid_max").read_text())  # never a process's ID
+    mine = os.getpid()
+    for pid in (dead, mine):
+        (tmp_path / f"pdd-vllm-kv-events-{pid}").write_text("")
+        store = tmp_path / f"pdd-vllm-kv-{pid}" / "req-1"
+        store.mkdir(parents=True)
+        (store / "chunk-0").write_bytes(b"kv")
+    (tmp_path / "pdd-vllm-kv-notes").mkdir()
+    removed = remove_dead_workers_files(tmp_path)
+    assert sorted(p.name for p in removed) == [
+        f"pdd-vllm-kv-{dead}", f"pdd-vllm-kv-events-{dead}"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"pdd-vllm-kv-{mine}", f"pdd-vllm-kv-events-{mine}", "pdd-vllm-kv-notes"
+    ]

@@ -57,7 +57,12 @@ from pdd.worker.roles.protocol import split_addr
 from pdd.worker.transport import TlsConfigError, WanTls, load_wan_tls
 from pdd.worker.vllm.offline import VllmNotInstalledError
 from pdd.worker.vllm.startup import host_files, start_stoppably
-from pdd.worker.vllm.worker_config import VllmWorkerConfigError, add_engine_flags, vllm_settings
+from pdd.worker.vllm.worker_config import (
+    VllmWorkerConfigError,
+    add_engine_flags,
+    remove_dead_workers_files,
+    vllm_settings,
+)
 
 log = logging.getLogger("pdd.worker")
 
@@ -251,6 +256,8 @@ async def build_runner(
     if args.engine == "vllm":
         from pdd.worker.vllm import role_engine, serving
 
+        for path in remove_dead_workers_files():
+            log.info("removed %s, left by a worker that no longer runs", path)
         try:
             settings = vllm_settings(args)
             moves_kv = settings.kv_store_dir is not None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -88,16 +89,41 @@ def vllm_settings(args: argparse.Namespace) -> VllmEngineSettings:
     )
 
 
+#: The host files a vLLM worker names by its process ID, in the temp folder.
+KV_STORE_PREFIX = "pdd-vllm-kv-"
+KV_EVENTS_PREFIX = "pdd-vllm-kv-events-"
+
+
 def kv_store_dir() -> str:
     """Where this worker and its vLLM engine core exchange KV chunks (the connector's
     store): a folder of its own, named by the worker's process ID, removed when it stops."""
-    return f"{tempfile.gettempdir()}/pdd-vllm-kv-{os.getpid()}"
+    return f"{tempfile.gettempdir()}/{KV_STORE_PREFIX}{os.getpid()}"
 
 
 def kv_events_endpoint() -> str:
     """Where this worker's vLLM publishes its KV events: an ipc socket named by the
     worker's process ID, so instances on one host never collide on a port."""
-    return f"ipc://{tempfile.gettempdir()}/pdd-vllm-kv-events-{os.getpid()}"
+    return f"ipc://{tempfile.gettempdir()}/{KV_EVENTS_PREFIX}{os.getpid()}"
+
+
+def remove_dead_workers_files(folder: Path | None = None) -> list[Path]:
+    """Remove the KV stores and KV-event sockets of workers no longer running (a SIGKILL,
+    an OOM kill: no stop of theirs ran) from ``folder`` (the temp folder); what it removed.
+
+    A worker's files carry its process ID, so one whose ID names no process is nobody's.
+    An ID reused by another process keeps its files until that one ends: never a live
+    worker's files removed."""
+    removed = []
+    for path in (folder or Path(tempfile.gettempdir())).glob(f"{KV_STORE_PREFIX}*"):
+        pid = path.name.removeprefix(KV_EVENTS_PREFIX).removeprefix(KV_STORE_PREFIX)
+        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
 
 
 def checkpoint(source: str) -> str:
