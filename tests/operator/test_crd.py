@@ -1,10 +1,18 @@
-"""The CRD: valid for Kubernetes, examples valid against it, CEL rules that catch the
-same mistakes as the operator's own validation, defaults that match the models."""
+"""The CRD: generated from the models (crds/ is ``pdd operator crd``'s output), structural and
+valid for Kubernetes, examples valid against it, CEL rules that the operator runs too,
+defaults that match the models, a status schema that holds what the operator writes.
+
+After changing the spec or status models, regenerate the file:
+
+    PDD_UPDATE_DOCS=1 .venv/bin/python -m pytest tests/operator/test_crd.py -n 0
+    (or: .venv/bin/pdd operator crd > crds/pdddeployments.yaml)
+"""
 
 from __future__ import annotations
 
 import copy
 import glob
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +22,21 @@ import pytest
 import yaml
 
 from pdd.common.kv_codec import KV_CODEC_SETTINGS
+from pdd.operator import cel
+from pdd.operator import crd as crd_module
+from pdd.operator.conditions import Condition, merge_conditions
+from pdd.operator.crd_schema import structural_schema
+from pdd.operator.readiness import public_roles, role_status
+from pdd.operator.sizing import kv_capacity, size_link
 from pdd.operator.spec import QUANTITY_PATTERN, PDDSpec
+from pdd.operator.status_model import PDDStatus
 from pdd.operator.validation import InvalidSpecError, parse_spec
 
 pytestmark = pytest.mark.unit
 
 DATA = Path(__file__).parent / "data"
 REPO = Path(__file__).resolve().parents[2]
+CRD_FILE = REPO / "crds" / "pdddeployments.yaml"
 
 
 def openapi(crd: dict[str, Any]) -> dict[str, Any]:
@@ -52,33 +68,13 @@ def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
     return out
 
 
-def cel_failures(schema: dict[str, Any], value: Any) -> list[str]:
-    """Evaluate every x-kubernetes-validations rule where its schema node has a value."""
-    celpy = pytest.importorskip("celpy")  # cel-python: the dev extra the lead adds
-    env = celpy.Environment()
-    failures: list[str] = []
-    for rule in schema.get("x-kubernetes-validations", []):
-        activation = {"self": celpy.json_to_cel(value)}
-        if not env.program(env.compile(rule["rule"])).evaluate(activation):
-            expression = rule.get("messageExpression")
-            message = rule["message"]
-            if expression:
-                message = str(env.program(env.compile(expression)).evaluate(activation))
-            failures.append(message)
-    if isinstance(value, dict):
-        for key, prop in schema.get("properties", {}).items():
-            if key in value:
-                failures += cel_failures(prop, value[key])
-    return failures
-
-
 def admit(crd: dict[str, Any], cr: dict[str, Any]) -> list[str]:
     """A small admission: defaults, then the structural schema, then CEL."""
     schema = openapi(crd)
     cr = apply_defaults(schema, cr)
     validator = jsonschema.Draft7Validator(to_json_schema(schema))
     errors = [f"{'.'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(cr)]
-    return errors + cel_failures(schema, cr)
+    return errors + cel.failures(schema, cr)
 
 
 def example_crs() -> list[str]:
@@ -88,6 +84,67 @@ def example_crs() -> list[str]:
         if any(isinstance(d, dict) and d.get("kind") == "PDDDeployment" for d in docs):
             paths.append(path)
     return paths
+
+
+def test_the_crd_file_is_the_generators_output() -> None:
+    """crds/pdddeployments.yaml (and the chart's link to it) is ``pdd operator crd``'s output:
+    a change to the models that is not regenerated fails here."""
+    generated = crd_module.render()
+    if os.environ.get("PDD_UPDATE_DOCS") == "1":
+        CRD_FILE.write_text(generated)
+    assert CRD_FILE.read_text() == generated, (
+        "crds/pdddeployments.yaml differs from what the models generate; regenerate it: "
+        "PDD_UPDATE_DOCS=1 .venv/bin/python -m pytest tests/operator/test_crd.py -n 0 "
+        "(or .venv/bin/pdd operator crd > crds/pdddeployments.yaml)"
+    )
+
+
+def structural_faults(node: dict[str, Any], path: str = "") -> list[str]:
+    """What makes a schema non-structural for the API server: a node without a type (but an
+    int-or-string), a ``$ref``, an ``anyOf`` other than int-or-string's, ``nullable``
+    unasked, ``additionalProperties`` beside ``properties``."""
+    faults = []
+    if "$ref" in node or "$defs" in node or "allOf" in node or "oneOf" in node:
+        faults.append(f"{path}: $ref/$defs/allOf/oneOf")
+    if "anyOf" in node and not node.get("x-kubernetes-int-or-string"):
+        faults.append(f"{path}: anyOf outside an int-or-string")
+    if "type" not in node and not node.get("x-kubernetes-int-or-string"):
+        faults.append(f"{path}: no type")
+    if "properties" in node and "additionalProperties" in node:
+        faults.append(f"{path}: properties and additionalProperties")
+    if "nullable" in node:
+        faults.append(f"{path}: nullable")
+    for key, prop in node.get("properties", {}).items():
+        if path != "" or key != "metadata":
+            faults += structural_faults(prop, f"{path}.{key}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            faults += structural_faults(node[key], f"{path}[{key}]")
+    return faults
+
+
+def test_the_schema_is_structural(crd: dict[str, Any]) -> None:
+    assert structural_faults(openapi(crd)) == []
+
+
+def test_structural_faults_catches_what_pydantic_would_emit() -> None:
+    """The check above can fail: pydantic's own schema (refs, nullable anyOf) does."""
+    assert structural_faults(PDDSpec.model_json_schema(by_alias=True))
+
+
+def test_a_field_kubernetes_cannot_type_is_refused() -> None:
+    from pydantic import BaseModel
+
+    class Odd(BaseModel):
+        value: int | list[str]
+
+    class Loose(BaseModel):
+        value: Any
+
+    with pytest.raises(ValueError, match="no union"):
+        structural_schema(Odd)
+    with pytest.raises(ValueError, match="no type"):
+        structural_schema(Loose)
 
 
 def test_crd_is_a_valid_current_kubernetes_object(crd: dict[str, Any]) -> None:
@@ -140,32 +197,6 @@ def test_crd_defaults_match_the_models(crd: dict[str, Any], remote_cr: dict[str,
     assert by_server == by_models
 
 
-def test_crd_fields_match_the_models(crd: dict[str, Any]) -> None:
-    """Every CRD spec field is a model field and vice versa (no silent drift)."""
-
-    def schema_fields(node: dict[str, Any], path: str = "") -> set[str]:
-        fields: set[str] = set()
-        for key, prop in node.get("properties", {}).items():
-            if key in ("nodeSelector", "tolerations"):
-                fields.add(f"{path}.{key}")
-                continue
-            fields |= {f"{path}.{key}"} | schema_fields(prop, f"{path}.{key}")
-        return fields
-
-    def model_fields(model: type, path: str = "") -> set[str]:
-        fields: set[str] = set()
-        for name, info in model.model_fields.items():
-            alias = info.alias or name
-            fields.add(f"{path}.{alias}")
-            inner = [a for a in getattr(info.annotation, "__args__", (info.annotation,))]
-            for candidate in inner:
-                if isinstance(candidate, type) and hasattr(candidate, "model_fields"):
-                    fields |= model_fields(candidate, f"{path}.{alias}")
-        return fields
-
-    assert schema_fields(openapi(crd)["properties"]["spec"]) == model_fields(PDDSpec)
-
-
 #: (change to a valid spec, text both the CEL message and the operator's message contain)
 MISTAKES = [
     (
@@ -193,7 +224,7 @@ MISTAKES = [
         },
         "pvc, hostPath, image or huggingFace",
     ),
-    ({"router": {"replicas": 3}}, "needs router.redisUrl or router.managedRedis"),
+    ({"router": {"replicas": 3}}, "router.replicas > 1 needs shared state"),
     (
         {"wan": {"declaredGbps": 1, "tls": {"secretName": "wan-certs"}}},
         "wan.tls.secretName is set but wan.tls.enabled is false",
@@ -239,8 +270,7 @@ def test_cel_rules_and_operator_catch_the_same_mistakes(
     assert any(text in p for p in problems), problems
     with pytest.raises(InvalidSpecError) as caught:
         parse_spec(cr["spec"], cr["metadata"]["name"])
-    operator_text = text.replace("needs router.redisUrl or router.managedRedis", "needs shared")
-    assert operator_text in str(caught.value)
+    assert text in str(caught.value)
 
 
 def test_name_length_rule_matches(crd: dict[str, Any], pool_b_cr: dict[str, Any]) -> None:
@@ -294,8 +324,9 @@ def test_engine_settings_that_cannot_fit_the_model_or_the_chip_are_refused(
     crd: dict[str, Any], pool_b_cr: dict[str, Any]
 ) -> None:
     """What the spec itself says about the model (its context) and the chips (one GPU's
-    memory) bounds maxPromptTokens and kvCacheGiB; the operator refuses a spec past them,
-    naming the role and the field, instead of leaving a pod to fail at start."""
+    memory) bounds maxPromptTokens and kvCacheGiB; admission and the operator refuse a spec
+    past them (the same CEL rules), naming the role and the field, instead of leaving a pod
+    to fail at start."""
     cr = copy.deepcopy(pool_b_cr)
     cr["spec"]["model"]["config"]["maxPositionEmbeddings"] = 40960
     cr["spec"]["poolB"]["gpuType"]["memoryGiB"] = 141
@@ -307,18 +338,85 @@ def test_engine_settings_that_cannot_fit_the_model_or_the_chip_are_refused(
 
     cr["spec"]["prefill"]["engine"] = {"maxPromptTokens": 40960}
     cr["spec"]["mainDecode"]["engine"] = {"kvCacheGiB": 141}
-    assert admit(crd, cr) == []  # the schema cannot see across fields: the operator does
-    with pytest.raises(InvalidSpecError) as caught:
-        parse_spec(cr["spec"], "qwen")
-    assert caught.value.problems == [
+    expected = [
         "prefill: maxPromptTokens (40960) must be below the model's context "
         "(model.config.maxPositionEmbeddings = 40960); lower maxPromptTokens",
         "mainDecode: kvCacheGiB (141) does not fit one GPU of its pool (NVIDIA-H200, 141 GiB, "
         "and the weights need room too); lower kvCacheGiB or use kvCacheMemoryFraction",
     ]
+    assert admit(crd, cr) == expected
+    with pytest.raises(InvalidSpecError) as caught:
+        parse_spec(cr["spec"], "qwen")
+    assert caught.value.problems == expected
 
 
 def test_kv_codec_enum_is_the_settings_the_workers_take(crd: dict[str, Any]) -> None:
     """spec.wan.kvCodec lists every codec setting, adaptive included, and nothing else."""
     wan = openapi(crd)["properties"]["spec"]["properties"]["wan"]["properties"]
     assert wan["kvCodec"]["enum"] == list(KV_CODEC_SETTINGS)
+
+
+def test_a_rule_on_a_shared_model_names_where_it_failed(
+    crd: dict[str, Any], pool_b_cr: dict[str, Any]
+) -> None:
+    """PlannerPool's one rule, placed three times, says which of the three broke (with the
+    values, through its messageExpression, in the operator's copy)."""
+    cr = copy.deepcopy(pool_b_cr)
+    cr["spec"]["planner"] = {"mainDecode": {"minReplicas": 5, "maxReplicas": 2}}
+    assert admit(crd, cr) == ["planner.mainDecode.maxReplicas is below minReplicas (2 < 5)"]
+    with pytest.raises(InvalidSpecError) as caught:
+        parse_spec(cr["spec"], "qwen")
+    assert caught.value.problems == ["planner.mainDecode.maxReplicas is below minReplicas (2 < 5)"]
+
+
+def test_the_status_schema_holds_what_the_operator_writes(pool_b_spec: PDDSpec) -> None:
+    """Every status field the operator computes is in the status model (the CRD would prune
+    one that is not), under the same name and type."""
+    roles = {"prefill": role_status(1, None), "relay": role_status(2, {"spec": {"replicas": 3}})}
+    report = size_link(pool_b_spec)
+    fields = {
+        "observedGeneration": 4,
+        "wan": report.wan,
+        "engine": kv_capacity(pool_b_spec),
+        "roles": public_roles(roles),
+        "conditions": merge_conditions([], [report.condition, Condition("Ready", "True", "R", "m")],
+                                       "2026-01-01T00:00:00Z", 4),
+    }  # fmt: skip
+    assert PDDStatus.model_validate(fields).model_dump(by_alias=True, exclude_none=True) == fields
+
+
+def test_a_roles_kv_setting_replaces_the_shared_ones_in_the_gpu_rule(
+    crd: dict[str, Any], remote_cr: dict[str, Any]
+) -> None:
+    """The KV-fits-the-GPU rule resolves a role's kvCacheGiB as the operator does: a role
+    that sets kvCacheMemoryFraction drops the shared kvCacheGiB (here too big for pool A's
+    80 GiB GPUs, so of the two, only the relay, which keeps it, is refused), and MD in
+    cluster B is held to cluster B's pool."""
+    cr = copy.deepcopy(remote_cr)
+    cr["spec"]["poolA"]["gpuType"] = {"value": "NVIDIA-H100", "memoryGiB": 80}
+    cr["spec"]["remoteCluster"]["pool"]["gpuType"] = {"value": "NVIDIA-L20", "memoryGiB": 48}
+    cr["spec"]["engine"] = {"kvCacheGiB": 90}
+    cr["spec"]["prefill"] = {"engine": {"kvCacheMemoryFraction": 0.5}}
+    expected = [
+        "relay: kvCacheGiB (90) does not fit one GPU of its pool (NVIDIA-H100, 80 GiB, and "
+        "the weights need room too); lower kvCacheGiB or use kvCacheMemoryFraction",
+        "mainDecode: kvCacheGiB (90) does not fit one GPU of its pool (NVIDIA-L20, 48 GiB, "
+        "and the weights need room too); lower kvCacheGiB or use kvCacheMemoryFraction",
+    ]
+    assert admit(crd, cr) == expected
+    with pytest.raises(InvalidSpecError) as caught:
+        parse_spec(cr["spec"], "qwen")
+    assert caught.value.problems == expected
+
+
+def test_a_vllm_role_refuses_maxprompttokens_at_admission_too(
+    crd: dict[str, Any], pool_b_cr: dict[str, Any]
+) -> None:
+    cr = copy.deepcopy(pool_b_cr)
+    cr["spec"]["images"]["vllmWorker"] = "ghcr.io/example/pdd-worker-vllm:0.1.0"
+    cr["spec"]["relay"]["engineType"] = "vllm"
+    cr["spec"]["engine"] = {"maxPromptTokens": 65536}
+    text = "relay: maxPromptTokens is the pdd engine's setting and vLLM has none"
+    assert [p for p in admit(crd, cr) if text in p] != []
+    with pytest.raises(InvalidSpecError, match=text):
+        parse_spec(cr["spec"], "qwen")

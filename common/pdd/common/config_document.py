@@ -131,7 +131,20 @@ class EngineSettings(_Section):
     config document, and the ``pdd worker`` flags (``pdd.common.settings``: a field's
     description is its help, ``flagDefault`` the worker's default, ``flagAliases`` vLLM's
     names for the same setting). A field left unset takes the worker's default. The KV
-    cache is sized by at most one of the two KV fields."""
+    cache is sized by at most one of the two KV fields: ``_one_kv_size`` checks it wherever
+    the model is read, and the CRD carries it as the CEL rule below (the API server's copy;
+    the worker has no CEL evaluator, so the rule is written in both forms, here only)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!(has(self.kvCacheMemoryFraction) && has(self.kvCacheGiB))",
+                    "message": "kvCacheMemoryFraction and kvCacheGiB are both set; use one",
+                }
+            ]
+        }
+    )
 
     device: Literal["auto", "cpu", "cuda"] | None = Field(
         default=None,

@@ -21,8 +21,8 @@ from pdd.operator.runtime import OperatorOptions
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """``pdd operator [flags]`` runs the operator; ``pdd operator render`` is a verb with
-    its own flags (``pdd.operator.render``)."""
+    """``pdd operator [flags]`` runs the operator; ``pdd operator render`` and ``pdd operator
+    crd`` are verbs with their own flags (``pdd.operator.render``, ``pdd.operator.crd``)."""
     parser = settings_parser("pdd operator", __doc__)
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", title="verbs")
     verbs.add_parser(
@@ -30,6 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
         help="print or write the manifests of the PDDDeployments in a file, without a "
         "cluster (pdd operator render --help)",
+    )
+    verbs.add_parser(
+        "crd",
+        add_help=False,
+        help="print the PDDDeployment CustomResourceDefinition, generated from the spec models "
+        "(crds/pdddeployments.yaml is its output)",
     )
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument(
@@ -97,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         from pdd.operator import render
 
         return render.main(argv[1:])
+    if argv[:1] == ["crd"]:
+        from pdd.operator import crd
+
+        return crd.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging("DEBUG" if args.verbose else args.log_level, args.log_format)

@@ -120,7 +120,7 @@ def build_worker_deployment(
         "containers": [container],
         "volumes": volumes,
         "nodeSelector": pool.node_selector_with_gpu(),
-        "tolerations": pool.tolerations,
+        "tolerations": [toleration.manifest() for toleration in pool.tolerations],
         # SIGTERM starts the worker's drain (up to drainSeconds), then it exits by itself.
         "terminationGracePeriodSeconds": spec.drain_seconds + EXIT_MARGIN_SECONDS,
     }
