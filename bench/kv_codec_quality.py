@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pdd.common.block_hash import DEFAULT_BLOCK_SIZE
 from pdd.common.kv_codec import KVCodec
 from pdd.worker.engine.engine import Engine
 from pdd.worker.engine.kv_codec import decode, encode
@@ -37,8 +38,6 @@ from pdd.worker.engine.sampling import SamplingParams
 from pdd.worker.model.batch import ForwardBatch, SeqInput
 from pdd.worker.model.kv_cache import PagedKVCache
 from pdd.worker.model.loader import LoadedModel
-
-BLOCK_SIZE = 16
 
 
 @dataclass(frozen=True)
@@ -141,14 +140,14 @@ def transferred_generation(
 ) -> list[int]:
     """P's prefill, its KV exported ``codec``-coded and imported by a second engine, which
     decodes greedily: the tokens a P-MD request streams."""
-    blocks = 2 * -(-(len(prompt) + max_tokens) // BLOCK_SIZE)
+    blocks = 2 * -(-(len(prompt) + max_tokens) // DEFAULT_BLOCK_SIZE)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    sender = Engine(loaded, block_size=BLOCK_SIZE, num_blocks=blocks)
+    sender = Engine(loaded, block_size=DEFAULT_BLOCK_SIZE, num_blocks=blocks)
     one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     rid = sender.add_request(prompt, one, hold_kv=True)
     (first,) = [t for out in _drain(sender) for t in out.new_token_ids]
     chunks = list(sender.export_kv(rid, 0, len(prompt), 256, codec))
-    receiver = Engine(loaded, block_size=BLOCK_SIZE, num_blocks=blocks)
+    receiver = Engine(loaded, block_size=DEFAULT_BLOCK_SIZE, num_blocks=blocks)
     receiver.attach_request(prompt, params, "md")
     for chunk in chunks:
         receiver.import_kv("md", chunk, codec)
@@ -162,12 +161,14 @@ def _forced_logits(
     """Float32 logits ``[len(continuation), vocab]`` predicting each continuation token
     from the same history, over the exact and over the ``codec``-coded prompt KV."""
     n = len(prompt)
-    layout = loaded.kv_layout(BLOCK_SIZE)
-    kv = PagedKVCache(layout, -(-(n + len(continuation)) // BLOCK_SIZE), loaded.device)
+    layout = loaded.kv_layout(DEFAULT_BLOCK_SIZE)
+    kv = PagedKVCache(layout, -(-(n + len(continuation)) // DEFAULT_BLOCK_SIZE), loaded.device)
     table = list(range(kv.num_blocks))
 
     def forward(seq: SeqInput) -> torch.Tensor:
-        return loaded.model(ForwardBatch.build([seq], BLOCK_SIZE, loaded.device), kv).float()
+        return loaded.model(
+            ForwardBatch.build([seq], DEFAULT_BLOCK_SIZE, loaded.device), kv
+        ).float()
 
     forward(SeqInput(list(prompt[:-1]), 0, table))
     history = [*prompt[-1:], *continuation[:-1]]

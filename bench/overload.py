@@ -36,8 +36,8 @@ from pathlib import Path
 
 import httpx
 
-from pdd.common.stats import percentile
 from pdd.local.cluster import LinkSpec, LocalCluster, WorkerSpec
+from pdd.simulator.stats import percentile
 
 KEYS = {"noisy": "sk-noisy", "quiet": "sk-quiet"}
 NOISY_SHARE = 0.8

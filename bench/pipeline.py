@@ -29,11 +29,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdd.common.stats import percentile
 from pdd.common.wire import PipelinePlan, SamplingSpec
 from pdd.local.cluster import LinkSpec, LocalCluster, WorkerSpec
 from pdd.router.stream_relay import relay_tokens
 from pdd.router.worker_client import WorkerClient
+from pdd.simulator.stats import percentile
 
 SPECS = [
     WorkerSpec("p", "prefill"),

@@ -49,7 +49,7 @@ from pathlib import Path
 
 from pipeline import conversation_parser, start_cluster  # bench/pipeline.py, beside this script
 
-from pdd.common.stats import percentile
+from pdd.common.block_hash import DEFAULT_BLOCK_SIZE
 from pdd.common.wire import Endpoint, PipelinePlan, SamplingSpec
 from pdd.local.cluster import (
     HOST,
@@ -64,8 +64,8 @@ from pdd.local.cluster import (
 from pdd.local.supervisor import spawn_pdd
 from pdd.router.stream_relay import relay_tokens
 from pdd.router.worker_client import WorkerClient
+from pdd.simulator.stats import percentile
 
-BLOCK_SIZE = 16
 SPECS = [
     WorkerSpec("p", "prefill"),
     WorkerSpec("md", "main", wan_facing=True),
@@ -124,7 +124,7 @@ def md_holds(turn1: list[int], answer: list[int]) -> int:
     """The router's prediction after turn 1: MD cached the full blocks of what it
     computed (the prompt and every answer token but the last, which is never fed)."""
     computed = len(turn1) + len(answer) - 1
-    return computed // BLOCK_SIZE * BLOCK_SIZE
+    return computed // DEFAULT_BLOCK_SIZE * DEFAULT_BLOCK_SIZE
 
 
 class Bench:
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="pdd-bench-") as logs:
         cluster, link = start_cluster(
-            SPECS, Path(logs), args, "--block-size", str(BLOCK_SIZE),
+            SPECS, Path(logs), args, "--block-size", str(DEFAULT_BLOCK_SIZE),
             "--max-num-batched-tokens", str(args.max_num_batched_tokens),
         )  # fmt: skip
         line = None

@@ -44,11 +44,10 @@ from pathlib import Path
 
 import httpx
 
-from pdd.common.block_hash import block_hashes
+from pdd.common.block_hash import DEFAULT_BLOCK_SIZE, block_hashes
 from pdd.common.cache_events import BlockStored
 from pdd.common.cost_model import LinkState
 from pdd.common.link_estimator import LinkEstimator
-from pdd.common.stats import percentile
 from pdd.common.vocabulary import Role
 from pdd.common.wire import Endpoint, LoadReport, SamplingSpec
 from pdd.local.cluster import LocalCluster, WorkerSpec, free_port
@@ -65,6 +64,7 @@ from pdd.router.registry import Instance, InstanceRegistry
 from pdd.router.state.memory import LocalStore
 from pdd.router.stream_relay import relay_tokens
 from pdd.router.worker_client import WorkerClient
+from pdd.simulator.stats import percentile
 
 sys.path.insert(0, str(Path(__file__).parent))  # bench/ scripts import each other
 import stub_worker_load
@@ -154,14 +154,17 @@ def bench_decision(
     a conversation one P and one MD hold; the rest are new (the affinity ring's path)."""
     rng = random.Random(instances)
     fleet = decision_fleet(instances, rng)
-    index = PrefixIndex(PrefixIndexConfig(block_size=16))
+    index = PrefixIndex(PrefixIndexConfig(block_size=DEFAULT_BLOCK_SIZE))
     prompts = []
     for c in range(conversations):
         ids = [c, *range(prompt_tokens - 1)]
-        hashes = block_hashes(ids, 16)
+        hashes = block_hashes(ids, DEFAULT_BLOCK_SIZE)
         for role in (Role.PREFILL, Role.MAIN):
             holder = rng.choice(list(fleet.role(role).ids()))
-            index.apply(holder, BlockStored(block_hashes=hashes, parent_hash=None, block_size=16))
+            index.apply(
+                holder,
+                BlockStored(block_hashes=hashes, parent_hash=None, block_size=DEFAULT_BLOCK_SIZE),
+            )
         prompts.append(ids)
     policy = PolicyConfig(kv_bytes_per_token=2048)
     link, traffic = LinkState(10.0, 20.0), TrafficWindow(60.0)
@@ -170,7 +173,7 @@ def bench_decision(
         ids = rng.choice(prompts) if rng.random() < 0.9 else [10**6 + i, *range(prompt_tokens)]
         start = time.process_time()  # CPU time: other processes on the machine don't count
         hits = index.match(index.hashes(ids))
-        features = RequestFeatures.from_prompt(ids, 64, 16)
+        features = RequestFeatures.from_prompt(ids, 64, DEFAULT_BLOCK_SIZE)
         decision = decide(features, hits, fleet, LinkView(link), traffic, policy)
         if isinstance(decision, Decision):
             a = decision.instances
@@ -201,7 +204,7 @@ POLL_S = 0.5
 def route_fleet(n: int, rng: random.Random) -> tuple[InstanceRegistry, LocalStore, PrefixIndex]:
     """A registry whose ``n`` instances (published shares) all answered a poll."""
     store = LocalStore(ttl_s=600.0)
-    index = PrefixIndex(PrefixIndexConfig(block_size=16), store=store.index)
+    index = PrefixIndex(PrefixIndexConfig(block_size=DEFAULT_BLOCK_SIZE), store=store.index)
     registry = InstanceRegistry((), WorkerClient("bench"), index, POLL_S)
     for role, share in ROLE_SHARES:
         for k in range(max(1, round(n * share))):
@@ -236,10 +239,13 @@ async def bench_route(
     prompts = []
     for c in range(conversations):
         ids = [c, *range(prompt_tokens - 1)]
-        hashes = block_hashes(ids, 16)
+        hashes = block_hashes(ids, DEFAULT_BLOCK_SIZE)
         for role in (Role.PREFILL, Role.MAIN):
             holder = rng.choice([i for i in every if i.role == role]).instance_id
-            index.apply(holder, BlockStored(block_hashes=hashes, parent_hash=None, block_size=16))
+            index.apply(
+                holder,
+                BlockStored(block_hashes=hashes, parent_hash=None, block_size=DEFAULT_BLOCK_SIZE),
+            )
         prompts.append(ids)
     refs = (WorkerRef(Role.PREFILL, "http://p"), WorkerRef(Role.MAIN, "http://md"))
     config = RouterConfig(workers=refs, secret="bench", link_gbps=10.0, link_rtt_ms=20.0)

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from engine import timed  # bench/engine.py: the timer that synchronises CUDA around a call
 
+from pdd.common.block_hash import DEFAULT_BLOCK_SIZE
 from pdd.common.cost_model import kv_bytes_per_token
 from pdd.simulator.calibration import ProfiledModel, StepProfile, StepSample
 from pdd.worker.engine import Engine
@@ -38,12 +39,10 @@ from pdd.worker.engine.request import RequestOutput
 from pdd.worker.engine.sampling import SamplingParams
 from pdd.worker.model.loader import LoadedModel, load_model
 
-BLOCK_SIZE = 16  # every cached length below is a multiple, so the prefix cache holds all of it
-
 
 @dataclass(frozen=True)
 class Grid:
-    """The shapes profiled; cached lengths are multiples of BLOCK_SIZE."""
+    """The shapes profiled; cached lengths are multiples of DEFAULT_BLOCK_SIZE."""
 
     prefill_new: tuple[int, ...]
     prefill_cached: tuple[int, ...]
@@ -191,7 +190,7 @@ def pool_blocks(pts: list[tuple[str, int, int]], budget: int, repeats: int) -> i
             need = max(need, x * (c + decode_tokens(x, c, budget, repeats)))
         else:
             need = max(need, c + (x + 2) * (repeats + 2))
-    return math.ceil(need * 1.25 / BLOCK_SIZE) + 64
+    return math.ceil(need * 1.25 / DEFAULT_BLOCK_SIZE) + 64
 
 
 def profiled_model(loaded: LoadedModel) -> ProfiledModel:
@@ -237,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
     pts = points(grid, max_len, budget, args.repeats)
     engine = Engine(
         loaded,
-        block_size=BLOCK_SIZE,
+        block_size=DEFAULT_BLOCK_SIZE,
         num_blocks=pool_blocks(pts, budget, args.repeats),
         max_num_batched_tokens=budget,
         max_running_requests=max(grid.decode_batch),

@@ -41,7 +41,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from pdd.common.block_hash import block_hashes
+from pdd.common.block_hash import DEFAULT_BLOCK_SIZE, block_hashes
 from pdd.common.vocabulary import Role
 from pdd.common.wire import (
     BlockStored,
@@ -73,7 +73,7 @@ class StubConfig:
     role: Role
     secret: str
     token_rate: float = 1000.0
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     capacity: int = 1024
     max_model_len: int = 1 << 20
 
@@ -419,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefix", help="instance ids are PREFIX0, PREFIX1, ... (default: the role)")
     p.add_argument("--secret", default="stub", help="the shared worker secret")
     p.add_argument("--token-rate", type=float, default=1000.0, help="tokens per second per stream")
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
     p.add_argument("--capacity", type=int, default=1024, help="requests each runs at once")
     p.add_argument("--ports-file", type=Path)
     args = p.parse_args(argv)

@@ -35,13 +35,13 @@ from pathlib import Path
 import httpx
 import psutil
 
-from pdd.common.stats import percentile
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.common.wire import Endpoint, PipelinePlan, SamplingSpec
 from pdd.local.cluster import free_port
 from pdd.local.manifests import find_program
 from pdd.router.stream_relay import relay_tokens
 from pdd.router.worker_client import WorkerClient
+from pdd.simulator.stats import percentile
 
 SECRET = "bench-stub"
 HERE = Path(__file__).parent

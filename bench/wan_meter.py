@@ -6,7 +6,7 @@
 
 Starts ``pdd wan-link`` as a process (rate, RTT, jitter), a transport server behind it
 (MD's end: it consumes every frame) and a client in front (P's end), both metered as a
-WAN link (``pdd.common.link_meter``) over loopback TCP. The client keeps the line busy
+WAN link (``pdd.worker.transport.link_meter``) over loopback TCP. The client keeps the line busy
 with 1 MiB KV frames for ``--seconds``, and once a second opens a short second channel,
 as a new request would, whose handshake times the round trip *under load*; one more
 probe before the transfer times it idle. Reported, each end: goodput over the window
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import httpx
 
-from pdd.common.link_meter import LinkKey, LinkMeters, LinkSnapshot
 from pdd.worker.transport import Channel, MsgType, TransportError, connect, serve
+from pdd.worker.transport.link_meter import LinkKey, LinkMeters, LinkSnapshot
 from pdd.worker.transport.metering import ChannelMeter
 
 SECRET = "bench-wan-meter"

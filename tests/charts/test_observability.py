@@ -8,10 +8,10 @@ import re
 import pytest
 import yaml
 
-from pdd.common.link_meter import LinkKey
 from pdd.operator.naming import RELAY_LOAD_METRIC
 from pdd.router.metrics import RouterMetrics
 from pdd.worker.metrics import WorkerMetrics, loop_time
+from pdd.worker.transport.link_meter import LinkKey
 
 pytestmark = pytest.mark.unit
 

@@ -37,7 +37,7 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from pdd.common.openai_protocol import ChatCompletionRequest, CompletionRequest
+from pdd.router.openai_protocol import ChatCompletionRequest, CompletionRequest
 from pdd.testing.waiting import until_sync
 
 MAX_TOKENS_LIMIT = 16

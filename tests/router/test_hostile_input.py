@@ -16,11 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
-from pdd.common.openai_protocol import ChatCompletionRequest
 from pdd.common.vocabulary import Role
 from pdd.router.app import create_app
 from pdd.router.chat_template import RESERVED_KWARGS
 from pdd.router.config import RouterConfig, WorkerRef
+from pdd.router.openai_protocol import ChatCompletionRequest
 from pdd.router.request_body import MAX_JSON_DEPTH
 from pdd.router.runtime import RouterRuntime
 from pdd.router.serving_chat import OpenAIServingChat

@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from pdd.common.openai_protocol import ChatCompletionRequest, CompletionRequest
 from pdd.common.vocabulary import Role
 from pdd.router.app import create_app
 from pdd.router.config import RouterConfig, WorkerRef
+from pdd.router.openai_protocol import ChatCompletionRequest, CompletionRequest
 from pdd.router.runtime import RouterRuntime
 
 pytestmark = pytest.mark.unit

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from pdd.common.openai_protocol import ChatCompletionRequest
 from pdd.common.vocabulary import ToolCallFormat
 from pdd.common.wire import GuidedDecoding
 from pdd.router.errors import InvalidRequestError
+from pdd.router.openai_protocol import ChatCompletionRequest
 from pdd.router.structured_output import guided_decoding
 
 pytestmark = pytest.mark.unit

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from pdd.common.openai_protocol import CompletionRequest
 from pdd.common.wire import TokenEvent, TokenLogprobs
+from pdd.router.openai_protocol import CompletionRequest
 from pdd.router.worker_client import WorkerCallError, WorkerClient, _token_event
 
 pytestmark = pytest.mark.unit

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pdd.common.link_meter import LinkKey
 from pdd.local.probes import flatten
 from pdd.worker.metrics import WorkerMetrics, loop_time
+from pdd.worker.transport.link_meter import LinkKey
 
 pytestmark = pytest.mark.unit
 

@@ -20,10 +20,10 @@ import httpx
 
 from pdd.bench import quiescence
 from pdd.bench.report import share_of_equal_positions
-from pdd.common.openai_protocol import TOKEN_ID_PREFIX
 from pdd.local.probes import summed, total
 from pdd.local.stack import LocalStack, Say
 from pdd.local.topology import StackConfig
+from pdd.router.openai_protocol import TOKEN_ID_PREFIX
 
 REQUEST_TIMEOUT_S = 300.0
 

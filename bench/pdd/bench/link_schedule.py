@@ -32,8 +32,8 @@ from typing import Any
 import httpx
 
 from pdd.bench.replay import Outcome
-from pdd.common.stats import percentile
 from pdd.local.probes import Samples, by_label, flatten
+from pdd.simulator.stats import percentile
 
 #: The value that cuts the line in a schedule entry.
 CUT = "cut"

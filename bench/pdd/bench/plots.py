@@ -1,7 +1,7 @@
 """PNG plots for people: TTFT CDF per mode, per-request hit ratios, WAN throughput.
 
 matplotlib is imported inside each function (with the Agg backend, through
-``pdd.common.figures``) so the bench module stays importable where matplotlib is not
+``pdd.simulator.figures``) so the bench module stays importable where matplotlib is not
 installed.
 """
 
@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from pdd.bench.report import ModeRun
-from pdd.common.figures import pyplot, save_figure
 from pdd.local.probes import throughput_mbps
+from pdd.simulator.figures import pyplot, save_figure
 
 
 def ttft_cdf(runs: Sequence[ModeRun], path: Path) -> None:

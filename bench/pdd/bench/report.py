@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from pdd.bench.replay import Outcome
-from pdd.common.stats import percentile
 from pdd.local.probes import Samples, by_label, total
+from pdd.simulator.stats import percentile
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from urllib.parse import unquote
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pdd.common.logs import FIELDS, printable
-from pdd.common.openai_protocol import new_id
+from pdd.router.openai_protocol import new_id
 
 log = logging.getLogger("pdd.router.access")
 

@@ -26,13 +26,6 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from pdd.common import tracing
-from pdd.common.openai_protocol import (
-    UNRECOGNIZED_FIELD_ERROR,
-    ChatCompletionRequest,
-    CompletionRequest,
-    ErrorResponse,
-    unrecognized_argument,
-)
 from pdd.router.access_log import CLIENT_CLOSED_REQUEST, AccessLogMiddleware
 from pdd.router.access_log import current as current_access
 from pdd.router.admission import StreamSlots, releasing
@@ -42,6 +35,13 @@ from pdd.router.errors import (
     InvalidRequestError,
     PayloadTooLargeError,
     RouterError,
+)
+from pdd.router.openai_protocol import (
+    UNRECOGNIZED_FIELD_ERROR,
+    ChatCompletionRequest,
+    CompletionRequest,
+    ErrorResponse,
+    unrecognized_argument,
 )
 from pdd.router.openapi import document_bodies
 from pdd.router.request_body import check_content_type, decode_json

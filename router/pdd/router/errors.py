@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from pdd.common.openai_protocol import ErrorResponse
+from pdd.router.openai_protocol import ErrorResponse
 
 
 def printable(text: str) -> str:

@@ -30,7 +30,6 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 
 from pdd.common import tracing
-from pdd.common.openai_protocol import UsageInfo
 from pdd.common.vocabulary import FinishReason
 from pdd.common.wire import KVShipment, PipelinePlan, TokenEvent, TokenLogprobs
 from pdd.router import access_log
@@ -38,6 +37,7 @@ from pdd.router.detokenize import IncrementalDetokenizer, StopStrings
 from pdd.router.dispatcher import Attempt
 from pdd.router.errors import UpstreamError
 from pdd.router.lease import Lease
+from pdd.router.openai_protocol import UsageInfo
 from pdd.router.prefix_index import PrefixIndex
 from pdd.router.route import Route
 from pdd.router.runtime import RouterRuntime

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pdd.common.openai_protocol import (
+from pdd.router.generation import TokenLogprobEntry
+from pdd.router.openai_protocol import (
     TOKEN_ID_PREFIX,
     ChatChoiceLogprobs,
     ChatTokenLogprob,
     ChatTopLogprob,
     CompletionLogprobs,
 )
-from pdd.router.generation import TokenLogprobEntry
 from pdd.router.tokenization import Tokenizer
 
 

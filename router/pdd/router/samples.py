@@ -14,8 +14,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
-from pdd.common.openai_protocol import UsageInfo
 from pdd.router.generation import Generation, TextDelta
+from pdd.router.openai_protocol import UsageInfo
 from pdd.router.stoppable import StoppableTask
 from pdd.router.stream_relay import STREAM_BUFFER_EVENTS
 

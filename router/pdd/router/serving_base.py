@@ -18,7 +18,6 @@ from urllib.parse import quote
 
 from pydantic import BaseModel
 
-from pdd.common.openai_protocol import SSE_DONE, ErrorResponse, SamplingFields, new_id, sse_frame
 from pdd.common.vocabulary import FinishReason, Role
 from pdd.common.wire import GuidedDecoding, SamplingSpec
 from pdd.router import access_log
@@ -32,6 +31,7 @@ from pdd.router.errors import (
 )
 from pdd.router.generation import Generation, TokenLogprobEntry
 from pdd.router.metrics import COMPUTED_AT_MD
+from pdd.router.openai_protocol import SSE_DONE, ErrorResponse, SamplingFields, new_id, sse_frame
 from pdd.router.route import Route
 from pdd.router.runtime import RouterRuntime
 from pdd.router.samples import Samples

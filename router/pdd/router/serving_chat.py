@@ -15,7 +15,12 @@ import json
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
-from pdd.common.openai_protocol import (
+from pdd.common.vocabulary import FinishReason, ToolCallFormat
+from pdd.router.chat_template import ChatTemplateError, ReservedKwargError
+from pdd.router.errors import InvalidRequestError
+from pdd.router.generation import TokenLogprobEntry
+from pdd.router.logprobs import chat_logprobs
+from pdd.router.openai_protocol import (
     ChatChoiceLogprobs,
     ChatCompletionChoice,
     ChatCompletionChunk,
@@ -31,11 +36,6 @@ from pdd.common.openai_protocol import (
     ToolCall,
     new_id,
 )
-from pdd.common.vocabulary import FinishReason, ToolCallFormat
-from pdd.router.chat_template import ChatTemplateError, ReservedKwargError
-from pdd.router.errors import InvalidRequestError
-from pdd.router.generation import TokenLogprobEntry
-from pdd.router.logprobs import chat_logprobs
 from pdd.router.samples import Samples
 from pdd.router.serving_base import Choice, OpenAIServing, Served
 from pdd.router.structured_output import guided_decoding

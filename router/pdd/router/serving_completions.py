@@ -5,17 +5,17 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncGenerator, Sequence
 
-from pdd.common.openai_protocol import (
+from pdd.common.vocabulary import FinishReason
+from pdd.router.errors import InvalidRequestError
+from pdd.router.generation import TokenLogprobEntry
+from pdd.router.logprobs import completion_logprobs
+from pdd.router.openai_protocol import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
     new_id,
 )
-from pdd.common.vocabulary import FinishReason
-from pdd.router.errors import InvalidRequestError
-from pdd.router.generation import TokenLogprobEntry
-from pdd.router.logprobs import completion_logprobs
 from pdd.router.samples import Samples
 from pdd.router.serving_base import OpenAIServing, Served
 from pdd.router.tokenization import TokenIdError

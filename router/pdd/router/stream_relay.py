@@ -39,7 +39,6 @@ from typing import Any
 
 from pdd.common import tracing
 from pdd.common.grammar import GRAMMAR_ERROR_TYPE
-from pdd.common.token_stream import TokenStreamMerger
 from pdd.common.vocabulary import Pipeline
 from pdd.common.wire import (
     REQUEST_TOO_LARGE_ERROR_TYPE,
@@ -55,6 +54,7 @@ from pdd.router.errors import (
     UpstreamError,
 )
 from pdd.router.stoppable import StoppableTask
+from pdd.router.token_stream import TokenStreamMerger
 from pdd.router.worker_client import WorkerCallError, WorkerClient
 
 log = logging.getLogger(__name__)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 
 from pdd.common.grammar import GrammarError, check_grammar
-from pdd.common.openai_protocol import ChatCompletionRequest, NamedToolChoice, ToolDefinition
 from pdd.common.vocabulary import ToolCallFormat
 from pdd.common.wire import GuidedDecoding, GuidedTool
 from pdd.router.errors import InvalidRequestError
+from pdd.router.openai_protocol import ChatCompletionRequest, NamedToolChoice, ToolDefinition
 
 
 def guided_decoding(

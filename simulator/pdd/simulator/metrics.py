@@ -12,10 +12,10 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
-from pdd.common.stats import percentile
 from pdd.simulator.lifecycle import RequestRecord
 from pdd.simulator.runner import SystemRun
 from pdd.simulator.scenario import BillingSpec, SloSpec
+from pdd.simulator.stats import percentile
 
 
 def scored(run: SystemRun) -> list[RequestRecord]:

@@ -1,6 +1,6 @@
 """The simulator's figures: TTFT CDFs, the collapse timeline, and the bathtub.
 
-matplotlib is imported lazily (through ``pdd.common.figures.pyplot``) so a run without
+matplotlib is imported lazily (through ``pdd.simulator.figures.pyplot``) so a run without
 ``--plots`` never needs it.
 """
 
@@ -10,10 +10,10 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pdd.common.figures import pyplot, save_figure
-from pdd.common.stats import percentile
+from pdd.simulator.figures import pyplot, save_figure
 from pdd.simulator.metrics import scored, ttft_bounded
 from pdd.simulator.runner import SystemRun
+from pdd.simulator.stats import percentile
 
 
 def ttft_cdf(runs: Mapping[str, SystemRun], path: Path) -> None:

@@ -14,12 +14,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pdd.common.stats import percentile
 from pdd.local.traces import Format, load_trace
 from pdd.local.traces.base import Trace, TraceRequest, ideal_hit_ratios
 from pdd.router.policy import PolicyConfig
 from pdd.simulator.generator import GeneratorSpec
 from pdd.simulator.hit_mix import HIGH_HIT
+from pdd.simulator.stats import percentile
 
 
 class WorkloadError(ValueError):

@@ -165,6 +165,30 @@ def only_tests_import(tree: SourceTree) -> dict[str, set[str]]:
     }
 
 
+COMMON = "pdd.common"
+
+
+def common_consumers(tree: SourceTree) -> dict[str, set[str]]:
+    """Each ``pdd.common`` module -> the product packages that use it (``pdd.router``, ...):
+    those that import it, or import a ``pdd.common`` module that does. The benchmarks and
+    the test harness sit above every product and may import any, so they make no module
+    shared: what only they and one product use lives in that product."""
+    found = importers(tree)
+    common = [m for m in tree.modules if m.startswith(COMMON + ".")]
+
+    def consumers(module: str, seen: frozenset[str]) -> set[str]:
+        out: set[str] = set()
+        for who in found[module]:
+            package = ".".join(who.split(".")[:2])
+            if package == COMMON and who not in seen:
+                out |= consumers(who, seen | {who})
+            elif who in tree.product and package != COMMON:
+                out.add(package)
+        return out
+
+    return {module: consumers(module, frozenset({module})) for module in sorted(common)}
+
+
 #: What a document cites in backticks that can be checked against the tree:
 CITED = re.compile(r"`([^`\n]+)`")
 #: ... a module path, perhaps with a name in it and one of that name's members;

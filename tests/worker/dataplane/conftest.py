@@ -28,10 +28,10 @@ from typing import Any, Protocol
 
 import pytest
 
-from pdd.common.token_stream import TokenStreamMerger
 from pdd.common.wire import PipelinePlan, SamplingSpec, StateReport, TokenEvent
 from pdd.local.cluster import LinkSpec, LocalCluster, WorkerSpec
 from pdd.router.stream_relay import relay_tokens
+from pdd.router.token_stream import TokenStreamMerger
 from pdd.router.worker_client import WorkerClient
 from pdd.worker.model.loader import LoadedModel
 from pdd.worker.roles.base import WorkerSettings

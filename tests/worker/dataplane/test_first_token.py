@@ -19,9 +19,9 @@ from contextlib import AbstractAsyncContextManager
 
 import pytest
 
-from pdd.common.openai_protocol import CompletionRequest
 from pdd.common.vocabulary import Role
 from pdd.common.wire import GuidedDecoding, SamplingSpec
+from pdd.router.openai_protocol import CompletionRequest
 from pdd.router.runtime import RouterRuntime
 from pdd.router.serving_completions import OpenAIServingCompletion
 

@@ -13,10 +13,10 @@ import re
 import pytest
 
 from pdd.common.kv_codec import handshake_name
-from pdd.common.openai_protocol import CompletionRequest
 from pdd.common.vocabulary import Role
 from pdd.local.probes import flatten
 from pdd.router.errors import UpstreamError
+from pdd.router.openai_protocol import CompletionRequest
 from pdd.router.route import md_computing_key, md_computing_tokens
 from pdd.router.serving_base import OpenAIServing
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from pdd.common.token_stream import TokenStreamMerger
 from pdd.common.wire import KVShipment
 from pdd.router.stream_relay import relay_tokens
+from pdd.router.token_stream import TokenStreamMerger
 
 pytestmark = [pytest.mark.unit, pytest.mark.virtual_clock]
 

@@ -15,11 +15,11 @@ from contextlib import AbstractAsyncContextManager
 
 import pytest
 
-from pdd.common.openai_protocol import CompletionRequest
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.local.probes import flatten
 from pdd.router.generation import Generation
 from pdd.router.link_health import LinkCondition
+from pdd.router.openai_protocol import CompletionRequest
 from pdd.router.runtime import RouterRuntime
 from pdd.router.serving_base import OpenAIServing
 from pdd.testing.waiting import until

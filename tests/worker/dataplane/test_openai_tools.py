@@ -26,10 +26,10 @@ import openai
 import pytest
 
 from pdd.common.block_hash import block_hashes
-from pdd.common.openai_protocol import CompletionRequest
 from pdd.common.vocabulary import Role
 from pdd.local.cluster import LinkSpec, WorkerSpec
 from pdd.router import generation
+from pdd.router.openai_protocol import CompletionRequest
 from pdd.router.runtime import RouterRuntime
 from pdd.router.serving_base import OpenAIServing
 from pdd.router.stream_relay import relay_tokens

@@ -12,10 +12,10 @@ import asyncio
 
 import pytest
 
-from pdd.common.openai_protocol import CompletionRequest
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.router.errors import UpstreamError
 from pdd.router.generation import Generation
+from pdd.router.openai_protocol import CompletionRequest
 from pdd.router.runtime import RouterRuntime
 from pdd.router.serving_base import OpenAIServing
 

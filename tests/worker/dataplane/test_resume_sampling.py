@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from pdd.common.openai_protocol import CompletionRequest
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.local.probes import flatten
 from pdd.router.generation import Generation
+from pdd.router.openai_protocol import CompletionRequest
 from pdd.router.runtime import RouterRuntime
 from pdd.router.serving_base import OpenAIServing
 

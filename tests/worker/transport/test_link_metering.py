@@ -13,7 +13,6 @@ import asyncio
 
 import pytest
 
-from pdd.common.link_meter import LinkKey, LinkMeters
 from pdd.testing.memory_network import MemoryNetwork
 from pdd.wan.link import WanLink
 from pdd.worker.transport import (
@@ -26,6 +25,7 @@ from pdd.worker.transport import (
     connect,
     serve,
 )
+from pdd.worker.transport.link_meter import LinkKey, LinkMeters
 from pdd.worker.transport.metering import ChannelMeter
 
 pytestmark = [pytest.mark.unit, pytest.mark.virtual_clock]

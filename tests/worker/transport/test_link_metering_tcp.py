@@ -13,7 +13,6 @@ import asyncio
 
 import pytest
 
-from pdd.common.link_meter import BUCKETS, LinkKey, LinkMeters
 from pdd.wan.link import WanLink
 from pdd.worker.transport import (
     Channel,
@@ -23,6 +22,7 @@ from pdd.worker.transport import (
     connect,
     serve,
 )
+from pdd.worker.transport.link_meter import BUCKETS, LinkKey, LinkMeters
 from pdd.worker.transport.metering import ChannelMeter
 
 pytestmark = pytest.mark.integration

@@ -14,21 +14,17 @@ import asyncio
 import time
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from pdd.common import tracing
-from pdd.common.link_meter import LinkMeters
+from pdd.common.metrics import ComponentMetrics
 from pdd.common.vocabulary import RELAY_LOAD_METRIC
 from pdd.common.wire import EngineInfo
+from pdd.worker.transport.link_meter import LinkMeters
 
 __all__ = ["CONTENT_TYPE_LATEST", "WorkerMetrics"]
 
-
-#: Every worker metric's name starts with this (the router's with ``pdd_router_``).
-PREFIX = "pdd_worker_"
 #: Prefill time buckets, seconds: from a few-token miss of a small model on a CPU (ms)
 #: to a long prompt of a large one (tens of seconds).
 PREFILL_BUCKETS_S = (
@@ -36,114 +32,98 @@ PREFILL_BUCKETS_S = (
 )  # fmt: skip
 
 
-class WorkerMetrics:
+class WorkerMetrics(ComponentMetrics):
     """Every metric a worker exports, labelled with its role where the issue asks for it.
 
-    Names follow Prometheus' conventions: base units (bytes, seconds), counters end in
-    ``_total`` (prometheus_client appends it to a ``Counter``'s name), one prefix.
+    Names follow Prometheus' conventions (``pdd.common.metrics``, the router's too): base
+    units (bytes, seconds), counters end in ``_total`` (appended on exposition), one prefix.
     """
 
     def __init__(self, role: str) -> None:
+        super().__init__("pdd_worker")
         self.role = role
-        self.registry = CollectorRegistry()
-        r = self.registry
-        #: Every WAN link this instance is an end of (see ``pdd.common.link_meter``).
+        #: Every WAN link this instance is an end of (see ``pdd.worker.transport.link_meter``).
         self.links = LinkMeters()
-        r.register(WanLinkCollector(self.links))
-        tracing.register_metrics(r, "pdd_worker")
+        self.registry.register(WanLinkCollector(self.links))
         #: All bytes sent on WAN / in-datacenter channels (framing too), as the transport
         #: counts them; exported as counters at scrape time (``refresh_gauges`` updates them).
         self.wire_sent = {"wan": 0, "fastpath": 0}
-        r.register(WireBytesCollector(self.wire_sent))
-        self.wan_bytes = Counter(
+        self.registry.register(WireBytesCollector(self.wire_sent))
+        self.wan_bytes = self.counter(
             "pdd_worker_wan_kv_bytes",
             "KV bytes sent over the WAN path (tensor bytes, no framing)",
-            registry=r,
         )
-        self.wan_kv_wire_bytes = Counter(
+        self.wan_kv_wire_bytes = self.counter(
             "pdd_worker_wan_kv_coded_bytes",
             "KV chunk bytes sent over the WAN path as coded (spec.wan.kvCodec; header included)",
-            registry=r,
         )
-        self.fastpath_bytes = Counter(
+        self.fastpath_bytes = self.counter(
             "pdd_worker_fastpath_kv_bytes",
             "KV bytes sent over the in-datacenter path",
-            registry=r,
         )
-        self.handoffs = Counter(
-            "pdd_worker_handoffs", "Completed relay->main handoffs", ["mode"], registry=r
+        self.handoffs = self.counter(
+            "pdd_worker_handoffs", "Completed relay->main handoffs", ["mode"]
         )
-        self.handoff_tokens = Counter(
-            "pdd_worker_handoff_tokens", "Token IDs handed from relay to main decode", registry=r
+        self.handoff_tokens = self.counter(
+            "pdd_worker_handoff_tokens", "Token IDs handed from relay to main decode"
         )
-        self.handoff_bytes = Counter(
-            "pdd_worker_handoff_bytes", "Payload bytes of token-ID handoff frames", registry=r
+        self.handoff_bytes = self.counter(
+            "pdd_worker_handoff_bytes", "Payload bytes of token-ID handoff frames"
         )
-        self.prefix_hit_tokens = Counter(
+        self.prefix_hit_tokens = self.counter(
             "pdd_worker_prefix_hit_tokens",
             "Prompt tokens found in this instance's prefix cache",
             ["role"],
-            registry=r,
         )
-        self.prompt_tokens = Counter(
+        self.prompt_tokens = self.counter(
             "pdd_worker_prompt_tokens",
             "Prompt tokens of requests taken by this instance",
             ["role"],
-            registry=r,
         )
-        self.prefill_time = Histogram(
+        self.prefill_time = self.histogram(
             "pdd_worker_request_prefill_time_seconds",
             "Seconds from the step that began computing a request's prompt here to its first "
             "token (queueing before it excluded; requests whose KV came from elsewhere are "
             "not counted)",
+            PREFILL_BUCKETS_S,
             ["role"],
-            buckets=PREFILL_BUCKETS_S,
-            registry=r,
         )
-        self.transfer_failures = Counter(
+        self.transfer_failures = self.counter(
             "pdd_worker_transfer_failures",
             "KV transfers or handoffs that ended in an error",
             ["path"],
-            registry=r,
         )
-        self.kv_waits = Counter(
+        self.kv_waits = self.counter(
             "pdd_worker_kv_block_waits",
             "Requests whose KV attach waited for blocks to free (none were free, even after "
             "eviction and preemption) instead of being refused",
-            registry=r,
         )
-        self.relay_load = Gauge(
-            RELAY_LOAD_METRIC, "Relay load in [0, 1] (the relay HPA's signal)", registry=r
+        self.relay_load = self.gauge(
+            RELAY_LOAD_METRIC, "Relay load in [0, 1] (the relay HPA's signal)"
         )
-        self.kv_blocks_free = Gauge("pdd_worker_kv_blocks_free", "Free KV blocks", registry=r)
-        self.kv_blocks_total = Gauge("pdd_worker_kv_blocks", "KV blocks in the pool", registry=r)
-        self.kv_usage = Gauge(
+        self.kv_blocks_free = self.gauge("pdd_worker_kv_blocks_free", "Free KV blocks")
+        self.kv_blocks_total = self.gauge("pdd_worker_kv_blocks", "KV blocks in the pool")
+        self.kv_usage = self.gauge(
             "pdd_worker_kv_usage_ratio",
             "Share of the KV blocks requests hold (0..1; blocks the prefix cache keeps count "
             "as free: they are evicted on demand)",
-            registry=r,
         )
-        self.running = Gauge(
-            "pdd_worker_running_requests", "Requests in the decode batch", registry=r
-        )
-        self.waiting = Gauge(
+        self.running = self.gauge("pdd_worker_running_requests", "Requests in the decode batch")
+        self.waiting = self.gauge(
             "pdd_worker_waiting_requests",
             "Requests queued for the engine (not yet running): the queue depth",
-            registry=r,
         )
-        self.engine = Gauge(
+        self.engine = self.gauge(
             "pdd_worker_engine_info",
             "Always 1; the labels say what the engine runs on",
             ["role", "device", "dtype"],
-            registry=r,
         )
-        self.kv_capacity_tokens = Gauge(
-            "pdd_worker_kv_capacity_tokens", "KV cache capacity in tokens", registry=r
+        self.kv_capacity_tokens = self.gauge(
+            "pdd_worker_kv_capacity_tokens", "KV cache capacity in tokens"
         )
-        self.max_running_requests = Gauge(
+        self.max_running_requests = self.gauge(
             "pdd_worker_max_running_requests",
             "Requests this instance decodes at once",
-            registry=r,
         )
 
     def report_engine(self, info: EngineInfo) -> None:
@@ -160,9 +140,6 @@ class WorkerMetrics:
         """One prefill's time (``RequestOutput.prefill_time_s``; None: not a prefill's)."""
         if seconds is not None:
             self.prefill_time.labels(self.role).observe(seconds)
-
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
 
 
 class WireBytesCollector(Collector):

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field, replace
 
 import simpy
 
-from pdd.common.stats import percentile
 from pdd.local.traces.base import Trace, TraceRequest
 from pdd.simulator.cluster import Cluster
 from pdd.simulator.generator import GeneratorSpec
@@ -39,6 +38,7 @@ from pdd.simulator.planner.planner import Planner
 from pdd.simulator.planner.stabilize import Stabilizer
 from pdd.simulator.runner import Controller, simulate
 from pdd.simulator.scenario import Scenario
+from pdd.simulator.stats import percentile
 
 DAY_S = 86400.0
 WINDOW_S = 300.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pdd.common.figures import pyplot, save_figure
+from pdd.simulator.figures import pyplot, save_figure
 
 
 def replicas(report: dict, path: Path) -> None:

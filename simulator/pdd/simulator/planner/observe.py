@@ -7,11 +7,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from pdd.common.stats import percentile
 from pdd.common.vocabulary import Pipeline
 from pdd.simulator.cluster import Cluster
 from pdd.simulator.lifecycle import RequestRecord
 from pdd.simulator.planner.load import ObservedLoad
+from pdd.simulator.stats import percentile
 
 _RELAYED = {Pipeline.P_RLD_MD.value, Pipeline.P_RLD.value}
 

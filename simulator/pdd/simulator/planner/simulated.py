@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from pdd.common.stats import percentile
 from pdd.common.vocabulary import Pipeline
 from pdd.local.traces.base import Trace, TraceRequest
 from pdd.simulator.metrics import scored, summarize, ttft_bounded
@@ -23,6 +22,7 @@ from pdd.simulator.planner.load import ObservedLoad, Slo
 from pdd.simulator.planner.search import Outcome
 from pdd.simulator.runner import SystemRun, simulate
 from pdd.simulator.scenario import Scenario, SystemKind
+from pdd.simulator.stats import percentile
 
 #: Line busy above this share of the scored window: transfers queue on it, and more
 #: replicas cannot shorten them.

@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from pdd.common.kv_codec import NO_CODEC, KVCodecSetting
-from pdd.common.link_meter import LinkKey
 from pdd.common.network import TCP, Network
 from pdd.common.vocabulary import Role
 from pdd.common.wan_tls import HTTPS_ROLES
@@ -36,6 +35,7 @@ from pdd.worker.transport import (
     WanTls,
     connect,
 )
+from pdd.worker.transport.link_meter import LinkKey
 from pdd.worker.transport.metering import ChannelMeter, failure_reason
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,6 @@ leaves the link's totals, whatever the peer still owed.
 
 from __future__ import annotations
 
-from pdd.common.link_meter import LinkMeter
 from pdd.worker.transport.errors import (
     AuthError,
     FrameError,
@@ -21,6 +20,7 @@ from pdd.worker.transport.errors import (
     TlsError,
     TransportError,
 )
+from pdd.worker.transport.link_meter import LinkMeter
 
 
 def failure_reason(exc: TransportError) -> str:

@@ -8,7 +8,7 @@ from openai.types.chat import ChatCompletion
 from openai.types.chat import ChatCompletionChunk as OpenAIChunk
 from pydantic import ValidationError
 
-from pdd.common.openai_protocol import (
+from pdd.router.openai_protocol import (
     SSE_DONE,
     ChatCompletionChoice,
     ChatCompletionChunk,

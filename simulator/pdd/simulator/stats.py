@@ -1,4 +1,5 @@
-"""Summary statistics shared by the reports, the simulator and the benchmarks."""
+"""Summary statistics of the simulator's reports (the benchmarks, which sit above the
+simulator, report with them too)."""
 
 from __future__ import annotations
 

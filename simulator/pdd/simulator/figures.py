@@ -1,6 +1,6 @@
-"""PNG figures for people, shared by ``pdd bench`` and ``pdd simulate``: matplotlib
-with the Agg backend, imported on first use so that neither needs it installed until a
-figure is asked for.
+"""PNG figures for people, drawn by ``pdd simulate`` (and by ``pdd bench``, which sits
+above the simulator): matplotlib with the Agg backend, imported on first use so that
+neither needs it installed until a figure is asked for.
 """
 
 from __future__ import annotations

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from pdd.common.link_meter import BUCKETS, Goodput, LinkKey, LinkMeter, LinkMeters, RttEstimator
+from pdd.worker.transport.link_meter import (
+    BUCKETS,
+    Goodput,
+    LinkKey,
+    LinkMeter,
+    LinkMeters,
+    RttEstimator,
+)
 
 pytestmark = pytest.mark.unit
 

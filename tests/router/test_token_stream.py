@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from pdd.common.token_stream import TokenConflictError, TokenStreamMerger
 from pdd.common.wire import TokenEvent
+from pdd.router.token_stream import TokenConflictError, TokenStreamMerger
 
 pytestmark = pytest.mark.unit
 
