@@ -180,13 +180,17 @@ class PlanBuilder:
             "relay": self.workers[relay].endpoint if relay in self.workers else None,
             "main": self.workers[main].endpoint if main in self.workers else None,
         }
-        return PipelinePlan(
-            request_id=request_id,
-            prompt_ids=prompt_ids,
-            pipeline=pipeline,
-            sampling=sampling or SamplingSpec(),
-            **eps,
-            **kwargs,
+        # Validated from plain values: callers name the pipeline as a string and set any
+        # other PipelinePlan field through kwargs.
+        return PipelinePlan.model_validate(
+            {
+                "request_id": request_id,
+                "prompt_ids": prompt_ids,
+                "pipeline": pipeline,
+                "sampling": sampling or SamplingSpec(),
+                **eps,
+                **kwargs,
+            }
         )
 
 
@@ -341,7 +345,7 @@ def _wait_http(url: str, proc: subprocess.Popen, log: Path, deadline: float) -> 
     def check_alive() -> None:
         if proc.poll() is not None:
             tail = log.read_text(errors="replace")[-3000:]
-            raise ClusterStartError(f"{proc.args} exited with {proc.returncode}:\n{tail}")
+            raise ClusterStartError(f"{proc.args!r} exited with {proc.returncode}:\n{tail}")
         refusal = refused_settings(url) if url.endswith("/ready") else None
         if refusal is not None:
             raise ClusterStartError(f"{refusal.role} refused its settings: {refusal.problem}")

@@ -133,9 +133,9 @@ def fit_efficiency(
     prior = gpu.efficiency
     eff, errors = fit.evaluate(*fit.search((math.log10(prior.mfu), math.log10(prior.mbu))))
     per_kind = tuple(
-        KindFit(k, len(e), statistics.median(e))
+        KindFit(k, len(errs), statistics.median(errs))
         for k in KINDS
-        if (e := [abs(x) for x, s in zip(errors, samples, strict=True) if s.kind == k])
+        if (errs := [abs(x) for x, s in zip(errors, samples, strict=True) if s.kind == k])
     )
     rms = math.sqrt(statistics.fmean(x * x for x in errors))
     return FitResult(eff, per_kind, rms, tuple(_warnings(fit, eff, gpu, per_kind)))

@@ -9,7 +9,9 @@ minus lost events and TTL expiry.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import simpy
 
@@ -38,6 +40,20 @@ from pdd.simulator.scenario import Ablation, PoolSpec, Scenario, SystemKind, Sys
 
 #: Bytes per element of the simulated model's KV (bfloat16), for the codecs' sizes.
 SIM_KV_DTYPE_BYTES = 2
+
+#: An instance of any pool: P, or a decode instance (RLD, MD or same-datacenter D).
+Instance = PrefillInstance | DecodeInstance
+_Live = TypeVar("_Live", PrefillInstance, DecodeInstance)
+
+
+def _drain_one(live: list[_Live]) -> _Live | None:
+    """Take the least-active instance (the latest of equals) out of ``live``, unless it is
+    the pool's last one (then None)."""
+    if len(live) <= 1:
+        return None
+    inst = min(reversed(live), key=lambda i: i.active)
+    live.remove(inst)
+    return inst
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,7 +89,8 @@ class Cluster:
         self.relay = self._decode_pool("rld", Role.RELAY, spec.relay, cached=False)
         main_pool = spec.decode if spec.kind == SystemKind.SAME_DC else spec.main
         self.main = self._decode_pool("md", Role.MAIN, main_pool, cached=spec.keeps_history)
-        self.by_id = {i.instance_id: i for i in [*self.prefill, *self.relay, *self.main]}
+        instances: list[Instance] = [*self.prefill, *self.relay, *self.main]
+        self.by_id = {i.instance_id: i for i in instances}
         for inst in self.by_id.values():
             self.fleet.update(inst.load())
         self.in_dc = DirectLink(env, scenario.in_dc.gbps, scenario.in_dc.latency_ms)
@@ -143,35 +160,55 @@ class Cluster:
         """Retired instances of pool ``name`` still finishing requests."""
         return sum(self.by_id[i].active > 0 for i, pool in self.retired.items() if pool == name)
 
-    def pool(self, name: str) -> list:
+    def pool(self, name: str) -> Sequence[Instance]:
         """The live instances of pool ``name`` (prefill, relay, main; decode: main)."""
-        return {"prefill": self.prefill, "relay": self.relay}.get(name, self.main)
+        return self.prefill if name == "prefill" else self._decoders(name)
+
+    def _decoders(self, name: str) -> list[DecodeInstance]:
+        """The live instances of decode pool ``name`` (relay, main; decode: main)."""
+        return self.relay if name == "relay" else self.main
 
     def add_instance(self, name: str) -> None:
         """One more live instance in pool ``name``, cold (empty cache), seen by the router."""
-        inst: PrefillInstance | DecodeInstance
+        inst: Instance
         if name == "prefill":
             inst = self._prefill_instance()
-        elif name == "relay" and self.spec.relay is not None:
-            inst = self._decode_instance("rld", Role.RELAY, self.spec.relay, cached=False)
+            self.prefill.append(inst)
         else:
-            main = self.spec.decode if self.spec.kind == SystemKind.SAME_DC else self.spec.main
-            assert main is not None
-            inst = self._decode_instance("md", Role.MAIN, main, cached=self.spec.keeps_history)
-        self.pool(name).append(inst)
+            inst = self._new_decoder(name)
+            self._decoders(name).append(inst)
         self.by_id[inst.instance_id] = inst
         self.fleet.update(inst.load())
+
+    def _new_decoder(self, name: str) -> DecodeInstance:
+        if name == "relay" and self.spec.relay is not None:
+            return self._decode_instance("rld", Role.RELAY, self.spec.relay, cached=False)
+        main = self.spec.decode if self.spec.kind == SystemKind.SAME_DC else self.spec.main
+        assert main is not None
+        return self._decode_instance("md", Role.MAIN, main, cached=self.spec.keeps_history)
 
     def retire_instance(self, name: str) -> None:
         """Scale pool ``name`` down by one through drain: the router stops choosing its
         least-loaded instance, which finishes every request it holds (none is lost)."""
-        live = self.pool(name)
-        if len(live) <= 1:
+        inst = _drain_one(self.prefill) if name == "prefill" else _drain_one(self._decoders(name))
+        if inst is None:
             return
-        inst = min(reversed(live), key=lambda i: i.active)
-        live.remove(inst)
         self.retired[inst.instance_id] = name
         self.fleet.remove(inst.instance_id)
+
+    def prefill_named(self, instance_id: str) -> PrefillInstance:
+        """The P instance the router chose (by id)."""
+        inst = self.by_id[instance_id]
+        assert isinstance(inst, PrefillInstance), f"{instance_id} is not a P instance"
+        return inst
+
+    def decoder_named(self, instance_id: str | None) -> DecodeInstance | None:
+        """The decode instance the router chose (by id), None where it chose none."""
+        if instance_id is None:
+            return None
+        inst = self.by_id[instance_id]
+        assert isinstance(inst, DecodeInstance), f"{instance_id} is not a decode instance"
+        return inst
 
     def _policy_config(self) -> PolicyConfig:
         r = self.scenario.router

@@ -92,7 +92,9 @@ def run_until(env: simpy.Environment, until: float) -> None:
         env._now, _, _, event = heapq.heappop(queue)
         if event is stop:
             return
-        callbacks, event.callbacks = event.callbacks, None
+        # None marks the event processed, as Environment.step does (simpy annotates
+        # callbacks as a list and ignores the same line there).
+        callbacks, event.callbacks = event.callbacks, None  # type: ignore[assignment]
         for callback in callbacks:
             callback(event)
         if not event._ok and not hasattr(event, "_defused"):

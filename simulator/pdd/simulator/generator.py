@@ -43,44 +43,59 @@ class GeneratorSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["generator"] = "generator"
-    rate_rps: float = Field(10.0, gt=0, description="total arrival rate (Poisson), requests/s")
-    duration_s: float = Field(600.0, gt=0, description="arrivals fall in [0, duration_s)")
-    seed: int = Field(0, description="the whole trace is a function of the spec and this seed")
-    block_size: int = Field(512, ge=1, description="tokens per hash block")
-    mean_turns: float = Field(20.0, ge=1, description="mean requests per session (geometric)")
+    rate_rps: float = Field(
+        default=10.0, gt=0, description="total arrival rate (Poisson), requests/s"
+    )
+    duration_s: float = Field(default=600.0, gt=0, description="arrivals fall in [0, duration_s)")
+    seed: int = Field(
+        default=0, description="the whole trace is a function of the spec and this seed"
+    )
+    block_size: int = Field(default=512, ge=1, description="tokens per hash block")
+    mean_turns: float = Field(
+        default=20.0, ge=1, description="mean requests per session (geometric)"
+    )
     mean_think_s: float = Field(
-        30.0, gt=0, description="mean client think time from an answer to the next turn"
+        default=30.0, gt=0, description="mean client think time from an answer to the next turn"
     )
     expected_answer_s: float = Field(
-        20.0,
+        default=20.0,
         ge=0,
         description="expected seconds from a turn to its answer; only sizes the sessions "
         "already running at t=0 and where a session's turns stop, so the window starts and "
         "ends in steady state",
     )
-    input_median_tokens: int = Field(32768, ge=1, description="session context length, median")
-    input_p90_tokens: int = Field(98304, ge=1, description="session context length, p90")
-    max_input_tokens: int = Field(200_000, ge=1, description="input lengths clamp to this")
-    output_median_tokens: int = Field(230, ge=1, description="output length, lognormal median")
-    output_p90_tokens: int = Field(800, ge=1, description="output length, p90")
-    max_output_tokens: int = Field(4096, ge=1, description="output lengths clamp to this")
+    input_median_tokens: int = Field(
+        default=32768, ge=1, description="session context length, median"
+    )
+    input_p90_tokens: int = Field(default=98304, ge=1, description="session context length, p90")
+    max_input_tokens: int = Field(default=200_000, ge=1, description="input lengths clamp to this")
+    output_median_tokens: int = Field(
+        default=230, ge=1, description="output length, lognormal median"
+    )
+    output_p90_tokens: int = Field(default=800, ge=1, description="output length, p90")
+    max_output_tokens: int = Field(default=4096, ge=1, description="output lengths clamp to this")
     mean_hit_rate: float = Field(
-        0.90, gt=0, le=1, description="mean ideal hit of a turn against its session's last turn"
+        default=0.90,
+        gt=0,
+        le=1,
+        description="mean ideal hit of a turn against its session's last turn",
     )
     above_95_share: float = Field(
-        0.75, ge=0, le=1, description="share of those turns hitting above 95%"
+        default=0.75, ge=0, le=1, description="share of those turns hitting above 95%"
     )
     shared_prefix_tokens: int = Field(
-        0, ge=0, description="system/tool prompt every request starts with (whole blocks count)"
+        default=0,
+        ge=0,
+        description="system/tool prompt every request starts with (whole blocks count)",
     )
     anomalous_share: float = Field(
-        0.035, ge=0, lt=1, description="share of cold long-input, short-output requests"
+        default=0.035, ge=0, lt=1, description="share of cold long-input, short-output requests"
     )
     anomalous_input_tokens: tuple[int, int] = Field(
-        (65536, 131072), description="their input length range (uniform)"
+        default=(65536, 131072), description="their input length range (uniform)"
     )
     anomalous_output_max_tokens: int = Field(
-        400, ge=1, lt=500, description="their output is uniform in [1, this]"
+        default=400, ge=1, lt=500, description="their output is uniform in [1, this]"
     )
 
     @model_validator(mode="after")

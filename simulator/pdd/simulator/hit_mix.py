@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import TypeVar
 
 #: The boundary of the skewed head, in percent so block counts compare exactly.
 HIGH_PERCENT = 95
@@ -19,8 +20,11 @@ _SHAPE_MEAN = (0.02, 0.98)
 #: The head's mean when the tail can absorb the rest of the target: U(0.95, 1].
 _HEAD_MEAN = (1 + HIGH_HIT) / 2
 
+_Number = TypeVar("_Number", int, float)
 
-def clamp(x: float, lo: float, hi: float) -> float:
+
+def clamp(x: _Number, lo: _Number, hi: _Number) -> _Number:
+    """``x`` within [lo, hi], of the arguments' type (ints stay ints: block counts)."""
     return min(max(x, lo), hi)
 
 

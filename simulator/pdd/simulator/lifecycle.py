@@ -35,7 +35,8 @@ from pdd.common.vocabulary import Pipeline
 from pdd.router.policy import Decision
 from pdd.simulator.cluster import Cluster, SimRequest
 from pdd.simulator.decode import DecodeInstance, DecodeSeq
-from pdd.simulator.prefill import PrefillJob
+from pdd.simulator.links import SharedLink
+from pdd.simulator.prefill import PrefillInstance, PrefillJob
 
 #: A TOKEN_IDS handoff frame: a 4-byte id per token after an 8-byte (start, count) header
 #: (``pdd.worker.transport.payloads.encode_token_ids``; a test checks they agree).
@@ -99,11 +100,11 @@ def serve(c: Cluster, req: SimRequest, rec: RequestRecord) -> Proc:
         else c.kv_bytes_per_token
     )
     rec.md_computes_miss = decision.estimate.md_computes_miss
-    p = c.by_id[decision.instances.prefill]
+    p = c.prefill_named(decision.instances.prefill)
     n = req.input_tokens
     rec.p_hit_tokens = min(decision.estimate.p_hit_tokens, n - 1)
-    md = c.by_id.get(decision.instances.main_decode or "")
-    rld = c.by_id.get(decision.instances.relay or "")
+    md = c.decoder_named(decision.instances.main_decode)
+    rld = c.decoder_named(decision.instances.relay)
     rec.md_hit_tokens = (
         decision.estimate.md_hit_tokens if md is not None and md.cache is not None else 0
     )
@@ -112,28 +113,37 @@ def serve(c: Cluster, req: SimRequest, rec: RequestRecord) -> Proc:
             inst.reserve()
     transfer = _commit(c, req, rec, pipeline)
     if pipeline == Pipeline.P_MD and rec.md_computes_miss:  # MD prefills, P computes nothing
+        assert md is not None, "the router's P-MD names an MD"
         yield c.env.process(_md_prefills(c, rec, n - rec.md_hit_tokens, md))
         yield from _decode_on_main(c, req, rec, md)
         return
     job = p.enqueue(n - rec.p_hit_tokens, rec.p_hit_tokens)
-    kv_at_md = None
-    if pipeline != Pipeline.P_RLD:
-        miss = n - rec.md_hit_tokens
-        if rec.md_computes_miss:
-            kv_at_md = c.env.process(_md_computes(c, rec, miss, job, md))
-        else:
-            chunk = p.max_num_batched_tokens
-            kv_at_md = c.env.process(_stream_kv(c, rec, miss, chunk, job, transfer))
-    yield job.done
-    if p.cache is not None:
-        p.cache.insert(req.keys)
+    if pipeline == Pipeline.P_RLD:
+        assert rld is not None, "the router's P-RLD names a relay"
+        yield from _prefill_on_p(req, p, job)
+        yield from _relay_only(c, req, rec, rld)
+        return
+    assert md is not None, f"the router's {pipeline.value} names an MD"
+    miss = n - rec.md_hit_tokens
+    if rec.md_computes_miss:
+        kv_at_md = c.env.process(_md_computes(c, rec, miss, job, md))
+    else:
+        chunk = p.max_num_batched_tokens
+        kv_at_md = c.env.process(_stream_kv(c, rec, miss, chunk, job, transfer))
+    yield from _prefill_on_p(req, p, job)
     if pipeline == Pipeline.P_MD:
         yield kv_at_md
         yield from _decode_on_main(c, req, rec, md)
-    elif pipeline == Pipeline.P_RLD:
-        yield from _relay_only(c, req, rec, rld)
     else:
+        assert rld is not None, "the router's P-RLD-MD names a relay"
         yield from _relay_then_hand_off(c, req, rec, rld, md, kv_at_md)
+
+
+def _prefill_on_p(req: SimRequest, p: PrefillInstance, job: PrefillJob) -> Proc:
+    """P's prefill of the request ends; its radix cache then holds the prompt."""
+    yield job.done
+    if p.cache is not None:
+        p.cache.insert(req.keys)
 
 
 def _commit(c: Cluster, req: SimRequest, rec: RequestRecord, pipeline: Pipeline) -> Transfer | None:
@@ -145,7 +155,9 @@ def _commit(c: Cluster, req: SimRequest, rec: RequestRecord, pipeline: Pipeline)
     return c.link_estimator.commit(nbytes, "", prefill_tokens, c.env.now)
 
 
-def _admit(c: Cluster, req: SimRequest, rec: RequestRecord) -> Generator:
+def _admit(
+    c: Cluster, req: SimRequest, rec: RequestRecord
+) -> Generator[simpy.Event, object, Decision | None]:
     for _ in range(c.scenario.router.max_retries + 1):
         decision = c.route(req)
         if isinstance(decision, Decision):
@@ -201,7 +213,7 @@ def _md_prefills(c: Cluster, rec: RequestRecord, tokens: int, md: DecodeInstance
     yield c.env.timeout(md.shape.prefill_seconds(tokens, rec.md_hit_tokens))
 
 
-def _relay_only(c: Cluster, req: SimRequest, rec: RequestRecord, rld) -> Proc:
+def _relay_only(c: Cluster, req: SimRequest, rec: RequestRecord, rld: DecodeInstance) -> Proc:
     yield c.in_dc.transfer(req.input_tokens * c.kv_bytes_per_token)
     yield from _decode_whole(c, req, rec, rld)
     rec.rld_tokens = req.output_tokens
@@ -235,7 +247,7 @@ def _relay_then_hand_off(
     yield from _hand_off(c, req, rec, rld, md, rseq)
 
 
-def _decode_on_main(c: Cluster, req: SimRequest, rec: RequestRecord, md) -> Proc:
+def _decode_on_main(c: Cluster, req: SimRequest, rec: RequestRecord, md: DecodeInstance) -> Proc:
     _remember(c, rec, md, req)
     yield from _decode_whole(c, req, rec, md)
 
@@ -258,14 +270,15 @@ def _hand_off(
     md: DecodeInstance,
     rseq: DecodeSeq,
 ) -> Proc:
-    h = c.scenario.handoff
+    h, wan = c.scenario.handoff, c.wan
+    assert wan is not None, "a relay hands off to MD across the WAN"
     rec.handoff = choose_handoff_mode(h.mode, "auto", rld.utilization, h.catchup_load_level)
     handed = 0
     while rec.handoff == "catch-up" and not rseq.done.triggered:
         chunk = rld.generated(rseq) - handed
         if chunk <= h.catchup_threshold:
             break
-        yield _send_ids(c, rec, chunk)
+        yield _send_ids(wan, rec, chunk)
         yield md.extend(chunk, req.input_tokens + handed)
         handed += chunk
     if rseq.done.triggered:  # the relay finished during catch-up
@@ -275,8 +288,8 @@ def _hand_off(
     generated = rld.stop(rseq, hold=True)
     stopped_at = c.env.now
     rec.rld_tokens = 1 + generated  # the first token, then what the relay decoded
-    yield _send_ids(c, rec, generated - handed)
-    c.env.timeout(c.wan.rtt_s / 2).callbacks.append(lambda _: rld.release())  # MD's ack
+    yield _send_ids(wan, rec, generated - handed)
+    c.env.timeout(wan.rtt_s / 2).callbacks.append(lambda _: rld.release())  # MD's ack
     left = req.output_tokens - 1 - generated
     seq = md.submit(req.input_tokens + generated, left, extend=generated - handed, reserved=True)
     yield seq.started
@@ -285,10 +298,10 @@ def _hand_off(
     rec.finish = c.env.now
 
 
-def _send_ids(c: Cluster, rec: RequestRecord, tokens: int) -> simpy.Event:
+def _send_ids(wan: SharedLink, rec: RequestRecord, tokens: int) -> simpy.Event:
     nbytes = handoff_bytes(tokens)
     rec.wan_bytes += nbytes
-    return c.wan.transfer(nbytes)
+    return wan.transfer(nbytes)
 
 
 def _remember(c: Cluster, rec: RequestRecord, md: DecodeInstance, req: SimRequest) -> None:

@@ -43,7 +43,7 @@ class SharedLink:
         self._virtual = 0.0  # bytes each active flow has received since the epoch
         self._last = 0.0
         self._alarm = Alarm(env, self._on_timer)
-        self.bytes_sent = 0
+        self.bytes_sent = 0.0
         self.busy_s = 0.0  # time with at least one flow in flight (the line is full then)
 
     def transfer(self, nbytes: float) -> simpy.Event:
@@ -102,7 +102,7 @@ class DirectLink:
         self.env = env
         self.bytes_per_s = gbps * _GIGA / 8
         self.latency_s = latency_ms / 1000
-        self.bytes_sent = 0
+        self.bytes_sent = 0.0
 
     def transfer(self, nbytes: float) -> simpy.Event:
         self.bytes_sent += nbytes

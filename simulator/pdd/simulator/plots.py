@@ -53,8 +53,12 @@ def _ttft_p99_series(run: SystemRun, bucket_s: float) -> tuple[list[float], list
     buckets: dict[int, list[float]] = {}
     for r in run.records:
         buckets.setdefault(int(r.arrival // bucket_s), []).append(ttft_bounded(r, run.horizon_s))
-    keys = sorted(buckets)
-    return [(k + 0.5) * bucket_s for k in keys], [percentile(buckets[k], 99) for k in keys]
+    points = [
+        ((k + 0.5) * bucket_s, p99)
+        for k in sorted(buckets)
+        if (p99 := percentile(buckets[k], 99)) is not None
+    ]
+    return [t for t, _ in points], [p99 for _, p99 in points]
 
 
 def bathtub(rows: Sequence[Mapping], path: Path) -> None:

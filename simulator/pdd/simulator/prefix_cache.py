@@ -107,7 +107,11 @@ class HolderIndex:
         depth: dict[str, int] = {}
         start = 1
         while current:
-            end = _leading(keys, lambda key, same=current: get(key, 0) == same, start)
+
+            def held_by_current(key: int, same: int = current) -> bool:
+                return get(key, 0) == same
+
+            end = _leading(keys, held_by_current, start)
             nxt = get(keys[end], 0) if end < len(keys) else 0
             self._set_depth(depth, current & ~nxt, end)
             current, start = nxt, end + 1

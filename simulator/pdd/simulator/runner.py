@@ -21,7 +21,7 @@ from pdd.router.policy import RequestFeatures
 from pdd.simulator.cluster import Cluster, SimRequest
 from pdd.simulator.costs import system_cost_per_hour
 from pdd.simulator.events import run_until
-from pdd.simulator.lifecycle import RequestRecord, serve
+from pdd.simulator.lifecycle import Proc, RequestRecord, serve
 from pdd.simulator.scenario import Scenario, SystemSpec
 
 
@@ -98,7 +98,7 @@ def simulate(
     keys = BlockKeys()
     state = {"last_arrival": 0.0}
 
-    def send(r: TraceRequest):
+    def send(r: TraceRequest) -> Proc:
         k = keys(r)
         features = RequestFeatures(r.input_tokens, r.output_tokens, _affinity_key(k, r.key))
         req = SimRequest(r.key, env.now, k, r.input_tokens, max(1, r.output_tokens), features)
@@ -107,7 +107,7 @@ def simulate(
         state["last_arrival"] = env.now
         return serve(cluster, req, rec)
 
-    def run_chain(chain: Chain[TraceRequest], delay: float):
+    def run_chain(chain: Chain[TraceRequest], delay: float) -> Proc:
         if delay > 0:
             yield env.timeout(delay)
         start_spawns(chain, -1)
@@ -122,7 +122,7 @@ def simulate(
             if spawn.after == index:
                 env.process(run_chain(spawn.chain, spawn.delay_s))
 
-    def feeder():
+    def feeder() -> Proc:
         for chain in sorted(trace.chains, key=lambda c: c.start_s):
             if chain.start_s > env.now:
                 yield env.timeout(chain.start_s - env.now)
@@ -188,7 +188,7 @@ def _horizon(trace: Trace[TraceRequest]) -> float:
     return max((c.start_s + span(c) for c in trace.chains), default=0.0)
 
 
-def _sampler(env: simpy.Environment, c: Cluster, every: float, out: list[Sample]) -> Iterator:
+def _sampler(env: simpy.Environment, c: Cluster, every: float, out: list[Sample]) -> Proc:
     busy_before = 0.0
     while True:
         yield env.timeout(every)

@@ -33,9 +33,9 @@ class _Spec(BaseModel):
 
 
 class EfficiencySpec(_Spec):
-    mfu: float = Field(0.5, gt=0, le=1, description="achieved / peak FLOP/s")
-    mbu: float = Field(0.8, gt=0, le=1, description="achieved / peak memory bandwidth")
-    overhead_s: float = Field(0.002, ge=0, description="fixed seconds per engine step")
+    mfu: float = Field(default=0.5, gt=0, le=1, description="achieved / peak FLOP/s")
+    mbu: float = Field(default=0.8, gt=0, le=1, description="achieved / peak memory bandwidth")
+    overhead_s: float = Field(default=0.002, ge=0, description="fixed seconds per engine step")
 
 
 class GpuSpec(_Spec):
@@ -70,21 +70,23 @@ class ModelSpecFile(_Spec):
 class WanSpec(_Spec):
     gbps: float = Field(gt=0)
     rtt_ms: float = Field(ge=0)
-    jitter_ms: float = Field(0.0, ge=0, description="std of the extra one-way delay")
-    price_per_hour: float = Field(0.0, ge=0, description="the leased line's cost")
+    jitter_ms: float = Field(default=0.0, ge=0, description="std of the extra one-way delay")
+    price_per_hour: float = Field(default=0.0, ge=0, description="the leased line's cost")
     kv_codec: KVCodecSetting = Field(
-        "none",
+        default="none",
         description="spec.wan.kvCodec: how P codes MD's KV on the line (adaptive: the "
         "router's choice per request)",
     )
     kv_head_dim: int = Field(
-        128, gt=0, description="the model's head dim: sets a lossy codec's per-vector scales"
+        default=128,
+        gt=0,
+        description="the model's head dim: sets a lossy codec's per-vector scales",
     )
 
 
 class InDcSpec(_Spec):
-    gbps: float = Field(400.0, gt=0, description="per-NIC RDMA bandwidth")
-    latency_ms: float = Field(0.05, ge=0)
+    gbps: float = Field(default=400.0, gt=0, description="per-NIC RDMA bandwidth")
+    latency_ms: float = Field(default=0.05, ge=0)
 
 
 class SloSpec(_Spec):
@@ -96,9 +98,13 @@ class BillingSpec(_Spec):
     """What a request earns, for the benefit figure of the bathtub: providers bill cached
     input at 10-25% of uncached input, so a higher hit rate also earns less per request."""
 
-    input_per_mtok: float = Field(1.0, ge=0, description="$ per million uncached input tokens")
-    cached_input_ratio: float = Field(0.2, ge=0, le=1, description="cached input's share of that")
-    output_per_mtok: float = Field(4.0, ge=0, description="$ per million output tokens")
+    input_per_mtok: float = Field(
+        default=1.0, ge=0, description="$ per million uncached input tokens"
+    )
+    cached_input_ratio: float = Field(
+        default=0.2, ge=0, le=1, description="cached input's share of that"
+    )
+    output_per_mtok: float = Field(default=4.0, ge=0, description="$ per million output tokens")
 
     def revenue(self, input_tokens: int, cached_tokens: int, output_tokens: int) -> float:
         uncached = input_tokens - cached_tokens
@@ -109,47 +115,49 @@ class BillingSpec(_Spec):
 class RouterSpec(_Spec):
     """The router's PolicyConfig knobs (pdd.router.policy); defaults are the router's."""
 
-    ttft_budget_s: float = Field(PolicyConfig.default_of("ttft_budget_s"), gt=0)
+    ttft_budget_s: float = Field(default=PolicyConfig.default_of("ttft_budget_s"), gt=0)
     prefill_tokens_per_s: float | None = Field(
-        None, gt=0, description="default: the P pool's full-chunk throughput"
+        default=None, gt=0, description="default: the P pool's full-chunk throughput"
     )
     anomalous_min_input_tokens: int = Field(
-        PolicyConfig.default_of("anomalous_min_input_tokens"), gt=0
+        default=PolicyConfig.default_of("anomalous_min_input_tokens"), gt=0
     )
     anomalous_output_tokens_below: int = Field(
-        PolicyConfig.default_of("anomalous_output_tokens_below"), gt=0
+        default=PolicyConfig.default_of("anomalous_output_tokens_below"), gt=0
     )
-    relay_only_max_share: float = Field(PolicyConfig.default_of("relay_only_max_share"), ge=0, le=1)
+    relay_only_max_share: float = Field(
+        default=PolicyConfig.default_of("relay_only_max_share"), ge=0, le=1
+    )
     idle_relay_min_transfer_s: float | None = Field(
-        PolicyConfig.default_of("idle_relay_min_transfer_s"),
+        default=PolicyConfig.default_of("idle_relay_min_transfer_s"),
         gt=0,
         description="an idle relay takes a transfer this long or longer; null: never",
     )
     md_recompute_max_tokens: int = Field(
-        PolicyConfig.default_of("md_recompute_max_tokens"),
+        default=PolicyConfig.default_of("md_recompute_max_tokens"),
         ge=0,
         description="adaptive: the most prompt tokens MD may compute itself; 0: never",
     )
-    traffic_window_s: float = Field(60.0, gt=0)
-    retry_after_s: float = Field(PolicyConfig.default_of("retry_after_s"), gt=0)
-    max_retries: int = Field(30, ge=0, description="a request refused this often is lost")
+    traffic_window_s: float = Field(default=60.0, gt=0)
+    retry_after_s: float = Field(default=PolicyConfig.default_of("retry_after_s"), gt=0)
+    max_retries: int = Field(default=30, ge=0, description="a request refused this often is lost")
 
 
 class HandoffSpec(_Spec):
     mode: Literal["auto", "one-shot", "catch-up"] = "auto"
-    catchup_threshold: int = Field(64, ge=1)
-    catchup_load_level: float = Field(0.5, ge=0, le=1)
+    catchup_threshold: int = Field(default=64, ge=1)
+    catchup_load_level: float = Field(default=0.5, ge=0, le=1)
 
 
 class PoolSpec(_Spec):
     gpu: str
     instances: int = Field(gt=0)
-    gpus_per_instance: int = Field(1, gt=0)
-    max_batch: int = Field(64, gt=0, description="decode: sequences per batch")
-    max_queue: int = Field(16, gt=0, description="prefill: requests queued per instance")
-    max_num_batched_tokens: int = Field(8192, gt=0, description="prefill: tokens per step")
+    gpus_per_instance: int = Field(default=1, gt=0)
+    max_batch: int = Field(default=64, gt=0, description="decode: sequences per batch")
+    max_queue: int = Field(default=16, gt=0, description="prefill: requests queued per instance")
+    max_num_batched_tokens: int = Field(default=8192, gt=0, description="prefill: tokens per step")
     cache_tokens: int | None = Field(
-        None, ge=0, description="prefix cache per instance; default: its KV capacity"
+        default=None, ge=0, description="prefix cache per instance; default: its KV capacity"
     )
 
 
@@ -169,17 +177,22 @@ class Ablation(StrEnum):
 class SystemSpec(_Spec):
     kind: SystemKind
     prefill: PoolSpec
-    decode: PoolSpec | None = Field(None, description="same-dc: the D pool")
-    main: PoolSpec | None = Field(None, description="naive, pdd: the MD pool in datacenter B")
-    relay: PoolSpec | None = Field(None, description="pdd: the RLD pool in datacenter A")
+    decode: PoolSpec | None = Field(default=None, description="same-dc: the D pool")
+    main: PoolSpec | None = Field(
+        default=None, description="naive, pdd: the MD pool in datacenter B"
+    )
+    relay: PoolSpec | None = Field(default=None, description="pdd: the RLD pool in datacenter A")
     drc: bool | None = Field(
-        None,
+        default=None,
         description="decode-side prefix cache (DRC); default on for pdd and same-dc, off for "
         "naive (which then ships the full KV every time)",
     )
     ablation: Ablation = Ablation.NONE
     low_hit_below: float = Field(
-        0.95, ge=0, le=1, description="low-hit-to-relay: the MD hit ratio that counts as low"
+        default=0.95,
+        ge=0,
+        le=1,
+        description="low-hit-to-relay: the MD hit ratio that counts as low",
     )
 
     @model_validator(mode="after")
@@ -213,27 +226,27 @@ class SystemSpec(_Spec):
 
 
 class RunSpec(_Spec):
-    warmup_s: float = Field(0.0, ge=0, description="arrivals before this are not scored")
-    drain_s: float = Field(600.0, ge=0, description="after the last arrival, stop waiting")
-    sample_s: float = Field(10.0, gt=0, description="time-series bucket")
+    warmup_s: float = Field(default=0.0, ge=0, description="arrivals before this are not scored")
+    drain_s: float = Field(default=600.0, ge=0, description="after the last arrival, stop waiting")
+    sample_s: float = Field(default=10.0, gt=0, description="time-series bucket")
 
 
 class GoodputSpec(_Spec):
     """Goodput = the highest arrival rate at which ``attainment`` of requests meet the SLO
     (DistServe's definition), found by bisection between ``rate_low`` and ``rate_high``."""
 
-    attainment: float = Field(0.9, gt=0, le=1)
+    attainment: float = Field(default=0.9, gt=0, le=1)
     rate_low: float = Field(gt=0)
     rate_high: float = Field(gt=0)
-    probes: int = Field(6, ge=1)
-    duration_s: float | None = Field(None, gt=0, description="default: the workload's")
+    probes: int = Field(default=6, ge=1)
+    duration_s: float | None = Field(default=None, gt=0, description="default: the workload's")
 
 
 class SweepSpec(_Spec):
     """The bathtub: rerun the systems with the generator's mean hit rate set to each value."""
 
     mean_hit_rates: tuple[float, ...] = Field(min_length=2)
-    goodput_probes: int = Field(4, ge=1)
+    goodput_probes: int = Field(default=4, ge=1)
 
 
 class Scenario(_Spec):
@@ -248,14 +261,14 @@ class Scenario(_Spec):
     billing: BillingSpec = BillingSpec()
     router: RouterSpec = RouterSpec()
     handoff: HandoffSpec = HandoffSpec()
-    block_size: int | None = Field(None, gt=0, description="default: the workload's")
+    block_size: int | None = Field(default=None, gt=0, description="default: the workload's")
     workload: WorkloadSpec
     systems: dict[str, SystemSpec] = Field(min_length=1)
     run: RunSpec = RunSpec()
     goodput: GoodputSpec | None = None
     sweep: SweepSpec | None = None
     premium_range: tuple[float, float] | None = Field(
-        None,
+        default=None,
         description="GPU-B price premiums over GPU-A at which to tabulate pdd's cost saving "
         "over baseline (needs gpus A and B and systems baseline and pdd)",
     )

@@ -37,15 +37,19 @@ class TraceSpec(BaseModel):
         "base_dir (see load_scenario: --traces, the bundled bench/traces/ sample, or the "
         "scenario file's folder) when given, else the working directory"
     )
-    format: Format | None = Field(None, description="default: detected from the path")
+    format: Format | None = Field(default=None, description="default: detected from the path")
     max_requests: int | None = Field(
-        None, ge=1, description="keep the first N requests: whole chains in start order"
+        default=None, ge=1, description="keep the first N requests: whole chains in start order"
     )
     session_gap_s: float = Field(
-        60.0, ge=0, description="claude-code sessions have no start time: session i at i x this"
+        default=60.0,
+        ge=0,
+        description="claude-code sessions have no start time: session i at i x this",
     )
     time_scale: float = Field(
-        1.0, gt=0, description="multiplies all trace times; below 1 compresses time (more load)"
+        default=1.0,
+        gt=0,
+        description="multiplies all trace times; below 1 compresses time (more load)",
     )
 
     def build(self, base_dir: Path | None = None) -> Trace[TraceRequest]:
