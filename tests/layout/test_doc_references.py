@@ -5,6 +5,7 @@ rename in the code that the map does not follow fails here."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,29 @@ def test_renaming_a_cited_method_in_the_code_fails_the_check(tmp_path: Path) -> 
         "pdd.worker.engine.Engine.step",
         "Engine.step",
     ]
+
+
+#: What adding a routing rule takes (issue 57): the rule, the inputs its facts read, the
+#: policy's docstring, a decision test, a simulator scenario and the generated docs table.
+ROUTING_RULE_FILES = (
+    "router/pdd/router/policy_rules.py",
+    "router/pdd/router/policy_inputs.py",
+    "router/pdd/router/policy.py",
+    "tests/router/test_policy_rules.py",
+    "tests/simulator/test_lifecycle.py",
+    "tests/docs/test_generated_docs.py",
+    "docs/router.md",
+)
+
+
+def section(text: str, title: str) -> str:
+    """The text of the page's ``## title`` section, up to the next section."""
+    _, found, rest = text.partition(f"\n## {title}\n")
+    assert found, f"docs/architecture.md has no section {title!r}"
+    return re.split(r"^#{1,2} ", rest, maxsplit=1, flags=re.MULTILINE)[0]
+
+
+def test_the_routing_rule_recipe_names_every_file_a_rule_takes() -> None:
+    """The page names its files as repository paths, so the check above proves each exists."""
+    recipe = section(MAP.read_text(), "How to add a routing rule")
+    assert [f for f in ROUTING_RULE_FILES if f"`{f}`" not in recipe] == []
