@@ -345,7 +345,10 @@ class EngineInfo(_Wire):
     cpu_kernels: str | None = Field(
         default=None, description="the compiled CPU kernels' variant (avx2, ...); None: torch's"
     )
-    block_size: int = Field(ge=1)
+    block_size: int = Field(
+        ge=1, description="tokens per KV block: a prompt's cached prefix is reused in whole "
+        "blocks, so the router rounds its predicted hits on this instance down to them",
+    )  # fmt: skip
     kv_blocks: int = Field(ge=1)
     kv_tokens: int = Field(ge=1, description="KV cache capacity: kv_blocks x block_size")
     kv_bytes: int = Field(ge=1)

@@ -29,7 +29,7 @@ from pdd.router.lease import Lease
 from pdd.router.link_health import LinkHealth
 from pdd.router.link_view import LinkView
 from pdd.router.policy import PolicyConfig, RequestFeatures, Saturated, decide
-from pdd.router.prefix_index import PrefixIndex
+from pdd.router.prefix_index import PrefixIndex, reusable
 from pdd.router.recent_traffic import RecentTraffic
 from pdd.router.registry import InstanceRegistry
 from pdd.router.route import Route, committed_backlog, md_computing_tokens
@@ -122,6 +122,7 @@ class Dispatcher:
         )
         self._check_roles_ready(retry)
         self._view.refresh(inflight, self._store.take_moved())
+        hits = reusable(hits, self._view.cache_block)  # what each engine's cache can reuse
         backlog = committed_backlog(inflight)
         self._estimator.overdue(time.monotonic(), backlog)
         link = self._estimator.link(backlog)

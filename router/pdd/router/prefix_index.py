@@ -10,6 +10,9 @@ a router restarted), so every entry expires ``ttl_s`` after it was last stored o
 confirmed, and the MD handshake (how much MD really holds) is the ground truth the
 request path feeds back through :meth:`PrefixIndex.confirm`.
 
+A hit counts the router's blocks; what a worker can reuse is whole blocks of its own
+engine's cache (:func:`reusable`), which the router applies per instance.
+
 Storage sits behind :class:`IndexStore` so router replicas can share one index in
 Redis; :class:`InMemoryIndexStore` is the single-process store.
 """
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -131,6 +134,25 @@ class InMemoryIndexStore:
             holders.pop(instance, None)
             if not holders:
                 del self._by_hash[h]
+
+
+def reusable(hits: Mapping[str, int], cache_block: Callable[[str], int]) -> dict[str, int]:
+    """``hits`` as each instance can reuse them: rounded down to whole blocks of its
+    engine's prefix cache (``cache_block``: tokens per block, ``EngineInfo.block_size``).
+
+    The index counts the router's blocks, but an engine hits only whole blocks of its own,
+    and a vLLM worker's may be larger (32 or 128 on the CPU against the router's 16): it
+    names a router block cached once the vLLM block it ends in is, so a prompt diverging
+    inside that vLLM block would be predicted by less than a vLLM block over its reuse.
+    Rounded, the prediction is exact where the router's block divides the engine's and
+    short by at most one engine block where it does not; never over. An instance left
+    with nothing is left out, as ``PrefixIndex.match`` leaves out those holding nothing."""
+    rounded: dict[str, int] = {}
+    for instance, tokens in hits.items():
+        block = cache_block(instance)
+        if tokens >= block:
+            rounded[instance] = tokens // block * block
+    return rounded
 
 
 class PrefixIndex:

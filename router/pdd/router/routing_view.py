@@ -47,6 +47,13 @@ class RoutingView:
     def instance(self, instance_id: str) -> Instance:
         return self._by_id[instance_id]
 
+    def cache_block(self, instance_id: str) -> int:
+        """Tokens per block of the instance's prefix cache, as its ``/health`` reported
+        (``EngineInfo.block_size``): the unit its hits are reused in. 1 (any hit as it
+        is) where the instance is not routable or did not say (nothing routes by it)."""
+        inst = self._by_id.get(instance_id)
+        return 1 if inst is None or inst.engine is None else inst.engine.block_size
+
     def refresh(self, inflight: Mapping[str, int], moved: set[str]) -> None:
         """Take the in-flight counts (every replica's sum), of which only the ``moved``
         instances' may differ from the last refresh, and bring back those a retry left out."""

@@ -10,7 +10,7 @@ import pytest
 
 from pdd.common.block_hash import block_hashes
 from pdd.common.cache_events import AllCleared, BlockRemoved, BlockStored, CacheEvent
-from pdd.router.prefix_index import PrefixIndex, PrefixIndexConfig
+from pdd.router.prefix_index import PrefixIndex, PrefixIndexConfig, reusable
 from pdd.worker.vllm.kv_events import RouterChains
 
 pytestmark = pytest.mark.unit
@@ -87,6 +87,35 @@ def test_router_blocks_straddling_vllm_blocks_belong_to_the_block_they_end_in() 
     removed = chains.removed([b"v1"])  # tokens 32..63 end router block 1 (24..47)
     assert removed == [BlockRemoved(block_hashes=expected[1:2])]
     assert hit(index_of(first + second + removed, 24), TOKENS[:100]) == 24
+
+
+@pytest.mark.parametrize("router_block", [16, 24])
+def test_the_routers_hit_rounded_to_vllms_blocks_is_never_more_than_vllm_reuses(
+    router_block: int,
+) -> None:
+    """vLLM cached 96 tokens in blocks of 32; a prompt sharing ``d`` of them reuses ``d``
+    rounded down to vLLM's blocks. The index's hit in router blocks overshoots that where
+    the prompt leaves vLLM's block inside a router block vLLM named (d = 48 with blocks of
+    16); rounded to vLLM's block (``reusable``, what the router predicts per worker) it is
+    exact where the router's block divides vLLM's, and short by at most one vLLM block
+    where it does not (24: sharing 32..47 tokens, no whole router block ends in vLLM's
+    second block), never over."""
+    vllm_block = 32
+    index = index_of(
+        RouterChains(router_block).stored([b"v0", b"v1", b"v2"], None, TOKENS[:96], vllm_block),
+        router_block,
+    )
+    over = []
+    for shared in range(97):
+        prompt = [*TOKENS[:shared], *range(7, 7 + 40)]  # leaves the cached tokens at ``shared``
+        vllm_reuses = shared // vllm_block * vllm_block
+        raw = hit(index, prompt)
+        predicted = reusable({"vm": raw}, lambda _: vllm_block).get("vm", 0)
+        over += [shared] if raw > vllm_reuses else []
+        assert vllm_reuses - vllm_block <= predicted <= vllm_reuses
+        if vllm_block % router_block == 0:
+            assert predicted == vllm_reuses
+    assert over  # the router's blocks alone over-predicted some of them
 
 
 def test_a_router_block_named_by_two_vllm_blocks_leaves_with_the_last() -> None:

@@ -7,7 +7,8 @@ calls it (``pdd.router.worker_client.WorkerClient``):
   the reference ``pdd generate --engine vllm`` runs), the prefix-cache fact on seq 0;
 - a cancel (what the router sends when its client goes away) ends the request here;
 - the router's prefix index, fed from the worker's cache events (vLLM's KV events,
-  renamed into the router's blocks), predicts the prefix vLLM then reports cached;
+  renamed into the router's blocks) and rounded to the block ``/health`` names, predicts
+  the prefix vLLM then reports cached, also for a prompt leaving vLLM's block mid-way;
 - SIGTERM drains: ``/ready`` turns false, the running request streams to its end, the
   process exits 0 (a worker of its own: the tests run in any order).
 
@@ -42,7 +43,7 @@ from pdd.common.model_store import DEFAULT_MODEL, cached
 from pdd.common.tokenizer import HFTokenizer
 from pdd.common.wire import Endpoint, PipelinePlan, SamplingSpec, TokenEvent
 from pdd.local.cluster import HOST, free_port
-from pdd.router.prefix_index import PrefixIndex, PrefixIndexConfig
+from pdd.router.prefix_index import PrefixIndex, PrefixIndexConfig, reusable
 from pdd.router.worker_client import WorkerClient
 from pdd.testing.processes import process_group_members
 from pdd.testing.waiting import until, until_sync
@@ -244,11 +245,13 @@ async def test_sigterm_drains_then_exits(
 
 class RouterView:
     """The router's prefix index of the worker, fed as the router feeds it: pages of
-    ``/v1/pdd/cache-events`` from a cursor, a reset rebuilding the instance's view."""
+    ``/v1/pdd/cache-events`` from a cursor, a reset rebuilding the instance's view; a hit
+    rounded to the cache block its ``/health`` names, as the router's dispatcher rounds it."""
 
-    def __init__(self, client: WorkerClient, url: str) -> None:
+    def __init__(self, client: WorkerClient, url: str, cache_block: int) -> None:
         self.client, self.url, self.cursor = client, url, 0
         self.index = PrefixIndex(PrefixIndexConfig())  # the router's default: blocks of 16
+        self.cache_block = cache_block
 
     async def predicted_hit(self, prompt: list[int]) -> int:
         page = await self.client.cache_events(self.url, self.cursor)
@@ -256,7 +259,8 @@ class RouterView:
             self.index.forget_instance("vm")
         self.index.apply_all("vm", page.events)
         self.cursor = page.next_cursor
-        return self.index.match(self.index.hashes(prompt)).get("vm", 0)
+        hits = self.index.match(self.index.hashes(prompt))
+        return reusable(hits, lambda _: self.cache_block).get("vm", 0)
 
 
 def one_token(rid: str, prompt: list[int]) -> PipelinePlan:
@@ -269,14 +273,20 @@ async def test_the_router_predicts_the_prefix_vllm_holds(
 ) -> None:
     """vLLM's KV events (blocks of 32) reach the router's index (blocks of 16) renamed: after
     a prompt, the index predicts for that prompt plus a continuation exactly the prompt
-    tokens vLLM then reports cached (its full blocks of the prompt)."""
+    tokens vLLM then reports cached (its full blocks of the prompt); and for a prompt that
+    leaves it inside vLLM's second block, after 3 router blocks, vLLM's one block of 32
+    (the router's blocks alone said 48)."""
     prompt = prompts[1] * 3 + prompts[0]  # 3 blocks of 32 and a partial one, or more
     extended = [*prompt, 28, 1690, 30]
     held = len(prompt) // BLOCK_SIZE * BLOCK_SIZE
     assert held >= 2 * BLOCK_SIZE and len(prompt) % BLOCK_SIZE
+    router_block = PrefixIndexConfig().block_size
+    leaves = 3 * router_block
+    assert BLOCK_SIZE < leaves < 2 * BLOCK_SIZE
+    diverged = [*prompt[:leaves], *(t + 1 for t in prompt[leaves:])]
     client = WorkerClient(SECRET, timeout_s=120)
     try:
-        view = RouterView(client, ready.url)
+        view = RouterView(client, ready.url, (await client.health(ready.url)).engine.block_size)
         first = await run_request(client, ready.url, one_token("kv-events-1", prompt))
         assert [e.error for e in first if e.error] == []
         async def all_blocks_seen() -> int | None:  # vLLM publishes after its step
@@ -285,10 +295,14 @@ async def test_the_router_predicts_the_prefix_vllm_holds(
 
         predicted = await until(all_blocks_seen, "the index holds the prompt's blocks", 120, 0.05)
         again = await run_request(client, ready.url, one_token("kv-events-2", extended))
+        predicted_diverged = await view.predicted_hit(diverged)
+        other = await run_request(client, ready.url, one_token("kv-events-3", diverged))
     finally:
         await client.aclose()
     assert again[0].seq == 0 and again[0].cached_tokens == held
     assert predicted == held
+    assert other[0].seq == 0 and other[0].cached_tokens == BLOCK_SIZE
+    assert predicted_diverged == BLOCK_SIZE
 
 
 def test_the_router_serves_a_chat_through_the_vllm_worker(

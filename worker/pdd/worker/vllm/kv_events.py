@@ -13,9 +13,11 @@ Any pair of block sizes works, not only a router size dividing vLLM's: only whol
 blocks are named, and a router block that straddles two vLLM blocks belongs to the one
 it ends in (it is usable only while that one is cached: vLLM's cache, like the router's
 match, stops at the first missing block, so the child holds it exactly when the whole
-prefix is held). The router then predicts a hit rounded down to its own blocks, never
-more than vLLM holds; refusing such sizes would only have forced users to match block
-sizes vLLM constrains (multiples of 32 on the CPU) to the router's.
+prefix is held). vLLM reuses only whole blocks of its own, so the router rounds the hit
+its index counts down to the block size this worker's ``/health`` reports
+(``pdd.router.prefix_index.reusable``): never more than vLLM reuses. Refusing such sizes
+would only have forced users to match block sizes vLLM constrains (multiples of 32 on
+the CPU) to the router's.
 
 A router block can be named by two vLLM blocks at once (vLLM replaces a partial block by
 the full one, or stores the same prefix twice): each router hash counts its vLLM owners
