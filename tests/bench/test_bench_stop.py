@@ -28,9 +28,11 @@ pytestmark = pytest.mark.integration
 def test_a_bench_stopped_mid_start_stops_every_process_it_started(
     tmp_path: Path, stop: signal.Signals
 ) -> None:
-    argv = [sys.executable, "-m", "pdd.cli", "bench", "--model", "tiny", "--modes", "pdd",
-            "--max-requests", "100", "--time-scale", "1", "--out-dir", str(tmp_path),
-            "--no-plots", "--no-progress"]  # fmt: skip
+    # -X faulthandler: a bench that does not stop is sent SIGABRT, which prints where each
+    # of its threads is (this test once found a bench that never stopped, never since).
+    argv = [sys.executable, "-X", "faulthandler", "-m", "pdd.cli", "bench", "--model", "tiny",
+            "--modes", "pdd", "--max-requests", "100", "--time-scale", "1",
+            "--out-dir", str(tmp_path), "--no-plots", "--no-progress"]  # fmt: skip
     proc = subprocess.Popen(
         argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
         start_new_session=True,
@@ -38,7 +40,7 @@ def test_a_bench_stopped_mid_start_stops_every_process_it_started(
     try:
         until_sync(lambda: _running(proc.pid, b"wan-link"), "the stack's link emulators")
         proc.send_signal(stop)
-        _, stderr = proc.communicate(timeout=120)
+        stderr = _stderr_once_exited(proc)
         left = process_group_members(proc.pid)
     finally:
         with contextlib.suppress(ProcessLookupError):  # whatever is left, not past the test
@@ -50,6 +52,17 @@ def test_a_bench_stopped_mid_start_stops_every_process_it_started(
     # into the same KeyboardInterrupt (``interrupted_by_stop_signals``): a shell reads
     # both as "interrupted".
     assert proc.returncode in {130, -signal.SIGINT}
+
+
+def _stderr_once_exited(proc: subprocess.Popen) -> str:
+    """The bench's stderr once it exited; failing with its threads' stacks where it has
+    not within 120 s."""
+    try:
+        return proc.communicate(timeout=120)[1]
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        _, stderr = proc.communicate(timeout=60)
+        pytest.fail(f"the bench did not stop in 120 s; its stderr and threads:\n{stderr[-8000:]}")
 
 
 def _running(pgid: int, name: bytes) -> bool:
