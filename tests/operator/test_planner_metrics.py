@@ -9,10 +9,15 @@ import math
 import pytest
 
 from pdd.operator.naming import Owner
-from pdd.operator.planner import LINE_BOUND, PlannerRound, line_condition, planner_for
-from pdd.operator.planner_metrics import (
+from pdd.operator.planner import LINE_BOUND, line_condition, planner_for
+from pdd.operator.planner_publish import PlannerMetrics
+from pdd.operator.spec import PDDSpec
+from pdd.router.metrics import RouterMetrics
+from pdd.simulator.planner.model_file import load_model
+from pdd.simulator.planner.scrape import (
     ROUTER,
     MetricsError,
+    PlannerRound,
     PodMetrics,
     histogram_p90,
     increase,
@@ -20,10 +25,6 @@ from pdd.operator.planner_metrics import (
     observed_load,
     parse_exposition,
 )
-from pdd.operator.planner_publish import PlannerMetrics
-from pdd.operator.spec import PDDSpec
-from pdd.router.metrics import RouterMetrics
-from pdd.simulator.planner.model_file import load_model
 from pdd.worker.metrics import WorkerMetrics
 
 pytestmark = pytest.mark.unit

@@ -95,3 +95,19 @@ def test_bounds_clamp_the_decision(deployment: DeploymentModel) -> None:
               "main": PoolBounds("B", 2.5, 1, 5)}  # fmt: skip
     replicas = Planner(deployment, bounds, SLO).observe(seen(200)).replicas
     assert replicas == {"prefill": 4, "relay": 2, "main": 5}
+
+
+def test_once_comfortable_again_a_grown_pool_returns_to_the_sized_count(
+    planner: Planner, deployment: DeploymentModel
+) -> None:
+    """A decayed headroom of 1 + epsilon must not hold a pool one replica above its
+    sizing for ever (ceil(n * 1.0001) is n + 1): a scale-up must be able to end."""
+    base = planner.observe(seen(ttft_p90_s=0.5)).replicas
+    planner.observe(seen(ttft_p90_s=50.0, prefill_queue_mean=9.0))
+    assert (
+        planner.observe(seen(ttft_p90_s=50.0, prefill_queue_mean=9.0)).replicas["prefill"]
+        > base["prefill"]
+    )
+    for _ in range(60):
+        after = planner.observe(seen(ttft_p90_s=0.5)).replicas
+    assert after == base

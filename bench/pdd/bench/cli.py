@@ -36,14 +36,23 @@ from typing import Any
 import httpx
 
 from pdd.bench import link_schedule, plots, quiescence, report, soak
+from pdd.bench.autoscaled import AutoscaleRun, replicas_table
 from pdd.bench.chaos import Chaos, ChaosError, ChaosEvent, ChaosTarget, plan
 from pdd.bench.link_schedule import LinkSchedule, LinkScheduleError, LinkViewSampler, Phase
+from pdd.bench.rate_steps import STEADY, RateSteps, RateStepsError, parse_rate_steps
 from pdd.bench.replay import Outcome, Replayer, ReplayTarget
 from pdd.bench.scale_down import ScaleDown, ScaleDownError, parse_roles, pick_victims
 from pdd.bench.synth import Job, Scaling, ScalingError, synthesize
 from pdd.common.kv_codec import KV_CODEC_SETTINGS, KVCodecSetting
 from pdd.common.settings import parser as settings_parser
 from pdd.common.vocabulary import Role
+from pdd.local.autoscale import (
+    AutoscaleError,
+    AutoscaleSettings,
+    add_autoscale_flags,
+    settings_from_args,
+    sized_config,
+)
 from pdd.local.cluster import free_port
 from pdd.local.probes import Probes, WanSampler, delta, summed
 from pdd.local.stack import LocalStack, StackInfo, StackStartError
@@ -122,6 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-scale", type=float, help="replay s per trace s (default by format)")
     p.add_argument("--session-gap-s", type=float, default=60.0, help="between session starts")
     p.add_argument(
+        "--rate-steps", metavar="R1,R2,...",
+        help="step the replay's rate: R1 times the trace's pace for --step-s, then R2 ... "
+        "(the last holds), e.g. 1,4,1 for a burst",
+    )  # fmt: skip
+    p.add_argument("--step-s", type=float, help="seconds of replay per --rate-steps step")
+    p.add_argument(
         "--max-context-tokens", type=int, default=4096,
         help="requests longer than this in all (prompt + output) are skipped",
     )  # fmt: skip
@@ -183,7 +198,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--soak-sample-s", type=float, default=60.0, help="seconds between soak samples (60)"
     )
     add_stack_flags(p, None)
+    add_autoscale_flags(p)
     return p
+
+
+def autoscale_settings(args: argparse.Namespace) -> AutoscaleSettings | None:
+    """``--autoscale``'s settings (the pdd mode's stack is sized by them), refused with
+    what it cannot run beside: the stacks bench starts, untouched by other disturbances."""
+    if not args.autoscale:
+        return None
+    if args.url or args.soak is not None or args.chaos or args.scale_down or args.link_schedule:
+        raise AutoscaleError(
+            "--autoscale sizes the pdd stack bench starts, alone: not with --url (run "
+            "`pdd up --autoscale` for that), --soak, --chaos, --scale-down or --link-schedule"
+        )
+    return settings_from_args(args, "pdd")
 
 
 def build_scaling(args: argparse.Namespace, fmt: str) -> Scaling:
@@ -236,6 +265,8 @@ def main(argv: list[str]) -> int:
             counts = Counts(args.prefill, args.relay, args.main, args.mono)
             pick_victims(mode_workers(base_mode(mode), counts), args.scale_down)  # type: ignore[arg-type]
         phases = link_phases(args)
+        args.pace = parse_rate_steps(args.rate_steps, args.step_s)
+        args.autoscaling = autoscale_settings(args)
         args.trace = trace_path(args)
         fmt = args.format or detect(args.trace)
         trace = load_trace(args.trace, fmt, args.session_gap_s, args.max_requests)
@@ -244,7 +275,7 @@ def main(argv: list[str]) -> int:
         schedules = chaos_schedules(args, modes, len(workload))
     except (
         TraceFormatError, ScalingError, TopologyError, ScaleDownError, ChaosError,
-        LinkScheduleError,
+        LinkScheduleError, RateStepsError, AutoscaleError,
     ) as exc:  # fmt: skip
         say(f"pdd bench: {exc}")
         return 2
@@ -284,6 +315,8 @@ def main(argv: list[str]) -> int:
         print(report.chaos_table(list(document["modes"].values())))
     if phases:
         print(link_schedule.phase_table(document["link_schedule"]))
+    for mode, scaled in document["autoscale"].items():
+        print(replicas_table(mode, scaled))
     return 0
 
 
@@ -350,10 +383,16 @@ def _run_mode(
         probes = info.probes if info else Probes(router_url=args.url.removesuffix("/v1"))
         model = info.model if info else Path(args.model).name
         target = ReplayTarget(args.url, model, args.request_timeout_s)
-        return asyncio.run(measure(mode, workload, target, probes, not args.no_progress))
+        return asyncio.run(
+            measure(mode, workload, target, probes, not args.no_progress, pace=args.pace)
+        )
     say(f"== {mode}: bringing the stack up")
     config = mode_config(args, mode, (args.log_dir or out_dir / "logs") / mode)
-    stack = LocalStack.start(config, say)
+    scaling = args.autoscaling if base_mode(mode) == "pdd" else None
+    standby: set[str] = set()
+    if scaling is not None:
+        config, standby = sized_config(config, scaling)
+    stack = LocalStack.start(config, say, standby)
     try:
         target = ReplayTarget(stack.info.base_url, stack.info.model, args.request_timeout_s)
         if args.soak is not None:
@@ -370,18 +409,26 @@ def _run_mode(
         timetable = (
             (phases, tuple(stack.info.links.values()), stack.info.router_url) if phases else None
         )
-        run = asyncio.run(
-            measure(
-                mode,
-                workload,
-                target,
-                stack.info.probes,
-                progress,
-                on_finished,
-                chaos,
-                timetable,
+        autoscale = None if scaling is None else AutoscaleRun(stack, scaling, say)
+        if autoscale is not None:
+            autoscale.start()
+        try:
+            run = asyncio.run(
+                measure(
+                    mode,
+                    workload,
+                    target,
+                    stack.info.probes,
+                    progress,
+                    on_finished,
+                    chaos,
+                    timetable,
+                    args.pace,
+                )
             )
-        )
+        finally:
+            run_autoscale = None if autoscale is None else autoscale.finish()
+        run.autoscale = run_autoscale
         run.scale_down = [asdict(s) for s in scale.wait(SCALE_DOWN_WAIT_S)]
         if config.mode in CROSS_DATACENTER:
             run.kv_codec = config.kv_codec
@@ -521,6 +568,7 @@ async def measure(
     on_finished: Callable[[], None] | None = None,
     chaos: Chaos | None = None,
     timetable: tuple[list[Phase], tuple[str, ...], str] | None = None,
+    pace: RateSteps = STEADY,
 ) -> report.ModeRun:
     """Replay ``workload`` once against ``target``; counters are read before and after.
     ``on_finished`` is called as each request ends (the scale-down and chaos count them);
@@ -547,7 +595,7 @@ async def measure(
         sampler, stop = WanSampler(probes), asyncio.Event()
         sampling = asyncio.create_task(sampler.run(client, stop))
         t0 = time.monotonic()
-        replayer = Replayer(target, on_outcome)
+        replayer = Replayer(target, on_outcome, pace=pace)
         disorder = None
         if chaos is not None:
             disorder = asyncio.create_task(chaos.run(lambda: time.monotonic() - replayer.t0))
@@ -661,6 +709,8 @@ def _document(
             if run.link_phases is not None
         },
         "link_view": {run.mode: run.link_view for run in runs if run.link_view},
+        "autoscale": {run.mode: run.autoscale for run in runs if run.autoscale is not None},
+        "rate_steps": args.pace.document() if args.pace != STEADY else None,
         "modes": summaries,
         "comparisons": report.comparisons(
             list(summaries.values()), args.link_gbps, args.link_rtt_ms

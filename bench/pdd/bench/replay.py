@@ -2,7 +2,9 @@
 
 Every chain is one client: it waits for its start offset, then sends its requests one
 after another, each ``think_s`` after the previous answer finished streaming. Spawned
-chains (subagents) start beside their parent without blocking it. Requests go to
+chains (subagents) start beside their parent without blocking it; start offsets, think
+times and spawn delays are trace seconds, which a ``RateSteps`` paces (``--rate-steps``:
+the trace's own pace by default). Requests go to
 ``/v1/completions`` with the token IDs as the prompt, streamed, greedy, with
 ``ignore_eos`` so output lengths follow the trace. A request too long for the model is
 not sent: it is recorded as skipped and its chain goes on. A failed request is recorded
@@ -14,13 +16,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 import httpx
 
+from pdd.bench.rate_steps import STEADY, RateSteps
 from pdd.bench.synth import Job
 from pdd.local.traces.base import Chain, Trace
 
@@ -86,12 +88,16 @@ class Replayer:
         target: ReplayTarget,
         on_outcome: Callable[[Outcome], None] = lambda _: None,
         transport: httpx.AsyncBaseTransport | None = None,
+        pace: RateSteps = STEADY,
     ) -> None:
         self.target = target
         self.on_outcome = on_outcome
         self._transport = transport
+        self.pace = pace
         self.outcomes: list[Outcome] = []
-        #: When the replay began (``time.monotonic()``); ``sent_at`` counts from it.
+        #: When the replay began, on the event loop's clock (``time.monotonic()`` on a
+        #: default loop; a test's virtual clock paces a replay without waiting); every
+        #: time of an outcome is on that clock, ``sent_at`` counts from this.
         self.t0 = 0.0
         self._tasks: set[asyncio.Task] = set()
 
@@ -103,9 +109,9 @@ class Replayer:
             limits=limits, timeout=timeout, headers=headers, transport=self._transport
         ) as client:
             self._client = client
-            self.t0 = time.monotonic()
+            self.t0 = _now()
             for chain in workload.chains:
-                self._launch(chain, delay_s=chain.start_s)
+                self._launch(chain, delay_s=self.pace.replay_at(chain.start_s))
             while self._tasks:
                 await asyncio.gather(*list(self._tasks))
         return self.outcomes
@@ -120,7 +126,7 @@ class Replayer:
         self._spawn_after(chain, -1)
         for i, job in enumerate(chain.requests):
             if i > 0:
-                await asyncio.sleep(job.think_s)
+                await asyncio.sleep(self.pace.wait_s(job.think_s, _now() - self.t0))
             outcome = await self._send(job)
             self.outcomes.append(outcome)
             self.on_outcome(outcome)
@@ -129,11 +135,12 @@ class Replayer:
     def _spawn_after(self, chain: Chain[Job], index: int) -> None:
         for spawn in chain.spawns:
             if spawn.after == index:
-                self._launch(spawn.chain, spawn.delay_s)
+                now = _now() - self.t0
+                self._launch(spawn.chain, self.pace.wait_s(spawn.delay_s, now))
 
     async def _send(self, job: Job) -> Outcome:
         out = Outcome(job.key, len(job.prompt_ids), job.max_tokens)
-        out.sent_at = time.monotonic() - self.t0
+        out.sent_at = _now() - self.t0
         if not job.fits:
             out.skipped = True
             return out
@@ -146,14 +153,14 @@ class Replayer:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        start = time.monotonic()
+        start = _now()
         try:
             await self._stream(body, out, start)
         except httpx.HTTPError as exc:
             out.fail("transport", type(exc).__name__, f"{type(exc).__name__}: {exc}")
         except json.JSONDecodeError as exc:
             out.fail("malformed", "frame not JSON", f"a frame that is not JSON: {exc}")
-        out.e2e_s = time.monotonic() - start
+        out.e2e_s = _now() - start
         if out.error is None and out.finish_reason is None:
             reason = "stream ended without a finish_reason"
             out.fail("incomplete", reason, reason)
@@ -172,7 +179,11 @@ class Replayer:
                 data = line[5:].strip()
                 if data == "[DONE]":
                     return
-                _apply_frame(json.loads(data), out, time.monotonic() - start)
+                _apply_frame(json.loads(data), out, _now() - start)
+
+
+def _now() -> float:
+    return asyncio.get_running_loop().time()
 
 
 def _apply_error_body(status: int, text: str, out: Outcome) -> None:

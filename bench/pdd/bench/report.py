@@ -64,6 +64,8 @@ class ModeRun:
     link_phases: list[dict[str, Any]] | None = None
     #: ``--link-schedule``: the router's link view over the run (``LinkViewSampler``).
     link_view: list[dict[str, float | None]] = field(default_factory=list)
+    #: ``--autoscale``: replicas over time and how scale-downs ended (``AutoscaleRun``).
+    autoscale: dict[str, Any] | None = None
 
 
 def _ratio(num: float, den: float) -> float | None:

@@ -32,8 +32,8 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdd.common.vocabulary import Role
@@ -191,15 +191,33 @@ def _on_host(arg: str, mounts: Mapping[str, str]) -> str:
 
 @dataclass
 class HostPods:
-    """Started pods and lines; ``stop()`` ends every process."""
+    """Placed pods and lines; ``stop()`` ends every process. Every pod is placed (its ports
+    known to the router and the lines) but a pod in ``standby`` is not started until
+    ``start_pod``: the slots ``pdd up --autoscale`` scales workers into."""
 
     pods: list[HostPod]
     lines: list[Line]
     supervisor: Supervisor
     log_dir: Path
+    #: Environment of every process; flags appended per component (``start_host_pods``).
+    env: Mapping[str, str] = field(default_factory=dict)
+    extra_args: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    router_host: str = HOST
 
     def of_role(self, role: str) -> list[HostPod]:
         return [p for p in self.pods if p.role == role]
+
+    def start_pod(self, pod: HostPod, append: bool = False) -> None:
+        """Start ``pod``'s process (its init containers first) without waiting for it;
+        ``append``: after what its log holds (a slot started again)."""
+        mounts = _write_volumes(pod, self.log_dir)
+        _run_init_containers(pod, mounts, dict(self.env), self.log_dir)
+        argv = host_argv(pod, mounts) + _model_arg(pod, mounts)
+        argv += _network_args(pod, self.pods, self.lines, self.router_host)
+        argv += list(self.extra_args.get(pod.role, ()))
+        log = self.log_dir / f"{pod.name}.log"
+        append = append or bool(pod.plan.init_containers)  # their output begins the log
+        self.supervisor.spawn(pod.name, argv, log, {**self.env, **pod.plan.env}, append)
 
     def stop(self) -> None:
         self.supervisor.stop()
@@ -215,26 +233,27 @@ def start_host_pods(
     router_port: int | None = None,
     router_host: str = HOST,
     ready_timeout_s: float = 180.0,
+    standby: Collection[str] = (),
 ) -> HostPods:
-    """Place, start and wait for every pod (and line). ``extra_args``: by component, flags
-    appended after everything else (a user's ``--worker-arg``), so they win. The router
-    listens on ``router_host:router_port`` (its probe is still made on loopback)."""
+    """Place, start and wait for every pod (and line) but those ``standby`` names, which
+    are only placed. ``extra_args``: by component, flags appended after everything else
+    (a user's ``--worker-arg``), so they win. The router listens on
+    ``router_host:router_port`` (its probe is still made on loopback)."""
     pods = place(plans, router_port)
     lines = plan_lines(pods)
     log_dir.mkdir(parents=True, exist_ok=True)
-    running = HostPods(pods, lines, Supervisor(), log_dir)
+    running = HostPods(
+        pods, lines, Supervisor(), log_dir, dict(env or {}), dict(extra_args or {}), router_host
+    )
     try:
         for line in lines:
             argv = wan_link_argv(link, list(line.routes.values()), line.admin)
-            _spawn(running, line.name, [*PDD_PROGRAM, *argv], dict(env or {}))
+            running.supervisor.spawn(
+                line.name, [*PDD_PROGRAM, *argv], log_dir / f"{line.name}.log", running.env, False
+            )
         for pod in pods:
-            mounts = _write_volumes(pod, log_dir)
-            _run_init_containers(pod, mounts, {**(env or {})}, log_dir)
-            argv = host_argv(pod, mounts) + _model_arg(pod, mounts)
-            argv += _network_args(pod, pods, lines, router_host)
-            argv += list((extra_args or {}).get(pod.role, ()))
-            pod_env = {**(env or {}), **pod.plan.env}
-            _spawn(running, pod.name, argv, pod_env, append=bool(pod.plan.init_containers))
+            if pod.name not in standby:
+                running.start_pod(pod)
         _wait_ready(running, time.monotonic() + ready_timeout_s)
     except BaseException:
         running.stop()
@@ -301,14 +320,6 @@ def _model_arg(pod: HostPod, mounts: Mapping[str, str]) -> list[str]:
     return ["--model", on_host] if on_host != path else []
 
 
-def _spawn(
-    running: HostPods, name: str, argv: list[str], env: dict[str, str], append: bool = False
-) -> None:
-    """``append``: after the pod's init containers, whose output begins its log."""
-    log = running.log_dir / f"{name}.log"
-    running.supervisor.spawn(name, argv, log, env, append)
-
-
 def _pod_ready(probe_url: str) -> bool:
     """The probe answers; a worker that refused its settings (it stays up, never ready)
     is an error at once, with its reason."""
@@ -330,8 +341,9 @@ def _wait_ready(running: HostPods, deadline: float) -> None:
     checks: dict[str, Callable[[], bool]] = {
         line.name: functools.partial(http_ok, f"{line.admin_url}/stats") for line in running.lines
     }
+    started = {c.name for c in running.supervisor.children}
     for pod in running.pods:
         url = pod.probe_url()
-        if url is not None:
+        if url is not None and pod.name in started:
             checks[pod.name] = functools.partial(_pod_ready, url)
     wait_ready(checks, running.supervisor, deadline, running.log_dir, HostPodsStartError)

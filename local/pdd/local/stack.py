@@ -17,8 +17,8 @@ import secrets
 import subprocess
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -60,6 +60,9 @@ class StackInfo:
     links: dict[str, str]  # name of the worker behind it -> admin url
     pids: dict[str, int]
     log_dir: str
+    #: Workers running per role where ``pdd up --autoscale`` sizes them (``workers`` then
+    #: lists every slot the router was told of; only these many per role run).
+    replicas: dict[str, int] = field(default_factory=dict)
 
     @property
     def base_url(self) -> str:
@@ -108,7 +111,11 @@ class LocalStack:
         self.secret = secret
 
     @classmethod
-    def start(cls, config: StackConfig, say: Say = print) -> LocalStack:
+    def start(
+        cls, config: StackConfig, say: Say = print, standby: Collection[str] = ()
+    ) -> LocalStack:
+        """Start ``config``'s stack; the pods ``standby`` names are placed (the router is
+        told of them) but not started (``pdd up --autoscale`` starts them as it scales)."""
         config.log_dir.mkdir(parents=True, exist_ok=True)
         secret = os.environ.get("PDD_SHARED_SECRET") or secrets.token_hex(16)
         plans = render(config, secret)
@@ -116,7 +123,7 @@ class LocalStack:
                                  else "")  # fmt: skip
         say(f"starting {', '.join(p.name for p in plans)} (model {model}), "
             f"logs in {config.log_dir}")  # fmt: skip
-        pods = _start_pods(config, plans, say)
+        pods = _start_pods(config, plans, say, standby)
         try:
             _wait_router(config, pods, time.monotonic() + config.ready_timeout_s)
         except BaseException:
@@ -124,7 +131,8 @@ class LocalStack:
             raise
         workers = [p for p in pods.pods if p.role != ROUTER_COMPONENT]
         for pod in workers:
-            say(f"  ready: {pod.name} ({pod.role}) {pod.http_url}")
+            ready = "standby" if pod.name in standby else "ready"
+            say(f"  {ready}: {pod.name} ({pod.role}) {pod.http_url}")
         for line in pods.lines:
             say(f"  WAN line {line.name}: admin {line.admin_url}")
         info = StackInfo(
@@ -138,6 +146,12 @@ class LocalStack:
         )
         info.save(config.log_dir / "stack.json")
         return cls(config, pods, info, secret)
+
+    def save_replicas(self, replicas: Mapping[str, int]) -> None:
+        """Record the workers running per role (and the processes' ids) in stack.json."""
+        pids = self.supervisor.pids()
+        self.info = replace(self.info, pids=pids, replicas=dict(replicas))
+        self.info.save(self.config.log_dir / "stack.json")
 
     def stop(self) -> None:
         self.pods.stop()
@@ -175,7 +189,9 @@ def render(config: StackConfig, token: str) -> list[PodPlan]:
         raise StackStartError(str(exc)) from exc
 
 
-def _start_pods(config: StackConfig, plans: list[PodPlan], say: Say) -> HostPods:
+def _start_pods(
+    config: StackConfig, plans: list[PodPlan], say: Say, standby: Collection[str]
+) -> HostPods:
     """Start and wait for the pods; a start that lost a port to another process (two
     suites side by side) is tried again on new ports, up to ``PORT_ATTEMPTS`` times."""
     for attempt in range(1, PORT_ATTEMPTS + 1):
@@ -190,6 +206,7 @@ def _start_pods(config: StackConfig, plans: list[PodPlan], say: Say) -> HostPods
                     router_port=config.port,
                     router_host=config.host,
                     ready_timeout_s=config.ready_timeout_s,
+                    standby=standby,
                 )
         except HostPodsStartError as exc:
             if ADDRESS_IN_USE not in str(exc) or attempt == PORT_ATTEMPTS:

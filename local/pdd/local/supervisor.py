@@ -135,6 +135,8 @@ def spawn_pdd(argv: Sequence[str], log: Path, env: Mapping[str, str]) -> subproc
 class Supervisor:
     children: list[Child] = field(default_factory=list)
     _reported: set[int] = field(default_factory=set)
+    #: Children told to stop on their own (a scale-down's drain): their exit is no death.
+    _retiring: set[str] = field(default_factory=set)
 
     def add(
         self, name: str, proc: subprocess.Popen, log: Path, env: Mapping[str, str] | None = None
@@ -156,6 +158,8 @@ class Supervisor:
         """Children that exited since the last call (each reported once)."""
         found = []
         for child in self.children:
+            if child.name in self._retiring:
+                continue
             code = child.proc.poll()
             if code is not None and child.proc.pid not in self._reported:
                 self._reported.add(child.proc.pid)
@@ -183,6 +187,31 @@ class Supervisor:
     def forget(self, names: Collection[str]) -> None:
         """Stop watching the children ``names`` lists (stopped, to be started anew)."""
         self.children = [c for c in self.children if c.name not in names]
+        self._retiring -= set(names)
+
+    def retire(self, name: str) -> None:
+        """SIGTERM the child ``name`` (a worker then drains: it finishes what it holds and
+        exits) without waiting; its exit is expected, so ``deaths`` never reports it and
+        ``retired`` does."""
+        child = next(c for c in self.children if c.name == name)
+        self._retiring.add(name)
+        if child.proc.poll() is None:
+            child.proc.terminate()
+
+    def retiring(self) -> frozenset[str]:
+        """The children retired that have not exited yet."""
+        return frozenset(self._retiring)
+
+    def retired(self) -> list[Death]:
+        """Retired children that have exited since the last call, with their exit codes;
+        each is forgotten (its name may be started anew)."""
+        done = [
+            Death(c, code)
+            for c in self.children
+            if c.name in self._retiring and (code := c.proc.poll()) is not None
+        ]
+        self.forget({d.child.name for d in done})
+        return done
 
 
 def wait_ready(

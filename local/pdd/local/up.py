@@ -43,6 +43,14 @@ from pdd.common.model_store import (
 from pdd.common.settings import parser as settings_parser
 from pdd.common.tracing import TRACES_FILE, TRACES_FILE_ENV
 from pdd.common.vocabulary import Role
+from pdd.local.autoscale import (
+    AutoscaleError,
+    Autoscaler,
+    add_autoscale_flags,
+    for_stack,
+    settings_from_args,
+    sized_config,
+)
 from pdd.local.cluster import LinkSpec
 from pdd.local.stack import LocalStack, StackStartError
 from pdd.local.supervisor import interrupted_by_stop_signals
@@ -193,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
         "else none: open); they reach the router through its environment, never argv",
     )  # fmt: skip
     add_stack_flags(p, Path("pdd-logs"))
+    add_autoscale_flags(p)
     p.add_argument(
         "--otlp-traces-endpoint",
         help="every process also sends its spans over OTLP to this URL (a Jaeger, Tempo or "
@@ -265,13 +274,18 @@ def _serve(args: argparse.Namespace) -> int:
             )
         config = stack_config(args, args.mode, args.port, args.log_dir)
         config = dataclasses.replace(config, api_keys=keys)
+        settings = settings_from_args(args, args.mode) if args.autoscale else None
+        standby: set[str] = set()
+        if settings is not None:
+            config, standby = sized_config(config, settings)
         os.environ.update(tracing_env(args))  # the stack's processes inherit it
-        stack = LocalStack.start(config, say)
+        stack = LocalStack.start(config, say, standby)
+        autoscaler = None if settings is None else for_stack(stack, settings, say)
         print(f"PDD ({args.mode}) is up. OpenAI base URL: {stack.info.base_url}", flush=True)
         print(curl_example(stack.info.base_url, stack.info.model, key_expression), flush=True)
         say("Ctrl-C stops everything.")
-        return _watch(stack, args.keep_going)
-    except (TopologyError, StackStartError, ApiKeyFileError) as exc:
+        return _watch(stack, args.keep_going, autoscaler)
+    except (TopologyError, StackStartError, ApiKeyFileError, AutoscaleError) as exc:
         say(f"pdd up: {exc}")
         return 1
     except KeyboardInterrupt:
@@ -283,8 +297,10 @@ def _serve(args: argparse.Namespace) -> int:
             say("stopped; no child process left")
 
 
-def _watch(stack: LocalStack, keep_going: bool) -> int:
+def _watch(stack: LocalStack, keep_going: bool, autoscaler: Autoscaler | None) -> int:
     while True:
+        if autoscaler is not None:
+            autoscaler.tick(time.monotonic())
         deaths = stack.supervisor.deaths()
         for death in deaths:
             say(f"pdd up: {death.describe()}")

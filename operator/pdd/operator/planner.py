@@ -1,8 +1,9 @@
 """The SLO planner of one PDDDeployment, as the operator runs it: the simulator's
 :class:`~pdd.simulator.planner.planner.Planner` fed one scraped interval at a time.
 
-Pure: ``planner_for`` builds the loop from the spec, ``PlannerRound.step`` turns two
-scrapes into a decision, ``line_condition`` says whether the WAN line is the bottleneck.
+Pure: ``planner_for`` builds the loop from the spec (which
+:class:`~pdd.simulator.planner.scrape.PlannerRound` steps on two scrapes), and
+``line_condition`` says whether the WAN line is the bottleneck.
 The I/O (listing pods, scraping them, publishing, writing status) is
 :mod:`pdd.operator.planner_loop`.
 
@@ -13,12 +14,8 @@ of ``pdd_planner_desired_replicas`` and of each role's HPA selector.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-
 from pdd.operator.conditions import Condition
 from pdd.operator.naming import WORKER_ROLES, Component
-from pdd.operator.planner_metrics import ROUTER, PodMetrics, increases, observed_load
 from pdd.operator.spec import PDDSpec, PlannerPool
 from pdd.simulator.planner.capacity import DeploymentModel
 from pdd.simulator.planner.load import Slo
@@ -56,27 +53,6 @@ def planner_for(spec: PDDSpec, model: DeploymentModel) -> Planner:
     """The loop for ``spec``: its SLO, its pools' bounds, its predictor."""
     predictor = PREDICTORS[spec.planner.predictor]()
     return Planner(model, planner_pools(spec), planner_slo(spec), predictor)
-
-
-@dataclass
-class PlannerRound:
-    """The planner and the last scrape: each ``step`` decides on the interval since."""
-
-    planner: Planner
-    last: dict[str, PodMetrics] = field(default_factory=dict)
-    last_at: float | None = None
-
-    def step(self, scraped: Mapping[str, PodMetrics], now: float) -> Decision | None:
-        """A decision on the interval since the last scrape; None on the first scrape
-        or when no router answered (no data is not zero load: nothing is scaled down)."""
-        if not any(p.role == ROUTER for p in scraped.values()):
-            return None
-        before, since = self.last, self.last_at
-        self.last, self.last_at = dict(scraped), now
-        if since is None or now <= since:
-            return None
-        load = observed_load(increases(before, scraped), now - since)
-        return self.planner.observe(load)
 
 
 def line_condition(decision: Decision) -> Condition:

@@ -1,6 +1,6 @@
 """The planner's thin loop, one kopf daemon per PDDDeployment with ``spec.planner.enabled``:
 every interval it scrapes the router's and workers' ``/metrics`` (pods found by their
-owner label, in both clusters), steps :class:`~pdd.operator.planner.PlannerRound`,
+owner label, in both clusters), steps :class:`~pdd.simulator.planner.scrape.PlannerRound`,
 publishes ``pdd_planner_desired_replicas{pdddeployment, role}`` on the
 operator's planner metrics endpoint (which a metrics adapter serves to each role's HPA
 as an External metric: charts/pdd/templates/metrics-adapter-rules.yaml), and writes the
@@ -23,8 +23,7 @@ import httpx
 from pdd.operator.kube import ApiError, KubeApi
 from pdd.operator.naming import COMPONENT_LABEL, OWNER_UID_LABEL, WORKER_ROLES, Component, Owner
 from pdd.operator.plan import remote_namespace
-from pdd.operator.planner import PlannerRound, line_condition, planner_for
-from pdd.operator.planner_metrics import MetricsError, PodMetrics, parse_exposition
+from pdd.operator.planner import line_condition, planner_for
 from pdd.operator.remote import RemoteClusterUnavailable
 from pdd.operator.runtime import OperatorRuntime
 from pdd.operator.spec import PDDSpec
@@ -33,6 +32,7 @@ from pdd.operator.validation import parse_spec
 from pdd.operator.worker_reports import pod_url
 from pdd.simulator.planner.model_file import load_model
 from pdd.simulator.planner.planner import Decision
+from pdd.simulator.planner.scrape import MetricsError, PlannerRound, PodMetrics, parse_exposition
 
 #: A pod answers /metrics from its event loop; a slow one is left out of this round.
 SCRAPE_TIMEOUT_S = 5.0

@@ -31,6 +31,9 @@ HEADROOM = (0.5, 4.0)
 HEADROOM_DECAY = 0.9
 #: Below this share of a target, the P90 is "well within" it.
 COMFORT = 0.5
+#: A headroom this close to 1 is 1: its decay only nears 1, and ceil(n * (1 + tiny)) would
+#: keep a pool one replica above its sizing for ever.
+HEADROOM_SNAP = 0.05
 
 
 @dataclass(frozen=True)
@@ -104,4 +107,6 @@ class Planner:
         if comfortable:  # NaN (not measured) compares False: no decay on no data
             for name in self.headroom:
                 relaxed = 1 + (self.headroom[name] - 1) * HEADROOM_DECAY
+                if abs(relaxed - 1) < HEADROOM_SNAP:
+                    relaxed = 1.0
                 self.headroom[name] = max(HEADROOM[0], relaxed)

@@ -1,5 +1,11 @@
 """What the planner reads: the router's and workers' Prometheus metrics, scraped twice,
-made into one interval's :class:`~pdd.simulator.planner.load.ObservedLoad`.
+made into one interval's :class:`~pdd.simulator.planner.load.ObservedLoad`, and
+:class:`PlannerRound`, which steps the :class:`~pdd.simulator.planner.planner.Planner`
+on each interval between two scrapes.
+
+Here, beside the planner, because two products scrape and decide alike: the operator's
+planner loop (pods found in the clusters) and ``pdd up --autoscale`` (the local stack's
+processes); the operator and pdd.local may not import each other.
 
 Pure functions on exposition text (docs/metrics.md names every metric), so the parsing
 and the arithmetic are tested on recorded text without a cluster. Counters and
@@ -22,12 +28,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdd.common.vocabulary import Pipeline, Role
 from pdd.simulator.planner.load import ObservedLoad
+from pdd.simulator.planner.planner import Decision, Planner
 
 #: The role label a router pod's scrape carries (workers carry their worker role).
 ROUTER = "router"
@@ -192,3 +199,24 @@ def observed_load(interval: list[PodMetrics], seconds: float) -> ObservedLoad:
         itl_p90_s=histogram_p90(routers, "pdd_router_itl_seconds"),
         wan_gbps=_link_gbps(routers),
     )
+
+
+@dataclass
+class PlannerRound:
+    """The planner and the last scrape: each ``step`` decides on the interval since."""
+
+    planner: Planner
+    last: dict[str, PodMetrics] = field(default_factory=dict)
+    last_at: float | None = None
+
+    def step(self, scraped: Mapping[str, PodMetrics], now: float) -> Decision | None:
+        """A decision on the interval since the last scrape; None on the first scrape
+        or when no router answered (no data is not zero load: nothing is scaled down)."""
+        if not any(p.role == ROUTER for p in scraped.values()):
+            return None
+        before, since = self.last, self.last_at
+        self.last, self.last_at = dict(scraped), now
+        if since is None or now <= since:
+            return None
+        load = observed_load(increases(before, scraped), now - since)
+        return self.planner.observe(load)
