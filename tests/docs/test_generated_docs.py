@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
-from pdd.common.config_document import EngineSettings
+from pdd.common.config_document import EngineSettings, WanKVSettings
 from pdd.common.settings import flag_table, settings_of, settings_table
 
 pytestmark = pytest.mark.unit
@@ -29,9 +29,9 @@ BLOCK = re.compile(
 
 
 def _router_settings() -> str:
-    from pdd.router.config import RouterConfig
+    from pdd.router.config import router_settings
 
-    return settings_table(settings_of(RouterConfig), "")
+    return settings_table(router_settings(), "")
 
 
 def _policy_rules() -> str:
@@ -90,6 +90,7 @@ def metrics_table() -> str:
 GENERATORS: dict[str, Callable[[], str]] = {
     "metrics": metrics_table,
     "engine-settings": lambda: settings_table(settings_of(EngineSettings), "engine."),
+    "wan-kv-settings": lambda: settings_table(settings_of(WanKVSettings), "wan."),
     "router-settings": _router_settings,
     "policy-rules": _policy_rules,
     "flags-router": _flags("pdd.router.server"),

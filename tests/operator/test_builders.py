@@ -12,7 +12,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from pdd.common.config_document import API_KEYS_ENV, EngineSettings
+from pdd.common.config_document import API_KEYS_ENV, EngineSettings, WanKVSettings
 from pdd.operator.builders.config import build_worker_config, config_hash
 from pdd.operator.builders.deployments import build_worker_deployment
 from pdd.operator.builders.hpa import build_relay_hpa, target_quantity
@@ -563,3 +563,16 @@ def test_a_hugging_face_source_with_a_claim_pulls_into_that_pvc(
     assert "env" not in pod["initContainers"][0] or pod["initContainers"][0]["env"] == []
     router = children[(Cluster.LOCAL, "Deployment", "qwen-router")]["spec"]["template"]["spec"]
     assert {"name": "model", "emptyDir": {}} in router["volumes"]  # its own, tokenizer only
+
+
+def test_every_shared_wan_setting_reaches_the_config_document(
+    pool_b_cr: dict, owner: Owner
+) -> None:
+    """spec.wan's WanKVSettings fields, by their CRD names, arrive in the document's ``wan``
+    as set (the operator copies the model's fields, not a hand-kept list)."""
+    values = {"kvCodec": "int8", "mdRecomputeMaxTokens": 77, "transferTimeoutSeconds": 95.5}
+    assert set(values) == {f.alias for f in WanKVSettings.model_fields.values()}
+    cr = copy.deepcopy(pool_b_cr)
+    cr["spec"]["wan"].update(values)
+    wan = build_worker_config(PDDSpec.model_validate(cr["spec"]), owner, Site("s")).to_wire()["wan"]
+    assert {key: wan[key] for key in values} == values

@@ -4,7 +4,6 @@ combinations the operator refuses (the InvalidSpec condition's reasons)."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +74,7 @@ def test_the_vllm_workers_router_block_size_is_the_routers(
     spec = parse_spec(vllm_cr(pool_b_cr)["spec"], "qwen")
     router = build_router_deployment(spec, owner, "hash")["spec"]["template"]["spec"]
     assert not [a for a in router["containers"][0]["args"] if a.startswith("--block-size")]
-    routers = {f.name: f.default for f in dataclasses.fields(RouterConfig)}["block_size"]
+    routers = RouterConfig.model_fields["block_size"].default
     args = container(spec, owner, Component.MAIN)["args"]
     assert args[args.index("--router-block-size") + 1] == str(routers)
     assert args[5:] == ["--engine", "vllm", "--router-block-size", str(DEFAULT_BLOCK_SIZE)]

@@ -5,13 +5,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdd.common.config_document import API_KEYS_ENV, EngineSettings
+from pdd.common.config_document import API_KEYS_ENV, EngineSettings, WanKVSettings
 from pdd.common.cost_model import kv_bytes_per_token
 from pdd.operator.builders.config import build_worker_config
 from pdd.operator.builders.meta import Site
 from pdd.operator.naming import Owner
 from pdd.operator.spec import PDDSpec
-from pdd.router.config import TINY_KV_BYTES_PER_TOKEN, ConfigError, parse_worker
+from pdd.router.config import TINY_KV_BYTES_PER_TOKEN, ConfigError, RouterConfig, parse_worker
 from pdd.router.server import build_config, build_parser, main
 
 pytestmark = pytest.mark.unit
@@ -162,3 +162,25 @@ def test_adaptive_kv_codec_gives_the_router_each_codecs_bytes() -> None:
     assert sizes[0] == adaptive.resolved_kv_bytes_per_token > sizes[1] > sizes[2]
     fixed = parse("--mono", "m=http://h:1", "--secret", "s", "--kv-codec", "int8")
     assert fixed.adaptive_codecs == ()
+
+
+def test_the_wan_settings_are_the_shared_models_from_crd_to_flag(tmp_path, monkeypatch):
+    """spec.wan's WanKVSettings fields reach the router through the document, a flag wins,
+    and the flags' help and defaults are the model's (one declaration)."""
+    spec = PDDSpec.model_validate(yaml.safe_load(OPERATOR_CR.read_text())["spec"])
+    wan = spec.wan.model_copy(update={"kv_codec": "adaptive", "md_recompute_max_tokens": 123})
+    document = build_worker_config(
+        spec.model_copy(update={"wan": wan}), Owner(name="q", namespace="s", uid="u"), Site("s")
+    )
+    path = tmp_path / "config.json"
+    path.write_text(document.to_json())
+    monkeypatch.setenv(document.shared_secret_env, "s3cret")
+    config = parse("--config", str(path))
+    assert (config.kv_codec, config.md_recompute_max_tokens) == ("adaptive", 123)
+    flag = parse("--config", str(path), "--md-recompute-max-tokens", "0")
+    assert flag.md_recompute_max_tokens == 0
+    flags = {a.dest: a for a in build_parser()._actions}
+    for name in ("kv_codec", "md_recompute_max_tokens"):
+        field = WanKVSettings.model_fields[name]
+        assert flags[name].help.startswith(field.description)
+        assert RouterConfig.model_fields[name].default == field.default

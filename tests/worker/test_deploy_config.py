@@ -23,7 +23,7 @@ from pdd.operator.builders.meta import Site
 from pdd.operator.naming import Owner
 from pdd.operator.spec import PDDSpec
 from pdd.testing.waiting import until_sync
-from pdd.worker.deploy_config import flag_defaults
+from pdd.worker.deploy_config import document_values
 from pdd.worker.model.config import tiny_config
 from pdd.worker.server import build_settings, parse_args
 from pdd.worker.transport import AuthError, connect
@@ -34,11 +34,12 @@ EXAMPLE_CR = Path(__file__).parents[2] / "examples" / "node-pools.yaml"
 POD_ENV = {"PDD_ROLE": "relay", "PDD_INSTANCE_ID": "qwen-relay-7f9c", "PDD_POD_IP": "10.1.2.3"}
 
 
-def operator_config() -> dict:
-    """The document the operator renders for the example, as the JSON a pod reads."""
+def operator_config(**wan: object) -> dict:
+    """The document the operator renders for the example (with ``wan`` set in its
+    ``spec.wan``, by the CRD's names), as the JSON a pod reads."""
     docs = [d for d in yaml.safe_load_all(EXAMPLE_CR.read_text()) if d]
     cr = next(d for d in docs if d["kind"] == "PDDDeployment")
-    spec = PDDSpec.model_validate(cr["spec"])
+    spec = PDDSpec.model_validate({**cr["spec"], "wan": {**cr["spec"]["wan"], **wan}})
     owner = Owner(name=cr["metadata"]["name"], namespace="serving", uid="u")
     return build_worker_config(spec, owner, Site("serving")).to_wire()
 
@@ -52,7 +53,7 @@ def write(tmp_path: Path, doc: dict) -> Path:
 @pytest.mark.unit
 def test_defaults_come_from_the_rendered_config_and_pod_env():
     doc = operator_config()
-    defaults = flag_defaults(parse_config_document(doc, "worker"), POD_ENV)
+    defaults = document_values(parse_config_document(doc, "worker"), POD_ENV)
     kv, wan, http = doc["ports"]["kv"], doc["ports"]["wan"], doc["ports"]["http"]
     assert wan != kv  # peers across the WAN have a port (and a Service) of their own
     assert defaults["role"] == "relay" and defaults["instance_id"] == "qwen-relay-7f9c"
@@ -63,7 +64,7 @@ def test_defaults_come_from_the_rendered_config_and_pod_env():
     assert defaults["advertise_wan"] == f"10.1.2.3:{wan}"
     # a document without a WAN port: the kv port serves both, as before
     single = {**doc, "ports": {k: v for k, v in doc["ports"].items() if k != "wan"}}
-    defaults = flag_defaults(parse_config_document(single, "worker"), POD_ENV)
+    defaults = document_values(parse_config_document(single, "worker"), POD_ENV)
     assert "wan" not in defaults and defaults["advertise_wan"] == f"10.1.2.3:{kv}"
     assert defaults["advertise_http"] == f"10.1.2.3:{http}"
     assert defaults["secret_env"] == doc["sharedSecretEnv"]
@@ -216,3 +217,33 @@ def test_the_wan_kv_codec_becomes_the_workers_flag_and_settings(tmp_path, monkey
     assert args.kv_codec == "int4"
     assert build_settings(args).kv_codec == "int4"
     assert parse_args(["--config", str(path), "--kv-codec", "none"]).kv_codec == "none"
+
+
+@pytest.mark.unit
+def test_the_transfer_timeout_flows_from_the_crd_to_the_workers_settings(tmp_path, monkeypatch):
+    """spec.wan.transferTimeoutSeconds -> the operator's document -> the worker's settings;
+    the flag (and its older spelling) wins over the file."""
+    path = write(tmp_path, operator_config(transferTimeoutSeconds=90))
+    for name, value in POD_ENV.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("PDD_SHARED_SECRET", "s")
+    assert build_settings(parse_args(["--config", str(path)])).transfer_timeout_s == 90
+    for flag in ("--transfer-timeout-seconds", "--transfer-timeout-s"):
+        args = parse_args(["--config", str(path), flag, "5"])
+        assert build_settings(args).transfer_timeout_s == 5
+    # without the field the worker's default holds
+    default = write(tmp_path, operator_config())
+    assert build_settings(parse_args(["--config", str(default)])).transfer_timeout_s == 30
+
+
+@pytest.mark.unit
+def test_a_flag_given_at_its_default_still_wins_over_the_file(tmp_path, monkeypatch):
+    doc = {**operator_config(), "drainSeconds": 45}
+    doc["wan"] = {**doc["wan"], "kvCodec": "int8"}
+    path = write(tmp_path, doc)
+    for name, value in POD_ENV.items():
+        monkeypatch.setenv(name, value)
+    args = parse_args(["--config", str(path)])
+    assert (args.drain_seconds, args.kv_codec) == (45, "int8")
+    args = parse_args(["--config", str(path), "--drain-seconds", "30", "--kv-codec", "none"])
+    assert (args.drain_seconds, args.kv_codec) == (30, "none")

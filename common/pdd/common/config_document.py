@@ -19,6 +19,8 @@ from pydantic.alias_generators import to_camel
 
 from pdd.common.kv_codec import MD_RECOMPUTE_MAX_TOKENS, NO_CODEC, KVCodecSetting
 
+#: A worker's default wait for one hop of a request (``WanKVSettings.transfer_timeout_seconds``).
+KV_TRANSFER_TIMEOUT_SECONDS = 30.0
 #: Bumped when the document changes shape, so readers refuse what they do not understand.
 CONFIG_VERSION: Literal[2] = 2
 #: The environment variable that carries the shared secret into every pod.
@@ -88,13 +90,53 @@ class Peers(_Section):
         return {"prefill": self.prefill, "relay": self.relay, "main": self.main}
 
 
-class WanSection(_Section):
+class WanKVSettings(_Section):
+    """How KV crosses the WAN: the settings of ``spec.wan`` that the router and the workers
+    read, each declared once here.
+
+    The CRD's ``spec.wan`` (``pdd.operator.spec.Wan``) and the config document's ``wan``
+    section are subclasses, so a field added here is in both, and the operator copies every
+    one of them (``wan_section``); ``pdd router`` and ``pdd worker`` generate their flags
+    from the fields they read (``pdd.common.settings``: the description is the help,
+    ``flagAliases`` the older spellings) and take the document's value straight from
+    ``ConfigDocument.wan``. A field's default is the worker's and the router's default."""
+
+    kv_codec: KVCodecSetting = Field(
+        default=NO_CODEC,
+        description="How prefill compresses the KV it sends main decode across the WAN; main "
+        "decode restores it in its own dtype. none ships it exact; fp8 (e4m3), int8 and int4 "
+        "quantize it with a scale and a centre per token and head, to about 0.52x, 0.52x and "
+        "0.27x of bfloat16 KV at head dim 128, and are lossy, so greedy outputs may differ "
+        "slightly from a colocated instance (docs/kv-codec.md). The relay's in-datacenter copy "
+        "is always exact. Link sizing counts the compressed bytes. adaptive lets the router "
+        "choose per request the least lossy of none, int8 and int4 whose transfer fits the TTFT "
+        "budget on the live link estimate (the link is sized for none), before them having main "
+        "decode compute a miss of at most mdRecomputeMaxTokens itself.",
+    )
+    md_recompute_max_tokens: int = Field(
+        default=MD_RECOMPUTE_MAX_TOKENS,
+        ge=0,
+        description="The most prompt tokens main decode may compute itself, from their token "
+        "IDs, on P-MD where that is sooner than the exact KV's crossing (prefill then computes "
+        "nothing), and with kvCodec adaptive where the exact KV's transfer would miss the TTFT "
+        "budget and that is sooner than any codec's (nothing but the request crosses, and "
+        "nothing is lost). It bounds the prefill a decode instance takes on beside its batch. "
+        "0 never does.",
+    )
+    transfer_timeout_seconds: float = Field(
+        default=KV_TRANSFER_TIMEOUT_SECONDS,
+        gt=0,
+        description="The longest a worker waits on a hop of a request (prefill's KV reaching "
+        "main decode across the WAN, a handoff from the relay) before the request fails over "
+        "to the relay or fails. Raise it where one long prompt's KV takes longer than this on "
+        "the line (at 1 Gbit/s, 30 s carries 3.75 GB).",
+        json_schema_extra={"flagAliases": ["--transfer-timeout-s"]},
+    )
+
+
+class WanSection(WanKVSettings):
     declared_gbps: float = Field(gt=0)
     rtt_ms: float = Field(ge=0)
-    #: How P codes the KV it sends MD across the WAN (the workers' ``--kv-codec``).
-    kv_codec: KVCodecSetting = NO_CODEC
-    #: The most prompt tokens MD may compute itself (the router's).
-    md_recompute_max_tokens: int = Field(default=MD_RECOMPUTE_MAX_TOKENS, ge=0)
 
 
 class SloSection(_Section):

@@ -1,13 +1,13 @@
 """Settings tables: each component's settings declared once, with their help and defaults.
 
-A component's settings are the fields of one class: a dataclass whose fields carry
-``setting(...)`` metadata (the router's ``RouterConfig``), or a pydantic model whose
-fields carry descriptions (the engine's ``EngineSettings``, which is also a section
-of the config document and of the CRD). ``add_settings`` turns such a table into
-argparse flags (``--name-with-dashes``, the names vLLM uses for the same meaning
-accepted as aliases), and docs/configuration.md's tables are generated from the
-resulting parsers, so a setting has one name from the CRD to the engine and its
-help, default and aliases are written in one place.
+A component's settings are the fields of one pydantic model that carry descriptions:
+the router's ``RouterConfig`` (fields made with ``setting``), the engine's
+``EngineSettings`` and the WAN's ``WanKVSettings`` (sections of the config document and
+of the CRD, so the CRD's field, the document's and the flag are one declaration).
+``add_settings`` turns such a table into argparse flags (``--name-with-dashes``, the
+names vLLM uses for the same meaning accepted as aliases), and docs/configuration.md's
+tables are generated from the resulting parsers, so a setting has one name from the CRD
+to the engine and its help, default and aliases are written in one place.
 
 ``HelpFormatter`` is what every ``pdd`` command's parser uses: it shows each flag's
 default in ``--help``.
@@ -16,7 +16,6 @@ default in ``--help``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import types
 import typing
 from collections.abc import Callable, Iterable, Sequence
@@ -25,15 +24,13 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel
-
-#: The metadata key under which a dataclass field carries its ``Setting`` parts.
-_KEY = "pdd.setting"
+from pydantic import BaseModel, Field
+from pydantic.fields import FieldInfo
 
 
 @dataclass(frozen=True)
 class Setting:
-    """One setting: its name (the argparse ``dest`` and the config field), help and default.
+    """One setting: its name (the argparse ``dest`` and the model's field), help and default.
 
     ``aliases`` are other flag spellings accepted for the same meaning (vLLM's names);
     ``default_text`` says what an unset (None) default means, e.g. "the checkpoint's".
@@ -61,28 +58,32 @@ class Setting:
 
 
 def setting(
-    help: str,
+    default: Any = None,
+    help: str = "",
     *,
+    default_factory: Callable[[], Any] | None = None,
     aliases: Sequence[str] = (),
     metavar: str | None = None,
     default_text: str | None = None,
-    choices: Sequence[Any] | None = None,
     field: str | None = None,
-) -> dict[str, Any]:
-    """A dataclass field's metadata that makes it a setting (flag and docs row).
+) -> Any:
+    """A pydantic field that is a setting (a flag and a docs row) of a model with no config
+    document of its own (the router's ``RouterConfig``): its help is the description.
 
     ``field``: the config document's field (a dotted camelCase path, ``wan.declaredGbps``)
     the setting is read from where the operator renders one (``config_value``)."""
-    return {
-        _KEY: {
-            "help": help,
-            "field": field,
-            "aliases": tuple(aliases),
-            "metavar": metavar,
-            "default_text": default_text,
-            "choices": None if choices is None else tuple(choices),
-        }
+    extra = {
+        "flagAliases": list(aliases) or None,
+        "flagMetavar": metavar,
+        "defaultText": default_text,
+        "configField": field,
     }
+    schema_extra: dict[str, Any] = {k: v for k, v in extra.items() if v is not None}
+    if default_factory is not None:
+        return Field(
+            default_factory=default_factory, description=help, json_schema_extra=schema_extra
+        )
+    return Field(default, description=help, json_schema_extra=schema_extra)
 
 
 def _unwrap(annotation: Any) -> tuple[Any, bool]:
@@ -107,54 +108,44 @@ def _parse_kind(annotation: Any) -> tuple[Callable[[str], Any] | None, tuple[Any
     return None, None
 
 
-def settings_of(cls: type) -> list[Setting]:
-    """The settings table of a dataclass (fields with ``setting`` metadata) or of a
-    pydantic model (every field; help from its description, aliases and default from
-    ``json_schema_extra``: ``{"flagAliases": [...], "flagDefault": X, "defaultText": S}``,
-    and ``"flagMetavar": M`` where the flag takes more than the field's choices)."""
+def settings_of(cls: type[BaseModel]) -> list[Setting]:
+    """The settings table of a pydantic model: every field with a description (the help).
+
+    The default is the field's own; ``json_schema_extra`` adds the flag's parts:
+    ``{"flagAliases": [...], "flagDefault": X, "defaultText": S}`` (``flagDefault`` where
+    the field has none, as the engine's settings leave an unset field to the worker),
+    ``"flagMetavar": M`` where the flag takes more than the field's choices, and
+    ``"configField": PATH`` where the document's field is not the model's own alias. A
+    bool is a switch (``store_true``)."""
     hints = typing.get_type_hints(cls)
     table: list[Setting] = []
-    if isinstance(cls, type) and issubclass(cls, BaseModel):
-        for name, info in cls.model_fields.items():
-            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-            parse, choices = _parse_kind(hints[name])
-            metavar = typing.cast(str | None, extra.get("flagMetavar"))
-            table.append(
-                Setting(
-                    name=name,
-                    help=info.description or "",
-                    default=extra.get("flagDefault"),
-                    type=parse,
-                    choices=None if metavar else choices,
-                    metavar=metavar,
-                    aliases=tuple(typing.cast(list[str], extra.get("flagAliases", []))),
-                    default_text=typing.cast(str | None, extra.get("defaultText")),
-                    field=info.alias or name,
-                )
-            )
-        return table
-    for f in dataclasses.fields(typing.cast(Any, cls)):
-        meta = f.metadata.get(_KEY)
-        if meta is None:
+    for name, info in cls.model_fields.items():
+        if not info.description:
             continue
-        parse, choices = _parse_kind(hints[f.name])
-        default = None if f.default is dataclasses.MISSING else f.default
-        is_bool = _unwrap(hints[f.name])[0] is bool
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        parse, choices = _parse_kind(hints[name])
+        metavar = typing.cast(str | None, extra.get("flagMetavar"))
+        is_bool = _unwrap(hints[name])[0] is bool
         table.append(
             Setting(
-                name=f.name,
-                help=meta["help"],
-                default=default,
+                name=name,
+                help=info.description,
+                default=extra.get("flagDefault", _field_default(info)),
                 type=None if is_bool else parse,
-                choices=meta["choices"] or choices,
-                aliases=meta["aliases"],
-                metavar=meta["metavar"],
-                default_text=meta["default_text"],
+                choices=None if metavar else choices,
+                metavar=metavar,
+                aliases=tuple(typing.cast(list[str], extra.get("flagAliases", []))),
+                default_text=typing.cast(str | None, extra.get("defaultText")),
                 action="store_true" if is_bool else None,
-                field=meta["field"],
+                field=typing.cast(str | None, extra.get("configField")) or info.alias,
             )
         )
     return table
+
+
+def _field_default(info: FieldInfo) -> Any:
+    """A pydantic field's own default (None where it has none, or only a factory)."""
+    return None if info.is_required() or info.default_factory else info.default
 
 
 def add_settings(

@@ -17,8 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from pdd.common.config_document import EngineSettings
-from pdd.common.kv_codec import MD_RECOMPUTE_MAX_TOKENS, NO_CODEC, KVCodecSetting
+from pdd.common.config_document import EngineSettings, WanKVSettings
 from pdd.common.model_store import hub_repo_problem
 from pdd.operator.cel import PATH, Rule, validations
 from pdd.operator.spec_rules import SPEC_RULES
@@ -395,7 +394,10 @@ class WanTls(_Spec):
     a Secret of its own."""
 
 
-class Wan(_Spec):
+#: How KV crosses the WAN (kvCodec, mdRecomputeMaxTokens, transferTimeoutSeconds) is
+#: ``WanKVSettings``: the fields the config document's ``wan`` section and the router's and the
+#: workers' flags share. (No docstring: ``spec.wan``'s own description is the CRD's.)
+class Wan(_Spec, WanKVSettings):
     declared_gbps: float = Field(gt=0)
     """Bandwidth of the link in Gbit/s, as provisioned."""
     rtt_ms: float = Field(default=30.0, ge=0)
@@ -404,21 +406,6 @@ class Wan(_Spec):
     """TLS 1.3 on the data channels that cross the WAN (P to MD KV, MD to RLD handoff); peers verify
     each other's certificate against the deployment's CA (mutual TLS when the certificate allows
     client use). Channels inside a datacenter stay plaintext."""
-    kv_codec: KVCodecSetting = NO_CODEC
-    """How prefill compresses the KV it sends main decode across the WAN; main decode restores it in
-    its own dtype. none ships it exact; fp8 (e4m3), int8 and int4 quantize it with a scale and a
-    centre per token and head, to about 0.52x, 0.52x and 0.27x of bfloat16 KV at head dim 128,
-    and are lossy, so greedy outputs may differ slightly from a colocated instance
-    (docs/kv-codec.md). The relay's in-datacenter copy is always exact. Link sizing counts the
-    compressed bytes. adaptive lets the router choose per request the least lossy of none, int8
-    and int4 whose transfer fits the TTFT budget on the live link estimate (the link is sized for
-    none), before them having main decode compute a miss of at most mdRecomputeMaxTokens itself."""
-    md_recompute_max_tokens: int = Field(default=MD_RECOMPUTE_MAX_TOKENS, ge=0)
-    """The most prompt tokens main decode may compute itself, from their token IDs, on P-MD where
-    that is sooner than the exact KV's crossing (prefill then computes nothing), and with kvCodec
-    adaptive where the exact KV's transfer would miss the TTFT budget and that is sooner than any
-    codec's (nothing but the request crosses, and nothing is lost). It bounds the prefill a
-    decode instance takes on beside its batch. 0 never does."""
 
 
 class Workload(_Spec):

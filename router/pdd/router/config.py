@@ -8,27 +8,28 @@ file, so a developer can run the same binary against ``--prefill p=http://...`` 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict
+
 from pdd.common.block_hash import DEFAULT_BLOCK_SIZE
-from pdd.common.config_document import ConfigDocument
+from pdd.common.config_document import ConfigDocument, WanKVSettings
 from pdd.common.cost_model import LinkState, kv_bytes_per_token, kv_bytes_per_token_from_hf_config
 from pdd.common.gguf_file import GGUFModelFile, gguf_checkpoint
 from pdd.common.kv_codec import (
     ADAPTIVE,
     ADAPTIVE_CODECS,
-    KV_CODEC_SETTINGS,
-    MD_RECOMPUTE_MAX_TOKENS,
     NO_CODEC,
     KVCodec,
     KVCodecSetting,
     default_codec,
 )
-from pdd.common.settings import config_value, setting, settings_of
+from pdd.common.settings import Setting, config_value, setting, settings_of
 from pdd.common.vocabulary import Role, ToolCallFormat
 from pdd.common.wan_tls import HTTPS_ROLES
 from pdd.router.tokenization import TINY_MODEL
@@ -38,6 +39,12 @@ TINY_KV_SHAPE = (4, 2, 32, 4)
 #: KV bytes per token of the ``tiny`` preset; a test checks it against the worker's own
 #: ``tiny_config``.
 TINY_KV_BYTES_PER_TOKEN = kv_bytes_per_token(*TINY_KV_SHAPE)
+
+
+#: The WAN settings' defaults (``WanKVSettings``: the CRD's, the document's, the flags').
+_WAN_KV = WanKVSettings()
+#: The ``WanKVSettings`` fields the router reads (``transfer_timeout_seconds`` is the workers').
+ROUTER_WAN_SETTINGS = frozenset({"kv_codec", "md_recompute_max_tokens"})
 
 
 class ConfigError(ValueError):
@@ -72,208 +79,192 @@ def parse_worker(role: Role, text: str) -> WorkerRef:
     return WorkerRef(role=role, http_url=url.rstrip("/"), instance_id=instance_id)
 
 
-@dataclass(frozen=True)
-class RouterConfig:
-    """Everything the router process needs; derived values are properties."""
+class RouterConfig(BaseModel):
+    """Everything the router process needs: the router's settings table; derived values are
+    properties.
+
+    A field made with ``setting`` is a flag and a row of docs/configuration.md (its help,
+    default and config-document field written here once); ``file_settings`` reads the
+    document's values straight into these fields by that field, and ``build_config`` lays
+    the flags given over them. The consistency of the whole (workers, secret, limits) is
+    checked after validation and refused as a ``ConfigError`` saying what to pass."""
+
+    model_config = ConfigDict(frozen=True)
 
     workers: tuple[WorkerRef, ...]
     secret: str
-    model: str = field(
-        default=TINY_MODEL,
-        metadata=setting(
-            '"tiny" or a checkpoint directory (its tokenizer and chat template)',
-            field="model.path",
-        ),
+    model: str = setting(
+        TINY_MODEL,
+        '"tiny" or a checkpoint directory (its tokenizer and chat template)',
+        field="model.path",
     )
-    served_model_name: str | None = field(
-        default=None,
-        metadata=setting(
-            "the model name clients send",
-            default_text="the --model folder's name",
-            field="model.servedName",
-        ),
+    served_model_name: str | None = setting(
+        None,
+        "the model name clients send",
+        default_text="the --model folder's name",
+        field="model.servedName",
     )
     redis_url: str | None = None
     #: The longest a request waits for Redis (prefix lookup, loads) before it is routed
     #: on this replica's local state and the store counts Redis as down.
-    redis_deadline_s: float = field(
-        default=0.25,
-        metadata=setting("longest a request waits for Redis before it is routed on local state"),
+    redis_deadline_s: float = setting(
+        0.25,
+        "longest a request waits for Redis before it is routed on local state",
     )
     api_keys: tuple[str, ...] = ()
-    link_gbps: float = field(
-        default=10.0,
-        metadata=setting("declared WAN line rate P -> MD, Gbit/s", field="wan.declaredGbps"),
+    link_gbps: float = setting(
+        10.0,
+        "declared WAN line rate P -> MD, Gbit/s",
+        field="wan.declaredGbps",
     )
-    link_rtt_ms: float = field(
-        default=0.0, metadata=setting("declared WAN round-trip time, ms", field="wan.rttMs")
+    link_rtt_ms: float = setting(
+        0.0,
+        "declared WAN round-trip time, ms",
+        field="wan.rttMs",
     )
-    ttft_budget_s: float = field(
-        default=2.0, metadata=setting("TTFT budget the P -> MD path must meet, seconds")
+    ttft_budget_s: float = setting(
+        2.0,
+        "TTFT budget the P -> MD path must meet, seconds",
     )
     #: P's prefill throughput until the router has measured it (the estimator's prior).
-    prefill_tokens_per_s: float = field(
-        default=10_000.0,
-        metadata=setting("P's prefill throughput before any is measured (the prior)"),
+    prefill_tokens_per_s: float = setting(
+        10_000.0,
+        "P's prefill throughput before any is measured (the prior)",
     )
     #: Decide on the declared link and prefill rate, learning nothing (a benchmark's
     #: baseline for the live view: ``pdd.common.link_estimator``).
-    static_link_view: bool = field(
-        default=False,
-        metadata=setting(
-            "decide on the declared link and prefill rate only, learning nothing (a baseline "
-            "for benchmarks; the KV backlog is still counted)"
-        ),
+    static_link_view: bool = setting(
+        False,
+        "decide on the declared link and prefill rate only, learning nothing (a baseline "
+        "for benchmarks; the KV backlog is still counted)",
     )
     #: KV bytes per token on the WAN; None: from the checkpoint's shape and ``kv_codec``.
-    kv_bytes_per_token: int | None = field(
-        default=None,
-        metadata=setting(
-            "KV bytes per token on the WAN",
-            default_text="from the checkpoint's shape and --kv-codec",
-            field="model.kvBytesPerToken",
-        ),
+    kv_bytes_per_token: int | None = setting(
+        None,
+        "KV bytes per token on the WAN",
+        default_text="from the checkpoint's shape and --kv-codec",
+        field="model.kvBytesPerToken",
     )
-    #: How P codes the KV it sends MD across the WAN (spec.wan.kvCodec).
-    kv_codec: KVCodecSetting = field(
-        default=NO_CODEC,
-        metadata=setting(
-            "how P codes the KV it sends MD (adaptive: per request, the exact KV where it "
-            "fits the TTFT budget on the live link, else MD computing a miss of up to "
-            "--md-recompute-max-tokens, else the least lossy of int8, int4 that fits)",
-            choices=KV_CODEC_SETTINGS,
-            field="wan.kvCodec",
-        ),
+    #: How P codes the KV it sends MD across the WAN, and the most prompt tokens MD may
+    #: compute itself (PolicyConfig): ``WanKVSettings``' fields, whose flags, help and
+    #: defaults they are (``ROUTER_WAN_SETTINGS``).
+    kv_codec: KVCodecSetting = _WAN_KV.kv_codec
+    md_recompute_max_tokens: int = _WAN_KV.md_recompute_max_tokens
+    block_size: int = setting(
+        DEFAULT_BLOCK_SIZE,
+        "tokens per KV block (the workers')",
     )
-    #: The most prompt tokens MD may compute itself (PolicyConfig).
-    md_recompute_max_tokens: int = field(
-        default=MD_RECOMPUTE_MAX_TOKENS,
-        metadata=setting(
-            "the most prompt tokens MD may compute itself from their IDs on P-MD where that "
-            "is sooner than the exact KV's crossing (P then computes nothing), and under "
-            "--kv-codec adaptive where the exact KV misses the TTFT budget and that is "
-            "sooner than any codec's transfer (0: never)",
-            field="wan.mdRecomputeMaxTokens",
-        ),
+    host: str = setting(
+        "0.0.0.0",
+        "address to listen on",
     )
-    block_size: int = field(
-        default=DEFAULT_BLOCK_SIZE, metadata=setting("tokens per KV block (the workers')")
-    )
-    host: str = field(default="0.0.0.0", metadata=setting("address to listen on"))
-    port: int = field(
-        default=8080, metadata=setting("port of the OpenAI API", field="ports.router")
+    port: int = setting(
+        8080,
+        "port of the OpenAI API",
+        field="ports.router",
     )
     #: Requests one instance may hold at once before the router stops sending more:
     #: what the worker reports (its max_running_requests); a number here caps every instance
     #: below that (an operator's override, e.g. to shed load before the workers queue).
-    instance_capacity: int | None = field(
-        default=None,
-        metadata=setting(
-            "cap on requests per instance before 429",
-            default_text="each worker's reported capacity",
-        ),
+    instance_capacity: int | None = setting(
+        None,
+        "cap on requests per instance before 429",
+        default_text="each worker's reported capacity",
     )
-    max_body_bytes: int = field(
-        default=4 << 20, metadata=setting("largest request body accepted (413 above)")
+    max_body_bytes: int = setting(
+        4 << 20,
+        "largest request body accepted (413 above)",
     )
     #: A cap below what the prefill instances take (they report their own limit); None:
     #: theirs alone. Longer prompts get a 400 before anything is dispatched.
-    max_prompt_tokens: int | None = field(
-        default=None,
-        metadata=setting(
-            "longest prompt accepted (400 above)", default_text="what the prefill workers take"
-        ),
+    max_prompt_tokens: int | None = setting(
+        None,
+        "longest prompt accepted (400 above)",
+        default_text="what the prefill workers take",
     )
-    default_max_tokens: int = field(
-        default=256,
-        metadata=setting("max_tokens of a request that sets none (bounded by the context)"),
+    default_max_tokens: int = setting(
+        256,
+        "max_tokens of a request that sets none (bounded by the context)",
     )
     #: The most output tokens one request may ask for (None: only the model's context
     #: bounds it); more is a 400 with the limit, before anything is dispatched.
-    max_tokens_limit: int | None = field(
-        default=None,
-        metadata=setting(
-            "most output tokens a request may ask for (400 above)",
-            default_text="the context left after the prompt",
-        ),
+    max_tokens_limit: int | None = setting(
+        None,
+        "most output tokens a request may ask for (400 above)",
+        default_text="the context left after the prompt",
     )
     #: Requests one API key (or, without keys, all clients together) may have in flight;
     #: one more is a 429 with Retry-After. None: no limit.
-    max_streams_per_key: int | None = field(
-        default=None,
-        metadata=setting(
-            "requests one API key may have in flight (429 above; without keys: all clients)",
-            default_text="no limit",
-        ),
+    max_streams_per_key: int | None = setting(
+        None,
+        "requests one API key may have in flight (429 above; without keys: all clients)",
+        default_text="no limit",
     )
     #: Requests the router admits at once, all keys together (``fair_admission``): past
     #: it a request waits up to ``admission_wait_s`` in its key's queue, served in turn
     #: with the other keys', then gets a 429. None: no router-wide cap.
-    max_inflight_requests: int | None = field(
-        default=None,
-        metadata=setting(
-            "requests in flight, all keys together, before new ones queue (fair per key)",
-            default_text="no cap",
-        ),
+    max_inflight_requests: int | None = setting(
+        None,
+        "requests in flight, all keys together, before new ones queue (fair per key)",
+        default_text="no cap",
     )
-    admission_wait_s: float = field(
-        default=0.5,
-        metadata=setting("longest a request queues for a slot before its 429, seconds"),
+    admission_wait_s: float = setting(
+        0.5,
+        "longest a request queues for a slot before its 429, seconds",
     )
-    poll_interval_s: float = field(
-        default=0.5, metadata=setting("seconds between polls of each worker's load")
+    poll_interval_s: float = setting(
+        0.5,
+        "seconds between polls of each worker's load",
     )
-    request_timeout_s: float = field(
-        default=300.0, metadata=setting("longest a request may run end to end, seconds")
+    request_timeout_s: float = setting(
+        300.0,
+        "longest a request may run end to end, seconds",
     )
     retry_after_s: float = 1.0
-    handoff: Literal["auto", "one-shot", "catch-up"] = field(
-        default="auto", metadata=setting("how RLD hands requests to MD")
+    handoff: Literal["auto", "one-shot", "catch-up"] = setting(
+        "auto",
+        "how RLD hands requests to MD",
     )
-    catchup_threshold: int = field(
-        default=64,
-        metadata=setting(
-            "catch-up handoff: tokens MD may lag before it takes over",
-            field="handoff.catchUpThreshold",
-        ),
+    catchup_threshold: int = setting(
+        64,
+        "catch-up handoff: tokens MD may lag before it takes over",
+        field="handoff.catchUpThreshold",
     )
     anomalous_min_input_tokens: int = 32_000
     anomalous_output_tokens_below: int = 500
     #: Baselines for benchmarks: "naive" sends every request P -> MD shipping the full
     #: KV with no decode-side cache (naive cross-datacenter PD); None lets the policy choose.
-    force_pipeline: Literal["naive"] | None = field(
-        default=None,
-        metadata=setting(
-            "baseline for benchmarks: every request P -> MD with the full KV, no DRC",
-            default_text="the policy chooses",
-        ),
+    force_pipeline: Literal["naive"] | None = setting(
+        None,
+        "baseline for benchmarks: every request P -> MD with the full KV, no DRC",
+        default_text="the policy chooses",
     )
-    replica_id: str = field(
+    replica_id: str = setting(
+        help="this replica's name in the shared store",
+        default_text="router-<process id>",
         default_factory=lambda: f"router-{os.getpid()}",
-        metadata=setting(
-            "this replica's name in the shared store", default_text="router-<process id>"
-        ),
     )
     #: The WAN TLS folder (only its ``ca.crt`` is read): https workers' certificates must
     #: chain to it. None: https workers are checked against the system's CAs.
-    wan_tls_dir: Path | None = field(
-        default=None,
-        metadata=setting(
-            "WAN TLS is on: a folder with the deployment's ca.crt; the workers reached across "
-            "the WAN (main) are dialled with https and must chain to it",
-            default_text="off",
-        ),
+    wan_tls_dir: Path | None = setting(
+        None,
+        "WAN TLS is on: a folder with the deployment's ca.crt; the workers reached across "
+        "the WAN (main) are dialled with https and must chain to it",
+        default_text="off",
     )
     #: How the model writes tool calls (what the tool-call parser reads); None: detected
     #: from the chat template (``pdd.router.tool_calls.detect_format``).
-    tool_call_format: ToolCallFormat | None = field(
-        default=None,
-        metadata=setting(
-            "how the model writes tool calls", default_text="detected from its chat template"
-        ),
+    tool_call_format: ToolCallFormat | None = setting(
+        None,
+        "how the model writes tool calls",
+        default_text="detected from its chat template",
     )
 
-    def __post_init__(self) -> None:
+    def __init__(self, **data: Any) -> None:
+        super().__init__(**data)
+        self._check()
+
+    def _check(self) -> None:
         if not self.secret:
             raise ConfigError("no shared secret: pass --secret, --secret-file or PDD_SHARED_SECRET")
         if not self.workers:
@@ -349,6 +340,17 @@ class RouterConfig:
         return kv_bytes_per_token_from_hf_config(config, codec=codec)
 
 
+def router_settings() -> list[Setting]:
+    """The router's settings table, its flags and docs/configuration.md's rows: RouterConfig's
+    own, then the ``WanKVSettings`` fields it reads (named by their ``wan.`` field)."""
+    wan = [
+        dataclasses.replace(s, field=f"wan.{s.field}")
+        for s in settings_of(WanKVSettings)
+        if s.name in ROUTER_WAN_SETTINGS
+    ]
+    return settings_of(RouterConfig) + wan
+
+
 def read_secret(secret: str | None, secret_file: Path | None, env_name: str) -> str:
     if secret:
         return secret
@@ -366,6 +368,7 @@ def file_settings(doc: ConfigDocument, wan_tls: bool = False) -> dict[str, Any]:
     settings: dict[str, Any] = {
         # The settings whose field the table names (RouterConfig's ``setting(field=...)``).
         **{s.name: config_value(wire, s.field) for s in settings_of(RouterConfig) if s.field},
+        **doc.wan.model_dump(include=set(ROUTER_WAN_SETTINGS)),
         "redis_url": doc.store.redis_url,
         "handoff": doc.handoff.flag,
         "anomalous_min_input_tokens": doc.anomalous_traffic.min_input_tokens,

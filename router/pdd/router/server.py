@@ -23,7 +23,7 @@ from pdd.common.config_document import (
 )
 from pdd.common.gc_heap import freeze_startup_heap
 from pdd.common.logs import add_log_flags, configure_logging
-from pdd.common.settings import add_settings, settings_of
+from pdd.common.settings import add_settings
 from pdd.common.settings import parser as settings_parser
 from pdd.common.tracing import add_tracing_flags, configure_from_args
 from pdd.common.vocabulary import Role, datacenter
@@ -34,6 +34,7 @@ from pdd.router.config import (
     file_settings,
     parse_worker,
     read_secret,
+    router_settings,
 )
 from pdd.router.runtime import RouterRuntime
 
@@ -80,8 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-#: The router's settings table: RouterConfig's fields that are flags.
-ROUTER_SETTINGS = settings_of(RouterConfig)
+#: The router's settings table: RouterConfig's fields that are flags, and the WAN's.
+ROUTER_SETTINGS = router_settings()
 #: Flags copied to RouterConfig fields when given (same name).
 _PLAIN_FLAGS = tuple(s.name for s in ROUTER_SETTINGS)
 

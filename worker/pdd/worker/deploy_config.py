@@ -2,33 +2,40 @@
 
 In Kubernetes every worker pod runs ``pdd worker --role R --config
 /etc/pdd/config.json`` with its identity in the environment (``PDD_INSTANCE_ID``
-= pod name, ``PDD_POD_IP``), see ``pdd.operator.builders``. This module turns that
-document plus environment into defaults for the worker's own flags, so there is
-one set of flags to validate and explicit flags still win over the file.
+= pod name, ``PDD_POD_IP``), see ``pdd.operator.builders``. This module reads that
+document plus environment into the worker's settings by flag name (``dest``), typed as
+the document has them, and tells which flags the command line gave: those win over
+the file.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import argparse
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pdd.common.config_document import ConfigDocument, EngineSettings
 
+#: The ``WanKVSettings`` fields the worker reads (``md_recompute_max_tokens`` is the router's).
+WORKER_WAN_SETTINGS = frozenset({"kv_codec", "transfer_timeout_seconds"})
 
-def flag_defaults(
+
+def document_values(
     doc: ConfigDocument, env: Mapping[str, str], role: str | None = None
 ) -> dict[str, Any]:
-    """argparse defaults (by ``dest``) from the config document and the pod environment.
+    """The worker's settings (by ``dest``) that the config document and the pod environment
+    give.
 
     Listens on all interfaces (a pod's only address is its own), for peers of this
     datacenter on the kv port and for peers across the WAN on the wan port, and advertises
     the pod IP with each, which is how peers and the router reach this instance. The engine
-    settings are those of ``role`` (the ``--role`` flag, else ``$PDD_ROLE``).
+    settings are those of ``role`` (the ``--role`` flag, else ``$PDD_ROLE``); the WAN's are
+    ``WanKVSettings``' fields by their own names, so a field added there arrives here.
     """
     role = role or env.get("PDD_ROLE")
     http_port, kv_port, wan_port = doc.ports.http, doc.ports.kv, doc.ports.wan or doc.ports.kv
     pod_ip = env.get("PDD_POD_IP")
-    defaults: dict[str, Any] = {
+    values: dict[str, Any] = {
         "role": role,
         "instance_id": env.get("PDD_INSTANCE_ID"),
         "model": doc.model.path,
@@ -39,14 +46,32 @@ def flag_defaults(
         "advertise_wan": f"{pod_ip}:{wan_port}" if pod_ip else None,
         "advertise_http": f"{pod_ip}:{http_port}" if pod_ip else None,
         "handoff": doc.handoff.flag,
-        "kv_codec": doc.wan.kv_codec,
         "secret_env": doc.shared_secret_env,
         "drain_seconds": doc.drain_seconds,
-        **engine_flags(doc.engine.for_role(role or "")),
+        **doc.wan.model_dump(include=set(WORKER_WAN_SETTINGS)),
+        **engine_values(doc.engine.for_role(role or "")),
     }
-    return {dest: value for dest, value in defaults.items() if value is not None}
+    return {dest: value for dest, value in values.items() if value is not None}
 
 
-def engine_flags(settings: EngineSettings) -> dict[str, Any]:
-    """The engine flags (by ``dest``: the settings' own field names) that ``settings`` set."""
+def engine_values(settings: EngineSettings) -> dict[str, Any]:
+    """The engine settings (by ``dest``: the settings' own field names) that ``settings`` set."""
     return settings.model_dump(exclude_none=True)
+
+
+class _Unset:
+    """What a flag's ``dest`` holds until the command line sets it (see ``given_dests``)."""
+
+
+def given_dests(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
+    """The ``dest`` of every flag ``argv`` gives, even one given its default value.
+
+    argparse fills in a default only where the namespace lacks the attribute, so parsing
+    into a namespace that holds a marker in every ``dest`` leaves the marker exactly where
+    no flag was given."""
+    unset = _Unset()
+    marked = argparse.Namespace(
+        **{a.dest: unset for a in parser._actions if a.dest != argparse.SUPPRESS}
+    )
+    parsed = parser.parse_args(list(argv), namespace=marked)
+    return {dest for dest, value in vars(parsed).items() if value is not unset}

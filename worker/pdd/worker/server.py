@@ -30,22 +30,18 @@ from pdd.common.block_hash import DEFAULT_BLOCK_SIZE
 from pdd.common.config_document import (
     ConfigDocumentError,
     EngineSettings,
+    WanKVSettings,
     read_config_document,
 )
 from pdd.common.gc_heap import freeze_startup_heap
-from pdd.common.kv_codec import (
-    KV_CODEC_SETTINGS,
-    NO_CODEC,
-    KVCodecSetting,
-    parse_kv_codec_setting,
-)
+from pdd.common.kv_codec import KVCodecSetting, parse_kv_codec_setting
 from pdd.common.logs import add_log_flags, configure_logging
 from pdd.common.settings import add_settings, settings_of
 from pdd.common.settings import parser as settings_parser
 from pdd.common.tracing import TracingConfigError, add_tracing_flags, configure_from_args
 from pdd.common.vocabulary import datacenter
 from pdd.common.wire import WorkerRefusal
-from pdd.worker.deploy_config import flag_defaults
+from pdd.worker.deploy_config import WORKER_WAN_SETTINGS, document_values, given_dests
 from pdd.worker.engine import Engine, EngineConfigError
 from pdd.worker.engine.device import SYSTEM_PROBE, DeviceProbe
 from pdd.worker.engine.kv_codec import fp8_supported
@@ -129,18 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.5,
         help="auto handoff: relay load above this -> one-shot",
     )
-    p.add_argument(
-        "--transfer-timeout-s", type=float, default=30.0,
-        help="longest a KV transfer may take before the request fails over",
-    )  # fmt: skip
-    p.add_argument(
-        "--kv-codec",
-        default=NO_CODEC,
-        choices=KV_CODEC_SETTINGS,
-        help="how P codes the KV it sends MD across the WAN, and what MD accepts: the same on "
-        "both (spec.wan.kvCodec); adaptive: the codec the router names per request (none, "
-        "int8 or int4), MD taking any of them; the relay's copy is always exact",
+    wan = p.add_argument_group(
+        "how KV crosses the WAN (the settings table pdd.common.config_document.WanKVSettings, "
+        "also the CRD's spec.wan; the config document gives the defaults, flags win; under "
+        "adaptive MD takes whichever codec the router names per request)"
     )
+    add_settings(wan, settings_of(WanKVSettings), only=WORKER_WAN_SETTINGS)
     p.add_argument(
         "--drain-seconds",
         type=float,
@@ -165,20 +155,25 @@ KV_SIZE_DESTS = ("num_blocks", "kv_cache_memory_fraction", "kv_cache_gib")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    """Flags, with the operator's config file (if any) supplying the defaults."""
+    """Flags, over the operator's config file (if any), over the flags' defaults.
+
+    The document's typed values are set on the parsed flags as they are (no argparse
+    default, no second parse of them); a flag given on the command line keeps its value."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.config is not None:
         try:
             doc = read_config_document(args.config, "worker")
-            defaults = flag_defaults(doc, os.environ, args.role)
         except ConfigDocumentError as exc:
             parser.error(str(exc))
-        if any(getattr(args, dest) is not None for dest in KV_SIZE_DESTS):
+        given = given_dests(parser, argv)
+        values = document_values(doc, os.environ, args.role)
+        if given & set(KV_SIZE_DESTS):
             # A KV size on the command line replaces the file's, whichever way each sizes it.
-            defaults = {k: v for k, v in defaults.items() if k not in KV_SIZE_DESTS}
-        parser.set_defaults(**defaults)
-        args = parser.parse_args(argv)
+            values = {k: v for k, v in values.items() if k not in KV_SIZE_DESTS}
+        for dest, value in values.items():
+            if dest not in given:
+                setattr(args, dest, value)
     for dest, flag in (("role", "--role"), ("instance_id", "--instance-id")):
         if getattr(args, dest) is None:
             parser.error(f"{flag} is required (or --config with ${'PDD_' + dest.upper()} set)")
@@ -200,7 +195,7 @@ def build_settings(args: argparse.Namespace) -> WorkerSettings:
         secret=read_secret(args.secret_file, args.secret_env),
         handoff=args.handoff,
         catchup_load_level=args.catchup_load_level,
-        transfer_timeout_s=args.transfer_timeout_s,
+        transfer_timeout_s=args.transfer_timeout_seconds,
         advertise_fast=args.advertise_fast or args.data,
         advertise_wan=args.advertise_wan or args.wan or args.advertise_fast or args.data,
         http=args.advertise_http or args.http,

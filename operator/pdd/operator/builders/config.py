@@ -88,6 +88,12 @@ def engine_settings(spec: PDDSpec) -> EngineByRole:
     )
 
 
+def wan_section(spec: PDDSpec) -> WanSection:
+    """The document's ``wan`` section: ``spec.wan``'s fields that it shares (every field of
+    ``WanKVSettings``, so a setting added there needs no line here)."""
+    return WanSection.model_validate(spec.wan.model_dump(include=set(WanSection.model_fields)))
+
+
 def build_worker_config(spec: PDDSpec, owner: Owner, site: Site) -> ConfigDocument:
     """The config document for the pods of ``site``'s cluster."""
     hosts = peer_hosts(spec, owner, site)
@@ -106,12 +112,7 @@ def build_worker_config(spec: PDDSpec, owner: Owner, site: Site) -> ConfigDocume
             http=WORKER_HTTP_PORT, kv=WORKER_KV_PORT, wan=WORKER_WAN_PORT, router=ROUTER_PORT
         ),
         peers=Peers(**workers, router=RouterPeer(host=hosts[Component.ROUTER], port=ROUTER_PORT)),
-        wan=WanSection(
-            declared_gbps=spec.wan.declared_gbps,
-            rtt_ms=spec.wan.rtt_ms,
-            kv_codec=spec.wan.kv_codec,
-            md_recompute_max_tokens=spec.wan.md_recompute_max_tokens,
-        ),
+        wan=wan_section(spec),
         slo=SloSection(ttft_p99_ms=spec.slo.ttft_p99_ms, tpot_ms=spec.slo.tpot_ms),
         handoff=HandoffSection(
             policy=spec.handoff.policy, catch_up_threshold=spec.handoff.catch_up_threshold
