@@ -4,7 +4,9 @@ Each poll asks every instance for its identity (``/health``, once), its load
 (``/load``) and its new cache events (``/v1/pdd/cache-events?since=cursor``), which
 feed the prefix index. An instance that fails a poll, or says it is draining (shutting
 down: its running streams go on), is left out of decisions until
-it answers again; one whose event feed says ``reset`` (it restarted, or events
+it answers again; one that only answers late (connected, past the client's timeout: busy,
+not dead) is a suspect first, and left out once ``SLOW_POLLS_TO_LEAVE_OUT`` polls in a
+row were late; one whose event feed says ``reset`` (it restarted, or events
 were dropped) has its index entries rebuilt from what follows. Service hosts from
 the operator's config are re-resolved every poll, so scaled pods come and go.
 """
@@ -31,6 +33,12 @@ log = logging.getLogger(__name__)
 
 #: Index housekeeping (dropping expired entries) every this many polls.
 _EXPIRE_EVERY = 60
+#: Polls in a row a worker may answer too late (connected, no answer within the client's
+#: timeout) before it is left out; until then it is a suspect, routable while its role
+#: has nobody better. As Kubernetes' readiness probe (failureThreshold 3): a worker busy
+#: computing on a loaded node answers late, and a lone instance of its role left out at
+#: its first late answer took every request with it (503) until it caught up.
+SLOW_POLLS_TO_LEAVE_OUT = 3
 
 
 @dataclass
@@ -49,6 +57,8 @@ class Instance:
     suspected: str | None = None
     #: The main decodes this prefill worker was last told of (``warm_wan_peers``).
     told_main_decodes: frozenset[str] | None = None
+    #: Its polls answered too late since its last good one (``SLOW_POLLS_TO_LEAVE_OUT``).
+    late_polls: int = 0
 
     @property
     def instance_id(self) -> str | None:
@@ -198,10 +208,14 @@ class InstanceRegistry:
         """Avoid an instance now, not at the next poll: a request just failed on it.
         Its next successful poll clears it."""
         for inst in self._instances.values():
-            if inst.instance_id == instance_id and inst.suspected is None:
-                log.warning("%s worker at %s suspected: %s", inst.role, inst.http_url, problem)
-                inst.suspected = problem
-                self._touch(inst)
+            if inst.instance_id == instance_id:
+                self._suspect(inst, problem)
+
+    def _suspect(self, inst: Instance, problem: str) -> None:
+        if inst.suspected is None:
+            log.warning("%s worker at %s suspected: %s", inst.role, inst.http_url, problem)
+            inst.suspected = problem
+            self._touch(inst)
 
     def prompt_limit(self) -> int | None:
         """The longest prompt every ready instance that sees prompts first takes (P, or
@@ -290,13 +304,22 @@ class InstanceRegistry:
                 self._index.forget_instance(inst.endpoint.instance_id)
             self._index.apply_all(inst.endpoint.instance_id, page.events)
             inst.cursor = page.next_cursor
-        except (WorkerCallError, ValidationError, MisconfiguredWorkerError) as exc:
+        except WorkerCallError as exc:
+            if exc.late and inst.ready and inst.late_polls + 1 < SLOW_POLLS_TO_LEAVE_OUT:
+                inst.late_polls += 1
+                self._suspect(inst, f"poll answered late: {exc}")
+                return
             inst.endpoint = None  # re-read the identity: a restarted pod may differ
+            self._set_problem(inst, str(exc))
+            return
+        except (ValidationError, MisconfiguredWorkerError) as exc:
+            inst.endpoint = None
             self._set_problem(inst, str(exc))
             return
         except BlockSizeMismatchError as exc:
             self._set_problem(inst, str(exc))
             return
+        inst.late_polls = 0
         if inst.load.draining:  # its streams run on; new requests go elsewhere
             self._set_problem(inst, "draining: finishing its requests, taking no new ones")
             return

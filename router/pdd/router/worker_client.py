@@ -34,13 +34,26 @@ class WorkerCallError(RuntimeError):
     ``message`` are those of the worker's error body, when it answered with one."""
 
     def __init__(
-        self, url: str, detail: str, error_type: str | None = None, message: str | None = None
+        self,
+        url: str,
+        detail: str,
+        error_type: str | None = None,
+        message: str | None = None,
+        late: bool = False,
     ) -> None:
         super().__init__(f"{url}: {detail}")
         self.url = url
         self.detail = detail
         self.error_type = error_type
         self.message = message or detail
+        #: Connected, but no answer within the timeout: a busy worker, not a dead one.
+        self.late = late
+
+
+def is_late(exc: httpx.HTTPError) -> bool:
+    """Whether ``exc`` is a timeout after the connection was made (reading, writing, or
+    waiting for a pooled connection), not a failure to connect."""
+    return isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout)
 
 
 def failure(exc: httpx.HTTPError) -> str:
@@ -221,7 +234,7 @@ class WorkerClient:
         try:
             resp = await self._call(http_url, self._request("GET", url))
         except httpx.HTTPError as exc:
-            raise WorkerCallError(url, failure(exc)) from exc
+            raise WorkerCallError(url, failure(exc), late=is_late(exc)) from exc
         if resp.status_code != 200:
             raise WorkerCallError(url, f"answered {resp.status_code}: {resp.text[:300]}")
         return resp.content
