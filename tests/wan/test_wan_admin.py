@@ -55,7 +55,7 @@ async def test_a_rate_outside_the_bounds_is_a_400_with_the_reason(body: bytes, r
 async def test_the_bounds_themselves_are_taken_and_answered_in_strict_json(gbps: float) -> None:
     link = WanLink("127.0.0.1:0", "127.0.0.1:1", gbps=1)
     stats = handle(link, "POST", "/rate", json.dumps({"gbps": gbps}).encode())
-    answer = strict_json(_response(200, stats))
+    answer = strict_json(_response(200, stats.model_dump()))
     assert isinstance(answer, dict) and answer["gbps"] == pytest.approx(gbps)
     handle(link, "POST", "/rate", b'{"gbps": 1}')  # and back: no rescale turned infinite
     assert link.forward.gbps == pytest.approx(1.0)

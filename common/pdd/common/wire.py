@@ -35,11 +35,15 @@ __all__ = [
     "EngineInfo",
     "GuidedDecoding",
     "GuidedTool",
+    "HandoffAccepted",
     "HandoffIds",
     "LoadReport",
     "PipelinePlan",
+    "RequestAccepted",
+    "RequestCancelled",
     "SamplingSpec",
     "StateReport",
+    "TakeoverAccepted",
     "TokenEvent",
     "TokenLogprobs",
     "TopLogprob",
@@ -441,6 +445,34 @@ class HandoffIds(_Wire):
     """``POST /v1/pdd/requests/{id}/handoff``: the tokens a dead relay already streamed."""
 
     token_ids: list[int]
+
+
+class RequestAccepted(_Wire):
+    """``POST /v1/pdd/requests`` (202): the worker took the plan."""
+
+    request_id: str
+    accepted_by: str
+
+
+class RequestCancelled(_Wire):
+    """``DELETE /v1/pdd/requests/{id}``: the worker stopped the request."""
+
+    request_id: str
+    cancelled: Literal[True] = True
+
+
+class HandoffAccepted(_Wire):
+    """``POST /v1/pdd/requests/{id}/handoff``: how many handed-over IDs MD took."""
+
+    request_id: str
+    accepted: int = Field(ge=0)
+
+
+class TakeoverAccepted(_Wire):
+    """``POST /v1/pdd/requests/{id}/takeover``: the relay finishes the request itself."""
+
+    request_id: str
+    takeover: Literal[True] = True
 
 
 class WanPeers(_Wire):

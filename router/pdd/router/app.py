@@ -41,6 +41,8 @@ from pdd.router.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     ErrorResponse,
+    ModelCard,
+    ModelList,
     unrecognized_argument,
 )
 from pdd.router.openapi import document_bodies
@@ -103,11 +105,9 @@ def create_app(runtime: RouterRuntime) -> FastAPI:
         return Response(body, media_type=content_type)
 
     @app.get("/v1/models")
-    async def models(request: Request) -> dict:
+    async def models(request: Request) -> ModelList:
         _authenticate(runtime, request)
-        name = runtime.config.served_name
-        card = {"id": name, "object": "model", "created": 0, "owned_by": "pdd"}
-        return {"object": "list", "data": [card]}
+        return ModelList(data=[ModelCard(id=runtime.config.served_name)])
 
     async def serve(
         request: Request, model: type[T], create: Callable[[T], Awaitable[Served]]

@@ -498,3 +498,19 @@ SSE_DONE = b"data: [DONE]\n\n"
 def sse_frame(payload: BaseModel) -> bytes:
     """One server-sent event; the blank line (two newlines) ends the event."""
     return b"data: " + payload.model_dump_json().encode() + b"\n\n"
+
+
+class ModelCard(_Wire):
+    """One served model in ``GET /v1/models``."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str = "pdd"
+
+
+class ModelList(_Wire):
+    """``GET /v1/models``: the model this router serves."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -41,13 +41,50 @@ class PartitionRequest(BaseModel):
     cut: bool
 
 
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RouteStats(_Answer):
+    listen: str
+    to: str
+
+
+class ConnectionStats(_Answer):
+    active: int
+    total: int
+    refused: int
+    reset: int
+
+
+class DirectionStats(_Answer):
+    bytes: int
+    throughput_gbps: float
+
+
+class LinkStats(_Answer):
+    """``GET /stats`` (and every answer): the line's settings and counters, as ``pdd
+    bench`` and the tests read them from another process."""
+
+    listen: str
+    to: str
+    routes: list[RouteStats]
+    gbps: float
+    rtt_ms: float
+    jitter_ms: float
+    cut: bool
+    connections: ConnectionStats
+    forward: DirectionStats
+    reverse: DirectionStats
+
+
 class HttpError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
 
 
-def handle(link: WanLink, method: str, path: str, body: bytes) -> dict[str, Any]:
+def handle(link: WanLink, method: str, path: str, body: bytes) -> LinkStats:
     """Route one request; the whole API in one function."""
     routes = {"/stats": "GET", "/rate": "POST", "/partition": "POST"}
     if path not in routes:
@@ -63,7 +100,7 @@ def handle(link: WanLink, method: str, path: str, body: bytes) -> dict[str, Any]
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(part) for part in first["loc"])
         raise HttpError(400, f"{where}: {first['msg']}" if where else first["msg"]) from None
-    return link.stats()
+    return LinkStats.model_validate(link.stats())
 
 
 async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, bytes]:
@@ -115,7 +152,7 @@ class AdminServer:
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             method, path, body = await asyncio.wait_for(_read_request(reader), 10)
-            status, payload = 200, handle(self._link, method, path, body)
+            status, payload = 200, handle(self._link, method, path, body).model_dump()
         except HttpError as exc:
             status, payload = exc.status, {"error": str(exc)}
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, TimeoutError):

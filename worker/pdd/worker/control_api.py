@@ -21,8 +21,14 @@ from pdd.common.grammar import GRAMMAR_ERROR_TYPE, GrammarError, check_grammar
 from pdd.common.wire import (
     REQUEST_TOO_LARGE_ERROR_TYPE,
     CacheEventsPage,
+    HandoffAccepted,
     HandoffIds,
+    LoadReport,
     PipelinePlan,
+    RequestAccepted,
+    RequestCancelled,
+    StateReport,
+    TakeoverAccepted,
     WanPeers,
     WorkerHealth,
 )
@@ -82,8 +88,8 @@ def create_app(role: RoleBase, feed: CacheFeed, ready: Callable[[], bool]) -> Fa
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
     @app.get("/load")
-    async def load() -> dict:
-        return role.load_report().model_dump()
+    async def load() -> LoadReport:
+        return role.load_report()
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -91,8 +97,8 @@ def create_app(role: RoleBase, feed: CacheFeed, ready: Callable[[], bool]) -> Fa
         return Response(role.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/pdd/debug/state", dependencies=[auth])
-    async def state() -> dict:
-        return role.state_report().model_dump()
+    async def state() -> StateReport:
+        return role.state_report()
 
     @app.get("/v1/pdd/cache-events", dependencies=[auth])
     async def cache_events(since: int = 0) -> CacheEventsPage:
@@ -105,7 +111,7 @@ def create_app(role: RoleBase, feed: CacheFeed, ready: Callable[[], bool]) -> Fa
         return Response(status_code=204)
 
     @app.post("/v1/pdd/requests", dependencies=[auth], status_code=202)
-    async def start(request: Request) -> dict:
+    async def start(request: Request) -> RequestAccepted:
         plan = PipelinePlan.model_validate_json(await request.body())
         traceparent = request.headers.get(tracing.TRACEPARENT)
         if plan.trace_context is None and traceparent:  # W3C's header, where the plan has none
@@ -113,7 +119,7 @@ def create_app(role: RoleBase, feed: CacheFeed, ready: Callable[[], bool]) -> Fa
         if plan.sampling.guided is not None:  # refuse a bad schema now, not mid-pipeline
             check_grammar(plan.sampling.guided)
         await role.start_request(plan)
-        return {"request_id": plan.request_id, "accepted_by": role.settings.instance_id}
+        return RequestAccepted(request_id=plan.request_id, accepted_by=role.settings.instance_id)
 
     @app.get("/v1/pdd/requests/{request_id}/stream", dependencies=[auth])
     async def stream(request_id: str) -> StreamingResponse:
@@ -121,19 +127,19 @@ def create_app(role: RoleBase, feed: CacheFeed, ready: Callable[[], bool]) -> Fa
         return StreamingResponse(_ndjson(events), media_type="application/x-ndjson")
 
     @app.delete("/v1/pdd/requests/{request_id}", dependencies=[auth])
-    async def cancel(request_id: str) -> dict:
+    async def cancel(request_id: str) -> RequestCancelled:
         await role.cancel(request_id)
-        return {"request_id": request_id, "cancelled": True}
+        return RequestCancelled(request_id=request_id)
 
     @app.post("/v1/pdd/requests/{request_id}/handoff", dependencies=[auth])
-    async def handoff(request_id: str, body: HandoffIds) -> dict:
+    async def handoff(request_id: str, body: HandoffIds) -> HandoffAccepted:
         await role.handoff(request_id, body.token_ids)
-        return {"request_id": request_id, "accepted": len(body.token_ids)}
+        return HandoffAccepted(request_id=request_id, accepted=len(body.token_ids))
 
     @app.post("/v1/pdd/requests/{request_id}/takeover", dependencies=[auth])
-    async def takeover(request_id: str) -> dict:
+    async def takeover(request_id: str) -> TakeoverAccepted:
         await role.takeover(request_id)
-        return {"request_id": request_id, "takeover": True}
+        return TakeoverAccepted(request_id=request_id)
 
     return app
 
