@@ -76,8 +76,8 @@ def admin_client(link: WanLink) -> httpx.AsyncClient:
     """The emulator's admin API (``pdd.wan.admin.handle``) without a socket."""
 
     def respond(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, json=handle(link, request.method, request.url.path,
-                                               request.content))  # fmt: skip
+        stats = handle(link, request.method, request.url.path, request.content)
+        return httpx.Response(200, json=stats.model_dump())
 
     return httpx.AsyncClient(transport=httpx.MockTransport(respond))
 

@@ -23,7 +23,7 @@ from pdd.local.topology import (
 )
 from pdd.local.up import api_keys, build_parser, curl_example, stack_config
 from pdd.operator.render import render_deployment
-from pdd.worker.deploy_config import flag_defaults
+from pdd.worker.deploy_config import document_values
 
 pytestmark = pytest.mark.unit
 
@@ -194,7 +194,7 @@ def test_kv_codec_reaches_every_pod_through_the_config_document(mode: str, codec
         doc = parse_config_document(json.loads(pod.files["/etc/pdd"]["config.json"]), "worker")
         assert doc.wan.kv_codec == codec
         if pod.component != "router":
-            assert flag_defaults(doc, {}, pod.component)["kv_codec"] == codec
+            assert document_values(doc, {}, pod.component)["kv_codec"] == codec
 
 
 def test_api_keys_reach_the_router_from_a_secret_into_its_environment_not_its_argv() -> None:
