@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
+from pdd.testing.source_tree import parse
+
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,7 +99,7 @@ def route_path(decorator: ast.expr) -> str | None:
 def untyped_routes(source: str) -> set[str]:
     """The paths of ``@app.<method>(path)`` routes whose answer is typed ``dict``/``Any``."""
     found = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parse(source)):
         if not isinstance(node, ast.AsyncFunctionDef | ast.FunctionDef):
             continue
         returns = ast.unparse(node.returns) if node.returns is not None else "Any"

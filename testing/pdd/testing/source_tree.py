@@ -12,8 +12,19 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+
+
+def parse(source: str) -> ast.Module:
+    """``ast.parse`` on a thread of its own. Under pytest-xdist, after other tests in the
+    same worker, CPython 3.11.7's AST constructor once raised SystemError ("AST constructor
+    recursion depth mismatch", its count against the calling thread's recursion counter;
+    not reproduced alone); a new thread starts that counter clean."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(ast.parse, source).result()
+
 
 #: Folders setup.py maps whose code is not the product's.
 NOT_PRODUCT = frozenset({"bench", "testing"})
@@ -34,13 +45,13 @@ class SourceTree:
         imports), each with the names defined in its body (a class's methods, attributes
         and nested classes; empty for others)."""
         if module not in self._names:
-            self._names[module] = _defined(ast.parse(self.modules[module].read_text()))
+            self._names[module] = _defined(parse(self.modules[module].read_text()))
         return self._names[module]
 
 
 def component_roots(root: Path) -> tuple[str, ...]:
     """setup.py's ``COMPONENT_ROOTS``, read without running setup()."""
-    for node in ast.walk(ast.parse((root / "setup.py").read_text())):
+    for node in ast.walk(parse((root / "setup.py").read_text())):
         if isinstance(node, ast.Assign) and any(
             isinstance(t, ast.Name) and t.id == "COMPONENT_ROOTS" for t in node.targets
         ):
@@ -93,7 +104,7 @@ def named_modules(source: str, path: Path, own: str | None) -> set[str]:
     """Every dotted name ``source`` imports, or names exactly as a string (``pdd.x.y``
     or ``pdd.x.y:attr``: a command table, a ``python -m`` line, an entry point)."""
     names: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parse(source)):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
