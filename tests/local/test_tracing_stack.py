@@ -39,6 +39,14 @@ EXPECTED = {
     "pdd-main": "pdd.main.decode",
 }
 
+#: The other spans asserted on: each receiver's import, MD's extend and RLD's handoff.
+ASSERTED = [
+    ("pdd-relay", "pdd.kv_import"),
+    ("pdd-main", "pdd.kv_import"),
+    ("pdd-main", "pdd.extend"),
+    ("pdd-relay", "pdd.handoff"),
+]
+
 
 @pytest.fixture
 def traced(
@@ -74,7 +82,7 @@ def test_one_trace_across_router_p_rld_md(traced: tuple[Up, OtlpReceiver]) -> No
         timeout=120,
     )  # fmt: skip
     assert resp.status_code == 200, resp.text
-    assert resp.headers["x-pdd-pipeline"] == "P-RLD-MD"
+    assert resp.headers["x-pdd-pipeline"] == "P-RLD-MD", resp.headers.get("x-pdd-reason")
     assert resp.headers["traceparent"].startswith(f"00-{CLIENT_TRACE}-")
     request_id = resp.headers["x-pdd-request-id"]
 
@@ -83,8 +91,10 @@ def test_one_trace_across_router_p_rld_md(traced: tuple[Up, OtlpReceiver]) -> No
 
     def complete() -> bool:
         names = {(s.service, s.name) for s in ours()}
-        return all(item in names for item in EXPECTED.items())
+        return all(item in names for item in [*EXPECTED.items(), *ASSERTED])
 
+    # Each process sends its spans in its own batches, so wait for every span asserted
+    # on below: RLD's handoff, say, may leave in a batch after its decode's.
     until_sync(complete, "spans from the router, P, RLD and MD")
     spans = ours()
     assert {s.trace_id for s in receiver.spans()} == {CLIENT_TRACE}
