@@ -23,6 +23,7 @@ import pytest
 from pdd.bench import cli as bench
 from pdd.common.config_document import API_KEYS_ENV
 from pdd.local.cluster import free_port
+from pdd.local.probes import by_label, flatten
 from pdd.local.stack import StackInfo
 from pdd.testing.processes import process_group_members
 from pdd.testing.waiting import WaitTimeout, until_sync
@@ -118,6 +119,14 @@ def test_bench_replays_three_requests_against_the_running_stack(
         assert result[key] > 0
     assert result["wan_bytes"] > 0  # KV crossed the emulated link
     assert sum(result["pipeline_share"].values()) == pytest.approx(1.0)
+
+
+def test_pdd_up_says_ready_once_the_router_counts_every_worker(own_up: Up) -> None:
+    """The router's /ready answers once P and MD do; the relay joins at its next poll.
+    ``pdd up`` waits for it too, so a request sent at once may be relayed."""
+    text = httpx.get(f"{own_up.info.router_url}/metrics", timeout=10).text
+    ready = by_label(flatten(text), "pdd_router_instances_ready", "role")
+    assert ready == {"prefill": 1.0, "relay": 1.0, "main": 1.0, "mono": 0.0}
 
 
 def test_sigint_stops_every_child(own_up: Up) -> None:

@@ -3,8 +3,10 @@
 ``topology.stack_deployment`` makes the PDDDeployment (written to the log folder as
 ``pdddeployment.yaml``), ``pdd operator render`` its manifests (``rendered/``), and
 ``hostnet`` runs the mode's pods as local processes with the two WAN lines between the
-clusters. Every readiness probe and line must answer, then the router's ``/ready`` (it
-answers once it sees its workers). ``stack.json`` in the log folder says where
+clusters. Every readiness probe and line must answer, then the router must count every
+started worker ready (its ``/ready`` answers once a prefill and a main decode do; the
+relay joins at its next poll, and a stack called up before that would serve P-MD only).
+``stack.json`` in the log folder says where
 everything is, so ``pdd bench --stack`` can read the counters of a stack it did not
 start.
 """
@@ -17,14 +19,22 @@ import secrets
 import subprocess
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import httpx
 import yaml
 
 from pdd.local.cluster import ADDRESS_IN_USE, PORT_ATTEMPTS, wait_http_ok
-from pdd.local.hostnet import ROUTER_COMPONENT, HostPods, HostPodsStartError, start_host_pods
+from pdd.local.hostnet import (
+    ROUTER_COMPONENT,
+    WORKER_COMPONENTS,
+    HostPods,
+    HostPodsStartError,
+    start_host_pods,
+)
 from pdd.local.manifests import (
     ClusterObjects,
     HostAddressing,
@@ -32,7 +42,7 @@ from pdd.local.manifests import (
     PodPlan,
     plan_pods,
 )
-from pdd.local.probes import Probes
+from pdd.local.probes import Probes, by_label, flatten
 from pdd.local.supervisor import PDD_PROGRAM
 from pdd.local.topology import (
     StackConfig,
@@ -124,12 +134,15 @@ class LocalStack:
         say(f"starting {', '.join(p.name for p in plans)} (model {model}), "
             f"logs in {config.log_dir}")  # fmt: skip
         pods = _start_pods(config, plans, say, standby)
+        workers = [p for p in pods.pods if p.role != ROUTER_COMPONENT]
+        started = Counter(
+            p.role for p in workers if p.role in WORKER_COMPONENTS and p.name not in standby
+        )
         try:
-            _wait_router(config, pods, time.monotonic() + config.ready_timeout_s)
+            _wait_router(config, pods, started, time.monotonic() + config.ready_timeout_s)
         except BaseException:
             pods.stop()
             raise
-        workers = [p for p in pods.pods if p.role != ROUTER_COMPONENT]
         for pod in workers:
             ready = "standby" if pod.name in standby else "ready"
             say(f"  {ready}: {pod.name} ({pod.role}) {pod.http_url}")
@@ -215,18 +228,46 @@ def _start_pods(
     raise AssertionError("unreachable")
 
 
-def _wait_router(config: StackConfig, pods: HostPods, deadline: float) -> None:
+def _wait_router(
+    config: StackConfig, pods: HostPods, started: Mapping[str, int], deadline: float
+) -> None:
+    """The router answers ``/ready`` and counts, per role, every worker ``started``."""
     url = f"{config.router_url}/ready"
 
     def check_alive() -> None:
         for death in pods.supervisor.deaths():
             raise StackStartError(death.describe())
 
+    def sees_every_worker() -> bool:
+        seen = _router_ready_workers(config.router_url)
+        return all(seen.get(role, 0) >= n for role, n in started.items())
+
     if not wait_http_ok(url, deadline, check_alive):
-        router = [
-            c
-            for c in pods.supervisor.children
-            if c.name in {p.name for p in pods.of_role(ROUTER_COMPONENT)}
-        ]
-        tail = router[0].log_tail() if router else ""
+        tail = _router_log(pods)
         raise StackStartError(f"router not ready at {url} in time; its log ends:\n{tail}")
+    while not sees_every_worker():
+        check_alive()
+        if time.monotonic() > deadline:
+            seen = _router_ready_workers(config.router_url)
+            raise StackStartError(
+                f"the router counts {seen or 'no'} workers ready of those started "
+                f"({dict(started)}) in time; its log ends:\n{_router_log(pods)}"
+            )
+        time.sleep(0.1)
+
+
+def _router_ready_workers(router_url: str) -> dict[str, int]:
+    """Per role, the workers the router counts ready (``pdd_router_instances_ready``);
+    empty while its ``/metrics`` does not answer."""
+    try:
+        text = httpx.get(f"{router_url}/metrics", timeout=2.0).text
+    except httpx.HTTPError:
+        return {}
+    ready = by_label(flatten(text), "pdd_router_instances_ready", "role")
+    return {role: int(n) for role, n in ready.items()}
+
+
+def _router_log(pods: HostPods) -> str:
+    names = {p.name for p in pods.of_role(ROUTER_COMPONENT)}
+    router = [c for c in pods.supervisor.children if c.name in names]
+    return router[0].log_tail() if router else ""
