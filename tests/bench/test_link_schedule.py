@@ -99,7 +99,7 @@ def test_a_short_schedule_changes_the_line_on_time_and_counts_pipelines_per_phas
 
             async def applying(phase, previous):
                 problem = await apply(phase, previous)
-                seen.append((loop.time() - t0, link.stats()["gbps"], link.is_cut))
+                seen.append((loop.time() - t0, link.stats().gbps, link.is_cut))
                 return problem
 
             async def pipelines():

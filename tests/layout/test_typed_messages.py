@@ -34,6 +34,7 @@ MESSAGE_MODULES = (
     "pdd.worker.roles.protocol",
     "pdd.worker.transport.payloads",
     "pdd.wan.admin",
+    "pdd.wan.stats",
     "pdd.router.openai_protocol",
 )
 

@@ -16,16 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import httpx
 import pytest
 
 from pdd.common.block_hash import DEFAULT_BLOCK_SIZE, block_hashes
 from pdd.common.cache_events import BlockStored, CacheEvent
 from pdd.common.vocabulary import Role
-from pdd.common.wire import CacheEventsPage, Endpoint, EngineInfo, LoadReport, WorkerHealth
-from pdd.router.config import RouterConfig, WorkerRef
-from pdd.router.runtime import RouterRuntime
-from pdd.router.worker_client import WorkerClient
+from pdd.testing.scripted_worker import ScriptedWorkers, engine_info
 
 pytestmark = pytest.mark.unit
 
@@ -64,42 +60,15 @@ class EngineCache:
         return hit
 
 
-@dataclass
-class Workers:
-    """Scripted P, RLD and MD: each answers the router's polls from its engine cache."""
-
-    caches: dict[str, EngineCache]
-
-    def handle(self, request: httpx.Request) -> httpx.Response:
-        name, path = request.url.host, request.url.path
-        role = next(role for role, n in TOPOLOGY if n == name)
-        if path == "/health":
-            return httpx.Response(200, content=self.health(name, role).model_dump_json())
-        if path == "/load":
-            load = LoadReport(
-                instance_id=name, role=role, running=0, waiting=0, kv_blocks_free=1,
-                kv_blocks_total=1, relay_load=0.0, capacity=8,
-            )  # fmt: skip
-            return httpx.Response(200, content=load.model_dump_json())
-        if path == "/v1/pdd/cache-events":
-            since = int(request.url.params["since"])
-            events = self.caches[name].events
-            page = CacheEventsPage(instance_id=name, next_cursor=len(events), events=events[since:])
-            return httpx.Response(200, content=page.model_dump_json())
-        return httpx.Response(204 if request.method == "PUT" else 200)  # wan-peers
-
-    def health(self, name: str, role: Role) -> WorkerHealth:
-        block = self.caches[name].block
-        engine = EngineInfo(
-            engine="pdd" if block == ROUTER_BLOCK else "vllm", device="cpu", dtype="float32",
-            block_size=block, kv_blocks=4096 // block, kv_tokens=4096, kv_bytes=1,
-            max_running_requests=8, max_model_len=2048, max_prompt_tokens=2047,
-            max_num_batched_tokens=512,
-        )  # fmt: skip
-        endpoint = Endpoint(
-            instance_id=name, http_url=f"http://{name}", fast_addr="x:1", wan_addr="x:2"
-        )
-        return WorkerHealth(role=role, endpoint=endpoint, engine=engine)
+def workers(caches: dict[str, EngineCache]) -> ScriptedWorkers:
+    """Scripted P, RLD and MD: each answers the router's polls from its engine cache (its
+    block size in ``/health``, its events as the cache events it publishes)."""
+    engines = {
+        name: engine_info(block_size=c.block, engine="pdd" if c.block == ROUTER_BLOCK else "vllm")
+        for name, c in caches.items()
+    }
+    events = {name: c.events for name, c in caches.items()}
+    return ScriptedWorkers({name: role for role, name in TOPOLOGY}, engines, events)
 
 
 def probe(k: int) -> list[int]:
@@ -116,11 +85,8 @@ async def test_predicted_hits_are_what_each_workers_engine_cache_reuses(engine_b
     caches = {name: EngineCache(engine_block) for _, name in TOPOLOGY}
     for name in ("p", "md"):
         caches[name].compute(SHARED)
-    refs = tuple(WorkerRef(role, f"http://{name}", name) for role, name in TOPOLOGY)
-    config = RouterConfig(model="tiny", workers=refs, secret="s", poll_interval_s=3600.0)
-    assert config.block_size == ROUTER_BLOCK
-    client = WorkerClient("s", transport=httpx.MockTransport(Workers(caches).handle))
-    runtime = RouterRuntime(config, client=client)
+    runtime = workers(caches).router()
+    assert runtime.config.block_size == ROUTER_BLOCK
     try:
         await runtime.registry.poll_once()  # the identity and the events, as JSON
         assert runtime.ready()

@@ -13,10 +13,12 @@ import json
 import math
 
 import pytest
+from pydantic import ValidationError
 
-from pdd.wan.admin import HttpError, _response, handle
+from pdd.wan.admin import HttpError, answer, handle
 from pdd.wan.bottleneck import MAX_GBPS, MIN_GBPS
-from pdd.wan.link import MAX_DELAY_MS, WanLink
+from pdd.wan.link import MAX_DELAY_MS, Route, WanLink
+from pdd.wan.stats import LinkStats
 
 pytestmark = pytest.mark.unit
 
@@ -54,16 +56,33 @@ async def test_a_rate_outside_the_bounds_is_a_400_with_the_reason(body: bytes, r
 @pytest.mark.parametrize("gbps", [MIN_GBPS, MAX_GBPS])
 async def test_the_bounds_themselves_are_taken_and_answered_in_strict_json(gbps: float) -> None:
     link = WanLink("127.0.0.1:0", "127.0.0.1:1", gbps=1)
-    stats = handle(link, "POST", "/rate", json.dumps({"gbps": gbps}).encode())
-    answer = strict_json(_response(200, stats.model_dump()))
-    assert isinstance(answer, dict) and answer["gbps"] == pytest.approx(gbps)
+    reply = strict_json(answer(link, "POST", "/rate", json.dumps({"gbps": gbps}).encode()))
+    assert isinstance(reply, dict) and reply["gbps"] == pytest.approx(gbps)
     handle(link, "POST", "/rate", b'{"gbps": 1}')  # and back: no rescale turned infinite
     assert link.forward.gbps == pytest.approx(1.0)
 
 
 async def test_an_answer_never_holds_a_non_finite_number() -> None:
-    with pytest.raises(ValueError):
-        _response(200, {"gbps": math.inf})
+    link = WanLink("127.0.0.1:0", "127.0.0.1:1", gbps=1)
+    with pytest.raises(ValidationError, match="finite number"):
+        LinkStats.model_validate({**link.stats().model_dump(), "gbps": math.inf})
+    link.rtt_ms = math.inf  # past every bound the line checks: a bug, answered as one
+    reply = answer(link, "GET", "/stats", b"")
+    assert reply.startswith(b"HTTP/1.1 500 ")
+    assert strict_json(reply) == {"error": "the line's state holds a non-finite number"}
+
+
+async def test_the_in_process_view_is_the_answer_on_the_wire() -> None:
+    """``WanLink.stats()`` is the ``LinkStats`` that ``GET /stats`` sends, one type, not a
+    dict kept in step with the model by hand (issue 57: a fact is written once)."""
+    route = Route("127.0.0.1:0", "127.0.0.1:2")
+    link = WanLink("127.0.0.1:0", "127.0.0.1:1", gbps=2, rtt_ms=30, extra_routes=[route])
+    stats = link.stats()
+    assert isinstance(stats, LinkStats)
+    assert (stats.gbps, stats.rtt_ms, stats.routes[0].to) == (2, 30, "127.0.0.1:2")
+    assert (stats.forward.bytes, stats.connections.total, stats.cut) == (0, 0, False)
+    assert handle(link, "GET", "/stats", b"") == stats
+    assert strict_json(answer(link, "GET", "/stats", b"")) == json.loads(stats.model_dump_json())
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from pdd.testing.memory_network import MemoryNetwork
 from pdd.testing.virtual_time import advance
 from pdd.testing.waiting import until
 from pdd.wan.link import Route, WanLink, parse_addr
+from pdd.wan.stats import ConnectionStats, RouteStats
 
 pytestmark = [pytest.mark.unit, pytest.mark.virtual_clock]
 
@@ -81,9 +82,9 @@ async def test_counters_match_what_was_sent(net: MemoryNetwork) -> None:
         await until(lambda: link.connections.active == 0, "the proxy saw both ends close")
         stats = link.stats()
     assert count == MB
-    assert stats["forward"]["bytes"] == MB
-    assert stats["reverse"]["bytes"] == len(str(MB))
-    assert stats["connections"] == {"active": 0, "total": 1, "refused": 0, "reset": 0}
+    assert stats.forward.bytes == MB
+    assert stats.reverse.bytes == len(str(MB))
+    assert stats.connections == ConnectionStats(active=0, total=1, refused=0, reset=0)
 
 
 async def test_one_transfer_takes_its_serialization_time_plus_one_way_delay(net) -> None:
@@ -108,7 +109,7 @@ async def test_parallel_transfers_share_one_bottleneck(net: MemoryNetwork) -> No
     assert all(both - 8 * CHUNK / rate_bps <= s <= both * 1.01 for s in seconds), seconds
     # ... interleaved chunk by chunk: neither finished early, neither starved.
     assert abs(seconds[0] - seconds[1]) <= 2 * 8 * CHUNK / rate_bps
-    assert stats["forward"]["bytes"] == 4 * MB
+    assert stats.forward.bytes == 4 * MB
 
 
 async def test_round_trips_take_the_rtt_plus_bounded_jitter_in_order(net) -> None:
@@ -166,10 +167,10 @@ async def test_short_cut_stalls_and_heals_without_losing_bytes(net: MemoryNetwor
         transfer = asyncio.create_task(upload(net, 2 * MB))
         await advance(0.05)  # a third of the transfer's line time
         link.partition(True)
-        forwarded = link.stats()["forward"]["bytes"]
+        forwarded = link.stats().forward.bytes
         assert 0 < forwarded < 2 * MB
         await advance(20)  # nothing crosses a cut line, however long it stays cut
-        assert link.stats()["forward"]["bytes"] == forwarded and not transfer.done()
+        assert link.stats().forward.bytes == forwarded and not transfer.done()
         link.partition(False)
         count, seconds = await transfer
     assert count == 2 * MB
@@ -183,11 +184,11 @@ async def test_long_cut_resets_connections_and_refuses_new_ones_until_healed(net
         link.partition(True)
         with pytest.raises(ConnectionResetError):
             await transfer  # reset once the cut outlasts the grace period
-        assert link.stats()["connections"]["reset"] == 1
+        assert link.stats().connections.reset == 1
         reader, _ = await net.open_connection(*LINK)
         with pytest.raises(ConnectionResetError):
             await reader.read()  # accepted by the socket, then reset: refused
-        assert link.stats()["connections"]["refused"] == 1
+        assert link.stats().connections.refused == 1
         link.partition(False)
         count, _ = await upload(net, MB)
     assert count == MB
@@ -202,12 +203,12 @@ async def test_link_survives_clients_that_misbehave(net: MemoryNetwork) -> None:
         writer.transport.abort()  # leaves mid-transfer
         count, _ = await upload(net, MB)
         assert count == MB
-        assert link.stats()["connections"]["total"] == 3
+        assert link.stats().connections.total == 3
     async with WanLink("dc-a:7200", "dc-b:1", gbps=0.2, network=net) as dead_end:
         reader, _ = await net.open_connection("dc-a", 7200)
         with pytest.raises(ConnectionResetError):
             await reader.read()
-        assert dead_end.stats()["connections"]["refused"] == 1
+        assert dead_end.stats().connections.refused == 1
 
 
 def test_bad_settings_are_refused_with_the_fix() -> None:
@@ -244,8 +245,8 @@ async def test_routes_share_one_line(net: MemoryNetwork) -> None:
     assert count == 2 * MB and other.received == [2 * MB]
     both = 8 * 4 * MB / rate_bps  # the line time of both uploads: they shared it
     assert all(both - 8 * CHUNK / rate_bps <= s <= both * 1.01 for s in (first, second))
-    assert stats["forward"]["bytes"] == 4 * MB
-    assert stats["routes"] == [{"listen": "dc-a:7101", "to": "dc-b:7001"}]
+    assert stats.forward.bytes == 4 * MB
+    assert stats.routes == [RouteStats(listen="dc-a:7101", to="dc-b:7001")]
 
 
 def test_route_text_must_name_both_ends() -> None:

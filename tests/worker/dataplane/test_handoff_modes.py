@@ -85,7 +85,7 @@ async def test_handoff_carries_token_ids_not_kv(vdp) -> None:
     assert rest == 0 and headers == len(plans)  # one 8-byte header per (single) reply
     # Everything RLD sent back across the WAN (ids, framing, handshakes) is far below the KV
     # of the tokens it handed over.
-    sent_back = link.stats()["reverse"]["bytes"] - before["reverse"]["bytes"]
+    sent_back = link.stats().reverse.bytes - before.reverse.bytes
     assert sent_back < payload + 2048 * len(plans)
     assert sent_back < tokens * vdp.kv_bytes_per_token
     await vdp.assert_quiescent()

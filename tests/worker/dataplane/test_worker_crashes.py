@@ -70,10 +70,10 @@ async def test_prefill_dies_mid_kv_and_main_decode_names_it_as_the_cause(vdp) ->
     prompt = vdp.prompts(1, seed=56, lo=90, hi=91)[0]  # 180 KiB of KV: three line chunks
     link = vdp.cluster["md"].link
     link.set_rate(5e-4)  # one 64 KiB chunk a second
-    before = link.stats()["forward"]["bytes"]
+    before = link.stats().forward.bytes
     plan = vdp.cluster.plan("c-p-0", prompt, "P-MD", vdp.sampling(0, MAX_TOKENS))
     run = asyncio.create_task(vdp.run_all([plan]))
-    while link.stats()["forward"]["bytes"] < before + 64 * 1024:  # virtual time: free
+    while link.stats().forward.bytes < before + 64 * 1024:  # virtual time: free
         await asyncio.sleep(0.05)
     vdp.cluster.crash("p")
     with pytest.raises(UpstreamError) as failed:

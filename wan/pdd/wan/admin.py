@@ -1,6 +1,6 @@
 """The WAN link's admin endpoint: a deliberately tiny HTTP/1.1 server on asyncio.
 
-    GET  /stats                   -> WanLink.stats() as JSON
+    GET  /stats                   -> WanLink.stats() (a LinkStats) as JSON
     POST /rate      {"gbps": G}   -> re-rate the line
     POST /partition {"cut": bool} -> cut or heal the line
 
@@ -11,7 +11,7 @@ this speaks just enough HTTP: one request per connection, JSON bodies,
 as ``{"error": ...}`` with a 4xx status: a rate must be a finite number from
 ``MIN_GBPS`` to ``MAX_GBPS`` (1 kbit/s to 10 Tbit/s), so the line never stalls for
 good nor turns infinite, and no answer holds a non-finite number (``Infinity`` is
-not JSON).
+not JSON; ``LinkStats`` refuses one, and a state past the bounds is a 500).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pdd.wan.bottleneck import MAX_GBPS, MIN_GBPS
 from pdd.wan.link import WanLink, parse_addr
+from pdd.wan.stats import LinkStats
 
 _MAX_BODY = 64 * 1024
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
@@ -39,43 +39,6 @@ class RateRequest(BaseModel):
 class PartitionRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     cut: bool
-
-
-class _Answer(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class RouteStats(_Answer):
-    listen: str
-    to: str
-
-
-class ConnectionStats(_Answer):
-    active: int
-    total: int
-    refused: int
-    reset: int
-
-
-class DirectionStats(_Answer):
-    bytes: int
-    throughput_gbps: float
-
-
-class LinkStats(_Answer):
-    """``GET /stats`` (and every answer): the line's settings and counters, as ``pdd
-    bench`` and the tests read them from another process."""
-
-    listen: str
-    to: str
-    routes: list[RouteStats]
-    gbps: float
-    rtt_ms: float
-    jitter_ms: float
-    cut: bool
-    connections: ConnectionStats
-    forward: DirectionStats
-    reverse: DirectionStats
 
 
 class HttpError(Exception):
@@ -100,7 +63,18 @@ def handle(link: WanLink, method: str, path: str, body: bytes) -> LinkStats:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(part) for part in first["loc"])
         raise HttpError(400, f"{where}: {first['msg']}" if where else first["msg"]) from None
-    return LinkStats.model_validate(link.stats())
+    return link.stats()
+
+
+def answer(link: WanLink, method: str, path: str, body: bytes) -> bytes:
+    """The whole HTTP answer to one request: the line's stats, or the error and its status."""
+    try:
+        stats = handle(link, method, path, body)
+    except HttpError as exc:
+        return _response(exc.status, _error(str(exc)))
+    except ValidationError:  # the bounds keep every number finite; never answer bad JSON
+        return _response(500, _error("the line's state holds a non-finite number"))
+    return _response(200, stats.model_dump_json().encode())
 
 
 async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, bytes]:
@@ -117,9 +91,11 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, bytes]:
     return parts[0], parts[1].split("?")[0], body
 
 
-def _response(status: int, payload: dict[str, Any]) -> bytes:
-    """The HTTP answer; ValueError where ``payload`` holds a non-finite number."""
-    body = json.dumps(payload, allow_nan=False).encode()
+def _error(message: str) -> bytes:
+    return json.dumps({"error": message}).encode()
+
+
+def _response(status: int, body: bytes) -> bytes:
     head = (
         f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
@@ -128,7 +104,7 @@ def _response(status: int, payload: dict[str, Any]) -> bytes:
 
 
 class AdminServer:
-    """Serves ``handle()`` on a host:port until ``close()``."""
+    """Serves ``answer()`` on a host:port until ``close()``."""
 
     def __init__(self, link: WanLink) -> None:
         self._link = link
@@ -152,16 +128,13 @@ class AdminServer:
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             method, path, body = await asyncio.wait_for(_read_request(reader), 10)
-            status, payload = 200, handle(self._link, method, path, body).model_dump()
         except HttpError as exc:
-            status, payload = exc.status, {"error": str(exc)}
+            reply = _response(exc.status, _error(str(exc)))
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, TimeoutError):
-            status, payload = 400, {"error": "malformed HTTP request"}
-        try:
-            answer = _response(status, payload)
-        except ValueError:  # the bounds keep every number finite; never answer bad JSON
-            answer = _response(500, {"error": "the line's state holds a non-finite number"})
+            reply = _response(400, _error("malformed HTTP request"))
+        else:
+            reply = answer(self._link, method, path, body)
         with contextlib.suppress(ConnectionError):
-            writer.write(answer)
+            writer.write(reply)
             await writer.drain()
         writer.close()

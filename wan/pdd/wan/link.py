@@ -21,12 +21,12 @@ import random
 import socket
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import asdict, dataclass
 
 from pdd.common.network import TCP, Listener, Network
 from pdd.wan.bottleneck import GBIT, Bottleneck
 from pdd.wan.pipe import PathModel, Pipe
+from pdd.wan.stats import ConnectionStats, DirectionStats, LinkStats, RouteStats
 
 log = logging.getLogger(__name__)
 
@@ -173,23 +173,24 @@ class WanLink:
                 self._reset_timer.cancel()
                 self._reset_timer = None
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> LinkStats:
+        """The line's settings and counters now: the very object ``GET /stats`` sends."""
         first = self._routes[0]
         listen = first.listen
         if self._servers:
             listen = f"{parse_addr(first.listen)[0]}:{self.port}"
-        return {
-            "listen": listen,
-            "to": first.to,
-            "routes": [vars(route).copy() for route in self._routes[1:]],
-            "gbps": self.forward.gbps,
-            "rtt_ms": self.rtt_ms,
-            "jitter_ms": self.jitter_ms,
-            "cut": self.is_cut,
-            "connections": vars(self.connections).copy(),
-            "forward": _direction_stats(self.forward),
-            "reverse": _direction_stats(self.reverse),
-        }
+        return LinkStats(
+            listen=listen,
+            to=first.to,
+            routes=[RouteStats(**asdict(route)) for route in self._routes[1:]],
+            gbps=self.forward.gbps,
+            rtt_ms=self.rtt_ms,
+            jitter_ms=self.jitter_ms,
+            cut=self.is_cut,
+            connections=ConnectionStats(**asdict(self.connections)),
+            forward=_direction_stats(self.forward),
+            reverse=_direction_stats(self.reverse),
+        )
 
     async def _reset_after_grace(self) -> None:
         await asyncio.sleep(self.partition_grace_s)
@@ -256,5 +257,7 @@ class WanLink:
         up_writer.close()
 
 
-def _direction_stats(line: Bottleneck) -> dict[str, float]:
-    return {"bytes": line.bytes_forwarded, "throughput_gbps": line.meter.bits_per_second() / GBIT}
+def _direction_stats(line: Bottleneck) -> DirectionStats:
+    return DirectionStats(
+        bytes=line.bytes_forwarded, throughput_gbps=line.meter.bits_per_second() / GBIT
+    )
