@@ -127,26 +127,41 @@ REPETITION_PENALTY_RANGE = (0.01, 100.0)
 class SamplingSpec(_Wire):
     """How to sample; ``seed`` must be set for seeded sampling across instances.
 
+    The one declaration of the sampling fields, their defaults and ranges: the worker's
+    engine samples by this model itself (its ``SamplingParams`` subclass adds only what it
+    derives), so a new field is a field here, its use in the engine, and a test.
+
     Penalties, ``min_tokens`` and ``logit_bias`` steer the logits from the request's own
     token history, which every instance holds (see docs/engine.md); ``logprobs`` asks
     each token's instance to report the token's logprob and that many alternatives.
     """
 
     max_tokens: int = Field(default=16, ge=1)
+    #: 0: greedy.
     temperature: float = Field(default=0.0, ge=0.0)
+    #: 0: off.
     top_k: int = Field(default=0, ge=0)
+    #: 1: off.
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    #: OpenAI semantics, over the output tokens: ``logit -= presence * [count > 0]``
+    #: and ``logit -= frequency * count``.
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    #: HF/vLLM semantics, over prompt and output tokens: a seen token's logit is divided
+    #: by it when positive, multiplied when negative (1 = off).
     repetition_penalty: float = Field(
         default=1.0, ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1]
     )
+    #: EOS (unless ``ignore_eos``) and ``stop_token_ids`` are masked until this many
+    #: tokens are out.
     min_tokens: int = Field(default=0, ge=0)
-    #: ``(token id, bias)`` pairs, bias in [-100, 100].
+    #: ``(token id, bias)`` pairs added to the logits (OpenAI ``logit_bias``), bias in
+    #: [-100, 100].
     logit_bias: tuple[tuple[int, float], ...] = ()
+    #: None: no logprobs; n: the picked token's and the n most likely (OpenAI's limit, 20).
     logprobs: int | None = Field(default=None, ge=0, le=20)
     #: The prompt's last ``prior_output_tokens`` tokens are this request's own output from
     #: an earlier attempt (the router resumes a request that failed mid-stream with prompt
@@ -166,6 +181,7 @@ class SamplingSpec(_Wire):
             )
         return self
 
+    #: Structured output: the grammar the output obeys.
     guided: GuidedDecoding | None = None
 
 

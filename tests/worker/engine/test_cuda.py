@@ -10,7 +10,6 @@ picks the GPU and bfloat16 there with a KV pool sized from the device's free mem
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 import pytest
@@ -91,7 +90,7 @@ def test_kv_crosses_between_a_cuda_and_a_cpu_engine(
     on = {"cuda": tiny_cuda, "cpu": tiny}
     sender = Engine(on[sender_on], block_size=BLOCK_SIZE, num_blocks=64)
     receiver = Engine(on["cpu" if sender_on == "cuda" else "cuda"], block_size=8, num_blocks=64)
-    rid = sender.add_request(prompt, dataclasses.replace(greedy(), max_tokens=1), hold_kv=True)
+    rid = sender.add_request(prompt, greedy().with_changes(max_tokens=1), hold_kv=True)
     first = [t for out in drain(sender) for t in out.new_token_ids]
     chunks = list(sender.export_kv(rid, 0, len(prompt), chunk_tokens=48))
     sender.release(rid)

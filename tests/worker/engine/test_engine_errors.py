@@ -91,7 +91,7 @@ def test_random_arrivals_and_aborts_on_a_tiny_pool_keep_every_invariant(
         body = [rng.randrange(250) for _ in range(rng.randint(1, 30))]
         sp = SamplingParams(max_tokens=rng.randint(1, 20), ignore_eos=True)
         if i % 3 == 0:
-            sp = dataclasses.replace(sp, temperature=0.8, seed=i)
+            sp = sp.with_changes(temperature=0.8, seed=i)
         jobs.append((shared + body if i % 2 else body, sp))
     reference = Engine(tiny, block_size=4, num_blocks=512).generate(
         [p for p, _ in jobs], [sp for _, sp in jobs]

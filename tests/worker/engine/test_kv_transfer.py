@@ -8,7 +8,6 @@ nothing, and the handoff then completes with the good chunks.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 import pytest
@@ -56,7 +55,7 @@ def prefill(drain: Drain) -> Prefill:
     for export; the request's id and that token."""
 
     def run(sender: Engine, prompt: list[int], sp: SamplingParams) -> tuple[str, int]:
-        rid = sender.add_request(prompt, dataclasses.replace(sp, max_tokens=1), hold_kv=True)
+        rid = sender.add_request(prompt, sp.with_changes(max_tokens=1), hold_kv=True)
         (first,) = [t for out in drain(sender) for t in out.new_token_ids]
         return rid, first
 

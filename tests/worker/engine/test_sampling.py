@@ -6,10 +6,10 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 from pdd.worker.engine import Engine
 from pdd.worker.engine.sampling import (
-    InvalidSamplingParamsError,
     SamplingParams,
     sample,
     sample_one,
@@ -99,7 +99,7 @@ def test_top_p_ties_keep_vocabulary_order() -> None:
     [("max_tokens", 0), ("temperature", -0.1), ("top_k", -1), ("top_p", 0.0), ("top_p", 1.5)],
 )
 def test_out_of_range_params_raise_a_typed_error_naming_the_field(field: str, value: float) -> None:
-    with pytest.raises(InvalidSamplingParamsError, match=field):
+    with pytest.raises(ValidationError, match=field):
         SamplingParams(**{field: value})
 
 

@@ -6,13 +6,13 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+from pydantic import ValidationError
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
 from pdd.worker.engine import Engine
 from pdd.worker.engine.request import RequestError
 from pdd.worker.engine.sampling import (
     LOGPROB_FLOOR,
-    InvalidSamplingParamsError,
     SamplingParams,
     apply_penalties,
     process_logits,
@@ -156,7 +156,7 @@ def test_masked_logprobs_are_floored_not_minus_infinity() -> None:
     ],
 )
 def test_out_of_range_values_name_the_field(kwargs: dict, field: str) -> None:
-    with pytest.raises(InvalidSamplingParamsError, match=field):
+    with pytest.raises(ValidationError, match=field):
         SamplingParams(**kwargs)
 
 

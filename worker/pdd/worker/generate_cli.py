@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
 import torch
+from pydantic import ValidationError
 
 from pdd.common.block_hash import DEFAULT_BLOCK_SIZE
 from pdd.common.settings import HelpFormatter
@@ -179,15 +180,22 @@ def check_device(name: str) -> torch.device:
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
-    """The sampling flags, checked by the pdd engine's rules whichever engine runs."""
-    return SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        ignore_eos=args.ignore_eos,
-    )
+    """The sampling flags, checked by the pdd engine's rules whichever engine runs; a value
+    out of range is a usage error naming its flag."""
+    try:
+        return SamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            seed=args.seed,
+            ignore_eos=args.ignore_eos,
+        )
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}" for err in exc.errors()
+        )
+        raise UsageError(problems) from None
 
 
 def run(args: argparse.Namespace) -> Generated:

@@ -23,7 +23,7 @@ from pdd.worker.engine.request import (
     RequestTooLargeError,
     UnknownRequestError,
 )
-from pdd.worker.engine.sampling import InvalidSamplingParamsError, SamplingParams
+from pdd.worker.engine.sampling import SamplingParams
 
 __all__ = [
     "Engine",
@@ -32,7 +32,6 @@ __all__ = [
     "EngineStats",
     "FinishReason",
     "InvalidRequestStateError",
-    "InvalidSamplingParamsError",
     "KVTransferError",
     "NoFreeBlocksError",
     "PromptTooLongError",

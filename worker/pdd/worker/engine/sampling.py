@@ -21,113 +21,37 @@ Reported logprobs are those of the steered row before temperature and top-k/top-
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
-from pdd.common.wire import (
-    REPETITION_PENALTY_RANGE,
-    GuidedDecoding,
-    TokenLogprobs,
-    TopLogprob,
-)
+from pdd.common.wire import SamplingSpec, TokenLogprobs, TopLogprob
 
 _MASK64 = (1 << 64) - 1
 
-#: Most alternatives a request may ask for per position (OpenAI's ``top_logprobs`` limit).
-MAX_LOGPROBS = 20
-#: Penalty and bias limits, as the OpenAI API has them.
-MAX_PENALTY = 2.0
-MAX_LOGIT_BIAS = 100.0
 #: A logprob of -inf (a masked token) is reported as this, as vLLM does: JSON has no -inf.
 LOGPROB_FLOOR = -9999.0
 
 
-class InvalidSamplingParamsError(ValueError):
-    """A sampling parameter is out of range; the message names the field and its valid range."""
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to pick tokens and when to stop.
+class SamplingParams(SamplingSpec):
+    """How to pick tokens and when to stop: the wire's ``SamplingSpec``, its fields, defaults
+    and ranges, plus only what the engine derives from them. A field is declared once, on
+    the spec; every role samples by the plan's own (``roles.base.sampling_params``).
 
     ``temperature == 0`` means greedy. ``top_k == 0`` and ``top_p == 1`` disable
     those filters. ``seed=None`` lets the engine pick one at ``add_request`` time;
-    pass an explicit seed whenever another instance may continue the request.
+    pass an explicit seed whenever another instance may continue the request. Out-of-range
+    values raise pydantic's ``ValidationError`` (a ``ValueError``) naming the field.
     """
 
-    max_tokens: int = 16
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-    ignore_eos: bool = False
-    stop_token_ids: tuple[int, ...] = ()
-    #: OpenAI semantics, over the output tokens: ``logit -= presence * [count > 0]``
-    #: and ``logit -= frequency * count``.
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    #: HF/vLLM semantics, over prompt and output tokens: a seen token's logit is divided
-    #: by it when positive, multiplied when negative (1 = off).
-    repetition_penalty: float = 1.0
-    #: EOS (unless ``ignore_eos``) and ``stop_token_ids`` are masked until this many
-    #: tokens are out.
-    min_tokens: int = 0
-    #: ``(token id, bias)`` pairs added to the logits (OpenAI ``logit_bias``).
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    #: None: no logprobs; n: the picked token's and the n most likely (0 <= n <= 20).
-    logprobs: int | None = None
-    guided: GuidedDecoding | None = None  # structured output: the grammar the output obeys
-    #: The prompt's last this-many tokens are the request's output from an earlier attempt
-    #: (a resumed request): penalties, ``min_tokens`` and the grammar count them as output
-    #: (``output_history``); ``max_tokens`` counts only the tokens sampled from here.
-    prior_output_tokens: int = 0
+    @classmethod
+    def of(cls, spec: SamplingSpec, **changes: object) -> SamplingParams:
+        """The engine's parameters for ``spec``, with ``changes`` (checked as a new one is)."""
+        return cls.model_validate({**dict(spec), **changes})
 
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise InvalidSamplingParamsError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise InvalidSamplingParamsError(
-                f"temperature must be >= 0 (0 = greedy), got {self.temperature}"
-            )
-        if self.top_k < 0:
-            raise InvalidSamplingParamsError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise InvalidSamplingParamsError(f"top_p must be in (0, 1], got {self.top_p}")
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-        self._check_steering()
-        bias = tuple((int(t), float(b)) for t, b in self.logit_bias)
-        object.__setattr__(self, "logit_bias", bias)
-
-    def _check_steering(self) -> None:
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if not -MAX_PENALTY <= value <= MAX_PENALTY:
-                raise InvalidSamplingParamsError(
-                    f"{name} must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {value}"
-                )
-        low, high = REPETITION_PENALTY_RANGE
-        if not low <= self.repetition_penalty <= high:
-            raise InvalidSamplingParamsError(
-                f"repetition_penalty must be in [{low}, {high}] (1 = off), "
-                f"got {self.repetition_penalty}"
-            )
-        if self.min_tokens < 0:
-            raise InvalidSamplingParamsError(f"min_tokens must be >= 0, got {self.min_tokens}")
-        if self.prior_output_tokens < 0:
-            raise InvalidSamplingParamsError(
-                f"prior_output_tokens must be >= 0, got {self.prior_output_tokens}"
-            )
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise InvalidSamplingParamsError(
-                f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}"
-            )
-        bad = [b for _, b in self.logit_bias if not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS]
-        if bad:
-            raise InvalidSamplingParamsError(
-                f"logit_bias values must be in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}], got {bad[:3]}"
-            )
+    def with_changes(self, **changes: object) -> SamplingParams:
+        """A copy with ``changes``, checked (``model_copy`` would take any value)."""
+        return self.of(self, **changes)
 
     @property
     def penalized(self) -> bool:

@@ -97,26 +97,12 @@ class WorkerSettings:
 
 
 def sampling_params(plan: PipelinePlan, max_tokens: int | None = None) -> SamplingParams:
-    """The engine's parameters for the plan; every role builds the same ones (P caps
-    ``max_tokens`` at its one token), so each position is steered and drawn alike."""
-    s = plan.sampling
-    return SamplingParams(
-        max_tokens=max_tokens or s.max_tokens,
-        temperature=s.temperature,
-        top_k=s.top_k,
-        top_p=s.top_p,
-        seed=s.seed,
-        ignore_eos=s.ignore_eos,
-        stop_token_ids=s.stop_token_ids,
-        presence_penalty=s.presence_penalty,
-        frequency_penalty=s.frequency_penalty,
-        repetition_penalty=s.repetition_penalty,
-        min_tokens=s.min_tokens,
-        logit_bias=s.logit_bias,
-        logprobs=s.logprobs,
-        guided=s.guided,
-        prior_output_tokens=s.prior_output_tokens,
-    )
+    """The engine's parameters for the plan: its ``SamplingSpec`` as it is; every role builds
+    the same ones (P caps ``max_tokens`` at its one token), so each position is steered
+    and drawn alike."""
+    if max_tokens is None:
+        return SamplingParams.of(plan.sampling)
+    return SamplingParams.of(plan.sampling, max_tokens=max_tokens)
 
 
 #: Share of P's wait for a receiver's answer to ``prepare`` (the transport's connect

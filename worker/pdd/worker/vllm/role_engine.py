@@ -31,7 +31,6 @@ request).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import logging
 import shutil
@@ -246,8 +245,7 @@ class VllmRoleEngine(VllmEngine):
             asyncio.get_running_loop().call_soon(self.deliver, [done])
             return
         if pending:  # vLLM counts what it samples itself: the handed IDs are prompt to it
-            params = dataclasses.replace(
-                params,
+            params = params.with_changes(
                 max_tokens=params.max_tokens - len(pending),
                 prior_output_tokens=params.prior_output_tokens + len(pending),
             )
@@ -317,7 +315,7 @@ def _handed_over(params: SamplingParams) -> SamplingParams:
     """``params`` as vLLM gets them after a handoff: with earlier output (P's first token
     at least) in the prompt, which vLLM's penalties and ``min_tokens`` would not count, so
     ``check_supported`` refuses them before anything runs rather than at the handoff."""
-    return dataclasses.replace(params, prior_output_tokens=params.prior_output_tokens + 1)
+    return params.with_changes(prior_output_tokens=params.prior_output_tokens + 1)
 
 
 def _store_key(direction: str, request_id: str) -> str:
