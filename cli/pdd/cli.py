@@ -12,6 +12,7 @@ import importlib
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
+from pdd.common.parent_watch import watch_parent
 from pdd.common.settings import HelpFormatter
 
 #: subcommand -> (module with a ``main(argv) -> int``, one-line help)
@@ -87,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     name, rest = args[0], args[1:]
     if argv is None and name in ENGINE_COMMANDS:
         _preload_tcmalloc()
+    if argv is None:  # started as a program (after any re-exec, which keeps the pipe)
+        watch_parent()
     module_name, _ = SUBCOMMANDS[name]
     try:
         module = importlib.import_module(module_name)

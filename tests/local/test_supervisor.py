@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -98,3 +99,43 @@ def test_a_stop_signal_held_through_a_failed_start_is_not_lost() -> None:
     with pytest.raises(KeyboardInterrupt), interrupted_by_stop_signals(), stop_signals_held():
         signal.raise_signal(signal.SIGTERM)
         raise OSError("no such program")
+
+
+#: A supervisor's process: starts one ``pdd wan-link`` (a real pdd command) as pdd up
+#: starts its children, says its pid, then waits to be killed.
+PARENT = """
+import signal, sys
+from pathlib import Path
+from pdd.local.supervisor import spawn_pdd
+argv = ["wan-link", "--listen", "127.0.0.1:0", "--to", "127.0.0.1:9", "--link-gbps", "1"]
+child = spawn_pdd(argv, Path(sys.argv[1]), {})
+print(child.pid, flush=True)
+while True: signal.pause()
+"""
+
+
+def alive(pid: int) -> bool:
+    """Running and not a zombie (an orphan's zombie waits for whoever reaps for init)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_children_stop_when_their_supervisor_is_killed_outright(tmp_path: Path) -> None:
+    log = tmp_path / "wan-link.log"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(log)], stdout=subprocess.PIPE, text=True
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    try:
+        until_sync(lambda: log.exists() and log.stat().st_size > 0, "the wan-link to log")
+        assert alive(child)
+        parent.kill()  # SIGKILL: no cleanup of its own runs, as under the OOM killer
+        parent.wait(timeout=30)
+        until_sync(lambda: not alive(child), "the orphaned child to stop")
+    finally:
+        if alive(child):
+            os.kill(child, signal.SIGKILL)

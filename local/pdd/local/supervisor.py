@@ -3,7 +3,9 @@
 
 A child that exits on its own is a fault the user must hear about (with the tail of
 its log), never a silent gap. ``stop`` sends SIGTERM to every child still alive,
-waits, and SIGKILLs stragglers, so nothing outlives the supervisor.
+waits, and SIGKILLs stragglers, so nothing outlives the supervisor; and a supervisor
+killed before it could stop them (SIGKILL, the OOM killer) still takes them with it:
+each child watches this process's parent pipe (``pdd.common.parent_watch``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from pdd.common.parent_watch import PARENT_PIPE_ENV, ParentPipe
 
 
 @dataclass
@@ -115,14 +119,24 @@ class Death:
 PDD_PROGRAM = (sys.executable, "-m", "pdd.cli")
 
 
+#: This process's end of the pipe its children watch, so they stop when it dies.
+_PARENT_PIPE = ParentPipe()
+
+
 def spawn_process(
     argv: Sequence[str], log: Path, env: Mapping[str, str], append: bool = False
 ) -> subprocess.Popen:
     """``argv`` with this environment plus ``env``, stdout and stderr into ``log``
-    (after what it holds, with ``append``)."""
+    (after what it holds, with ``append``); a ``pdd`` command among them stops when this
+    process dies."""
+    pipe = _PARENT_PIPE.read_fd()
     with log.open("ab" if append else "wb") as out:
         return subprocess.Popen(
-            list(argv), stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env}
+            list(argv),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env, PARENT_PIPE_ENV: str(pipe)},
+            pass_fds=(pipe,),
         )
 
 
