@@ -11,7 +11,7 @@ import json
 import httpx
 import pytest
 
-from pdd.bench.replay import Replayer, ReplayTarget
+from pdd.bench.replay import Replayer, ReplayTarget, retry_wait_s
 from pdd.bench.synth import Job
 from pdd.local.traces.base import Chain, Spawn, Trace
 
@@ -37,8 +37,10 @@ class Endpoint:
     def __call__(self, request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         self.bodies.append(body)
-        if body["prompt"][0] == 999:
-            return httpx.Response(429, json={"error": {"message": "busy"}})
+        refusals = {999: 3, 998: 1}.get(body["prompt"][0], 0)  # 999: always (3 tries)
+        if sum(b["prompt"][0] == body["prompt"][0] for b in self.bodies) <= refusals:
+            error = {"error": {"message": "busy", "type": "rate_limit_error"}}
+            return httpx.Response(429, json=error, headers={"Retry-After": "0.01"})
         n = body["max_tokens"]
         frames = [token_frame(chr(65 + body["prompt"][0] % 26)) for _ in range(n - 1)]
         usage = {"prompt_tokens": 3, "completion_tokens": n,
@@ -88,6 +90,27 @@ async def test_errors_are_recorded_and_the_chain_goes_on() -> None:
     bad, good = sorted(outcomes, key=lambda o: o.key)
     assert bad.error is not None and "429" in bad.error
     assert good.ok
+
+
+async def test_a_429_is_retried_as_the_openai_client_retries_it() -> None:
+    """Twice, after the router's Retry-After; the answer after a retry is a success whose
+    TTFT counts from the first send, and a third refusal is the request's error."""
+    endpoint = Endpoint()
+    chain = Chain("s", 0.0, (job("s#0", 998), job("s#1", 999)))
+    outcomes, _ = await run(Trace("t", 64, (chain,)), endpoint)
+    by_key = {o.key: o for o in outcomes}
+    retried, refused = by_key["s#0"], by_key["s#1"]
+    assert retried.ok and retried.retries == 1 and retried.ttft_s is not None
+    assert retried.ttft_s >= 0.01  # the Retry-After wait is the client's too
+    assert refused.retries == 2 and refused.error_reason == "HTTP 429 rate_limit_error"
+    assert [b["prompt"][0] for b in endpoint.bodies] == [998, 998, 999, 999, 999]
+
+
+def test_without_a_usable_retry_after_the_wait_is_the_clients_backoff() -> None:
+    assert retry_wait_s("2", 0) == 2.0
+    for said in (None, "0", "120", "Wed, 21 Oct 2026 07:28:00 GMT"):
+        assert 0.375 <= retry_wait_s(said, 0) <= 0.5
+    assert 6.0 <= retry_wait_s(None, 5) <= 8.0  # doubling, capped at 8 s
 
 
 async def test_chains_start_at_their_offsets() -> None:

@@ -32,6 +32,7 @@ from pdd.simulator.planner.load import ObservedLoad, Slo
 from pdd.simulator.planner.planner import Decision
 from pdd.simulator.planner.pools import PoolBounds
 from pdd.simulator.planner.scrape import ROUTER, PodMetrics, parse_exposition
+from pdd.worker.metrics import WorkerMetrics
 
 pytestmark = pytest.mark.unit
 
@@ -44,22 +45,27 @@ def settings(interval_s: float = 10.0, most: int = 2) -> AutoscaleSettings:
 
 
 class Traffic:
-    """The router's metrics as traffic drives them; a scrape reads them as text."""
+    """The router's and a P's metrics as traffic drives them; a scrape reads them as text."""
 
     def __init__(self) -> None:
         self.router = RouterMetrics()
+        self.prefill = WorkerMetrics("prefill")
         self.scrapes = 0
 
-    def serve(self, n: int, ttft_s: float) -> None:
+    def serve(self, n: int, ttft_s: float, queued_s: float = 0.0) -> None:
+        """``n`` requests, each ``queued_s`` in P's queue of its ``ttft_s``."""
         for _ in range(n):
             self.router.requests.labels("P-MD", "test").inc()
             self.router.tokens.labels("main").inc(16)
             self.router.ttft.observe(ttft_s)
             self.router.itl.observe(0.01)
+            self.prefill.queue_time.labels("prefill").observe(queued_s)
 
     def scrape(self) -> dict[str, PodMetrics]:
         self.scrapes += 1
-        return {ROUTER: parse_exposition(self.router.render().decode(), ROUTER, ROUTER)}
+        p = "pdd-prefill-0"
+        return {ROUTER: parse_exposition(self.router.render().decode(), ROUTER, ROUTER),
+                p: parse_exposition(self.prefill.render().decode(), p, "prefill")}  # fmt: skip
 
 
 class FakeTiers:
@@ -90,11 +96,11 @@ def test_a_ttft_miss_scales_p_up_within_its_bound_and_comfort_brings_it_back() -
     s = settings()
     scaler = Autoscaler(tiers, traffic.scrape, planner_round(s, 0.05, 0.03).step, s, said.append)
     assert scaler.tick(0.0) is None  # the first scrape is the baseline
-    traffic.serve(20, ttft_s=8.0)
+    traffic.serve(20, ttft_s=8.0, queued_s=6.0)
     assert scaler.tick(9.9) is None and traffic.scrapes == 1  # not an interval yet
     decision = scaler.tick(10.0)
     assert decision is not None and tiers.replicas == {"prefill": 2, "relay": 1, "main": 1}
-    assert "prefill 2 (was 1)" in said[-2] and "TTFT p90 over the SLO" in said[-2]
+    assert "prefill 2 (was 1)" in said[-2] and "TTFT p90 over the SLO (prefill's" in said[-2]
     assert "2.00 req/s" in said[-2] and said[-1] == "autoscale: prefill 1 -> 2"
     now = 10.0
     while tiers.replicas["prefill"] == 2:
@@ -113,7 +119,7 @@ def test_a_quiet_interval_inside_the_stabilization_window_scales_nothing_down() 
     s = dataclasses.replace(settings(), stabilize_s=30.0)
     scaler = Autoscaler(tiers, traffic.scrape, planner_round(s, 0.05, 0.03).step, s, said.append)
     scaler.tick(0.0)
-    traffic.serve(20, ttft_s=8.0)
+    traffic.serve(20, ttft_s=8.0, queued_s=6.0)
     scaler.tick(10.0)
     assert tiers.replicas["prefill"] == 2
     decision = scaler.tick(20.0)  # nothing arrived
@@ -124,6 +130,19 @@ def test_a_quiet_interval_inside_the_stabilization_window_scales_nothing_down() 
     assert tiers.replicas["prefill"] == 2  # 2 was wanted at 10 s, within 30 s of 40 s
     scaler.tick(50.0)
     assert tiers.replicas["prefill"] == 1 and "prefill 1 (was 2)" in said[-2]
+
+
+def test_a_ttft_miss_with_nothing_queued_scales_nothing_and_says_so() -> None:
+    """Issue 59's runs 4 and 5: a TTFT miss while P's queue held nobody (the line, the
+    handoffs, a CPU-starved machine) is no pool's to fix; the line says so."""
+    traffic, tiers, said = Traffic(), FakeTiers(), []
+    s = settings()
+    scaler = Autoscaler(tiers, traffic.scrape, planner_round(s, 0.05, 0.03).step, s, said.append)
+    scaler.tick(0.0)
+    traffic.serve(20, ttft_s=8.0, queued_s=0.004)
+    assert scaler.tick(10.0) is not None
+    assert tiers.replicas == {"prefill": 1, "relay": 1, "main": 1}
+    assert "with no pool queued" in said[-1] and "headroom" not in said[-1]
 
 
 def test_without_the_routers_metrics_nothing_is_scaled() -> None:

@@ -61,11 +61,15 @@ class Fleet:
 def test_one_interval_of_traffic_becomes_the_load_the_planner_reads() -> None:
     fleet = Fleet()
     fleet.serve(10, "P-MD", 1000, 900, 950, 100, 1.5)  # before the interval: not counted
+    queue = fleet.workers["prefill"].queue_time.labels("prefill")
+    for _ in range(10):
+        queue.observe(50.0)  # a queue that ended before the interval: not counted either
     before = fleet.scrape()
     fleet.serve(90, "P-MD", 1000, 900, 950, 100, 1.5)
     fleet.serve(30, "P-RLD-MD", 3000, 0, 2000, 100, 6.0)
-    fleet.workers["prefill"].waiting.set(4)
-    fleet.workers["main"].waiting.set(1)
+    for wait in [0.002] * 90 + [3.0] * 30:
+        queue.observe(wait)
+    fleet.workers["prefill"].waiting.set(0)  # the gauge at the scrape's instant: not read
     fleet.router.link_goodput.labels("wan").set(12.5e9 / 8)
     load = observed_load(increases(before, fleet.scrape()), 60.0)
     assert load.rate_rps == pytest.approx(120 / 60)
@@ -74,7 +78,9 @@ def test_one_interval_of_traffic_becomes_the_load_the_planner_reads() -> None:
     assert load.p_hit == pytest.approx(90 * 900 / (90 * 1000 + 30 * 3000))
     assert load.md_hit == pytest.approx((90 * 950 + 30 * 2000) / (90 * 1000 + 30 * 3000))
     assert load.relay_share == pytest.approx(30 / 120)
-    assert (load.prefill_queue_mean, load.main_queue_mean) == (4, 1)
+    # 25% waited 3 s: the P90 is inside the (2.5, 5] bucket, 18 of its 30 along
+    assert load.prefill_queue_p90_s == pytest.approx(2.5 + 2.5 * 18 / 30)
+    assert math.isnan(load.main_queue_p90_s)  # MD queued nothing: no queue time
     assert 5.0 < load.ttft_p90_s <= 10.0  # 25% of requests at 6 s: the P90 is in (5, 10]
     assert load.itl_p90_s == pytest.approx(0.025 + 0.025 * 0.9)
     assert load.wan_gbps == pytest.approx(12.5)
@@ -111,6 +117,18 @@ def test_histogram_p90_interpolates_as_promql_and_caps_at_the_last_bound() -> No
         router.ttft.observe(40.0)  # past the last bucket (30 s)
     pods = [parse_exposition(router.render().decode(), "r", ROUTER)]
     assert histogram_p90(pods, "pdd_router_ttft_seconds") == 30.0
+
+
+def test_an_idle_queue_reads_as_milliseconds_not_a_buckets_width() -> None:
+    """Requests that never waited give a queue-time P90 far under any ``QUEUED`` share of
+    a TTFT target: the buckets start at 1 ms, so interpolation cannot invent a queue."""
+    worker = WorkerMetrics("prefill")
+    before = parse_exposition(worker.render().decode(), "p", "prefill")
+    for _ in range(100):
+        worker.queue_time.labels("prefill").observe(0.0)
+    after = parse_exposition(worker.render().decode(), "p", "prefill")
+    p90 = histogram_p90([increase(before, after)], "pdd_worker_request_queue_time_seconds")
+    assert p90 == pytest.approx(0.0009)
 
 
 def test_text_that_is_not_prometheus_says_which_pod() -> None:

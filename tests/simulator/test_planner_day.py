@@ -12,8 +12,10 @@ from pdd.local.traces.base import Chain, Trace, TraceRequest
 from pdd.simulator.generator import GeneratorSpec
 from pdd.simulator.lifecycle import RequestRecord
 from pdd.simulator.planner.day import Autoscaler, Burst, DayShape, day_trace, fixed, windows
-from pdd.simulator.planner.load import Slo
+from pdd.simulator.planner.load import ObservedLoad, Slo
+from pdd.simulator.planner.observe import observe
 from pdd.simulator.planner.stabilize import Stabilizer
+from pdd.simulator.queue_waits import QueueWaits
 from pdd.simulator.runner import simulate
 from pdd.simulator.scenario import Scenario, load_scenario
 
@@ -151,3 +153,29 @@ def test_windows_score_client_ttft_p90_with_unanswered_requests() -> None:
     out = windows(ok + late, slo, horizon=1000.0)
     assert [w["met"] for w in out] == [True, False]
     assert out[1]["ttft_p90_s"] == pytest.approx(699.0)
+
+
+def test_the_observation_reads_each_pools_queue_time_over_the_interval() -> None:
+    """The day's planner reads queue time as the live one scrapes it: the P90 of the
+    waits that ended in the interval, from each instance's own queue. A burst of prompts
+    on one P queues at P; the interval after it drained reads no waits at all (a gauge
+    read then would have said the same of the burst if it had drained by then)."""
+    seen: dict[float, ObservedLoad] = {}
+
+    def watch(env, cluster, records):
+        for _ in range(6):
+            yield env.timeout(5.0)
+            seen[env.now] = observe(cluster, records, env.now, 5.0)
+
+    simulate(small(1, 1, 2), "pdd", sessions(20, 0.001, start=1.0, blocks=16), 30.0, [watch])
+    burst, after = seen[5.0], seen[10.0]  # 20 prompts at once: the last wait ends after 5 s
+    assert burst.prefill_queue_p90_s > 1.0 and burst.main_queue_p90_s < 0.01
+    assert after.rate_rps == 0 and after.prefill_queue_p90_s > burst.prefill_queue_p90_s
+    assert math.isnan(seen[30.0].prefill_queue_p90_s)  # drained: no wait ended
+
+
+def test_queue_waits_are_read_by_when_they_ended() -> None:
+    waits = QueueWaits()
+    for ended, wait in ((1.0, 0.5), (2.0, 3.0), (4.0, 0.1)):
+        waits.record(ended, wait)
+    assert waits.ended_in(1.5, 4.0) == [3.0] and waits.ended_in(0.0, 10.0) == [0.5, 3.0, 0.1]

@@ -7,8 +7,11 @@ times and spawn delays are trace seconds, which a ``RateSteps`` paces (``--rate-
 the trace's own pace by default). Requests go to
 ``/v1/completions`` with the token IDs as the prompt, streamed, greedy, with
 ``ignore_eos`` so output lengths follow the trace. A request too long for the model is
-not sent: it is recorded as skipped and its chain goes on. A failed request is recorded
-with how it failed (``ErrorKind``) and why.
+not sent: it is recorded as skipped and its chain goes on. A 429 is retried as the
+OpenAI Python client retries it by default (twice, after ``Retry-After`` where it says
+0-60 s, else 0.5 s doubling, jittered; TTFT counts from the first send); other statuses
+it would retry (408, 409, 5xx) are recorded, not retried, so a fault shows. A failed
+request is recorded with how it failed (``ErrorKind``) and why.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -31,6 +35,11 @@ from pdd.local.traces.base import Chain, Trace
 #: status without that body, a broken connection or a stream that just stops are not.
 ErrorKind = Literal["body", "frame", "malformed", "transport", "incomplete"]
 CLEAN_ERRORS: tuple[ErrorKind, ...] = ("body", "frame")
+#: The OpenAI Python client's defaults: ``max_retries``, and its backoff's first and
+#: longest delay and the longest ``Retry-After`` it honours, seconds.
+MAX_RETRIES = 2
+BACKOFF_S = (0.5, 8.0)
+RETRY_AFTER_MAX_S = 60.0
 
 
 @dataclass
@@ -53,6 +62,7 @@ class Outcome:
     #: A short, countable reason: ``HTTP 503 service_unavailable``, ``frame upstream_error``.
     error_reason: str | None = None
     skipped: bool = False
+    retries: int = 0  # 429s retried before the answer (or the error) above
 
     @property
     def ok(self) -> bool:
@@ -155,7 +165,10 @@ class Replayer:
         }
         start = _now()
         try:
-            await self._stream(body, out, start)
+            while (wait_s := await self._stream(body, out, start)) is not None:
+                out.retries += 1
+                out.error = out.error_kind = out.error_reason = None
+                await asyncio.sleep(wait_s)
         except httpx.HTTPError as exc:
             out.fail("transport", type(exc).__name__, f"{type(exc).__name__}: {exc}")
         except json.JSONDecodeError as exc:
@@ -166,20 +179,38 @@ class Replayer:
             out.fail("incomplete", reason, reason)
         return out
 
-    async def _stream(self, body: dict, out: Outcome, start: float) -> None:
+    async def _stream(self, body: dict, out: Outcome, start: float) -> float | None:
+        """One attempt; the seconds to wait before the next where it was a 429 the OpenAI
+        client would retry, else None."""
         url = f"{self.target.base_url}/completions"
         async with self._client.stream("POST", url, json=body) as resp:
             if resp.status_code != 200:
                 text = (await resp.aread()).decode(errors="replace")
                 _apply_error_body(resp.status_code, text, out)
-                return
+                if resp.status_code == 429 and out.retries < MAX_RETRIES:
+                    return retry_wait_s(resp.headers.get("retry-after"), out.retries)
+                return None
             async for line in resp.aiter_lines():
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
-                    return
+                    return None
                 _apply_frame(json.loads(data), out, _now() - start)
+        return None
+
+
+def retry_wait_s(retry_after: str | None, retries: int) -> float:
+    """The OpenAI client's wait before retry ``retries + 1``: the server's ``Retry-After``
+    seconds where in (0, 60], else its backoff (0.5 s doubling to 8 s, less up to 25%)."""
+    try:
+        said = float(retry_after) if retry_after is not None else 0.0
+    except ValueError:  # an HTTP date: the client would parse it; the router sends seconds
+        said = 0.0
+    if 0 < said <= RETRY_AFTER_MAX_S:
+        return said
+    first, longest = BACKOFF_S
+    return min(first * 2**retries, longest) * (1 - 0.25 * random.random())
 
 
 def _now() -> float:

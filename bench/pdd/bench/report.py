@@ -115,6 +115,7 @@ def summarize(run: ModeRun, slo: Slo) -> dict[str, Any]:
         "completed": len(done),
         "errors": sum(o.error is not None for o in run.outcomes),
         "skipped": sum(o.skipped for o in run.outcomes),
+        "retried_429": sum(o.retries > 0 for o in run.outcomes),  # as the OpenAI client does
         "mismatches": 0,  # filled in by compare_outputs
         "ttft_p50": percentile(ttft, 50),
         "ttft_p90": percentile(ttft, 90),

@@ -32,7 +32,7 @@ from pdd.local.supervisor import Death
 from pdd.local.topology import Counts, StackConfig, mode_workers
 from pdd.simulator.planner.load import LoadError, Slo
 from pdd.simulator.planner.model_file import load_model
-from pdd.simulator.planner.planner import Decision, Planner
+from pdd.simulator.planner.planner import Decision, Planner, queued_pool
 from pdd.simulator.planner.pools import PoolBounds
 from pdd.simulator.planner.scrape import (
     ROUTER,
@@ -198,8 +198,8 @@ def decision_line(
         f"{load.rate_rps:.2f} req/s, in {load.input_tokens_mean:.0f} / out "
         f"{load.output_tokens_mean:.0f} tokens, hit P {load.p_hit:.2f} MD {load.md_hit:.2f}, "
         f"TTFT p90 {_fmt(load.ttft_p90_s, ' s')} (SLO {slo.ttft_p90_s:g} s), ITL p90 "
-        f"{_fmt(load.itl_p90_s, ' s')} (SLO {slo.itl_p90_s:g} s), waiting P "
-        f"{load.prefill_queue_mean:.1f} MD {load.main_queue_mean:.1f}"
+        f"{_fmt(load.itl_p90_s, ' s')} (SLO {slo.itl_p90_s:g} s), queue p90 P "
+        f"{_fmt(load.prefill_queue_p90_s, ' s')} MD {_fmt(load.main_queue_p90_s, ' s')}"
     )
     desired = ", ".join(
         f"{role} {n}"
@@ -215,7 +215,12 @@ def why(decision: Decision, slo: Slo) -> str:
     load = decision.predicted
     reasons = ["the step model's sizing for this load, within the bounds"]
     if load.ttft_p90_s > slo.ttft_p90_s:
-        reasons.append("TTFT p90 over the SLO")
+        blamed = queued_pool(load, slo)
+        reasons.append(
+            f"TTFT p90 over the SLO ({blamed}'s queue)"
+            if blamed
+            else "TTFT p90 over the SLO with no pool queued (the line, a handoff or the machine)"
+        )
     if load.itl_p90_s > slo.itl_p90_s:
         reasons.append("ITL p90 over the SLO")
     grown = [f"{role} x{h:.2f}" for role, h in decision.headroom.items() if h != 1.0]

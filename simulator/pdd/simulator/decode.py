@@ -22,7 +22,7 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import simpy
 
@@ -31,6 +31,7 @@ from pdd.router.instance_choice import InstanceLoad
 from pdd.simulator.events import Alarm
 from pdd.simulator.hardware import InstanceShape
 from pdd.simulator.prefix_cache import PrefixCache
+from pdd.simulator.queue_waits import QueueWaits
 
 
 @dataclass(eq=False)
@@ -58,6 +59,7 @@ class DecodeStats:
     tokens: float = 0.0  # tokens produced
     stall_s: float = 0.0  # time paused by extends
     queue_wait_s: float = 0.0  # summed over admitted sequences
+    queue_waits: QueueWaits = field(default_factory=QueueWaits)  # per sequence, at admission
 
 
 class DecodeInstance:
@@ -190,6 +192,7 @@ class DecodeInstance:
             self._waiting.popleft()
             seq.admitted_at = self.env.now
             self.stats.queue_wait_s += self.env.now - queued_at
+            self.stats.queue_waits.record(self.env.now, self.env.now - queued_at)
             if seq.extend:
                 self._pause(seq.extend, seq.context)
             seq.started.succeed()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import simpy
 
@@ -19,6 +19,7 @@ from pdd.common.vocabulary import Role
 from pdd.router.instance_choice import InstanceLoad
 from pdd.simulator.hardware import InstanceShape
 from pdd.simulator.prefix_cache import PrefixCache
+from pdd.simulator.queue_waits import QueueWaits
 
 
 @dataclass(eq=False)
@@ -39,6 +40,7 @@ class PrefillStats:
     busy_s: float = 0.0
     steps: int = 0
     queue_wait_s: float = 0.0
+    queue_waits: QueueWaits = field(default_factory=QueueWaits)  # per job, at its first chunk
 
 
 class PrefillInstance:
@@ -135,6 +137,7 @@ class PrefillInstance:
                 break
             if job.processed == 0:
                 self.stats.queue_wait_s += self.env.now - job.queued_at
+                self.stats.queue_waits.record(self.env.now, self.env.now - job.queued_at)
             n = min(job.new_tokens - job.processed, budget)
             batch.append((job, n))
             budget -= n

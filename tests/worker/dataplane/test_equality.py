@@ -75,6 +75,11 @@ async def test_pipeline_equals_mono(dp, batch, pipeline: str, handoff: str) -> N
     )
     assert delta("md", prefills, 'role="main"', gauge=True) == 0
     assert delta("rld", prefills, 'role="relay"', gauge=True) == 0
+    # ... and each request's wait in its queue, once: the decode side queues none of them
+    queued = "pdd_worker_request_queue_time_seconds_count"
+    assert delta("p", queued, 'role="prefill"', gauge=True) == n
+    assert delta("md", queued, 'role="main"', gauge=True) == 0
+    assert delta("rld", queued, 'role="relay"', gauge=True) == 0
     if pipeline in ("P-RLD-MD", "P-RLD"):
         rld_miss = delta("rld", "pdd_worker_prompt_tokens") - delta(
             "rld", "pdd_worker_prefix_hit_tokens"

@@ -168,17 +168,37 @@ def test_prefill_time_runs_from_the_first_prompt_step_to_the_first_token(
 ) -> None:
     engine = Engine(tiny, block_size=4, num_blocks=64, max_num_batched_tokens=16)
     ticks = iter(range(1000))
-    engine.clock = lambda: float(next(ticks))  # each step reads it twice: began, sampled
+    engine.clock = lambda: float(next(ticks))  # add reads it once, a step twice (began, sampled)
     chunked = engine.add_request(list(range(3, 43)), SamplingParams(max_tokens=3))  # 16+16+8
-    outs = [o for _ in range(2) for o in engine.step()]  # ticks 0-3: chunks 1 and 2
+    outs = [o for _ in range(2) for o in engine.step()]  # ticks 1-4: chunks 1 and 2
     assert outs == []
-    queued = engine.add_request([5, 6, 7], SamplingParams(max_tokens=1))  # joins step 3
-    step3 = {o.request_id: o for o in engine.step()}  # began at 4, sampled at 5
-    assert step3[chunked].prefill_time_s == 5.0  # from its first chunk's step (0), not add
+    queued = engine.add_request([5, 6, 7], SamplingParams(max_tokens=1))  # 5; joins step 3
+    step3 = {o.request_id: o for o in engine.step()}  # began at 6, sampled at 7
+    assert step3[chunked].prefill_time_s == 6.0  # from its first chunk's step (1), not add
     assert step3[queued].prefill_time_s == 1.0  # a finishing output carries it too
     assert step3[queued].finished
     later = [o for _ in range(2) for o in engine.step()]
     assert [o.prefill_time_s for o in later] == [None, None]  # decode outputs have none
+    assert_no_leaks(engine)
+
+
+def test_queue_time_runs_from_add_to_the_first_step_and_rides_one_output_per_request(
+    tiny: LoadedModel, assert_no_leaks: Callable[[Engine], None]
+) -> None:
+    """vLLM's ``request_queue_time_seconds``: add to first schedule, once per request,
+    on the output with its first token (a later output, or a preemption, adds none)."""
+    engine = Engine(tiny, block_size=4, num_blocks=64, max_num_batched_tokens=16,
+                    max_running_requests=1)  # fmt: skip
+    ticks = iter(range(1000))
+    engine.clock = lambda: float(next(ticks))
+    first = engine.add_request([5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True))  # 0
+    second = engine.add_request([8, 9], SamplingParams(max_tokens=2, ignore_eos=True))  # 1
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()  # first runs at 2; second waits for its seat: 3 steps
+    carried = [(o.request_id, o.queue_time_s) for o in outs if o.queue_time_s is not None]
+    assert carried == [(first, 2.0), (second, 7.0)]  # second: scheduled at tick 8
+    assert all(o.queue_time_s is None or o.prefill_time_s is not None for o in outs)
     assert_no_leaks(engine)
 
 
@@ -231,4 +251,5 @@ def test_a_handed_over_request_reports_no_prefill_time(
     assert first.prefill_time_s is not None and first.prefill_time_s >= 0  # the sender's
     outs = [o for _ in range(3) for o in engine.step()]
     assert len(outs) == 3 and all(o.prefill_time_s is None for o in outs)
+    assert all(o.queue_time_s is None for o in outs)  # attached: it never queued here
     assert_no_leaks(engine)

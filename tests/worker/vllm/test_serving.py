@@ -29,6 +29,7 @@ from pdd.common.wire import (
     SamplingSpec,
     TokenEvent,
 )
+from pdd.local.probes import flatten
 from pdd.router.worker_client import WorkerCallError, WorkerClient
 from pdd.testing.asgi import StreamingASGITransport
 from pdd.testing.waiting import until
@@ -65,10 +66,14 @@ class ScriptedLLM:
         self.aborted: list[str] = []
         self.prompts: dict[str, Any] = {}
 
-    def feed(self, rid: str, tokens: list[int], finish: str | None = None, cached: int = 0):
+    def feed(
+        self, rid: str, tokens: list[int], finish: str | None = None, cached: int = 0,
+        queued_ts: float = 0.0, scheduled_ts: float = 0.0,
+    ) -> None:  # fmt: skip
         completion = SimpleNamespace(token_ids=tokens, finish_reason=finish)
+        stats = SimpleNamespace(queued_ts=queued_ts, scheduled_ts=scheduled_ts)
         out = SimpleNamespace(outputs=[completion], finished=finish is not None,
-                              num_cached_tokens=cached)  # fmt: skip
+                              num_cached_tokens=cached, metrics=stats)  # fmt: skip
         self.feeds.setdefault(rid, asyncio.Queue()).put_nowait(out)
 
     def fail(self, rid: str, exc: Exception) -> None:
@@ -148,6 +153,19 @@ async def test_a_request_streams_vllms_deltas_as_the_mono_role_does() -> None:
     load = await h.client.load(URL)
     assert (load.running, load.waiting, load.kv_blocks_free) == (0, 0, INFO.kv_blocks)
     assert (await h.client.health(URL)).engine.engine == "vllm"
+
+
+async def test_vllms_queue_time_is_observed_once_per_request() -> None:
+    """vLLM's own QUEUED and SCHEDULED stamps (on every output it yields) give the
+    worker's ``pdd_worker_request_queue_time_seconds`` one observation per request."""
+    h = Harness()
+    await h.client.start(URL, plan("r1"))
+    h.llm.feed("r1", [5], queued_ts=10.0, scheduled_ts=12.5)
+    h.llm.feed("r1", [6, 7], finish="length", queued_ts=10.0, scheduled_ts=12.5)
+    await h.events("r1")
+    samples = flatten(h.worker.role.metrics.render().decode())
+    name = 'pdd_worker_request_queue_time_seconds_{}{{role="mono"}}'
+    assert (samples[name.format("count")], samples[name.format("sum")]) == (1.0, 2.5)
 
 
 async def test_vllms_kv_events_reach_the_router_as_cache_events() -> None:

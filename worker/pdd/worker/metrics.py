@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -23,12 +24,24 @@ from pdd.common.vocabulary import RELAY_LOAD_METRIC
 from pdd.common.wire import EngineInfo
 from pdd.worker.transport.link_meter import LinkMeters
 
+if TYPE_CHECKING:  # the engine's package imports torch; a scrape's reader need not
+    from pdd.worker.engine.request import RequestOutput
+
 __all__ = ["CONTENT_TYPE_LATEST", "WorkerMetrics"]
 
 #: Prefill time buckets, seconds: from a few-token miss of a small model on a CPU (ms)
 #: to a long prompt of a large one (tens of seconds).
 PREFILL_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+
+
+#: Queue time buckets, seconds: fine at the low end, so an idle queue's P90 (the planner's
+#: signal, interpolated inside a bucket as ``histogram_quantile`` does) reads as milliseconds
+#: rather than a first bucket's width; up to the minutes a collapsed queue holds requests.
+QUEUE_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0,
 )  # fmt: skip
 
 
@@ -88,6 +101,14 @@ class WorkerMetrics(ComponentMetrics):
             PREFILL_BUCKETS_S,
             ["role"],
         )
+        self.queue_time = self.histogram(
+            "pdd_worker_request_queue_time_seconds",
+            "Seconds a request waited in this instance's queue until the engine first "
+            "scheduled it (requests whose KV came from elsewhere never queue here and are "
+            "not counted); the planner's queue signal",
+            QUEUE_BUCKETS_S,
+            ["role"],
+        )
         self.transfer_failures = self.counter(
             "pdd_worker_transfer_failures",
             "KV transfers or handoffs that ended in an error",
@@ -136,10 +157,13 @@ class WorkerMetrics(ComponentMetrics):
         self.prompt_tokens.labels(self.role).inc(prompt_tokens)
         self.prefix_hit_tokens.labels(self.role).inc(hit_tokens)
 
-    def observe_prefill(self, seconds: float | None) -> None:
-        """One prefill's time (``RequestOutput.prefill_time_s``; None: not a prefill's)."""
-        if seconds is not None:
-            self.prefill_time.labels(self.role).observe(seconds)
+    def observe_first_token(self, out: RequestOutput) -> None:
+        """The prefill and queue times an engine output carries (only the output with a
+        request's first token here has them: each is observed once per request)."""
+        if out.prefill_time_s is not None:
+            self.prefill_time.labels(self.role).observe(out.prefill_time_s)
+        if out.queue_time_s is not None:
+            self.queue_time.labels(self.role).observe(out.queue_time_s)
 
 
 class WireBytesCollector(Collector):

@@ -2,9 +2,9 @@
 
 The fields are the router's and workers' metrics over the last interval (docs/metrics.md):
 request rate, mean input/output lengths, the hit ratio at P and at MD, the share of
-requests relayed, queue depths, client-side TTFT and ITL P90 (queue time included), and
-the WAN line's estimated rate. Lengths and hits drive the capacity model; the measured
-latencies let the planner correct it (:mod:`pdd.simulator.planner.planner`).
+requests relayed, queue time per pool, client-side TTFT and ITL P90 (queue time
+included), and the WAN line's estimated rate. Lengths and hits drive the capacity
+model; the measured latencies let the planner correct it (:mod:`pdd.simulator.planner.planner`).
 """
 
 from __future__ import annotations
@@ -40,8 +40,12 @@ class ObservedLoad:
     md_hit: float  # share of input tokens MD found in its decode-side cache
     relay_share: float = 0.0  # share of requests the router relayed (P-RLD-MD, P-RLD)
     miss_scv: float = 1.0  # squared coefficient of variation of P's miss per request
-    prefill_queue_mean: float = 0.0  # requests waiting per P instance
-    main_queue_mean: float = 0.0  # sequences waiting for a batch slot per MD instance
+    #: P90 of the seconds each request waited in the pool's queue before it was first
+    #: scheduled, over the waits that ended this interval (NaN: none ended). A worker's
+    #: ``pdd_worker_request_queue_time_seconds`` (scraped) or the simulated instances' own
+    #: queues set it alike: the planner blames a pool for a TTFT miss only by it.
+    prefill_queue_p90_s: float = math.nan
+    main_queue_p90_s: float = math.nan  # MD: waits for a batch slot
     ttft_p90_s: float = math.nan  # client side, queue time included
     itl_p90_s: float = math.nan
     wan_gbps: float = math.nan  # the router's link estimator: what the line carries
@@ -53,6 +57,10 @@ class ObservedLoad:
                 raise LoadError(f"{name} must be a finite number >= 0, got {value}")
         if not (math.isfinite(self.miss_scv) and self.miss_scv >= 0):
             raise LoadError(f"miss_scv must be a finite number >= 0, got {self.miss_scv}")
+        for name in ("prefill_queue_p90_s", "main_queue_p90_s"):
+            value = getattr(self, name)
+            if not (math.isnan(value) or 0 <= value < math.inf):
+                raise LoadError(f"{name} must be seconds >= 0 or NaN (none measured), got {value}")
         for name in ("p_hit", "md_hit", "relay_share"):
             value = getattr(self, name)
             if not 0 <= value <= 1:

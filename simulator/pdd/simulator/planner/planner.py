@@ -3,8 +3,8 @@
 It predicts the next interval's load (:mod:`pdd.simulator.planner.predict`), sizes the
 pools with the capacity model (:mod:`pdd.simulator.planner.capacity`), and corrects that
 model with what clients measured: a pool whose queue made the TTFT (or ITL) P90 miss
-its target gets a larger headroom factor, which decays back while the P90s sit well
-under target. The operator's planner, and the simulated day's autoscaler, run this
+its target gets a larger headroom factor, which decays back in every interval that met
+both targets. The operator's planner, and the simulated day's autoscaler, run this
 class; it keeps no clock and does no I/O.
 
 The WAN line is the bottleneck when MD's misses need more than ``LINE_BOUND`` of the
@@ -26,11 +26,13 @@ from pdd.simulator.planner.predict import LastValue, Predictor
 
 #: The line is the bottleneck when MD's misses need more than this share of its rate.
 LINE_BOUND = 0.9
-#: Headroom bounds, and how fast it decays back to 1 per interval well within the SLO.
+#: Headroom bounds, and how fast it decays back to 1 per interval that met the SLO.
 HEADROOM = (0.5, 4.0)
 HEADROOM_DECAY = 0.9
-#: Below this share of a target, the P90 is "well within" it.
-COMFORT = 0.5
+#: A pool "queued" in an interval when its queue-time P90 reached this share of the TTFT
+#: target: below it, the queue explains less than a tenth of the target, and a TTFT miss
+#: is the line, a handoff or the machine, which no pool's replicas can fix.
+QUEUED = 0.1
 #: A headroom this close to 1 is 1: its decay only nears 1, and ceil(n * (1 + tiny)) would
 #: keep a pool one replica above its sizing for ever.
 HEADROOM_SNAP = 0.05
@@ -51,6 +53,16 @@ def line_is_bottleneck(model: DeploymentModel, load: ObservedLoad) -> bool:
         return False
     bits = load.rate_rps * load.md_miss_tokens * model.kv_bytes_per_token * 8
     return bits / 1e9 > LINE_BOUND * load.wan_gbps
+
+
+def queued_pool(load: ObservedLoad, slo: Slo, decode: str = "main") -> str | None:
+    """The pool a TTFT miss is blamed on: the one whose queue-time P90 was longest and at
+    least ``QUEUED`` of the TTFT target; None when neither queued that long (NaN, none
+    measured, is no queue)."""
+    floor = QUEUED * slo.ttft_p90_s
+    waits = {"prefill": load.prefill_queue_p90_s, decode: load.main_queue_p90_s}
+    queued = {name: w for name, w in waits.items() if w >= floor}
+    return max(queued, key=lambda name: queued[name]) if queued else None
 
 
 class Planner:
@@ -90,21 +102,31 @@ class Planner:
         )
 
     def _correct(self, load: ObservedLoad) -> None:
-        """Grow the headroom of the pool that made a P90 miss; relax it when comfortable."""
+        """Grow the headroom of the pool that made a P90 miss; relax it when both were met.
+
+        A TTFT miss is the pool's whose requests queued longest (queue-time P90, at least
+        ``QUEUED`` of the target), or nobody's: a miss with nothing queued is the line,
+        a handoff or the machine, and more replicas would only cost more. Headroom is the
+        loop's correction for a model that sized too few; an interval that met both
+        targets with it is evidence it is no longer needed in full, so it decays there,
+        not only in intervals far under target: the normal operating point of a well-sized
+        pool is near its target, and on a sizing of 1 any headroom of 1.05 or more is 2
+        replicas (``ceil``), so waiting for "comfortable" intervals held burst capacity
+        for ever. A decay that overshoots costs one miss, which grows it back.
+        """
         decode = "main" if "main" in self.pools else "decode"
         missed = []
         if load.itl_p90_s > self.slo.itl_p90_s:
             missed.append((decode, load.itl_p90_s / self.slo.itl_p90_s))
         if load.ttft_p90_s > self.slo.ttft_p90_s and not line_is_bottleneck(self.model, load):
-            queued = "prefill" if load.prefill_queue_mean >= load.main_queue_mean else decode
-            missed.append((queued, load.ttft_p90_s / self.slo.ttft_p90_s))
+            queued = queued_pool(load, self.slo, decode)
+            if queued is not None:
+                missed.append((queued, load.ttft_p90_s / self.slo.ttft_p90_s))
         for name, ratio in missed:
             grown = self.headroom[name] * (1 + min(0.5, (ratio - 1) / 2))
             self.headroom[name] = min(HEADROOM[1], grown)
-        comfortable = load.ttft_p90_s < COMFORT * self.slo.ttft_p90_s and (
-            load.itl_p90_s < COMFORT * self.slo.itl_p90_s
-        )
-        if comfortable:  # NaN (not measured) compares False: no decay on no data
+        met = load.ttft_p90_s <= self.slo.ttft_p90_s and load.itl_p90_s <= self.slo.itl_p90_s
+        if met:  # NaN (not measured) compares False: no decay on no data
             for name in self.headroom:
                 relaxed = 1 + (self.headroom[name] - 1) * HEADROOM_DECAY
                 if abs(relaxed - 1) < HEADROOM_SNAP:

@@ -19,7 +19,9 @@ was not there before (a new replica) counts from zero, as Prometheus' ``increase
 * hits: prefix-hit over prompt tokens at P and at MD (``pdd_worker_prefix_hit_tokens``;
   MD's pods unreachable, as in cluster B: the routers' estimate at decision time);
 * relay share: requests routed P-RLD-MD or P-RLD;
-* queues: ``pdd_worker_waiting_requests`` averaged over each role's pods;
+* queues: the P90 of each role's ``pdd_worker_request_queue_time_seconds`` increase: the
+  time requests scheduled in the interval had waited (a gauge of waiting requests, read at
+  the scrape's instant, sees a queue only if one stands then);
 * client TTFT and ITL P90: the router's histograms (TTFT from arrival: queue time in);
 * the line: the router's link estimate (``pdd_router_link_goodput_bytes_per_second``).
 """
@@ -38,6 +40,8 @@ from pdd.simulator.planner.planner import Decision, Planner
 
 #: The role label a router pod's scrape carries (workers carry their worker role).
 ROUTER = "router"
+#: Each request's wait in a worker's queue until first scheduled (worker/metrics.py).
+QUEUE_TIME = "pdd_worker_request_queue_time_seconds"
 _CUMULATIVE = ("_total", "_bucket", "_count", "_sum")
 _RELAYED = {Pipeline.P_RLD_MD.value, Pipeline.P_RLD.value}
 _THROUGH_MD = {Pipeline.P_MD.value, Pipeline.P_RLD_MD.value}
@@ -142,11 +146,6 @@ def _router_estimate(routers: list[PodMetrics], role: str) -> float:
     return _share(sum(p.total(f"{name}_sum", role=role) for p in routers), count)
 
 
-def _mean_gauge(pods: list[PodMetrics], name: str) -> float:
-    values = [p.total(name) for p in pods if p.has(name)]
-    return sum(values) / len(values) if values else 0.0
-
-
 def _total(pods: list[PodMetrics], name: str, **labels: str) -> float:
     return sum(p.total(name, **labels) for p in pods)
 
@@ -193,8 +192,8 @@ def observed_load(interval: list[PodMetrics], seconds: float) -> ObservedLoad:
         if md_seen
         else _router_estimate(routers, Role.MAIN.value),
         relay_share=_share(sum(pipelines.get(p, 0.0) for p in _RELAYED), routed),
-        prefill_queue_mean=_mean_gauge(prefill, "pdd_worker_waiting_requests"),
-        main_queue_mean=_mean_gauge(main, "pdd_worker_waiting_requests"),
+        prefill_queue_p90_s=histogram_p90(prefill, QUEUE_TIME),
+        main_queue_p90_s=histogram_p90(main, QUEUE_TIME),
         ttft_p90_s=histogram_p90(routers, "pdd_router_ttft_seconds"),
         itl_p90_s=histogram_p90(routers, "pdd_router_itl_seconds"),
         wan_gbps=_link_gbps(routers),

@@ -146,7 +146,7 @@ class Engine:
         past the cache hit), so the KV up to it is written after a shorter step.
         """
         req = self.requests.new(prompt_ids, params, request_id, hold_kv)
-        req.chunk_break = chunk_break
+        req.chunk_break, req.queued_at = chunk_break, self.clock()
         self.scheduler.add(req)
         self.requests.add(req)
         return req.request_id
@@ -279,6 +279,7 @@ class Engine:
     ) -> RequestOutput:
         """``req``'s new token, its grammar advanced over it, and whether it ends it."""
         prefill_s = _prefill_time(req, sampled_at)
+        queue_s = None if prefill_s is None else _queue_time(req)
         req.output_ids.append(token)
         if req.grammar is not None:  # its own mask allowed the token: a failure is its own
             with stage("the structured-output grammar's advance", GRAMMAR_ERROR_TYPE):
@@ -286,10 +287,10 @@ class Engine:
         reason = req.stop_reason(self._eos, self.max_model_len)
         lps = None if lp is None else [lp]
         if reason is not None:
-            return self._finish(req, reason, [token], lps, prefill_s)
+            return self._finish(req, reason, [token], lps, prefill_s, queue_s)
         return RequestOutput(
             req.request_id, [token], False, None, req.num_cached_tokens, logprobs=lps,
-            prefill_time_s=prefill_s,
+            prefill_time_s=prefill_s, queue_time_s=queue_s,
         )  # fmt: skip
 
     def _fail(self, req: Request, error: str, error_type: str | None = None) -> RequestOutput:
@@ -331,6 +332,7 @@ class Engine:
         new: list[int],
         logprobs: list[TokenLogprobs] | None = None,
         prefill_time_s: float | None = None,
+        queue_time_s: float | None = None,
     ) -> RequestOutput:
         self.scheduler.finish(req)
         req.finish_reason = reason
@@ -340,7 +342,7 @@ class Engine:
             self._release(req)
         return RequestOutput(
             req.request_id, new, True, reason, req.num_cached_tokens, logprobs=logprobs,
-            prefill_time_s=prefill_time_s,
+            prefill_time_s=prefill_time_s, queue_time_s=queue_time_s,
         )  # fmt: skip
 
     # --- cache and stats ----------------------------------------------------------------------
@@ -498,3 +500,12 @@ def _prefill_time(req: Request, now: float) -> float | None:
     if req.output_ids or req.prefill_started_at is None:
         return None
     return now - req.prefill_started_at
+
+
+def _queue_time(req: Request) -> float | None:
+    """Seconds ``req`` waited from ``add_request`` to the step that first scheduled it (a
+    preempted request's requeue is not counted again, as in vLLM); None when it was
+    attached rather than queued."""
+    if req.queued_at is None or req.prefill_started_at is None:
+        return None
+    return req.prefill_started_at - req.queued_at

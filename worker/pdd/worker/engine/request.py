@@ -88,6 +88,10 @@ class RequestOutput:
     #: computing the prompt to that token (queueing before it excluded), as vLLM's
     #: ``request_prefill_time_seconds`` counts it; None on every other output.
     prefill_time_s: float | None = None
+    #: On the same output: seconds from ``add_request`` to the step that first scheduled
+    #: the request (its wait in the queue), as vLLM's ``request_queue_time_seconds``
+    #: counts it; None on every other output, and for a request whose KV came from elsewhere.
+    queue_time_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -195,6 +199,9 @@ class Request:
     #: When the step that first computed its prompt began (``Engine.clock``); None until
     #: then, and for a request that never prefills here (its KV came from elsewhere).
     prefill_started_at: float | None = None
+    #: When ``Engine.add_request`` queued it (``Engine.clock``); None for a request attached
+    #: with its KV from elsewhere, which never waits in the admission queue.
+    queued_at: float | None = None
 
     @property
     def tokens(self) -> list[int]:

@@ -32,7 +32,7 @@ class MonoRole(RoleBase):
             if session.cached_tokens is None:  # the first output: the admission's real hit
                 session.cached_tokens = session.md_hit_tokens = out.num_cached_tokens
                 self.metrics.count_prompt(n, out.num_cached_tokens)
-            self.metrics.observe_prefill(out.prefill_time_s)
+            self.metrics.observe_first_token(out)
             session.on_output(out)
 
         self.sessions[rid] = session

@@ -406,7 +406,7 @@ class PrefillRole(RoleBase):
             if out.error is not None and not first.done():
                 first.set_exception(RequestFailedError(out.error, out.error_type))
             elif out.new_token_ids and not first.done():
-                self.metrics.observe_prefill(out.prefill_time_s)
+                self.metrics.observe_first_token(out)
                 lp = out.logprobs[0] if out.logprobs else None
                 first.set_result(Prefilled(out.new_token_ids[0], out.num_cached_tokens, lp))
 

@@ -220,7 +220,8 @@ class VllmEngine:
 
 def _pdd_output(rid: str, out: Any, first: bool) -> RequestOutput:
     """One delta of vLLM's ``RequestOutput`` as the pdd engine's: the new IDs, the finish,
-    and on the first the prompt tokens vLLM did not compute (prefix cache plus import)."""
+    and on the first the prompt tokens vLLM did not compute (prefix cache plus import)
+    and the request's queue time."""
     completion = out.outputs[0]
     reason = None
     if out.finished:
@@ -231,7 +232,19 @@ def _pdd_output(rid: str, out: Any, first: bool) -> RequestOutput:
         finished=out.finished,
         finish_reason=reason,
         num_cached_tokens=int(out.num_cached_tokens or 0) if first else 0,
+        queue_time_s=_queue_time(out) if first else None,
     )
+
+
+def _queue_time(out: Any) -> float | None:
+    """vLLM's own queue time (``RequestStateStats``: first SCHEDULED less QUEUED, engine
+    core clock, what it observes as ``vllm:request_queue_time_seconds``), carried on its
+    outputs when stats are logged (our stat logger turns them on); None where it is not."""
+    stats = getattr(out, "metrics", None)
+    queued, scheduled = getattr(stats, "queued_ts", 0.0), getattr(stats, "scheduled_ts", 0.0)
+    if not (queued and scheduled):
+        return None
+    return max(0.0, float(scheduled) - float(queued))
 
 
 class VllmRunner(EngineRunner):
