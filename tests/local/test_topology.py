@@ -228,3 +228,16 @@ def test_the_printed_curl_reads_a_key_it_never_holds(tmp_path, monkeypatch) -> N
     keys, expression = api_keys(build_parser().parse_args(["--api-key-file", str(path)]))
     assert keys == ("sk-file-1", "sk-file-2")  # the file wins over the environment
     assert expression == f"$(awk 'NF {{print $1; exit}}' '{path}')" and "sk-file" not in expression
+
+
+def test_pdd_up_kv_codec_flag_is_the_wan_settings_field() -> None:
+    """``pdd up --kv-codec`` is generated from the setting it sets (``WanKVSettings.kv_codec``,
+    spec.wan.kvCodec): one name, help, default and choice list from the CRD to the flag."""
+    from pdd.common.config_document import WanKVSettings
+
+    flags = {a.dest: a for a in build_parser()._actions}
+    codec = WanKVSettings.model_fields["kv_codec"]
+    assert flags["kv_codec"].help.startswith(codec.description)
+    assert flags["kv_codec"].default == codec.default
+    assert list(flags["kv_codec"].choices) == ["none", "fp8", "int8", "int4", "adaptive"]
+    assert build_parser().parse_args(["--kv-codec", "int4"]).kv_codec == "int4"

@@ -184,3 +184,37 @@ def test_the_wan_settings_are_the_shared_models_from_crd_to_flag(tmp_path, monke
         field = WanKVSettings.model_fields[name]
         assert flags[name].help.startswith(field.description)
         assert RouterConfig.model_fields[name].default == field.default
+
+
+def test_every_document_setting_is_declared_on_its_field(tmp_path, monkeypatch):
+    """The router reads the document by the paths its fields declare (with their unit and
+    form converted there): ``file_settings`` adds only the derived worker list and the
+    secret's variable, so a setting is read from the document by declaring it once."""
+    from pdd.common.settings import document_fields
+    from pdd.router.config import file_settings
+
+    spec = PDDSpec.model_validate(yaml.safe_load(OPERATOR_CR.read_text())["spec"])
+    changed = spec.model_copy(
+        update={
+            "handoff": spec.handoff.model_copy(update={"policy": "oneShot"}),
+            "slo": spec.slo.model_copy(update={"ttft_p99_ms": 1500}),
+            "anomalous_traffic": spec.anomalous_traffic.model_copy(
+                update={"min_input_tokens": 1234, "max_output_tokens": 56}
+            ),
+        }
+    )
+    document = build_worker_config(changed, Owner(name="q", namespace="s", uid="u"), Site("s"))
+    fields = document_fields(RouterConfig)
+    assert {
+        "redis_url", "handoff", "anomalous_min_input_tokens", "anomalous_output_tokens_below",
+        "ttft_budget_s", "kv_codec", "md_recompute_max_tokens",
+    } <= set(fields)  # fmt: skip
+    read = file_settings(document)
+    assert set(read) == set(fields) | {"workers", "secret_env"}
+    path = tmp_path / "config.json"
+    path.write_text(document.to_json())
+    monkeypatch.setenv(document.shared_secret_env, "s3cret")
+    config = parse("--config", str(path))
+    assert config.handoff == "one-shot" and config.ttft_budget_s == 1.5
+    assert (config.anomalous_min_input_tokens, config.anomalous_output_tokens_below) == (1234, 56)
+    assert config.redis_url == document.store.redis_url

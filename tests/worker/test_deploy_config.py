@@ -247,3 +247,52 @@ def test_a_flag_given_at_its_default_still_wins_over_the_file(tmp_path, monkeypa
     assert (args.drain_seconds, args.kv_codec) == (45, "int8")
     args = parse_args(["--config", str(path), "--drain-seconds", "30", "--kv-codec", "none"])
     assert (args.drain_seconds, args.kv_codec) == (30, "none")
+
+
+@pytest.mark.unit
+def test_the_worker_options_are_its_flags_and_the_documents_fields(tmp_path, monkeypatch):
+    """One typed model: every setting flag is a ``WorkerOptions`` field (the engine's and the
+    WAN's are ``EngineSettings``' and ``WanKVSettings``' own: same help, aliases, bounds),
+    the document is read into its fields, and the worker's code gets the model."""
+    from typing import get_args
+
+    from pdd.common.config_document import EngineSettings, WanKVSettings
+    from pdd.worker.instance import ROLES
+    from pdd.worker.options import WorkerOptions, WorkerRole
+    from pdd.worker.server import build_parser
+
+    assert sorted(get_args(WorkerRole)) == sorted(ROLES)
+    fields = WorkerOptions.model_fields
+    flags = {a.dest: a for a in build_parser()._actions if a.option_strings}
+    assert set(flags) - set(fields) == {"help", "config"}
+    for shared in (EngineSettings, WanKVSettings):
+        for name in set(shared.model_fields) & set(flags):
+            assert fields[name].description == shared.model_fields[name].description
+            if name != "device":  # the worker's also takes cuda:N
+                assert fields[name].annotation == shared.model_fields[name].annotation, name
+            assert flags[name].help.startswith(shared.model_fields[name].description)
+    path = write(tmp_path, operator_config(kvCodec="int8"))
+    for name, value in POD_ENV.items():
+        monkeypatch.setenv(name, value)
+    options = parse_args(["--config", str(path)])
+    assert isinstance(options, WorkerOptions)
+    doc = read_config_document(path, "worker")
+    assert set(document_values(doc, POD_ENV)) <= set(fields)
+    assert options.kv_codec == "int8" and options.handoff == doc.handoff.flag
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("flag", "named"),
+    [
+        ("--kv-cache-gib", "--kv-cache-gib"),
+        ("--max-num-seqs", "--max-running-requests"),  # vLLM's name for the setting
+        ("--transfer-timeout-s", "--transfer-timeout-seconds"),
+    ],
+)
+def test_a_value_out_of_the_settings_bounds_is_refused_naming_its_flag(flag, named, capsys):
+    """The CRD's bounds hold for the flags too (the same fields): exit 2 with the flag."""
+    with pytest.raises(SystemExit) as exited:
+        parse_args(["--role", "prefill", "--instance-id", "p-0", flag, "0"])
+    assert exited.value.code == 2
+    assert f"{named}: Input should be greater than" in capsys.readouterr().err

@@ -23,8 +23,9 @@ def test_a_workers_resource_names_its_datacenter(
 ) -> None:
     seen: dict[str, Any] = {}
     monkeypatch.setattr(
-        server, "configure_from_args", lambda args, name, attributes: seen.update(attributes)
+        server, "config_from", lambda name, endpoint, file, attributes: seen.update(attributes)
     )
+    monkeypatch.setattr(server, "configure", lambda config: None)
     server.configure_tracing(server.parse_args(["--role", role, "--instance-id", f"{role}-0"]))
     assert seen == {
         "pdd.role": role, "pdd.datacenter": EXPECTED[role], "service.instance.id": f"{role}-0"

@@ -2,7 +2,8 @@
 
 One schema, three users: the operator builds a ``ConfigDocument`` and renders it
 (``to_json``), the worker and the router parse it (``parse_config_document``) and
-turn it into defaults for their own flags (explicit flags still win). Spellings on
+read it into their settings models, each field naming its path here
+(``pdd.common.settings.read_document``); flags given on the command line win. Spellings on
 the wire are camelCase, like the CRD the values come from. ``version`` is checked
 before anything else, so an image older or newer than the operator says which to
 upgrade instead of misreading fields; any other problem names the field.

@@ -16,6 +16,7 @@ default in ``--help``.
 from __future__ import annotations
 
 import argparse
+import copy
 import types
 import typing
 from collections.abc import Callable, Iterable, Sequence
@@ -57,6 +58,22 @@ class Setting:
         return (self.flag, *self.aliases)
 
 
+@dataclass(frozen=True)
+class DocumentField:
+    """Where a model's field is read from in the config document: a dotted camelCase path of
+    its wire form, and the conversion where the document writes the value in another unit
+    or form (milliseconds for seconds, the CRD's policy name for the flag's). Kept in the
+    pydantic field's metadata (``setting``, ``from_document``), read by ``read_document``."""
+
+    path: str
+    convert: Callable[[Any], Any] | None = None
+
+    def read(self, document: dict[str, Any]) -> Any:
+        """The field's value in ``document`` (a ``None`` is not converted)."""
+        value = config_value(document, self.path)
+        return value if self.convert is None or value is None else self.convert(value)
+
+
 def setting(
     default: Any = None,
     help: str = "",
@@ -66,12 +83,14 @@ def setting(
     metavar: str | None = None,
     default_text: str | None = None,
     field: str | None = None,
+    convert: Callable[[Any], Any] | None = None,
 ) -> Any:
     """A pydantic field that is a setting (a flag and a docs row) of a model with no config
     document of its own (the router's ``RouterConfig``): its help is the description.
 
     ``field``: the config document's field (a dotted camelCase path, ``wan.declaredGbps``)
-    the setting is read from where the operator renders one (``config_value``)."""
+    the setting is read from where the operator renders one (``read_document``), its value
+    passed through ``convert`` where the document's unit or form differs."""
     extra = {
         "flagAliases": list(aliases) or None,
         "flagMetavar": metavar,
@@ -80,10 +99,47 @@ def setting(
     }
     schema_extra: dict[str, Any] = {k: v for k, v in extra.items() if v is not None}
     if default_factory is not None:
-        return Field(
+        info = Field(
             default_factory=default_factory, description=help, json_schema_extra=schema_extra
         )
-    return Field(default, description=help, json_schema_extra=schema_extra)
+    else:
+        info = Field(default, description=help, json_schema_extra=schema_extra)
+    if field is not None:
+        info.metadata.append(DocumentField(field, convert))
+    return info
+
+
+def from_document(default: Any, field: str, convert: Callable[[Any], Any] | None = None) -> Any:
+    """A pydantic field that is no flag but is read from the config document's ``field``
+    (through ``convert``, as ``setting``'s): e.g. a value the operator alone sets."""
+    info = Field(default)
+    info.metadata.append(DocumentField(field, convert))
+    return info
+
+
+def same_setting(info: FieldInfo, *, field: str | None = None) -> Any:
+    """Another model's field as a field of this one: the same setting (its help, defaults,
+    aliases and bounds, declared once there), e.g. an ``EngineSettings`` field among the
+    worker's options; ``field``: where this model reads it from the config document."""
+    same = copy.deepcopy(info)
+    if field is not None:
+        same.metadata.append(DocumentField(field))
+    return same
+
+
+def document_fields(cls: type[BaseModel]) -> dict[str, DocumentField]:
+    """The fields of ``cls`` read from the config document, each with where and how."""
+    return {
+        name: marks[0]
+        for name, info in cls.model_fields.items()
+        if (marks := [m for m in info.metadata if isinstance(m, DocumentField)])
+    }
+
+
+def read_document(cls: type[BaseModel], document: dict[str, Any]) -> dict[str, Any]:
+    """The values of ``cls``' document fields (``document_fields``) in ``document``'s wire
+    form, by field name, converted to the field's unit and form."""
+    return {name: field.read(document) for name, field in document_fields(cls).items()}
 
 
 def _unwrap(annotation: Any) -> tuple[Any, bool]:

@@ -30,8 +30,7 @@ from pathlib import Path
 
 from pdd.common.api_keys import ApiKeyFileError, env_api_keys, read_api_key_file
 from pdd.common.block_hash import DEFAULT_BLOCK_SIZE
-from pdd.common.config_document import API_KEYS_ENV
-from pdd.common.kv_codec import KV_CODEC_SETTINGS, MD_RECOMPUTE_MAX_TOKENS, NO_CODEC
+from pdd.common.config_document import API_KEYS_ENV, WanKVSettings
 from pdd.common.model_store import (
     BUILTINS,
     DEFAULT_MODEL,
@@ -40,6 +39,7 @@ from pdd.common.model_store import (
     default_model,
     resolve_model,
 )
+from pdd.common.settings import add_settings, settings_of
 from pdd.common.settings import parser as settings_parser
 from pdd.common.tracing import TRACES_FILE, TRACES_FILE_ENV
 from pdd.common.vocabulary import Role
@@ -85,14 +85,8 @@ def add_stack_flags(p: argparse.ArgumentParser, default_log_dir: Path | None) ->
         help="TLS 1.3 on the channels between the datacenters (spec.wan.tls; a CA and "
         "certificate are generated for the run)",
     )  # fmt: skip
-    p.add_argument(
-        "--kv-codec", choices=KV_CODEC_SETTINGS, default=NO_CODEC,
-        help="how P codes the KV it sends MD across the WAN (spec.wan.kvCodec); lossy but "
-        "for none, so outputs may differ slightly from mono's; adaptive: the router picks, "
-        "per request, the exact KV where it fits the TTFT budget on the live link, else MD "
-        f"computing a miss of up to {MD_RECOMPUTE_MAX_TOKENS} tokens, else the least "
-        "lossy of int8, int4 that fits",
-    )  # fmt: skip
+    # spec.wan.kvCodec: the WAN settings' field, its help, default and choices.
+    add_settings(p, settings_of(WanKVSettings), only={"kv_codec"})
     p.add_argument("--redis", help="redis://HOST:PORT/DB for the router (default: embedded)")
     p.add_argument("--ttft-budget-s", type=float, help="the router's TTFT budget for P-MD")
     p.add_argument(

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from pdd.common.block_hash import DEFAULT_BLOCK_SIZE
-from pdd.common.config_document import ConfigDocument, WanKVSettings
+from pdd.common.config_document import HANDOFF_POLICIES, ConfigDocument, WanKVSettings
 from pdd.common.cost_model import LinkState, kv_bytes_per_token, kv_bytes_per_token_from_hf_config
 from pdd.common.gguf_file import GGUFModelFile, gguf_checkpoint
 from pdd.common.kv_codec import (
@@ -29,7 +29,7 @@ from pdd.common.kv_codec import (
     KVCodecSetting,
     default_codec,
 )
-from pdd.common.settings import Setting, config_value, setting, settings_of
+from pdd.common.settings import Setting, from_document, read_document, setting, settings_of
 from pdd.common.vocabulary import Role, ToolCallFormat
 from pdd.common.wan_tls import HTTPS_ROLES
 from pdd.router.tokenization import TINY_MODEL
@@ -45,6 +45,11 @@ TINY_KV_BYTES_PER_TOKEN = kv_bytes_per_token(*TINY_KV_SHAPE)
 _WAN_KV = WanKVSettings()
 #: The ``WanKVSettings`` fields the router reads (``transfer_timeout_seconds`` is the workers').
 ROUTER_WAN_SETTINGS = frozenset({"kv_codec", "md_recompute_max_tokens"})
+
+
+def ms_to_s(milliseconds: float) -> float:
+    """The document's milliseconds (``slo.ttftP99Ms``) as the router's seconds."""
+    return milliseconds / 1000.0
 
 
 class ConfigError(ValueError):
@@ -84,8 +89,9 @@ class RouterConfig(BaseModel):
     properties.
 
     A field made with ``setting`` is a flag and a row of docs/configuration.md (its help,
-    default and config-document field written here once); ``file_settings`` reads the
-    document's values straight into these fields by that field, and ``build_config`` lays
+    default and config-document field written here once), one made with ``from_document``
+    a value the document alone sets; ``file_settings`` reads the document's values straight
+    into these fields by the path (and conversion) each declares, and ``build_config`` lays
     the flags given over them. The consistency of the whole (workers, secret, limits) is
     checked after validation and refused as a ``ConfigError`` saying what to pass."""
 
@@ -104,7 +110,7 @@ class RouterConfig(BaseModel):
         default_text="the --model folder's name",
         field="model.servedName",
     )
-    redis_url: str | None = None
+    redis_url: str | None = from_document(None, "store.redisUrl")
     #: The longest a request waits for Redis (prefix lookup, loads) before it is routed
     #: on this replica's local state and the store counts Redis as down.
     redis_deadline_s: float = setting(
@@ -125,6 +131,8 @@ class RouterConfig(BaseModel):
     ttft_budget_s: float = setting(
         2.0,
         "TTFT budget the P -> MD path must meet, seconds",
+        field="slo.ttftP99Ms",
+        convert=ms_to_s,
     )
     #: P's prefill throughput until the router has measured it (the estimator's prior).
     prefill_tokens_per_s: float = setting(
@@ -148,8 +156,10 @@ class RouterConfig(BaseModel):
     #: How P codes the KV it sends MD across the WAN, and the most prompt tokens MD may
     #: compute itself (PolicyConfig): ``WanKVSettings``' fields, whose flags, help and
     #: defaults they are (``ROUTER_WAN_SETTINGS``).
-    kv_codec: KVCodecSetting = _WAN_KV.kv_codec
-    md_recompute_max_tokens: int = _WAN_KV.md_recompute_max_tokens
+    kv_codec: KVCodecSetting = from_document(_WAN_KV.kv_codec, "wan.kvCodec")
+    md_recompute_max_tokens: int = from_document(
+        _WAN_KV.md_recompute_max_tokens, "wan.mdRecomputeMaxTokens"
+    )
     block_size: int = setting(
         DEFAULT_BLOCK_SIZE,
         "tokens per KV block (the workers')",
@@ -224,14 +234,16 @@ class RouterConfig(BaseModel):
     handoff: Literal["auto", "one-shot", "catch-up"] = setting(
         "auto",
         "how RLD hands requests to MD",
+        field="handoff.policy",
+        convert=HANDOFF_POLICIES.__getitem__,
     )
     catchup_threshold: int = setting(
         64,
         "catch-up handoff: tokens MD may lag before it takes over",
         field="handoff.catchUpThreshold",
     )
-    anomalous_min_input_tokens: int = 32_000
-    anomalous_output_tokens_below: int = 500
+    anomalous_min_input_tokens: int = from_document(32_000, "anomalousTraffic.minInputTokens")
+    anomalous_output_tokens_below: int = from_document(500, "anomalousTraffic.maxOutputTokens")
     #: Baselines for benchmarks: "naive" sends every request P -> MD shipping the full
     #: KV with no decode-side cache (naive cross-datacenter PD); None lets the policy choose.
     force_pipeline: Literal["naive"] | None = setting(
@@ -364,28 +376,25 @@ def file_settings(doc: ConfigDocument, wan_tls: bool = False) -> dict[str, Any]:
 
     ``wan_tls``: WAN TLS is on (the router was given the CA), so the roles it reaches
     across the WAN (``HTTPS_ROLES``) are dialled with https."""
-    wire = doc.to_wire()
-    settings: dict[str, Any] = {
-        # The settings whose field the table names (RouterConfig's ``setting(field=...)``).
-        **{s.name: config_value(wire, s.field) for s in settings_of(RouterConfig) if s.field},
-        **doc.wan.model_dump(include=set(ROUTER_WAN_SETTINGS)),
-        "redis_url": doc.store.redis_url,
-        "handoff": doc.handoff.flag,
-        "anomalous_min_input_tokens": doc.anomalous_traffic.min_input_tokens,
-        "anomalous_output_tokens_below": doc.anomalous_traffic.max_output_tokens,
-        "ttft_budget_s": doc.slo.ttft_p99_ms / 1000.0,
-        "workers": tuple(
-            WorkerRef(
-                role=Role(role),
-                http_url=f"{_scheme(Role(role), wan_tls)}://{peer.host}:{peer.http_port}",
-                dns_host=peer.host,
-                http_port=peer.http_port,
-            )
-            for role, peer in doc.peers.workers().items()
-        ),
+    return {
+        # Each field that declares its document path (``setting(field=...)``, ``from_document``).
+        **read_document(RouterConfig, doc.to_wire()),
+        "workers": document_workers(doc, wan_tls),
         "secret_env": doc.shared_secret_env,
     }
-    return settings
+
+
+def document_workers(doc: ConfigDocument, wan_tls: bool) -> tuple[WorkerRef, ...]:
+    """Each worker role's Service in the document (its peers), as a host to resolve."""
+    return tuple(
+        WorkerRef(
+            role=Role(role),
+            http_url=f"{_scheme(Role(role), wan_tls)}://{peer.host}:{peer.http_port}",
+            dns_host=peer.host,
+            http_port=peer.http_port,
+        )
+        for role, peer in doc.peers.workers().items()
+    )
 
 
 def _scheme(role: Role, wan_tls: bool) -> str:

@@ -6,7 +6,6 @@ No vLLM needed; the real engine is ``test_vllm_worker.py``'s.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import importlib.util
 import os
@@ -35,6 +34,7 @@ from pdd.testing.asgi import StreamingASGITransport
 from pdd.testing.waiting import until
 from pdd.worker import server
 from pdd.worker.instance import WorkerInstance
+from pdd.worker.options import WorkerOptions
 from pdd.worker.roles.base import WorkerSettings
 from pdd.worker.vllm.kv_events import RouterChains
 from pdd.worker.vllm.serving import KVUsage, VllmEngine, VllmRunner
@@ -227,9 +227,9 @@ async def test_what_vllm_cannot_serve_is_refused_with_a_reason(
     assert not h.worker.role.live and not h.llm.prompts
 
 
-def worker_args(*argv: str) -> argparse.Namespace:
+def worker_args(*argv: str) -> WorkerOptions:
     base = ["--engine", "vllm", "--role", "mono", "--instance-id", "vm", "--model", "."]
-    return server.build_parser().parse_args([*base, *argv])
+    return server.parse_args([*base, *argv])
 
 
 def test_worker_flags_reach_vllm_by_its_names(tmp_path: Path) -> None:

@@ -25,28 +25,32 @@ from types import FrameType
 
 import torch
 import uvicorn
+from pydantic import ValidationError
 
 from pdd.common.block_hash import DEFAULT_BLOCK_SIZE
-from pdd.common.config_document import (
-    ConfigDocumentError,
-    EngineSettings,
-    WanKVSettings,
-    read_config_document,
-)
+from pdd.common.config_document import ConfigDocumentError, read_config_document
 from pdd.common.gc_heap import freeze_startup_heap
 from pdd.common.kv_codec import KVCodecSetting, parse_kv_codec_setting
 from pdd.common.logs import add_log_flags, configure_logging
 from pdd.common.settings import add_settings, settings_of
 from pdd.common.settings import parser as settings_parser
-from pdd.common.tracing import TracingConfigError, add_tracing_flags, configure_from_args
-from pdd.common.vocabulary import datacenter
+from pdd.common.tracing import TracingConfigError, add_tracing_flags, config_from, configure
+from pdd.common.vocabulary import Role, datacenter
 from pdd.common.wire import WorkerRefusal
-from pdd.worker.deploy_config import WORKER_WAN_SETTINGS, document_values, given_dests
+from pdd.worker.deploy_config import document_values, given_dests
 from pdd.worker.engine import Engine, EngineConfigError
 from pdd.worker.engine.device import SYSTEM_PROBE, DeviceProbe
 from pdd.worker.engine.kv_codec import fp8_supported
 from pdd.worker.engine_runner import EngineRunner, ThreadEngineRunner
-from pdd.worker.instance import ROLES, WorkerInstance
+from pdd.worker.instance import WorkerInstance
+from pdd.worker.options import (
+    ENGINE_FIELDS,
+    IDENTITY_FIELDS,
+    KV_SIZE_FIELDS,
+    VLLM_FIELDS,
+    WORKER_WAN_SETTINGS,
+    WorkerOptions,
+)
 from pdd.worker.refused_config import ENGINE_SETTINGS, WAN_TLS_FILES, serve_refused
 from pdd.worker.roles.base import WorkerSettings
 from pdd.worker.roles.protocol import split_addr
@@ -55,7 +59,6 @@ from pdd.worker.vllm.offline import VllmNotInstalledError
 from pdd.worker.vllm.startup import host_files, start_stoppably
 from pdd.worker.vllm.worker_config import (
     VllmWorkerConfigError,
-    add_engine_flags,
     remove_dead_workers_files,
     vllm_settings,
 )
@@ -63,15 +66,16 @@ from pdd.worker.vllm.worker_config import (
 log = logging.getLogger("pdd.worker")
 
 
-#: The engine settings' flag names (``dest``): the fields of the engine's settings table.
-ENGINE_DESTS = frozenset(EngineSettings.model_fields)
-
-
 class ConfigError(ValueError):
     """A command-line option is missing or inconsistent; the message says which."""
 
 
+#: The worker's options table: ``WorkerOptions``' fields that are flags.
+OPTIONS = settings_of(WorkerOptions)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """``pdd worker``'s flags, generated from ``WorkerOptions`` (grouped for ``--help``)."""
     p = settings_parser("pdd worker", __doc__.splitlines()[0])
     p.add_argument(
         "--config",
@@ -79,105 +83,65 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("PDD_CONFIG"),
         help="the operator's rendered config.json (else $PDD_CONFIG); flags override it",
     )
-    p.add_argument("--role", choices=sorted(ROLES), help="required, or $PDD_ROLE with --config")
-    p.add_argument(
-        "--model", default="tiny",
-        help='"tiny" (random weights, for tests), a checkpoint directory or a GGUF file',
-    )  # fmt: skip
-    p.add_argument("--instance-id", help="required, or $PDD_INSTANCE_ID with --config")
-    p.add_argument("--http", default="127.0.0.1:8000", help="HOST:PORT of the control API")
-    p.add_argument("--advertise-http", help="HOST:PORT the router uses (default: --http)")
-    p.add_argument("--data", default="127.0.0.1:9000", help="HOST:PORT to listen for KV")
-    p.add_argument(
-        "--wan", help="HOST:PORT to listen for peers across the WAN (default: --data serves them)"
-    )
-    p.add_argument("--advertise-fast", help="data address peers in this datacenter use")
-    p.add_argument("--advertise-wan", help="data address peers across the WAN use")
-    p.add_argument(
-        "--wan-tls-dir",
-        type=Path,
-        help="TLS on the WAN port and WAN dials, and on the HTTP port of the role the router "
-        "reaches across the WAN (main): a folder with tls.crt, tls.key and ca.crt (needs "
-        "--wan; peers must chain to ca.crt)",
-    )
-    p.add_argument("--secret-file", type=Path, help="shared secret (else $PDD_SHARED_SECRET)")
-    p.add_argument("--secret-env", default="PDD_SHARED_SECRET", help=argparse.SUPPRESS)
+    add_settings(p, OPTIONS, only=IDENTITY_FIELDS)
+    secret_env = WorkerOptions.model_fields["secret_env"].default
+    p.add_argument("--secret-env", default=secret_env, help=argparse.SUPPRESS)
     engine = p.add_argument_group(
         "engine (the settings table pdd.common.config_document.EngineSettings, also the "
         "CRD's spec.engine; the config document gives the defaults, flags win)"
     )
-    kv_size = {"kv_cache_memory_fraction", "kv_cache_gib"}
-    add_settings(engine, settings_of(EngineSettings), only=ENGINE_DESTS - kv_size)
-    kv = engine.add_mutually_exclusive_group()
-    add_settings(kv, settings_of(EngineSettings), only=kv_size)
-    kv.add_argument("--num-blocks", type=int, help="KV cache size in blocks (tests, benchmarks)")
-    engine.add_argument(
-        "--block-size", type=int, default=None,
-        help="tokens per KV block, the router's too (default: 16; with --engine vllm, vLLM's)",
-    )  # fmt: skip
-    p.add_argument(
-        "--handoff", default="auto", choices=("auto", "one-shot", "catch-up"),
-        help="how RLD hands a request to MD: one-shot, catch-up, or auto (by relay load)",
-    )  # fmt: skip
-    p.add_argument(
-        "--catchup-load-level",
-        type=float,
-        default=0.5,
-        help="auto handoff: relay load above this -> one-shot",
-    )
+    add_settings(engine, OPTIONS, only=ENGINE_FIELDS - KV_SIZE_FIELDS)
+    add_settings(engine.add_mutually_exclusive_group(), OPTIONS, only=KV_SIZE_FIELDS)
+    add_settings(engine, OPTIONS, only={"block_size"})
+    add_settings(p, OPTIONS, only={"handoff", "catchup_load_level"})
     wan = p.add_argument_group(
         "how KV crosses the WAN (the settings table pdd.common.config_document.WanKVSettings, "
         "also the CRD's spec.wan; the config document gives the defaults, flags win; under "
         "adaptive MD takes whichever codec the router names per request)"
     )
-    add_settings(wan, settings_of(WanKVSettings), only=WORKER_WAN_SETTINGS)
-    p.add_argument(
-        "--drain-seconds",
-        type=float,
-        default=30.0,
-        help="on SIGTERM, how long to let running requests finish before exiting",
-    )
-    p.add_argument(
-        "--drain-notice-seconds",
-        type=float,
-        default=5.0,
-        help="on SIGTERM, keep serving what is still sent this long (routers poll every "
-        "0.5 s; Kubernetes takes a few seconds to drop the pod from its Service)",
-    )
-    add_engine_flags(p)
+    add_settings(wan, OPTIONS, only=WORKER_WAN_SETTINGS)
+    add_settings(p, OPTIONS, only={"drain_seconds", "drain_notice_seconds", "engine"})
+    vllm = p.add_argument_group("--engine vllm (vLLM's own flag names)")
+    add_settings(vllm, OPTIONS, only=VLLM_FIELDS)
     add_log_flags(p)
     add_tracing_flags(p)
     return p
 
 
-#: The flags that size the KV cache (at most one applies; see build_engine).
-KV_SIZE_DESTS = ("num_blocks", "kv_cache_memory_fraction", "kv_cache_gib")
+def parse_args(argv: list[str]) -> WorkerOptions:
+    """Flags, over the operator's config file (if any), over the options' defaults.
 
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    """Flags, over the operator's config file (if any), over the flags' defaults.
-
-    The document's typed values are set on the parsed flags as they are (no argparse
-    default, no second parse of them); a flag given on the command line keeps its value."""
+    The document's typed values go into the options as they are (no argparse default, no
+    second parse of them); a flag given on the command line keeps its value."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    values = {name: getattr(args, name) for name in WorkerOptions.model_fields}
     if args.config is not None:
         try:
             doc = read_config_document(args.config, "worker")
         except ConfigDocumentError as exc:
             parser.error(str(exc))
         given = given_dests(parser, argv)
-        values = document_values(doc, os.environ, args.role)
-        if given & set(KV_SIZE_DESTS):
+        from_file = document_values(doc, os.environ, args.role)
+        if given & KV_SIZE_FIELDS:
             # A KV size on the command line replaces the file's, whichever way each sizes it.
-            values = {k: v for k, v in values.items() if k not in KV_SIZE_DESTS}
-        for dest, value in values.items():
-            if dest not in given:
-                setattr(args, dest, value)
-    for dest, flag in (("role", "--role"), ("instance_id", "--instance-id")):
-        if getattr(args, dest) is None:
-            parser.error(f"{flag} is required (or --config with ${'PDD_' + dest.upper()} set)")
-    return args
+            from_file = {k: v for k, v in from_file.items() if k not in KV_SIZE_FIELDS}
+        values.update({k: v for k, v in from_file.items() if k not in given})
+    for name, flag in (("role", "--role"), ("instance_id", "--instance-id")):
+        if values[name] is None:
+            parser.error(f"{flag} is required (or --config with ${'PDD_' + name.upper()} set)")
+    try:
+        return WorkerOptions.model_validate(values)
+    except ValidationError as exc:
+        parser.error(invalid_options(exc))
+
+
+def invalid_options(exc: ValidationError) -> str:
+    """Each refused value by its flag, e.g. ``--kv-cache-gib: Input should be greater
+    than 0``."""
+    return "; ".join(
+        f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}" for err in exc.errors()
+    )
 
 
 def read_secret(path: Path | None, env_name: str) -> str:
@@ -187,26 +151,29 @@ def read_secret(path: Path | None, env_name: str) -> str:
     return secret
 
 
-def build_settings(args: argparse.Namespace) -> WorkerSettings:
+def build_settings(options: WorkerOptions) -> WorkerSettings:
     """The worker's settings; raises ``ConfigError`` (no secret) or ``TlsConfigError``."""
     return WorkerSettings(
-        role=args.role,
-        instance_id=args.instance_id,
-        secret=read_secret(args.secret_file, args.secret_env),
-        handoff=args.handoff,
-        catchup_load_level=args.catchup_load_level,
-        transfer_timeout_s=args.transfer_timeout_seconds,
-        advertise_fast=args.advertise_fast or args.data,
-        advertise_wan=args.advertise_wan or args.wan or args.advertise_fast or args.data,
-        http=args.advertise_http or args.http,
-        wan_tls=wan_tls(args),
-        kv_codec=kv_codec(args),
+        role=Role(options.role),
+        instance_id=options.instance_id,
+        secret=read_secret(options.secret_file, options.secret_env),
+        handoff=options.handoff,
+        catchup_load_level=options.catchup_load_level,
+        transfer_timeout_s=options.transfer_timeout_seconds,
+        advertise_fast=options.advertise_fast or options.data,
+        advertise_wan=options.advertise_wan
+        or options.wan
+        or options.advertise_fast
+        or options.data,
+        http=options.advertise_http or options.http,
+        wan_tls=wan_tls(options),
+        kv_codec=kv_codec(options),
     )
 
 
-def kv_codec(args: argparse.Namespace) -> KVCodecSetting:
+def kv_codec(options: WorkerOptions) -> KVCodecSetting:
     """``--kv-codec``, refused when this torch cannot code it (fp8 needs float8 e4m3)."""
-    codec = parse_kv_codec_setting(args.kv_codec)
+    codec = parse_kv_codec_setting(options.kv_codec)
     if codec == "fp8" and not fp8_supported():
         raise ConfigError(
             f"--kv-codec fp8 needs torch with float8_e4m3fn (this is torch {torch.__version__}); "
@@ -215,71 +182,73 @@ def kv_codec(args: argparse.Namespace) -> KVCodecSetting:
     return codec
 
 
-def wan_tls(args: argparse.Namespace) -> WanTls | None:
+def wan_tls(options: WorkerOptions) -> WanTls | None:
     """The WAN TLS contexts from ``--wan-tls-dir``; None without it."""
-    if args.wan_tls_dir is None:
+    if options.wan_tls_dir is None:
         return None
-    if args.wan is None:
+    if options.wan is None:
         raise TlsConfigError("--wan-tls-dir needs --wan: TLS is served on the WAN port only")
-    return load_wan_tls(args.wan_tls_dir)
+    return load_wan_tls(options.wan_tls_dir)
 
 
-def build_engine(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> Engine:
+def build_engine(options: WorkerOptions, probe: DeviceProbe = SYSTEM_PROBE) -> Engine:
     return Engine(
-        args.model,
+        options.model,
         probe=probe,
-        dtype=args.dtype,
-        device=args.device,
-        block_size=args.block_size or DEFAULT_BLOCK_SIZE,
-        num_blocks=args.num_blocks,
-        kv_budget_bytes=None if args.kv_cache_gib is None else round(args.kv_cache_gib * 2**30),
-        kv_cache_memory_fraction=args.kv_cache_memory_fraction,
-        max_running_requests=args.max_running_requests,
-        max_model_len=args.max_model_len,
-        max_prompt_tokens=args.max_prompt_tokens,
-        max_num_batched_tokens=args.max_num_batched_tokens,
+        dtype=options.dtype,
+        device=options.device,
+        block_size=options.block_size or DEFAULT_BLOCK_SIZE,
+        num_blocks=options.num_blocks,
+        kv_budget_bytes=None
+        if options.kv_cache_gib is None
+        else round(options.kv_cache_gib * 2**30),
+        kv_cache_memory_fraction=options.kv_cache_memory_fraction,
+        max_running_requests=options.max_running_requests,
+        max_model_len=options.max_model_len,
+        max_prompt_tokens=options.max_prompt_tokens,
+        max_num_batched_tokens=options.max_num_batched_tokens,
     )
 
 
-async def build_runner(
-    args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE
-) -> EngineRunner:
+async def build_runner(options: WorkerOptions, probe: DeviceProbe = SYSTEM_PROBE) -> EngineRunner:
     """The engine and its driver: the pdd engine on its thread, or (``--engine vllm``)
     vLLM's AsyncLLM on this loop (``pdd.worker.vllm.serving``, imported only then; P, RLD
     and MD with the KV moves of ``role_engine``)."""
     loop = asyncio.get_running_loop()
-    if args.engine == "vllm":
+    if options.engine == "vllm":
         from pdd.worker.vllm import role_engine, serving
 
         for path in remove_dead_workers_files():
             log.info("removed %s, left by a worker that no longer runs", path)
         try:
-            settings = vllm_settings(args)
+            settings = vllm_settings(options)
             moves_kv = settings.kv_store_dir is not None
             start = role_engine.start_role_engine if moves_kv else serving.start_engine
             engine = await start_stoppably(
-                lambda: start(settings, args.router_block_size),
+                lambda: start(settings, options.router_block_size),
                 host_files(settings),
             )
         except (VllmWorkerConfigError, VllmNotInstalledError) as exc:
             raise ConfigError(str(exc)) from exc
         return serving.VllmRunner(engine, loop)
-    return ThreadEngineRunner(build_engine(args, probe), loop)
+    return ThreadEngineRunner(build_engine(options, probe), loop)
 
 
-async def run(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> None:
+async def run(options: WorkerOptions, probe: DeviceProbe = SYSTEM_PROBE) -> None:
     try:
-        settings = build_settings(args)
-        runner = await build_runner(args, probe)
+        settings = build_settings(options)
+        runner = await build_runner(options, probe)
     except (EngineConfigError, TlsConfigError) as exc:
         # Stay up, not ready, saying why: exiting would crash-loop the pod (refused_config).
-        refusal = WorkerRefusal(role=args.role, instance_id=args.instance_id, problem=str(exc))
+        refusal = WorkerRefusal(
+            role=options.role, instance_id=options.instance_id, problem=str(exc)
+        )
         tls = isinstance(exc, TlsConfigError)
-        await serve_refused(refusal, args.http, WAN_TLS_FILES if tls else ENGINE_SETTINGS)
+        await serve_refused(refusal, options.http, WAN_TLS_FILES if tls else ENGINE_SETTINGS)
         return
     worker = WorkerInstance(settings, runner)
-    await worker.start(args.data, args.wan)
-    http_host, http_port = split_addr(args.http)
+    await worker.start(options.data, options.wan)
+    http_host, http_port = split_addr(options.http)
     server = DrainingServer(
         uvicorn.Config(
             worker.app,
@@ -291,8 +260,8 @@ async def run(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> No
             ssl_context_factory=http_tls(settings),
         ),
         worker,
-        args.drain_seconds,
-        args.drain_notice_seconds,
+        options.drain_seconds,
+        options.drain_notice_seconds,
     )
     assert worker.data is not None
     info = worker.role.engine_info
@@ -301,15 +270,15 @@ async def run(args: argparse.Namespace, probe: DeviceProbe = SYSTEM_PROBE) -> No
         "kernels %s, KV %d blocks "
         "x %d = %d tokens (%.2f GiB), max running %d, max prompt %d tokens, chunked prefill "
         "%d tokens",
-        args.role,
+        options.role,
         settings.instance_id,
-        args.data,
+        options.data,
         worker.data.port,
         f"on port {worker.wan.port}{tls_words(settings.wan_tls)}"
         if worker.wan
         else "on the same port",
         settings.http_scheme,
-        args.http,
+        options.http,
         info.device,
         info.dtype,
         info.dtype_reason,
@@ -381,30 +350,31 @@ class DrainingServer(uvicorn.Server):
         drain.add_done_callback(lambda _: setattr(self, "should_exit", True))
 
 
-def configure_tracing(args: argparse.Namespace) -> None:
+def configure_tracing(options: WorkerOptions) -> None:
     """Spans as ``pdd-<role>`` (``OTEL_SERVICE_NAME`` overrides), naming the instance
     and its datacenter; ``OTEL_RESOURCE_ATTRIBUTES`` adds the pool and the rest."""
     attributes = {
-        "pdd.role": args.role,
-        "pdd.datacenter": datacenter(args.role),
-        "service.instance.id": args.instance_id,
+        "pdd.role": options.role,
+        "pdd.datacenter": datacenter(options.role),
+        "service.instance.id": options.instance_id,
     }
-    configure_from_args(args, f"pdd-{args.role}", attributes)
+    service = f"pdd-{options.role}"
+    configure(config_from(service, options.otlp_traces_endpoint, options.traces_file, attributes))
 
 
 def main(argv: list[str], probe: DeviceProbe = SYSTEM_PROBE) -> int:
     """``pdd worker``; ``probe`` stands in for the machine (tests fake a CPU or a GPU)."""
-    args = parse_args(argv)
-    configure_logging(args.log_level, args.log_format)
+    options = parse_args(argv)
+    configure_logging(options.log_level, options.log_format)
     try:
-        configure_tracing(args)
+        configure_tracing(options)
     except TracingConfigError as exc:
         log.error("%s", exc)
         return 2
-    if args.torch_threads:
-        torch.set_num_threads(args.torch_threads)
+    if options.torch_threads:
+        torch.set_num_threads(options.torch_threads)
     try:
-        asyncio.run(run(args, probe))
+        asyncio.run(run(options, probe))
     except ConfigError as exc:
         log.error("%s", exc)
         return 2

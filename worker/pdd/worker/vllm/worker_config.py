@@ -17,11 +17,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pdd.common.block_hash import DEFAULT_BLOCK_SIZE
 from pdd.common.model_store import ModelNotPulledError, resolve_model
+from pdd.common.settings import add_settings, settings_of
+from pdd.worker.options import VllmOnlySettings, WorkerOptions
 from pdd.worker.vllm.engine_args import VllmEngineSettings
 
-ENGINES = ("pdd", "vllm")
 #: vLLM's KV space unless the flags size it: the pdd worker's CPU default.
 DEFAULT_KV_BYTES = 256 << 20
 
@@ -30,62 +30,42 @@ class VllmWorkerConfigError(ValueError):
     """The worker's flags ask engine vllm for what it does not do; says which."""
 
 
-def add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    """``--engine`` and the settings only vLLM reads, by vLLM's names."""
-    parser.add_argument(
-        "--engine", choices=ENGINES, default="pdd",
-        help="the inference engine: PDD's own, or vLLM's AsyncLLM (the pdd[vllm] extra)",
-    )  # fmt: skip
-    g = parser.add_argument_group("--engine vllm (vLLM's own flag names)")
-    add_vllm_only_flags(g)
-    g.add_argument(
-        "--router-block-size", type=int, default=DEFAULT_BLOCK_SIZE,
-        help="the router's --block-size: vLLM's cached blocks are published as the router's "
-        f"blocks of this many tokens (default: {DEFAULT_BLOCK_SIZE}, the router's)",
-    )  # fmt: skip
-
-
 def add_vllm_only_flags(g: argparse._ArgumentGroup) -> None:
-    """The settings vLLM has and the pdd engine does not, by vLLM's names (``pdd worker``
-    and ``pdd generate`` both take them)."""
-    g.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs the model spans")
-    g.add_argument("--kv-cache-dtype", default="auto", help="KV cache dtype (auto: the model's)")
-    g.add_argument(
-        "--enforce-eager", action="store_true",
-        help="no compiled graphs: starts sooner (no warm-up with a set KV size)",
-    )  # fmt: skip
+    """The settings vLLM has and the pdd engine does not, by vLLM's names (``pdd generate``
+    takes them; ``pdd worker`` has them among its options)."""
+    add_settings(g, settings_of(VllmOnlySettings))
 
 
-def vllm_settings(args: argparse.Namespace) -> VllmEngineSettings:
-    """vLLM's settings from ``pdd worker``'s parsed flags (``VllmWorkerConfigError``)."""
-    if args.router_block_size <= 0:
+def vllm_settings(options: WorkerOptions) -> VllmEngineSettings:
+    """vLLM's settings from ``pdd worker``'s options (``VllmWorkerConfigError``)."""
+    if options.router_block_size <= 0:
         raise VllmWorkerConfigError(
-            f"--router-block-size must be positive, got {args.router_block_size}"
+            f"--router-block-size must be positive, got {options.router_block_size}"
         )
     pdd_only = (("num_blocks", "--num-blocks"), ("max_prompt_tokens", "--max-prompt-tokens"))
     for dest, flag in pdd_only:
-        if getattr(args, dest) is not None:
+        if getattr(options, dest) is not None:
             raise VllmWorkerConfigError(f"{flag} is the pdd engine's; vLLM has no such setting")
     kv_bytes = None
-    if args.kv_cache_gib is not None:
-        kv_bytes = round(args.kv_cache_gib * 2**30)
-    elif args.kv_cache_memory_fraction is None:
+    if options.kv_cache_gib is not None:
+        kv_bytes = round(options.kv_cache_gib * 2**30)
+    elif options.kv_cache_memory_fraction is None:
         kv_bytes = DEFAULT_KV_BYTES
     return VllmEngineSettings(
-        model=checkpoint(args.model),
-        dtype=args.dtype or "auto",
-        block_size=args.block_size,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_running_requests,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        gpu_memory_utilization=args.kv_cache_memory_fraction,
+        model=checkpoint(options.model),
+        dtype=options.dtype or "auto",
+        block_size=options.block_size,
+        max_model_len=options.max_model_len,
+        max_num_seqs=options.max_running_requests,
+        max_num_batched_tokens=options.max_num_batched_tokens,
+        gpu_memory_utilization=options.kv_cache_memory_fraction,
         kv_cache_memory_bytes=kv_bytes,
-        tensor_parallel_size=args.tensor_parallel_size,
-        kv_cache_dtype=args.kv_cache_dtype,
-        enforce_eager=args.enforce_eager,
+        tensor_parallel_size=options.tensor_parallel_size,
+        kv_cache_dtype=options.kv_cache_dtype,
+        enforce_eager=options.enforce_eager,
         seed=0,
         kv_events_endpoint=kv_events_endpoint(),
-        kv_store_dir=None if args.role == "mono" else kv_store_dir(),
+        kv_store_dir=None if options.role == "mono" else kv_store_dir(),
     )
 
 
