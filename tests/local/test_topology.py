@@ -122,7 +122,87 @@ def test_pdd_up_engine_vllm_reaches_every_worker_in_every_mode(tmp_path: Path, m
     args = build_parser().parse_args(["--model", "tiny", "--engine", "vllm", "--worker-arg=-x"])
     flags = extra_args(stack_config(args, mode, 8080, tmp_path))
     workers = (Role.PREFILL, Role.RELAY, Role.MAIN, Role.MONO)
-    assert all(flags[role] == ("--engine=vllm", "--router-block-size=16", "-x") for role in workers)
+    assert all(flags[role] == ("-x", "--engine=vllm", "--router-block-size=16") for role in workers)
+
+
+@pytest.mark.parametrize(
+    ("argv", "vllm_roles"),
+    [(["--main-engine", "vllm"], {Role.MAIN}),
+     (["--prefill-engine", "vllm", "--relay-engine=vllm"], {Role.PREFILL, Role.RELAY}),
+     (["--engine", "vllm", "--prefill-engine", "pdd"], {Role.RELAY, Role.MAIN, Role.MONO}),
+     (["--engine", "vllm", "--main-engine", "pdd", "--relay-engine", "pdd"],
+      {Role.PREFILL, Role.MONO})],
+)  # fmt: skip
+def test_pdd_up_per_role_engines_reach_only_their_roles(
+    tmp_path: Path, argv: list[str], vllm_roles: set[Role]
+) -> None:
+    """``--prefill-engine``, ``--relay-engine``, ``--main-engine`` override ``--engine`` for
+    one tier: only that tier's workers get ``--engine=vllm`` and the router's block size;
+    ``--worker-arg`` still reaches every worker, a role's ``--<role>-arg`` comes last."""
+    extra = ["--worker-arg=--dtype=float32", "--main-arg=-y"]
+    flags = extra_args(stack_config(build_parser().parse_args(["--model", "tiny", *argv, *extra]),
+                                    "pdd", 8080, tmp_path))  # fmt: skip
+    for role in Role:
+        engine = ("--engine=vllm", "--router-block-size=16") if role in vllm_roles else ()
+        own = ("-y",) if role == Role.MAIN else ()
+        assert flags[role] == ("--dtype=float32", *engine, *own), role
+
+
+def test_pdd_bench_has_the_per_role_engine_flags() -> None:
+    """``pdd bench`` brings its stacks up with ``pdd up``'s flags: the per-role engines too."""
+    from pdd.bench.cli import build_parser as bench_parser
+
+    args = bench_parser().parse_args(["--engine", "vllm", "--main-engine", "pdd"])
+    assert (args.engine, args.prefill_engine, args.relay_engine, args.main_engine) == (
+        "vllm", None, None, "pdd",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "refused"),
+    [(["--main-engine=vllm", "--worker-arg=--block-size=32"], "prefill"),
+     (["--engine=vllm", "--relay-engine=pdd", "--relay-arg=--block-size=32"], "relay"),
+     (["--main-engine=vllm", "--main-arg=--block-size=32"], None),
+     (["--engine=vllm", "--main-engine=pdd", "--prefill-arg=--block-size=32"], None)],
+)  # fmt: skip
+def test_pdd_up_checks_block_sizes_of_the_pdd_engine_roles_only(
+    tmp_path: Path, argv: list[str], refused: str | None
+) -> None:
+    """In a mixed stack the pdd-engine tiers must cache the router's blocks; the vLLM tiers
+    may cache their own (vLLM's CPU attention takes multiples of 32 only)."""
+    args = build_parser().parse_args(["--model", "tiny", *argv, "--worker-arg=--dtype=float32"])
+    if refused is None:
+        stack_config(args, "pdd", 8080, tmp_path)
+        return
+    with pytest.raises(TopologyError, match=f"the {refused} workers cache blocks of 32"):
+        stack_config(args, "pdd", 8080, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("mode", "argv", "refused"),
+    [("pdd", ["--main-engine=vllm"], "given none"),
+     ("pdd", ["--engine=vllm", "--prefill-engine=pdd", "--prefill-arg=--dtype=float32"],
+      "given none"),
+     ("pdd", ["--relay-engine=vllm", "--worker-arg=--dtype=float32",
+              "--relay-arg=--dtype=bfloat16"], "relay: bfloat16"),
+     ("pdd", ["--main-engine=vllm", "--worker-arg=--dtype=auto"], "main: auto"),
+     ("pdd", ["--main-engine=vllm", "--worker-arg=--dtype=float32"], None),
+     ("pdd", ["--relay-engine=vllm", "--worker-arg=--dtype", "--worker-arg=bfloat16"], None),
+     ("naive", ["--relay-engine=vllm"], None),  # no relay in naive: P and MD on one engine
+     ("pdd", ["--engine=vllm"], None)],  # one engine: its own default dtype everywhere
+)  # fmt: skip
+def test_pdd_up_refuses_a_mixed_stack_without_one_dtype(
+    tmp_path: Path, mode: str, argv: list[str], refused: str | None
+) -> None:
+    """KV chunks cross only between workers of one dtype, and the engines' defaults differ
+    (vLLM's auto runs a float32 checkpoint in 16 bits, the pdd engine in float32): a stack
+    whose running tiers mix engines needs every worker's --dtype, the same."""
+    args = build_parser().parse_args(["--model", "tiny", *argv])
+    if refused is None:
+        stack_config(args, mode, 8080, tmp_path)
+        return
+    with pytest.raises(TopologyError, match=f"--worker-arg=--dtype=float32.*{refused}"):
+        stack_config(args, mode, 8080, tmp_path)
 
 
 @pytest.mark.parametrize(

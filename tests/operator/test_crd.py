@@ -251,6 +251,7 @@ MISTAKES = [
         "anomalousTraffic.minInputTokens must be below the prefill's maxPromptTokens",
     ),
     ({"relay": {"engineType": "vllm"}}, "engineType is vllm but images.vllmWorker is not set"),
+    ({"relay": {"engineType": "vllm"}}, "run on different engines (engineType: pdd, vllm, pdd)"),
     ({"mainDecode": {"vllm": {"maxNumSeqs": 8}}}, "vllm settings are set but engineType is pdd"),
     ({"prefill": {"vllm": {}}}, "vllm settings are set but engineType is pdd"),
 ]

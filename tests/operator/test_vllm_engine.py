@@ -35,9 +35,11 @@ VLLM_SETTINGS = {
 
 
 def vllm_cr(cr: dict[str, Any], **main: Any) -> dict[str, Any]:
-    """``cr`` with MD on vLLM (``main`` over the role's section) and the vLLM image named."""
+    """``cr`` with MD on vLLM (``main`` over the role's section), the vLLM image named, and
+    the one dtype P and RLD (pdd engine) and MD (vLLM) need to exchange KV."""
     cr = copy.deepcopy(cr)
     cr["spec"]["images"]["vllmWorker"] = VLLM_IMAGE
+    cr["spec"]["engine"] = {**cr["spec"].get("engine", {}), "dtype": "bfloat16"}
     cr["spec"]["mainDecode"] = {**cr["spec"]["mainDecode"], "engineType": "vllm", **main}
     return cr
 
@@ -115,6 +117,17 @@ REFUSED = [
         "mainDecode: vllm.tensorParallelSize (2) needs that many GPUs in each pod, and its "
         "resources give 1",
     ),
+    (
+        {"engineType": "vllm"},
+        {},
+        "prefill, relay and mainDecode run on different engines (engineType: pdd, pdd, vllm) "
+        "and so need one dtype, not auto: set engine.dtype (dtype: auto, auto, auto)",
+    ),
+    (
+        {"engineType": "vllm", "engine": {"dtype": "float32"}},
+        {"engine": {"dtype": "bfloat16"}},
+        "(dtype: bfloat16, bfloat16, float32)",
+    ),
 ]
 
 
@@ -133,6 +146,19 @@ def test_bad_vllm_combinations_are_refused_with_the_fix(
     with pytest.raises(InvalidSpecError) as caught:
         parse_spec(cr["spec"], "qwen")
     assert any(text in problem for problem in caught.value.problems), caught.value.problems
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_mixed_deployment_of_one_dtype_is_admitted(pool_b_cr: dict[str, Any], dtype: str) -> None:
+    """P and RLD on the pdd engine, MD on vLLM: they exchange the same KV chunks once they
+    compute in one dtype (docs/vllm.md); each role may name it in its own engine."""
+    cr = vllm_cr(pool_b_cr)
+    cr["spec"]["engine"] = {"dtype": dtype}
+    assert parse_spec(cr["spec"], "qwen").main_decode.engine_type == "vllm"
+    cr["spec"]["engine"] = {"dtype": "auto"}
+    for role in ("prefill", "relay", "mainDecode"):
+        cr["spec"][role]["engine"] = {"dtype": dtype}
+    assert parse_spec(cr["spec"], "qwen").main_decode.engine_type == "vllm"
 
 
 def test_tensor_parallel_within_the_pods_gpus_is_admitted(pool_b_cr: dict[str, Any]) -> None:

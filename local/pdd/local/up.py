@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from pdd.common.api_keys import ApiKeyFileError, env_api_keys, read_api_key_file
 from pdd.common.block_hash import DEFAULT_BLOCK_SIZE
@@ -42,7 +43,7 @@ from pdd.common.model_store import (
 from pdd.common.settings import add_settings, settings_of
 from pdd.common.settings import parser as settings_parser
 from pdd.common.tracing import TRACES_FILE, TRACES_FILE_ENV
-from pdd.common.vocabulary import Role
+from pdd.common.vocabulary import PDD_ROLES, Role
 from pdd.local.autoscale import (
     AutoscaleError,
     Autoscaler,
@@ -54,7 +55,10 @@ from pdd.local.autoscale import (
 from pdd.local.cluster import LinkSpec
 from pdd.local.stack import LocalStack, StackStartError
 from pdd.local.supervisor import interrupted_by_stop_signals
-from pdd.local.topology import MODES, Counts, StackConfig, TopologyError
+from pdd.local.topology import MODES, Counts, StackConfig, TopologyError, mode_workers
+
+#: The engines a worker runs (``pdd worker --engine``).
+ENGINES = ("pdd", "vllm")
 
 
 def add_stack_flags(p: argparse.ArgumentParser, default_log_dir: Path | None) -> None:
@@ -68,10 +72,17 @@ def add_stack_flags(p: argparse.ArgumentParser, default_log_dir: Path | None) ->
     )  # fmt: skip
     p.add_argument("--host", default=d.host, help="address every process listens on")
     p.add_argument(
-        "--engine", choices=("pdd", "vllm"), default="pdd",
-        help="every worker's engine: PDD's own, or vLLM's AsyncLLM (the pdd[vllm] extra; "
-        "vLLM's flags through --worker-arg, e.g. --worker-arg=--dtype=float32)",
+        "--engine", choices=ENGINES, default="pdd",
+        help="every worker's engine but where a --<role>-engine says otherwise: PDD's own, "
+        "or vLLM's AsyncLLM (the pdd[vllm] extra; vLLM's flags through --worker-arg, e.g. "
+        "--worker-arg=--dtype=float32, or a role's --<role>-arg)",
     )  # fmt: skip
+    for tier in PDD_ROLES:
+        p.add_argument(
+            f"--{tier}-engine", choices=ENGINES, default=None,
+            help=f"the {tier} workers' engine (default: --engine's); tiers on different "
+            "engines exchange the same KV chunks, all in one --dtype (docs/vllm.md)",
+        )  # fmt: skip
     for role in ("prefill", "relay", "main", "mono"):
         p.add_argument(f"--{role}", type=int, default=1, metavar="N", help=f"{role} workers")
     # The WAN line's flags, named as pdd router and pdd wan-link name them.
@@ -115,6 +126,7 @@ def add_stack_flags(p: argparse.ArgumentParser, default_log_dir: Path | None) ->
 
 def stack_config(args: argparse.Namespace, mode: str, port: int, log_dir: Path) -> StackConfig:
     check_block_sizes(args)
+    check_mixed_dtypes(args, mode)
     return StackConfig(
         mode=mode,  # type: ignore[arg-type]
         model=stack_model(args.model),
@@ -124,8 +136,8 @@ def stack_config(args: argparse.Namespace, mode: str, port: int, log_dir: Path) 
         link=LinkSpec(gbps=args.link_gbps, rtt_ms=args.link_rtt_ms, jitter_ms=args.link_jitter_ms),
         redis_url=args.redis,
         log_dir=log_dir,
-        worker_args=engine_worker_args(args.engine, mode, args.router_arg) + tuple(args.worker_arg),
-        role_args=tuple((role, tuple(getattr(args, f"{role}_arg"))) for role in Role),
+        worker_args=tuple(args.worker_arg),
+        role_args=role_args(args),
         router_args=tuple(args.router_arg),
         ready_timeout_s=args.ready_timeout_s,
         ttft_budget_s=args.ttft_budget_s,
@@ -134,8 +146,24 @@ def stack_config(args: argparse.Namespace, mode: str, port: int, log_dir: Path) 
     )
 
 
-def engine_worker_args(engine: str, mode: str, router_args: Sequence[str] = ()) -> tuple[str, ...]:
-    """The workers' ``--engine`` flag (every role runs on either engine, in every mode).
+def role_args(args: argparse.Namespace) -> tuple[tuple[Role, tuple[str, ...]], ...]:
+    """Each role's own flags: its engine's (``role_engine``), then its ``--<role>-arg``s."""
+    return tuple(
+        (role, engine_worker_args(role_engine(args, role), args.router_arg)
+         + tuple(getattr(args, f"{role}_arg")))
+        for role in Role
+    )  # fmt: skip
+
+
+def role_engine(args: argparse.Namespace, role: Role) -> str:
+    """The engine ``role``'s workers run: its own ``--<role>-engine``, else ``--engine``
+    (mono has no flag of its own: it is the single-engine baseline)."""
+    own: str | None = getattr(args, f"{role}_engine", None)
+    return args.engine if own is None else own
+
+
+def engine_worker_args(engine: str, router_args: Sequence[str] = ()) -> tuple[str, ...]:
+    """A worker's ``--engine`` flag (every role runs on either engine, in every mode).
     A vLLM worker also gets the router's block size, the blocks it names vLLM's cached
     blocks in for the router's prefix index (``--router-block-size``)."""
     if engine == "pdd":
@@ -152,26 +180,54 @@ def router_block_size(router_args: Sequence[str]) -> int:
 
 def block_size_flag(flags: Sequence[str]) -> int | None:
     """The last ``--block-size`` among ``flags`` (a process's extra arguments), if any."""
+    given: int | None = last_flag(flags, "--block-size", int)
+    return given
+
+
+def last_flag(flags: Sequence[str], name: str, kind: type = str) -> Any:
+    """The value of the last ``name`` among ``flags`` (``--x V`` or ``--x=V``), if any."""
     p = argparse.ArgumentParser(prog="pdd up", add_help=False, allow_abbrev=False)
-    p.add_argument("--block-size", type=int, default=None)
-    given = p.parse_known_args(list(flags))[0].block_size
-    return None if given is None else int(given)
+    p.add_argument(name, dest="value", type=kind, default=None)
+    return p.parse_known_args(list(flags))[0].value
 
 
 def check_block_sizes(args: argparse.Namespace) -> None:
     """Refuse pdd-engine workers given a ``--block-size`` the router does not index (it
     leaves such a worker out, so every request would fail), naming the router's flag.
     vLLM workers rename their blocks into the router's (``--router-block-size``)."""
-    if args.engine != "pdd":
-        return
     router = router_block_size(args.router_arg)
     for role in Role:
+        if role_engine(args, role) != "pdd":
+            continue
         worker = block_size_flag([*args.worker_arg, *getattr(args, f"{role}_arg")])
         if worker is not None and worker != router:
             raise TopologyError(
                 f"the {role} workers cache blocks of {worker} tokens but the router indexes "
                 f"blocks of {router}: give it the same (--router-arg=--block-size={worker})"
             )
+
+
+def check_mixed_dtypes(args: argparse.Namespace, mode: str) -> None:
+    """Refuse a stack whose running tiers mix engines unless every worker is given one
+    ``--dtype``: KV chunks cross only between workers of one dtype, and the engines'
+    defaults differ (vLLM's ``auto`` runs a float32 checkpoint in 16 bits, the pdd engine
+    in float32 on a CPU without native bfloat16): the receiver would refuse each chunk."""
+    slots = mode_workers(mode, Counts())  # type: ignore[arg-type]  # one of MODES
+    roles = list(dict.fromkeys(slot.role for slot in slots))
+    engines = {role: role_engine(args, role) for role in roles}
+    if len(set(engines.values())) < 2:
+        return
+    dtypes = {role: last_flag([*args.worker_arg, *getattr(args, f"{role}_arg")], "--dtype")
+              for role in roles}  # fmt: skip
+    if len(set(dtypes.values())) == 1 and dtypes[roles[0]] not in (None, "auto"):
+        return
+    running = ", ".join(f"{role}: {engine}" for role, engine in engines.items())
+    given = ", ".join(f"{role}: {dtype or 'given none'}" for role, dtype in dtypes.items())
+    raise TopologyError(
+        f"the workers run on different engines ({running}), whose KV crosses only in one "
+        "dtype and whose default dtypes differ: give every worker the same --dtype, not auto (e.g. "
+        f"--worker-arg=--dtype=float32); --dtype per role: {given}"
+    )
 
 
 def stack_model(requested: str | None) -> str:

@@ -71,6 +71,15 @@ def _on_vllm(role: str) -> str:
     return f"({_has(role, 'engineType')} && self.{role}.engineType == 'vllm')"
 
 
+def _dtype(role: str) -> str:
+    """CEL: the role's dtype (its engine's, else the shared one's), 'auto' if unset."""
+    return _or((role, "engine", "dtype"), _or(("engine", "dtype"), "'auto'"))
+
+
+def _engine_name(role: str) -> str:
+    return f"({_on_vllm(role)} ? 'vllm' : 'pdd')"
+
+
 _CONTEXT = _or(("model", "config", "maxPositionEmbeddings"), "0")
 _ANOMALOUS_MIN = _or(("anomalousTraffic", "minInputTokens"), "32768")
 _VLLM_IMAGE = "vLLM worker image (docker buildx bake worker-vllm)"
@@ -109,6 +118,25 @@ def _no_prompt_limit_on_vllm(role: str) -> Rule:
     )
 
 
+def _one_dtype_across_engines() -> Rule:
+    """KV chunks cross only between workers of one dtype, and the engines' ``auto`` differ
+    (vLLM's runs a float32 checkpoint in 16 bits; the pdd engine's, on a CPU without native
+    bfloat16, in float32): roles on different engines must name one dtype."""
+    mixed = f"{_on_vllm('prefill')} != {_on_vllm('relay')} || {_on_vllm('relay')} != " + (
+        _on_vllm("mainDecode")
+    )
+    p, r, m = (_dtype(role) for role in ROLES)
+    engines = " + ', ' + ".join(_engine_name(role) for role in ROLES)
+    return Rule(
+        f"!({mixed}) || ({p} != 'auto' && {p} == {r} && {r} == {m})",
+        "prefill, relay and mainDecode run on different engines (engineType) and so need one "
+        "dtype, not auto: set engine.dtype (or each role's engine.dtype) alike",
+        "'prefill, relay and mainDecode run on different engines (engineType: ' + "
+        f"{engines} + ') and so need one dtype, not auto: set engine.dtype (dtype: ' + "
+        f"{p} + ', ' + {r} + ', ' + {m} + '), or each role\\'s engine.dtype, alike'",
+    )
+
+
 SPEC_RULES = (
     Rule(
         "!has(self.planner) || !self.planner.enabled || (has(self.slo)"
@@ -140,4 +168,5 @@ SPEC_RULES = (
     *(_prompt_within_context(role) for role in ROLES),
     *(_kv_cache_within_gpu(role) for role in ROLES),
     *(_no_prompt_limit_on_vllm(role) for role in ROLES),
+    _one_dtype_across_engines(),
 )

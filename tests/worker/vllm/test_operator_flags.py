@@ -66,7 +66,7 @@ def test_unset_vllm_settings_leave_the_config_documents_engine_settings(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PDD_INSTANCE_ID", "qwen-main-0")
-    args = parse_args(rendered_md_args(tmp_path, {}, {"kvCacheGiB": 20}))
+    args = parse_args(rendered_md_args(tmp_path, {}, {"kvCacheGiB": 20, "dtype": "float32"}))
     assert args.engine == "vllm" and args.kv_cache_gib == 20
     assert (args.tensor_parallel_size, args.kv_cache_dtype) == (1, "auto")
     assert not args.enforce_eager

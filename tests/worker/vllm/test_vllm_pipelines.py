@@ -20,7 +20,6 @@ import asyncio
 import importlib.util
 import json
 import os
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,13 +35,9 @@ if importlib.util.find_spec("vllm") is None:
     )
 
 from pdd.common.model_store import DEFAULT_MODEL, cached
-from pdd.common.wire import PipelinePlan, SamplingSpec
-from pdd.local.cluster import free_port
 from pdd.local.stack import LocalStack
-from pdd.local.up import build_parser, stack_config
-from pdd.router.stream_relay import relay_tokens
 from pdd.router.tokenization import load_prompt_tokenizer
-from pdd.router.worker_client import WorkerClient
+from pdd.testing.pipelines import QUESTIONS, md_computed, start_stack, through_workers
 from pdd.worker.engine.sampling import SamplingParams
 from pdd.worker.vllm.engine_args import VllmEngineSettings
 from pdd.worker.vllm.offline import generate_all
@@ -54,29 +49,6 @@ MAX_TOKENS = 24
 CONVERSATIONS = int(os.environ.get("PDD_VLLM_CONVERSATIONS", "4"))
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
 WORKER_FLAGS = ("--dtype=float32", "--enforce-eager", "--block-size=32", "--max-model-len=2048")
-#: Held-out user turns (none of them in the model card or the bench samples).
-QUESTIONS = (
-    "Name three rivers in South America and one fact about each.",
-    "How does a bicycle's derailleur change gears?",
-    "Write a haiku about a lighthouse in winter.",
-    "What is the difference between weather and climate?",
-    "Explain what a hash function is to a ten-year-old.",
-    "Give two reasons why the sky looks blue during the day.",
-    "Suggest a name for a bakery that only sells bread made with rye.",
-    "What does a compiler do, in two sentences?",
-    "List the planets of the solar system from the sun outwards.",
-    "Why do cats purr? Keep it short.",
-    "Describe the smell of rain to someone who has never smelled it.",
-    "What is photosynthesis? Answer in one paragraph.",
-    "Translate 'good morning, how are you?' into French and Spanish.",
-    "What should I pack for a two-day hike in the mountains?",
-    "Explain the rules of tic-tac-toe.",
-    "How do vaccines train the immune system?",
-    "What is the tallest mountain in Africa, and how tall is it?",
-    "Give me a short recipe for pancakes.",
-    "Why is the ocean salty?",
-    "What is a prime number? Give three examples.",
-)
 
 
 @pytest.fixture(scope="module")
@@ -125,18 +97,8 @@ def stack(
     meets), as the CLI builds it; started once vLLM alone has answered (``alone``)."""
     argv = ["--model", str(model), "--engine", "vllm", "--ttft-budget-s", "0.001"]
     argv += ["--ready-timeout-s", "1500", *(f"--worker-arg={f}" for f in WORKER_FLAGS)]
-    args = build_parser().parse_args(argv)
-    log_dir = tmp_path_factory.mktemp("stack")
-    saved = {k: os.environ.get(k) for k in [*VLLM_ENV, "PDD_SHARED_SECRET"]}
-    os.environ.update({**VLLM_ENV, "PDD_SHARED_SECRET": SECRET})
-    try:
-        started = LocalStack.start(stack_config(args, "pdd", free_port(), log_dir))
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    env = {**VLLM_ENV, "PDD_SHARED_SECRET": SECRET}
+    started = start_stack(argv, "pdd", tmp_path_factory.mktemp("stack"), env)
     try:
         yield started
     finally:
@@ -171,7 +133,7 @@ def test_paris_through_p_rld_md_and_the_next_turn_as_vllm_alone(
     assert follow.status_code == 200, follow.text
     assert (said, follow.json()["choices"][0]["message"]["content"]) == alone.texts
     # MD computed only what a relay handed over: its vLLM loaded the rest of the prompt.
-    computed = _md_computed(Path(stack.info.log_dir) / "pdd-main-0.log")
+    computed = md_computed(Path(stack.info.log_dir) / "pdd-main-0.log")
     assert len(computed) == 2, computed
     assert all(c <= MAX_TOKENS < p for c, p in computed), computed
 
@@ -180,59 +142,18 @@ def test_paris_through_p_rld_md_and_the_next_turn_as_vllm_alone(
 def test_both_pipelines_are_token_equal_to_vllm_alone(
     stack: LocalStack, alone: Alone, pipeline: str
 ) -> None:
-    got = asyncio.run(_through_workers(stack, alone.questions, pipeline))
+    got = asyncio.run(through_workers(stack, SECRET, alone.questions, pipeline, MAX_TOKENS))
     mismatched = [i for i, (g, w) in enumerate(zip(got, alone.answers, strict=True)) if g != w]
     assert not mismatched, f"{len(mismatched)}/{len(got)} differ: {mismatched}"
     # MD computed only the handed-over IDs: P's first token on P-MD, the relay's too on
     # P-RLD-MD; vLLM loaded every other prompt token (its count, logged per request).
-    computed = _md_computed(Path(stack.info.log_dir) / "pdd-main-0.log", f"eq-{pipeline}-")
+    computed = md_computed(Path(stack.info.log_dir) / "pdd-main-0.log", f"eq-{pipeline}-")
     assert len(computed) == len(got), computed
     if pipeline == "P-MD":
         assert all(c == 1 for c, _ in computed), computed
     assert all(c <= MAX_TOKENS < p for c, p in computed), computed
 
 
-async def _through_workers(stack: LocalStack, prompts: list[list[int]], pipeline: str):
-    """Each prompt planned as the router plans it, one at a time, its tokens merged from
-    the relay's and MD's streams by the router's own ``relay_tokens``."""
-    client = WorkerClient(SECRET)
-    try:
-        roles = _roles(stack)
-        endpoints = {role: (await client.health(url)).endpoint for role, url in roles.items()}
-        outputs = []
-        for i, prompt in enumerate(prompts):
-            plan = PipelinePlan(
-                request_id=f"eq-{pipeline}-{i}", prompt_ids=prompt, pipeline=pipeline,
-                prefill=endpoints["prefill"], main=endpoints["main"],
-                relay=endpoints["relay"] if pipeline == "P-RLD-MD" else None,
-                sampling=SamplingSpec(max_tokens=MAX_TOKENS, temperature=0.0, seed=0),
-            )  # fmt: skip
-            events = [e async for e in relay_tokens(plan, client, timeout_s=600)]
-            outputs.append([e.token_id for e in events if e.token_id is not None])
-        return outputs
-    finally:
-        await client.aclose()
-
-
-def _roles(stack: LocalStack) -> dict[str, str]:
-    return {
-        role: next(url for name, url in stack.info.workers.items() if f"-{role}-" in name)
-        for role in ("prefill", "relay", "main")
-    }
-
-
 def _text_ids(ids: list[int], eos: set[int]) -> list[int]:
     """The IDs the router shows as text: an end of turn ends it, unshown."""
     return ids[:-1] if ids and ids[-1] in eos else ids
-
-
-def _md_computed(log: Path, prefix: str | None = None) -> list[tuple[int, int]]:
-    """(computed, prompt) per vLLM request MD ran whose ID starts with ``prefix`` (None:
-    the router's, not the equality test's ``eq-*``), from the role engine's log line."""
-    pattern = re.compile(r"vLLM request (\S+): computed (\d+) of (\d+) prompt tokens")
-    found = pattern.findall(log.read_text())
-    return [
-        (int(a), int(b))
-        for rid, a, b in found
-        if (rid.startswith(prefix) if prefix else not rid.startswith("eq-"))
-    ]
