@@ -3,6 +3,8 @@
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 from openai.types.chat import ChatCompletionChunk as OpenAIChunk
@@ -135,3 +137,53 @@ def test_sse_frames_end_with_a_blank_line():
     assert frame.startswith(b"data: {") and frame.endswith(b"}\n\n")
     assert json.loads(frame[len(b"data: ") :])["error"]["message"] == "boom"
     assert SSE_DONE == b"data: [DONE]\n\n"
+
+
+#: Any JSON value, nested a little: what a client can put anywhere in a body.
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.text(max_size=8) | st.sampled_from(["type", "text"]), inner, max_size=3
+        )
+    ),
+    max_leaves=8,
+)
+CONTENT_PARTS = st.lists(
+    st.dictionaries(st.sampled_from(["type", "text", "refusal", "image_url"]), JSON_VALUES),
+    max_size=3,
+)
+
+
+@given(
+    role=st.sampled_from(["system", "user", "assistant", "tool"]) | JSON_VALUES,
+    content=CONTENT_PARTS | JSON_VALUES,
+    fields=st.dictionaries(
+        st.sampled_from(sorted(ChatCompletionRequest.model_fields)), JSON_VALUES
+    ),
+)
+@settings(max_examples=300, deadline=None, database=None)
+def test_any_json_in_a_chat_request_is_a_model_or_a_validation_error(role, content, fields):
+    """A body's values, of any JSON type, give a request or a ValidationError (a 400),
+    never another exception (a 500): a content part whose ``type`` was a list once did."""
+    body = {"model": "m", **fields, "messages": [{"role": role, "content": content}]}
+    try:
+        req = ChatCompletionRequest.model_validate(body)
+    except ValidationError:
+        return
+    assert all(isinstance(m.text(), str | None) for m in req.messages)
+    assert req.output_token_limit is None or req.output_token_limit >= 1
+    assert all(isinstance(s, str) for s in req.stop_strings)
+    assert isinstance(req.include_usage_in_stream, bool)
+
+
+@given(fields=st.dictionaries(st.sampled_from(sorted(CompletionRequest.model_fields)), JSON_VALUES))
+@settings(max_examples=200, deadline=None, database=None)
+def test_any_json_in_a_completion_request_is_a_model_or_a_validation_error(fields):
+    try:
+        req = CompletionRequest.model_validate({"model": "m", "prompt": "x", **fields})
+    except ValidationError:
+        return
+    assert all(isinstance(s, str) for s in req.stop_strings)
+    assert isinstance(req.include_usage_in_stream, bool)

@@ -235,6 +235,8 @@ class ChatMessage(_Request):
     ) -> str | list[dict[str, Any]] | None:
         for part in content if isinstance(content, list) else ():
             kind = part.get("type")
+            if not isinstance(kind, str):
+                raise ValueError(f"a content part needs 'type': a string, not {kind!r}"[:200])
             if kind in MEDIA_PARTS:
                 raise ValueError(
                     f"{MEDIA_PARTS[kind]} not supported: this model takes text only "
