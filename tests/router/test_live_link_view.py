@@ -22,6 +22,7 @@ from pdd.router.route import (
     Route,
     md_computing_key,
     md_computing_tokens,
+    md_pending_key,
 )
 from pdd.router.state.memory import LocalStore
 
@@ -64,8 +65,12 @@ def counts(store: LocalStore) -> dict[str, int]:
 def test_a_lease_commits_the_kv_and_lets_go_once_md_has_it():
     store, estimator = LocalStore(60.0), LinkEstimator(LINK, 10_000)
     lease = Lease.of(p_md_route(300 * KVB), store, estimator)
-    assert counts(store) == {"p0": 1, "md0": 1, WAN_TRANSFERS: 1, WAN_BACKLOG_KIB: 600}
+    pending = md_pending_key("md0")  # at P until its first token: pending on MD
+    assert counts(store) == {"p0": 1, pending: 1, WAN_TRANSFERS: 1, WAN_BACKLOG_KIB: 600}
     assert estimator.backlog == Backlog(300 * KVB, 1)
+    lease.release("p0")
+    lease.main_reached()  # the first token: MD counts it in full
+    assert counts(store) == {"md0": 1, WAN_TRANSFERS: 1, WAN_BACKLOG_KIB: 600}
     lease.kv_landed(lease.dispatched_at + 0.2)
     assert estimator.backlog == Backlog() and WAN_BACKLOG_KIB not in counts(store)
     lease.release_all()  # the end of the stream settles nothing twice
@@ -211,7 +216,8 @@ def test_a_relayed_transfer_times_a_recovery_not_a_collapse():
     slow.kv_shipped(KVShipment(kv_bytes=600 * KVB, seconds=2.5), 2.6)  # 10x the declared time
     slow.kv_landed(3.0)  # MD streams after P's report: nothing twice
     assert estimator.link().effective_gbps == 0.05 and estimator.goodput_samples == 0
-    assert estimator.backlog == Backlog() and counts(store) == {"p0": 1, "rld0": 1, "md0": 1}
+    pending = md_pending_key("md0")
+    assert estimator.backlog == Backlog() and counts(store) == {"p0": 1, "rld0": 1, pending: 1}
     learnt = Lease.of(p_md_route(600 * KVB), store, estimator, now=10.0)
     learnt.kv_landed(10.0 + 0.01 + 0.03 + 2.0)  # P-MD: a 10x slower line
     collapsed = estimator.link().effective_gbps

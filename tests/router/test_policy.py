@@ -242,7 +242,7 @@ def test_kv_already_on_the_line_sends_the_next_request_to_a_relay():
 
 def test_routes_that_ship_kv_count_on_the_link_until_md_has_it():
     from pdd.common.wire import Endpoint
-    from pdd.router.route import WAN_BACKLOG_KIB, WAN_TRANSFERS, Route
+    from pdd.router.route import WAN_BACKLOG_KIB, WAN_TRANSFERS, Route, md_pending_key
 
     def ep(name):
         return Endpoint(
@@ -252,7 +252,8 @@ def test_routes_that_ship_kv_count_on_the_link_until_md_has_it():
     p_md = Route(
         Pipeline.P_MD, "r", "c", prefill=ep("p0"), relay=None, main=ep("md0"), kv_bytes=2049
     )
-    assert p_md.lease_keys == ["p0", "md0", WAN_TRANSFERS, WAN_BACKLOG_KIB]
+    # MD counts it as pending until its first token (it waits at P till then)
+    assert p_md.lease_keys == ["p0", md_pending_key("md0"), WAN_TRANSFERS, WAN_BACKLOG_KIB]
     assert p_md.lease_amounts == {WAN_BACKLOG_KIB: 3}  # KiB, rounded up
     mono = Route(Pipeline.MONO, "r", "c", prefill=None, relay=None, main=ep("m0"))
     assert mono.lease_keys == ["m0"]

@@ -74,9 +74,13 @@ def test_replicas_see_each_others_load(own_redis, worker_flags, start_router):
     d = start_router(*one_md, "--replica-id", "d", *FROZEN)
     body = {"model": MODEL, "prompt": "busy", "max_tokens": 3000, "stream": True}
     body["ignore_eos"] = True
+    r = redis.Redis.from_url(own_redis.url)
     with httpx.stream("POST", f"{c.url}/v1/completions", json=body, timeout=60) as held:
         lines = held.iter_lines()  # keep it: dropping it closes the stream
         next(lines)
+        # MD counts the request in full from its first token (pending while it was at P),
+        # and C writes its counts to Redis behind the request: D reads what C wrote.
+        until_sync(lambda: int(r.hget("pdd:load:c", "md1") or 0) == 1, "C's count on md1")
         refused = httpx.post(f"{d.url}/v1/completions", json={**body, "stream": False})
         assert refused.status_code == 429, refused.text
     until_sync(

@@ -13,6 +13,7 @@ from pdd.router.config import WorkerRef
 from pdd.router.instance_load import InstanceLoad
 from pdd.router.prefix_index import PrefixIndex, PrefixIndexConfig
 from pdd.router.registry import Instance, InstanceRegistry
+from pdd.router.route import md_pending_key
 from pdd.router.routing_view import POLICY_ROLE, RoutingView
 from pdd.router.state.memory import LocalStore
 from pdd.router.worker_client import WorkerClient
@@ -54,7 +55,9 @@ def from_scratch(reg: InstanceRegistry, inflight: dict[str, int]) -> dict[str, I
         name, report = inst.instance_id, inst.load
         assert name is not None and report is not None
         active = max(report.running + report.waiting, inflight.get(name, 0))
-        loads[name] = InstanceLoad(name, POLICY_ROLE[inst.role], active, min(CAP, report.capacity))
+        pending = inflight.get(md_pending_key(name), 0)
+        role, capacity = POLICY_ROLE[inst.role], min(CAP, report.capacity)
+        loads[name] = InstanceLoad(name, role, active, capacity, pending)
     return loads
 
 
@@ -71,6 +74,7 @@ operation = st.one_of(
     st.tuples(st.just("fail"), st.integers(0, 5), st.just(0)),
     st.tuples(st.just("suspect"), st.integers(0, 5), st.just(0)),
     st.tuples(st.just("lease"), st.integers(0, 5), st.sampled_from([1, -1])),
+    st.tuples(st.just("pending"), st.integers(0, 5), st.sampled_from([1, -1])),
 )
 
 
@@ -81,7 +85,7 @@ async def test_the_view_equals_a_rebuild_after_any_changes(ops) -> None:
     routable, and drops them when one recovers) and leases, in any order, each followed
     by a route's refresh: the view never drifts from a rebuild from scratch. A poll, a
     failure or a suspicion is in the view before any route: the route's refresh applies
-    only the leases that moved, not the fleet's news."""
+    only the leases that moved (an MD's pending count among them), not the fleet's news."""
     reg, store = registry(), LocalStore(60.0)
     view = RoutingView(reg, capacity_cap=CAP)
     instances = reg.all()
@@ -93,9 +97,11 @@ async def test_the_view_equals_a_rebuild_after_any_changes(ops) -> None:
             reg._set_problem(inst, "connection refused")  # what a failed poll does
         elif op == "suspect" and inst.instance_id is not None:
             reg.suspect(inst.instance_id, "a request failed on it")
-        elif op == "lease" and (arg > 0 or store.counts().get(NAMES[k][1], 0) > 0):
-            store.add_inflight(NAMES[k][1], arg)
-        if op != "lease":
+        elif op in ("lease", "pending"):
+            key = NAMES[k][1] if op == "lease" else md_pending_key(NAMES[k][1])
+            if arg > 0 or store.counts().get(key, 0) > 0:
+                store.add_inflight(key, arg)
+        if op not in ("lease", "pending"):
             assert in_view(view) == from_scratch(reg, store.counts())
             assert reg.take_changes() == []
         view.refresh(await store.inflight(), store.take_moved())

@@ -253,3 +253,20 @@ def test_adaptive_has_md_compute_a_miss_no_transfer_brings_in_time() -> None:
     assert second.md_computes_miss and second.wan_bytes == 0
     assert second.md_hit_tokens == 40 * BLOCK
     assert first.first_token is not None and first.finish is not None
+
+
+def test_requests_still_at_p_take_no_md_slot_as_in_the_router() -> None:
+    """Six new conversations at once on two MDs of two slots each (issue 59, run 6): the
+    router counts a request on its MD as pending while P serves it, so none is refused
+    for MD's capacity; MD queues what exceeds its batch when the requests reach it."""
+    s = small(wan_gbps=100.0)
+    pdd = s.systems["pdd"]
+    pdd = pdd.model_copy(update={"main": pdd.main.model_copy(update={"max_batch": 2})})
+    s = s.model_copy(update={"systems": {**s.systems, "pdd": pdd}})
+    burst = trace(
+        *(conversation(request(f"c{i}#0", range(100 * i, 100 * i + 8), 20), name=f"c{i}")
+          for i in range(6))
+    )  # fmt: skip
+    run = simulate(budget_rules_only(s), "pdd", burst)
+    assert [r.retries for r in run.records] == [0] * 6
+    assert all(r.finish > r.first_token for r in run.records)

@@ -3,7 +3,8 @@
 The merged token stream (``stream_relay``) is turned into text incrementally, cut at
 the client's stop strings (the workers only know stop token IDs), and timed where
 the client sees it. The request's in-flight lease on P is released at the first
-token (P's part is over by then); the rest when the stream ends, however it ends.
+token (P's part is over by then), when MD starts counting it in full (until then it is
+pending there: ``Lease.main_reached``); the rest when the stream ends, however it ends.
 
 A worker that fails the request (a dead P, an MD or RLD whose stream breaks, an MD
 P could not reach over the WAN) is left out and the request routed again, or resumed
@@ -255,6 +256,7 @@ class Generation:
                         rt.metrics.ttft.observe(self.ttft_s, self._exemplar)
                     if self.plan.prefill is not None:
                         self._lease.release(self.plan.prefill.instance_id)
+                        self._lease.main_reached()  # P's part is over: MD's begins
                     if relay_id is not None and event.source == relay_id:
                         self._prefill_seen(now)
                 else:

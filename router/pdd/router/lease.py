@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from pdd.common.link_estimator import Arrival, LinkEstimator, Transfer
 from pdd.common.wire import KVShipment
-from pdd.router.route import WAN_BACKLOG_KIB, WAN_TRANSFERS, Route
+from pdd.router.route import WAN_BACKLOG_KIB, WAN_TRANSFERS, Route, md_pending_key
 from pdd.router.state.base import RouterStore
 
 
@@ -31,6 +31,9 @@ class Lease:
     #: The counter of MD's computing this request holds (``Route.computing_key``):
     #: let go at MD's first token, when what MD computed for it is done.
     computing: str | None = None
+    #: The MD this request counts as pending on until its first token (P serves it
+    #: first: ``Route.main_waits_upstream``); None once it reached MD, or where it starts there.
+    pending_main: str | None = None
 
     @classmethod
     def of(
@@ -43,6 +46,8 @@ class Lease:
             lease.dispatched_at = now
         lease.acquire(route.lease_keys, route.lease_amounts)
         lease.computing = route.computing_key
+        if route.main_waits_upstream and route.main is not None:
+            lease.pending_main = route.main.instance_id
         if route.loads_line and route.prefill is not None:
             lease.transfer = estimator.commit(
                 route.kv_bytes,
@@ -66,6 +71,15 @@ class Lease:
         n = self.held.pop(instance_id, None)
         if n is not None:
             self.store.add_inflight(instance_id, -n)
+
+    def main_reached(self) -> None:
+        """The request's first token: it is at MD (or at its relay, whose KV is landing
+        on MD), so MD counts it in full from now on, no longer as pending. Counted there
+        before it leaves the pending count, so MD's total never reads low."""
+        main, self.pending_main = self.pending_main, None
+        if main is not None and md_pending_key(main) in self.held:
+            self.acquire([main])
+            self.release(md_pending_key(main))
 
     def kv_landed(self, now: float) -> None:
         """MD streams: it has the KV. The line's counts let go and the estimator learns

@@ -31,6 +31,23 @@ _KIB = 1024
 _MD_COMPUTING = "~md-computing-tokens:"
 
 
+#: Per MD, the requests routed to it that have not reached it yet (no first token: they
+#: wait in P's queue or prefill). They weigh in MD's choice, not in its saturation
+#: (``md_pending_key``, ``InstanceLoad.pending``); at the first token each moves to MD's
+#: own count (``Lease.main_reached``).
+_MD_PENDING = "~md-pending:"
+
+
+def md_pending_key(main_id: str) -> str:
+    """The in-flight counter of the requests routed to MD ``main_id`` and not yet at it."""
+    return f"{_MD_PENDING}{main_id}"
+
+
+def pending_main(key: str) -> str | None:
+    """The MD whose pending counter ``key`` is; None for any other counter."""
+    return key[len(_MD_PENDING) :] if key.startswith(_MD_PENDING) else None
+
+
 def md_computing_key(main_id: str) -> str:
     """The in-flight counter of the tokens MD ``main_id`` is computing."""
     return f"{_MD_COMPUTING}{main_id}"
@@ -133,10 +150,22 @@ class Route:
         return md_computing_key(self.main.instance_id)
 
     @property
+    def main_waits_upstream(self) -> bool:
+        """P serves the request before MD does: until its first token it waits in P's
+        queue or prefill, and MD (which learns of it only when P ships its KV) runs
+        nothing of it, so it counts as pending there (``md_pending_key``). Not where MD
+        prefills on P-MD: P hands it over at once (``PipelinePlan.md_prefills``)."""
+        md_prefills = self.md_computes_miss and self.pipeline == Pipeline.P_MD
+        return self.prefill is not None and self.main is not None and not md_prefills
+
+    @property
     def lease_keys(self) -> list[str]:
-        """What this route counts in flight: its instances, the link when it ships KV, and
-        MD's computing where MD computes its miss."""
+        """What this route counts in flight: its instances (MD as pending where P serves
+        first), the link when it ships KV, and MD's computing where MD computes its miss."""
         keys = [e.instance_id for e in self.endpoints]
+        if self.main_waits_upstream:
+            assert self.main is not None
+            keys[keys.index(self.main.instance_id)] = md_pending_key(self.main.instance_id)
         if self.loads_line:
             keys += [WAN_TRANSFERS, WAN_BACKLOG_KIB]
         return keys if self.computing_key is None else [*keys, self.computing_key]

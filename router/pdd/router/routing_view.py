@@ -19,6 +19,7 @@ from pdd.common.vocabulary import Role
 from pdd.router.fleet import Fleet
 from pdd.router.instance_load import InstanceLoad
 from pdd.router.registry import Instance, InstanceRegistry
+from pdd.router.route import md_pending_key, pending_main
 
 #: The policy's roles for the workers' roles; a mono instance plays main decode.
 POLICY_ROLE: dict[Role, Role] = {
@@ -58,6 +59,7 @@ class RoutingView:
         """Take the in-flight counts (every replica's sum), of which only the ``moved``
         instances' may differ from the last refresh, and bring back those a retry left out."""
         self._inflight = inflight
+        moved = {pending_main(key) or key for key in moved}  # an MD's pending count is its own
         dirty, self._stale = self._stale | moved, set()
         for instance_id in dirty:
             self._apply(instance_id)
@@ -99,6 +101,7 @@ class RoutingView:
 
     def _load(self, instance_id: str) -> InstanceLoad | None:
         """Active = the larger of the routers' in-flight count and the worker's own report;
+        pending = the requests routed to it still at P (an MD's: ``md_pending_key``);
         capacity = what the worker reports (its max_running_requests), capped by the config's."""
         inst = self._by_id.get(instance_id)
         if inst is None or inst.load is None:  # gone, or not polled yet
@@ -106,4 +109,5 @@ class RoutingView:
         report = inst.load
         capacity = report.capacity if self._cap is None else min(self._cap, report.capacity)
         active = max(report.running + report.waiting, self._inflight.get(instance_id, 0))
-        return InstanceLoad(instance_id, POLICY_ROLE[inst.role], active, capacity)
+        pending = self._inflight.get(md_pending_key(instance_id), 0)
+        return InstanceLoad(instance_id, POLICY_ROLE[inst.role], active, capacity, pending)

@@ -88,6 +88,7 @@ class DecodeInstance:
         self._reserved = 0
         self._held = 0  # stopped but not yet released (a relay awaiting MD's ack)
         self._expected = 0  # dispatched by the router, not yet submitted (KV in flight)
+        self._pending = 0  # of those, the ones still at P: the router's pending (not active)
         self._last = 0.0
         self._paused_until = 0.0
         self._alarm = Alarm(env, self._on_timer)
@@ -100,10 +101,12 @@ class DecodeInstance:
         return len(self._running) + len(self._waiting) + self._held + self._expected
 
     def load(self) -> InstanceLoad:
-        """What the router sees; rebuilt only when the count changed."""
-        active = self.active
-        if self._load.active != active:
-            self._load = InstanceLoad(self.instance_id, self.role, active, self.max_batch)
+        """What the router sees (what is still at P as pending, not active); rebuilt only
+        when a count changed."""
+        pending = self._pending
+        active = self.active - pending
+        if self._load.active != active or self._load.pending != pending:
+            self._load = InstanceLoad(self.instance_id, self.role, active, self.max_batch, pending)
         return self._load
 
     def _publish(self) -> None:
@@ -121,9 +124,17 @@ class DecodeInstance:
     def paused_until(self) -> float:
         return self._paused_until
 
-    def reserve(self) -> None:
-        """Count a dispatched request as load before its KV arrives, as the router does."""
+    def reserve(self, pending: bool = False) -> None:
+        """Count a dispatched request as load before its KV arrives, as the router does;
+        ``pending``: it waits at P first, so it counts as pending until :meth:`reached`
+        (the router's ``Lease.main_reached``): in the choice, not the saturation."""
         self._expected += 1
+        self._pending += pending
+        self._publish()
+
+    def reached(self) -> None:
+        """A pending request is past P: it counts in full from now on."""
+        self._pending -= 1
         self._publish()
 
     def unreserve(self) -> None:

@@ -108,9 +108,13 @@ def serve(c: Cluster, req: SimRequest, rec: RequestRecord) -> Proc:
     rec.md_hit_tokens = (
         decision.estimate.md_hit_tokens if md is not None and md.cache is not None else 0
     )
-    for inst in (md, rld):  # the router counts a dispatched request at once
-        if inst is not None:
-            inst.reserve()
+    # The router counts a dispatched request at once; on MD as pending while P serves it
+    # first (``Route.main_waits_upstream``: all but P-MD where MD computes its miss).
+    md_prefills = pipeline == Pipeline.P_MD and rec.md_computes_miss
+    if md is not None:
+        md.reserve(pending=not md_prefills)
+    if rld is not None:
+        rld.reserve()
     transfer = _commit(c, req, rec, pipeline)
     if pipeline == Pipeline.P_MD and rec.md_computes_miss:  # MD prefills, P computes nothing
         assert md is not None, "the router's P-MD names an MD"
@@ -131,6 +135,9 @@ def serve(c: Cluster, req: SimRequest, rec: RequestRecord) -> Proc:
         chunk = p.max_num_batched_tokens
         kv_at_md = c.env.process(_stream_kv(c, rec, miss, chunk, job, transfer))
     yield from _prefill_on_p(req, p, job)
+    # Past P: MD counts it in full. The router does at the first token, a relay step (or,
+    # on P-MD, the KV's crossing) later; the simulator errs toward counting MD sooner.
+    md.reached()
     if pipeline == Pipeline.P_MD:
         yield kv_at_md
         yield from _decode_on_main(c, req, rec, md)
