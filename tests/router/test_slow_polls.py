@@ -74,3 +74,23 @@ async def test_a_refused_connection_leaves_the_worker_out_at_once():
         assert not rt.ready()
     finally:
         await rt.close()
+
+
+async def test_a_poll_that_times_out_connecting_is_late_too():
+    """Issue 59, run 6: on the starved bench machine the router left MD out when its
+    cache-events poll hit ``ConnectTimeout``, at the first one, and 54 requests got 503 "no
+    main worker is ready". A live process on a reachable host completes a connection in its
+    kernel; a connect that times out means a full accept queue or a router too busy to see
+    it made: a host that answers late, not one that is gone (a refused connection says so)."""
+    workers = ScriptedWorkers({"p": Role.PREFILL, "md": Role.MAIN})
+    rt = workers.router()
+    try:
+        await rt.registry.poll_once()
+        workers.unconnected = {"md"}
+        for _ in range(SLOW_POLLS_TO_LEAVE_OUT - 1):
+            await rt.registry.poll_once()
+            assert rt.ready()  # no 503 for a worker that is only slow to connect
+        await rt.registry.poll_once()
+        assert not rt.ready()  # unreachable poll after poll: left out
+    finally:
+        await rt.close()

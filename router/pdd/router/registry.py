@@ -4,9 +4,9 @@ Each poll asks every instance for its identity (``/health``, once), its load
 (``/load``) and its new cache events (``/v1/pdd/cache-events?since=cursor``), which
 feed the prefix index. An instance that fails a poll, or says it is draining (shutting
 down: its running streams go on), is left out of decisions until
-it answers again; one that only answers late (connected, past the client's timeout: busy,
-not dead) is a suspect first, and left out once ``SLOW_POLLS_TO_LEAVE_OUT`` polls in a
-row were late; one whose event feed says ``reset`` (it restarted, or events
+it answers again; one that only answers late (a connection or an answer past the client's
+timeout: busy, not dead) is a suspect first, and left out once ``SLOW_POLLS_TO_LEAVE_OUT``
+polls in a row were late; one whose event feed says ``reset`` (it restarted, or events
 were dropped) has its index entries rebuilt from what follows. Service hosts from
 the operator's config are re-resolved every poll, so scaled pods come and go.
 """
@@ -33,8 +33,8 @@ log = logging.getLogger(__name__)
 
 #: Index housekeeping (dropping expired entries) every this many polls.
 _EXPIRE_EVERY = 60
-#: Polls in a row a worker may answer too late (connected, no answer within the client's
-#: timeout) before it is left out; until then it is a suspect, routable while its role
+#: Polls in a row a worker may answer too late (no connection or no answer within the
+#: client's timeout) before it is left out; until then it is a suspect, routable while its role
 #: has nobody better. As Kubernetes' readiness probe (failureThreshold 3): a worker busy
 #: computing on a loaded node answers late, and a lone instance of its role left out at
 #: its first late answer took every request with it (503) until it caught up.

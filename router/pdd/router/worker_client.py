@@ -46,14 +46,18 @@ class WorkerCallError(RuntimeError):
         self.detail = detail
         self.error_type = error_type
         self.message = message or detail
-        #: Connected, but no answer within the timeout: a busy worker, not a dead one.
+        #: No answer within the timeout: a busy worker (or router), not a dead one.
         self.late = late
 
 
 def is_late(exc: httpx.HTTPError) -> bool:
-    """Whether ``exc`` is a timeout after the connection was made (reading, writing, or
-    waiting for a pooled connection), not a failure to connect."""
-    return isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout)
+    """Whether ``exc`` is a timeout: connecting, reading, writing, or waiting for a pooled
+    connection. A connect that times out is late too: a live worker's kernel completes
+    the connection whatever its process is doing, unless its accept queue is full (its
+    loop starved) or the router's own loop was too busy to see it made; a worker that is
+    gone refuses the connection (a ``ConnectError``, not late). Kubernetes' readiness
+    probe counts a connect timeout as one failure of its threshold, too."""
+    return isinstance(exc, httpx.TimeoutException)
 
 
 def failure(exc: httpx.HTTPError) -> str:

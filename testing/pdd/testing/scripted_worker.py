@@ -51,12 +51,15 @@ class ScriptedWorkers:
     polls. ``engines``: what each one's ``/health`` reports (``engine_info()`` where not
     named); ``events``: the cache events each has published, paged by the router's cursor;
     ``slow`` ones time out on their cache-events poll (connected, no answer in time);
+    ``unconnected`` ones time out connecting for it (a starved host: a full accept queue,
+    or the router's own loop too busy to see the connection made);
     ``down`` ones refuse every connection."""
 
     roles: Mapping[str, Role]
     engines: dict[str, EngineInfo] = field(default_factory=dict)
     events: dict[str, list[CacheEvent]] = field(default_factory=dict)
     slow: set[str] = field(default_factory=set)
+    unconnected: set[str] = field(default_factory=set)
     down: set[str] = field(default_factory=set)
 
     def handle(self, request: httpx.Request) -> httpx.Response:
@@ -71,6 +74,8 @@ class ScriptedWorkers:
         if path == "/v1/pdd/cache-events":
             if name in self.slow:
                 raise httpx.ReadTimeout("timed out", request=request)
+            if name in self.unconnected:
+                raise httpx.ConnectTimeout("timed out", request=request)
             return _json(self.cache_events(name, int(request.url.params["since"])))
         return self.answer_other(name, request)
 
