@@ -321,3 +321,57 @@ def test_pdd_up_kv_codec_flag_is_the_wan_settings_field() -> None:
     assert flags["kv_codec"].default == codec.default
     assert list(flags["kv_codec"].choices) == ["none", "fp8", "int8", "int4", "adaptive"]
     assert build_parser().parse_args(["--kv-codec", "int4"]).kv_codec == "int4"
+
+
+def test_the_wan_line_is_one_model_from_pdd_up_to_the_emulator_and_the_router(
+    tmp_path: Path,
+) -> None:
+    """``pdd up``, ``pdd wan-link`` and ``pdd router`` generate the line's flags from
+    ``WanLine``: one name and help per flag. Each command's default is its own line's:
+    pdd up's ``DEFAULT_LINK`` (sized for the tiny model), the emulator's the model's (the
+    rate required), the router's declared 10 Gbit/s. pdd up's parsed line is the stack's."""
+    from pdd.common.wan_line import WanLine
+    from pdd.local.cluster import LinkSpec
+    from pdd.local.topology import DEFAULT_LINK
+    from pdd.router.server import build_parser as router_parser
+    from pdd.wan.cli import build_parser as wan_link_parser
+
+    up, wan, router = (
+        {o: a for a in p()._actions for o in a.option_strings}
+        for p in (build_parser, wan_link_parser, router_parser)
+    )
+    line = WanLine.model_fields
+    for flag, field in (("--link-gbps", "gbps"), ("--link-rtt-ms", "rtt_ms")):
+        assert all(f[flag].help.startswith(line[field].description) for f in (up, wan, router))
+    for flag, field in (
+        ("--link-jitter-ms", "jitter_ms"),
+        ("--partition-grace-s", "partition_grace_s"),
+    ):
+        assert wan[flag].help.startswith(line[field].description)
+    assert up["--link-jitter-ms"].help.startswith(line["jitter_ms"].description)
+    assert (up["--link-gbps"].default, up["--link-rtt-ms"].default) == (0.05, 30.0)
+    assert up["--link-jitter-ms"].default == DEFAULT_LINK.jitter_ms == 5.0
+    assert wan["--link-gbps"].required and wan["--link-rtt-ms"].default == 0.0
+    assert "10.0" in router["--link-gbps"].help
+    args = build_parser().parse_args(["--model", "tiny", "--link-jitter-ms", "2"])
+    link = stack_config(args, "pdd", 8080, tmp_path).link
+    assert link == LinkSpec(gbps=0.05, rtt_ms=30.0, jitter_ms=2.0) and isinstance(link, WanLine)
+    assert link.partition_grace_s == 1.0  # a local stack's cut resets within a second
+
+
+def test_a_local_line_starts_the_emulator_with_every_setting_it_holds(tmp_path: Path) -> None:
+    """The emulator's command line a local stack writes parses, by ``pdd wan-link``'s own
+    parser, back into the same line (the seed fixed); a WAN-facing worker with no line is
+    refused before anything starts."""
+    from pdd.common.settings import flag_values
+    from pdd.common.wan_line import WanLine
+    from pdd.local.cluster import LinkSpec, LocalCluster, WorkerSpec, wan_link_argv
+    from pdd.wan.cli import build_parser as wan_link_parser
+
+    link = LinkSpec(gbps=0.25, rtt_ms=12.5, jitter_ms=1.5)
+    argv = wan_link_argv(link, [("127.0.0.1:1", "127.0.0.1:2")], "127.0.0.1:3")
+    args = wan_link_parser().parse_args(argv[1:])
+    assert WanLine(**flag_values(WanLine, args)) == WanLine(**link.model_dump())
+    assert args.partition_grace_s == 1.0 and args.seed == 0
+    with pytest.raises(ValueError, match="'md' faces the WAN: pass its line"):
+        LocalCluster.start([WorkerSpec("md", "main", wan_facing=True)], tmp_path)

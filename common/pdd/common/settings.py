@@ -31,10 +31,13 @@ from pydantic.fields import FieldInfo
 
 @dataclass(frozen=True)
 class Setting:
-    """One setting: its name (the argparse ``dest`` and the model's field), help and default.
+    """One setting: its name (the model's field), help and default.
 
     ``aliases`` are other flag spellings accepted for the same meaning (vLLM's names);
-    ``default_text`` says what an unset (None) default means, e.g. "the checkpoint's".
+    ``default_text`` says what an unset (None) default means, e.g. "the checkpoint's";
+    ``flag_name``: the flag's name and argparse ``dest`` where they are not the field's (the
+    WAN line's ``gbps`` is ``--link-gbps`` among a command's other flags); ``required``:
+    the command takes no default for it.
     """
 
     name: str
@@ -48,10 +51,17 @@ class Setting:
     action: str | None = None
     #: The config document / CRD field it is read from, where there is one.
     field: str | None = None
+    flag_name: str | None = None
+    required: bool = False
+
+    @property
+    def dest(self) -> str:
+        """The argparse ``dest`` of its flag."""
+        return self.flag_name or self.name
 
     @property
     def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+        return "--" + self.dest.replace("_", "-")
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -84,18 +94,21 @@ def setting(
     default_text: str | None = None,
     field: str | None = None,
     convert: Callable[[Any], Any] | None = None,
+    flag: str | None = None,
 ) -> Any:
     """A pydantic field that is a setting (a flag and a docs row) of a model with no config
     document of its own (the router's ``RouterConfig``): its help is the description.
 
     ``field``: the config document's field (a dotted camelCase path, ``wan.declaredGbps``)
     the setting is read from where the operator renders one (``read_document``), its value
-    passed through ``convert`` where the document's unit or form differs."""
+    passed through ``convert`` where the document's unit or form differs. ``flag``: the
+    flag's name (and ``dest``, underscored) where it is not the field's."""
     extra = {
         "flagAliases": list(aliases) or None,
         "flagMetavar": metavar,
         "defaultText": default_text,
         "configField": field,
+        "flagName": flag,
     }
     schema_extra: dict[str, Any] = {k: v for k, v in extra.items() if v is not None}
     if default_factory is not None:
@@ -117,12 +130,22 @@ def from_document(default: Any, field: str, convert: Callable[[Any], Any] | None
     return info
 
 
-def same_setting(info: FieldInfo, *, field: str | None = None) -> Any:
+#: ``same_setting``'s "no default of its own" (None is a default).
+_SAME_DEFAULT: Any = object()
+
+
+def same_setting(info: FieldInfo, *, field: str | None = None, default: Any = _SAME_DEFAULT) -> Any:
     """Another model's field as a field of this one: the same setting (its help, defaults,
     aliases and bounds, declared once there), e.g. an ``EngineSettings`` field among the
-    worker's options; ``field``: where this model reads it from the config document."""
+    worker's options; ``field``: where this model reads it from the config document;
+    ``default``: this component's own default where it assumes another (the router's
+    declared line rate where a setting has none)."""
     same = copy.deepcopy(info)
+    if default is not _SAME_DEFAULT:
+        same.default = default
     if field is not None:
+        extra = same.json_schema_extra if isinstance(same.json_schema_extra, dict) else {}
+        same.json_schema_extra = {**extra, "configField": field}
         same.metadata.append(DocumentField(field))
     return same
 
@@ -170,9 +193,10 @@ def settings_of(cls: type[BaseModel]) -> list[Setting]:
     The default is the field's own; ``json_schema_extra`` adds the flag's parts:
     ``{"flagAliases": [...], "flagDefault": X, "defaultText": S}`` (``flagDefault`` where
     the field has none, as the engine's settings leave an unset field to the worker),
-    ``"flagMetavar": M`` where the flag takes more than the field's choices, and
-    ``"configField": PATH`` where the document's field is not the model's own alias. A
-    bool is a switch (``store_true``)."""
+    ``"flagMetavar": M`` where the flag takes more than the field's choices,
+    ``"configField": PATH`` where the document's field is not the model's own alias, and
+    ``"flagName": NAME`` where the flag is named apart from the field. A bool is a switch
+    (``store_true``)."""
     hints = typing.get_type_hints(cls)
     table: list[Setting] = []
     for name, info in cls.model_fields.items():
@@ -194,6 +218,7 @@ def settings_of(cls: type[BaseModel]) -> list[Setting]:
                 default_text=typing.cast(str | None, extra.get("defaultText")),
                 action="store_true" if is_bool else None,
                 field=typing.cast(str | None, extra.get("configField")) or info.alias,
+                flag_name=typing.cast(str | None, extra.get("flagName")),
             )
         )
     return table
@@ -221,7 +246,9 @@ def add_settings(
     for s in table:
         if wanted is not None and s.name not in wanted:
             continue
-        kwargs: dict[str, Any] = {"dest": s.name, "help": _help(s)}
+        kwargs: dict[str, Any] = {"dest": s.dest, "help": _help(s)}
+        if s.required:
+            kwargs["required"] = True
         if s.action == "store_true":
             kwargs["action"] = "store_true"
             kwargs["default"] = s.default if flag_defaults else None
@@ -236,10 +263,23 @@ def add_settings(
         parser.add_argument(*s.flags, **kwargs)
 
 
+def flag_values(cls: type[BaseModel], args: argparse.Namespace) -> dict[str, Any]:
+    """The values of the flags ``add_settings`` made of ``cls``' settings table, by field
+    name (a flag the parser lacks, or that was left None, is left out: the field's default
+    holds)."""
+    return {
+        s.name: value
+        for s in settings_of(cls)
+        if (value := getattr(args, s.dest, None)) is not None
+    }
+
+
 def _help(s: Setting) -> str:
     """The help line with its default, written once here (``HelpFormatter`` adds none)."""
     if s.action == "store_true":
         return s.help
+    if s.required:
+        return f"{s.help} (required)"
     if s.default is not None:
         shown = s.default.value if isinstance(s.default, Enum) else s.default
         return f"{s.help} (default: {shown})"

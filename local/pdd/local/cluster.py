@@ -21,6 +21,8 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from pdd.common.settings import same_setting
+from pdd.common.wan_line import WanLine, line_argv
 from pdd.common.wire import Endpoint, PipelinePlan, SamplingSpec, StateReport, WorkerRefusal
 from pdd.local.probes import flatten
 from pdd.local.supervisor import Supervisor, spawn_pdd
@@ -46,24 +48,23 @@ class WorkerSpec:
     args: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class LinkSpec:
-    gbps: float = 1.0
-    rtt_ms: float = 0.0
-    jitter_ms: float = 0.0
-    partition_grace_s: float = 1.0
+class LinkSpec(WanLine):
+    """A WAN line of a local stack (``pdd up``, ``pdd bench``, the tests): the line's settings,
+    with a cut that resets its connections after one second rather than the emulator's five,
+    so a partition a test or a chaos run makes turns into LinkDown promptly."""
+
+    partition_grace_s: float = same_setting(WanLine.model_fields["partition_grace_s"], default=1.0)
 
 
 def wan_link_argv(link: LinkSpec, routes: Sequence[tuple[str, str]], admin: str) -> list[str]:
     """``pdd wan-link`` arguments for one line carrying every (listen, to) route in
-    ``routes``: they share its rate, delay and partition switch."""
+    ``routes``: they share its rate, delay and partition switch; its jitter seeded, so a
+    run's delays are the same each time."""
     if not routes:
         raise ValueError("a WAN line needs at least one route")
     (listen, to), rest = routes[0], routes[1:]
     argv = ["wan-link", "--listen", listen, "--to", to, "--admin", admin]
-    argv += ["--link-gbps", f"{link.gbps:g}", "--link-rtt-ms", f"{link.rtt_ms:g}"]
-    argv += ["--link-jitter-ms", f"{link.jitter_ms:g}"]
-    argv += ["--partition-grace-s", f"{link.partition_grace_s:g}", "--seed", "0"]
+    argv += [*line_argv(link), "--seed", "0"]
     for listen, to in rest:
         argv += ["--route", f"{listen}={to}"]
     return argv
@@ -220,7 +221,7 @@ class LocalCluster(PlanBuilder):
         env = {"PDD_SHARED_SECRET": secret, "OMP_NUM_THREADS": "1"}
 
         def launch(spec: WorkerSpec) -> WorkerProc:
-            worker = _start_worker(spec, log_dir, env, link or LinkSpec(), common_args)
+            worker = _start_worker(spec, log_dir, env, link, common_args)
             cluster.supervisor.add(spec.name, worker.proc, worker.log, env)
             if worker.link is not None:
                 cluster.supervisor.add(_link_name(spec), worker.link.proc, worker.link.log, env)
@@ -273,12 +274,18 @@ def _link_name(spec: WorkerSpec) -> str:
 
 
 def _start_worker(
-    spec: WorkerSpec, log_dir: Path, env: dict[str, str], link: LinkSpec, common: Sequence[str]
+    spec: WorkerSpec,
+    log_dir: Path,
+    env: dict[str, str],
+    link: LinkSpec | None,
+    common: Sequence[str],
 ) -> WorkerProc:
+    if spec.wan_facing and link is None:
+        raise ValueError(f"worker {spec.name!r} faces the WAN: pass its line (link=LinkSpec)")
     http, data = free_port(), free_port()
     wan_link = None
     wan_addr = f"{HOST}:{data}"
-    if spec.wan_facing:
+    if spec.wan_facing and link is not None:
         listen, admin = free_port(), free_port()
         link_log = log_dir / f"{_link_name(spec)}.log"
         argv = wan_link_argv(link, [(f"{HOST}:{listen}", f"{HOST}:{data}")], f"{HOST}:{admin}")

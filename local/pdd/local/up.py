@@ -40,10 +40,11 @@ from pdd.common.model_store import (
     default_model,
     resolve_model,
 )
-from pdd.common.settings import add_settings, settings_of
+from pdd.common.settings import add_settings, flag_values, settings_of
 from pdd.common.settings import parser as settings_parser
 from pdd.common.tracing import TRACES_FILE, TRACES_FILE_ENV
 from pdd.common.vocabulary import PDD_ROLES, Role
+from pdd.common.wan_line import add_line_flags
 from pdd.local.autoscale import (
     AutoscaleError,
     Autoscaler,
@@ -59,6 +60,8 @@ from pdd.local.topology import MODES, Counts, StackConfig, TopologyError, mode_w
 
 #: The engines a worker runs (``pdd worker --engine``).
 ENGINES = ("pdd", "vllm")
+#: The line's settings ``pdd up`` takes (a local stack's cut keeps ``LinkSpec``'s grace).
+LINE_FLAGS = frozenset({"gbps", "rtt_ms", "jitter_ms"})
 
 
 def add_stack_flags(p: argparse.ArgumentParser, default_log_dir: Path | None) -> None:
@@ -85,12 +88,9 @@ def add_stack_flags(p: argparse.ArgumentParser, default_log_dir: Path | None) ->
         )  # fmt: skip
     for role in ("prefill", "relay", "main", "mono"):
         p.add_argument(f"--{role}", type=int, default=1, metavar="N", help=f"{role} workers")
-    # The WAN line's flags, named as pdd router and pdd wan-link name them.
-    p.add_argument("--link-gbps", type=float, default=d.link.gbps, help="WAN line rate, Gbit/s")
-    p.add_argument(
-        "--link-rtt-ms", type=float, default=d.link.rtt_ms, help="WAN round-trip time, ms"
-    )
-    p.add_argument("--link-jitter-ms", type=float, default=d.link.jitter_ms, help="WAN jitter, ms")
+    # The WAN line's settings (``WanLine``, as pdd wan-link and pdd router have them), their
+    # defaults the line pdd up runs where none is given (sized for the tiny model).
+    add_line_flags(p, d.link, only=LINE_FLAGS)
     p.add_argument(
         "--wan-tls", action="store_true",
         help="TLS 1.3 on the channels between the datacenters (spec.wan.tls; a CA and "
@@ -133,7 +133,7 @@ def stack_config(args: argparse.Namespace, mode: str, port: int, log_dir: Path) 
         host=args.host,
         port=port,
         counts=Counts(args.prefill, args.relay, args.main, args.mono),
-        link=LinkSpec(gbps=args.link_gbps, rtt_ms=args.link_rtt_ms, jitter_ms=args.link_jitter_ms),
+        link=LinkSpec(**flag_values(LinkSpec, args)),
         redis_url=args.redis,
         log_dir=log_dir,
         worker_args=tuple(args.worker_arg),

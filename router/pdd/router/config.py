@@ -29,8 +29,16 @@ from pdd.common.kv_codec import (
     KVCodecSetting,
     default_codec,
 )
-from pdd.common.settings import Setting, from_document, read_document, setting, settings_of
+from pdd.common.settings import (
+    Setting,
+    from_document,
+    read_document,
+    same_setting,
+    setting,
+    settings_of,
+)
 from pdd.common.vocabulary import Role, ToolCallFormat
+from pdd.common.wan_line import WanLine
 from pdd.common.wan_tls import HTTPS_ROLES
 from pdd.router.tokenization import TINY_MODEL
 
@@ -43,6 +51,8 @@ TINY_KV_BYTES_PER_TOKEN = kv_bytes_per_token(*TINY_KV_SHAPE)
 
 #: The WAN settings' defaults (``WanKVSettings``: the CRD's, the document's, the flags').
 _WAN_KV = WanKVSettings()
+#: The WAN line's settings (``WanLine``), of which the router declares the rate and RTT.
+_LINE = WanLine.model_fields
 #: The ``WanKVSettings`` fields the router reads (``transfer_timeout_seconds`` is the workers').
 ROUTER_WAN_SETTINGS = frozenset({"kv_codec", "md_recompute_max_tokens"})
 
@@ -118,16 +128,12 @@ class RouterConfig(BaseModel):
         "longest a request waits for Redis before it is routed on local state",
     )
     api_keys: tuple[str, ...] = ()
-    link_gbps: float = setting(
-        10.0,
-        "declared WAN line rate P -> MD, Gbit/s",
-        field="wan.declaredGbps",
-    )
-    link_rtt_ms: float = setting(
-        0.0,
-        "declared WAN round-trip time, ms",
-        field="wan.rttMs",
-    )
+    #: The line the router declares (its estimator's prior, refined from measured transfers
+    #: unless ``static_link_view``): ``WanLine``'s rate and round trip, the settings
+    #: ``pdd wan-link`` runs and ``pdd up`` writes as spec.wan. Where none is declared,
+    #: a 10 Gbit/s line (the line has no default rate of its own).
+    link_gbps: float = same_setting(_LINE["gbps"], field="wan.declaredGbps", default=10.0)
+    link_rtt_ms: float = same_setting(_LINE["rtt_ms"], field="wan.rttMs")
     ttft_budget_s: float = setting(
         2.0,
         "TTFT budget the P -> MD path must meet, seconds",

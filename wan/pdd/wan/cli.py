@@ -18,7 +18,9 @@ import sys
 
 from pdd.common.gc_heap import freeze_startup_heap
 from pdd.common.logs import add_log_flags, configure_logging
+from pdd.common.settings import flag_values
 from pdd.common.settings import parser as settings_parser
+from pdd.common.wan_line import WanLine, add_line_flags
 from pdd.wan.admin import AdminServer
 from pdd.wan.link import Route, WanLink
 
@@ -31,19 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--route", action="append", default=[], metavar="LISTEN=TO",
         help="another forwarded address sharing the same line (repeatable)",
     )  # fmt: skip
-    # The line's flags are named as ``pdd up`` and ``pdd router`` name them.
-    parser.add_argument(
-        "--link-gbps", type=float, required=True, help="shared line rate, Gbit/s (required)"
-    )
-    parser.add_argument("--link-rtt-ms", type=float, default=0.0, help="round-trip time, ms")
-    parser.add_argument(
-        "--link-jitter-ms", type=float, default=0.0, help="max extra one-way delay, ms"
-    )
     parser.add_argument("--admin", help="host:port for the admin HTTP endpoint (default: none)")
-    parser.add_argument(
-        "--partition-grace-s", type=float, default=5.0,
-        help="how long a cut line holds connections open before they are reset",
-    )  # fmt: skip
+    # The line's settings (``WanLine``), the flags ``pdd up`` and ``pdd router`` have too.
+    add_line_flags(parser)
     add_log_flags(parser)
     parser.add_argument(
         "--seed", type=int, help="seed the jitter for reproducible runs (default: random)"
@@ -52,13 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _run(args: argparse.Namespace) -> None:
+    line = WanLine(**flag_values(WanLine, args))
     link = WanLink(
         args.listen,
         args.to,
-        args.link_gbps,
-        args.link_rtt_ms,
-        args.link_jitter_ms,
-        partition_grace_s=args.partition_grace_s,
+        line.gbps,
+        line.rtt_ms,
+        line.jitter_ms,
+        partition_grace_s=line.partition_grace_s,
         seed=args.seed,
         extra_routes=[Route.parse(r) for r in args.route],
     )
@@ -73,7 +66,7 @@ async def _run(args: argparse.Namespace) -> None:
     freeze_startup_heap()  # the line's own objects are few; its libraries' are not
     more = f" and {len(args.route)} more routes" if args.route else ""
     print(
-        f"wan-link listening on {args.listen} -> {args.to}{more} ({args.link_gbps} Gbit/s)",
+        f"wan-link listening on {args.listen} -> {args.to}{more} ({line.gbps} Gbit/s)",
         flush=True,
     )
     try:
