@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from pdd.common.settings import add_settings, flag_values, setting, settings_of
-from pdd.common.wan_line import WanLine, add_line_flags, line_argv
+from pdd.common.wan_line import WanLine, add_line_flags, line_argv, parsed_line
 
 pytestmark = pytest.mark.unit
 
@@ -27,7 +27,7 @@ def test_the_line_flags_are_named_as_the_commands_name_them() -> None:
     add_line_flags(parser)
     args = parser.parse_args(["--link-gbps", "2.5", "--link-jitter-ms", "3"])
     assert args.link_gbps == 2.5 and not hasattr(args, "gbps")
-    assert WanLine(**flag_values(WanLine, args)) == WanLine(gbps=2.5, jitter_ms=3.0)
+    assert parsed_line(args, WanLine) == WanLine(gbps=2.5, jitter_ms=3.0)
 
 
 def test_without_a_line_the_rate_is_required_and_the_rest_default_to_the_models(capsys) -> None:
@@ -51,7 +51,7 @@ def test_a_line_given_is_the_flags_defaults_and_only_picks_flags() -> None:
     assert not flags["--link-gbps"].required
     assert flags["--link-gbps"].help.endswith("(default: 0.05)")
     args = parser.parse_args([])
-    assert WanLine(**flag_values(WanLine, args)) == line
+    assert parsed_line(args, WanLine) == line
 
 
 def test_the_emulators_argv_is_written_from_the_same_flags() -> None:
@@ -59,7 +59,7 @@ def test_the_emulators_argv_is_written_from_the_same_flags() -> None:
     line = WanLine(gbps=0.05, rtt_ms=30.0, jitter_ms=5.0, partition_grace_s=1.0)
     parser = argparse.ArgumentParser()
     add_line_flags(parser)
-    assert WanLine(**flag_values(WanLine, parser.parse_args(line_argv(line)))) == line
+    assert parsed_line(parser.parse_args(line_argv(line)), WanLine) == line
 
 
 def test_a_flag_named_apart_from_its_field_keeps_its_field_in_the_table() -> None:
@@ -72,4 +72,4 @@ def test_a_flag_named_apart_from_its_field_keeps_its_field_in_the_table() -> Non
     parser = argparse.ArgumentParser()
     add_settings(parser, table, only={"extra"})
     assert parser.parse_args(["--more-extra", "4"]).more_extra == 4
-    assert flag_values(Model, parser.parse_args([])) == {"extra": 3}
+    assert flag_values(table, parser.parse_args([])) == {"extra": 3}

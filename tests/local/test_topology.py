@@ -363,15 +363,34 @@ def test_a_local_line_starts_the_emulator_with_every_setting_it_holds(tmp_path: 
     """The emulator's command line a local stack writes parses, by ``pdd wan-link``'s own
     parser, back into the same line (the seed fixed); a WAN-facing worker with no line is
     refused before anything starts."""
-    from pdd.common.settings import flag_values
-    from pdd.common.wan_line import WanLine
+    from pdd.common.wan_line import parsed_line
     from pdd.local.cluster import LinkSpec, LocalCluster, WorkerSpec, wan_link_argv
     from pdd.wan.cli import build_parser as wan_link_parser
 
     link = LinkSpec(gbps=0.25, rtt_ms=12.5, jitter_ms=1.5)
     argv = wan_link_argv(link, [("127.0.0.1:1", "127.0.0.1:2")], "127.0.0.1:3")
     args = wan_link_parser().parse_args(argv[1:])
-    assert WanLine(**flag_values(WanLine, args)) == WanLine(**link.model_dump())
+    assert parsed_line(args, LinkSpec) == link
     assert args.partition_grace_s == 1.0 and args.seed == 0
     with pytest.raises(ValueError, match="'md' faces the WAN: pass its line"):
         LocalCluster.start([WorkerSpec("md", "main", wan_facing=True)], tmp_path)
+
+
+def test_pdd_up_redis_flag_is_the_routers_store_setting(tmp_path: Path) -> None:
+    """``pdd up --redis`` and ``pdd router --redis`` are one setting, the config document's
+    ``store.redisUrl`` (``StoreSection.redis_url``), which pdd up sets through the
+    PDDDeployment's spec.router.redisUrl: one name, help and default."""
+    from pdd.common.config_document import StoreSection
+    from pdd.router.server import build_parser as router_parser
+
+    store = StoreSection.model_fields["redis_url"]
+    up, router = (
+        {o: a for a in p()._actions for o in a.option_strings}
+        for p in (build_parser, router_parser)
+    )
+    assert store.description
+    assert up["--redis"].help == router["--redis"].help
+    assert up["--redis"].help.startswith(store.description)
+    args = build_parser().parse_args(["--model", "tiny", "--redis", "redis://r:6379/0"])
+    config = stack_config(args, "pdd", 8080, tmp_path)
+    assert stack_deployment(config)["spec"]["router"]["redisUrl"] == "redis://r:6379/0"

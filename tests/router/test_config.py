@@ -218,3 +218,26 @@ def test_every_document_setting_is_declared_on_its_field(tmp_path, monkeypatch):
     assert config.handoff == "one-shot" and config.ttft_budget_s == 1.5
     assert (config.anomalous_min_input_tokens, config.anomalous_output_tokens_below) == (1234, 56)
     assert config.redis_url == document.store.redis_url
+
+
+def test_redis_is_the_store_sections_setting(tmp_path, monkeypatch):
+    """``--redis`` is ``StoreSection.redis_url`` (the document's ``store.redisUrl``, which
+    ``pdd up`` sets too): a row of the router's settings table, the flag winning over the
+    document's value."""
+    from pdd.common.config_document import StoreSection
+    from pdd.router.config import router_settings
+
+    [row] = [s for s in router_settings() if s.flag == "--redis"]
+    assert (row.name, row.field, row.help) == (
+        "redis_url",
+        "store.redisUrl",
+        StoreSection.model_fields["redis_url"].description,
+    )
+    assert parse("--secret", "s", "--mono", "m=http://a:1").redis_url is None
+    spec = PDDSpec.model_validate(yaml.safe_load(OPERATOR_CR.read_text())["spec"])
+    document = build_worker_config(spec, Owner(name="q", namespace="s", uid="u"), Site("s"))
+    path = tmp_path / "config.json"
+    path.write_text(document.to_json())
+    monkeypatch.setenv(document.shared_secret_env, "s3cret")
+    assert parse("--config", str(path)).redis_url == document.store.redis_url
+    assert parse("--config", str(path), "--redis", "redis://x:1/0").redis_url == "redis://x:1/0"

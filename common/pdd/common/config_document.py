@@ -273,7 +273,16 @@ class EngineByRole(_Section):
 
 
 class StoreSection(_Section):
-    redis_url: str | None = None
+    """Where the router replicas keep their shared state: a setting of the router that
+    ``pdd up`` sets too (through the PDDDeployment's spec.router.redisUrl), so its flag is
+    declared here, below both (``pdd router --redis``, ``pdd up --redis``)."""
+
+    redis_url: str | None = Field(
+        default=None,
+        description="redis://HOST:PORT/DB shared by router replicas; a comma-separated list "
+        "fails over in order",
+        json_schema_extra={"flagName": "redis", "defaultText": "none, local state"},
+    )
 
 
 class ConfigDocument(_Section):

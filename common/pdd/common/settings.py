@@ -263,15 +263,11 @@ def add_settings(
         parser.add_argument(*s.flags, **kwargs)
 
 
-def flag_values(cls: type[BaseModel], args: argparse.Namespace) -> dict[str, Any]:
-    """The values of the flags ``add_settings`` made of ``cls``' settings table, by field
-    name (a flag the parser lacks, or that was left None, is left out: the field's default
-    holds)."""
-    return {
-        s.name: value
-        for s in settings_of(cls)
-        if (value := getattr(args, s.dest, None)) is not None
-    }
+def flag_values(table: Iterable[Setting], args: argparse.Namespace) -> dict[str, Any]:
+    """The values of the flags ``add_settings`` made of ``table``, by field name (a flag the
+    parser lacks, or that was left None, is left out: the field's default, or the config
+    document's value, holds)."""
+    return {s.name: value for s in table if (value := getattr(args, s.dest, None)) is not None}
 
 
 def _help(s: Setting) -> str:

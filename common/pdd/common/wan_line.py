@@ -18,10 +18,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Iterable
+from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from pdd.common.settings import add_settings, setting, settings_of
+from pdd.common.settings import add_settings, flag_values, setting, settings_of
 
 
 class WanLine(BaseModel):
@@ -50,6 +51,9 @@ class WanLine(BaseModel):
     )
 
 
+Line = TypeVar("Line", bound=WanLine)
+
+
 def add_line_flags(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     line: WanLine | None = None,
@@ -65,6 +69,12 @@ def add_line_flags(
     add_settings(
         parser, [dataclasses.replace(s, required=s.default is None) for s in table], only=only
     )
+
+
+def parsed_line(args: argparse.Namespace, kind: type[Line]) -> Line:
+    """The line the flags ``add_line_flags`` made describe, as ``kind`` (a setting whose
+    flag the parser lacks keeps ``kind``'s default: ``pdd up``'s cut keeps ``LinkSpec``'s)."""
+    return kind(**flag_values(settings_of(kind), args))
 
 
 def line_argv(line: WanLine) -> list[str]:

@@ -31,7 +31,7 @@ from typing import Any
 
 from pdd.common.api_keys import ApiKeyFileError, env_api_keys, read_api_key_file
 from pdd.common.block_hash import DEFAULT_BLOCK_SIZE
-from pdd.common.config_document import API_KEYS_ENV, WanKVSettings
+from pdd.common.config_document import API_KEYS_ENV, StoreSection, WanKVSettings
 from pdd.common.model_store import (
     BUILTINS,
     DEFAULT_MODEL,
@@ -40,11 +40,11 @@ from pdd.common.model_store import (
     default_model,
     resolve_model,
 )
-from pdd.common.settings import add_settings, flag_values, settings_of
+from pdd.common.settings import add_settings, settings_of
 from pdd.common.settings import parser as settings_parser
 from pdd.common.tracing import TRACES_FILE, TRACES_FILE_ENV
 from pdd.common.vocabulary import PDD_ROLES, Role
-from pdd.common.wan_line import add_line_flags
+from pdd.common.wan_line import add_line_flags, parsed_line
 from pdd.local.autoscale import (
     AutoscaleError,
     Autoscaler,
@@ -98,7 +98,8 @@ def add_stack_flags(p: argparse.ArgumentParser, default_log_dir: Path | None) ->
     )  # fmt: skip
     # spec.wan.kvCodec: the WAN settings' field, its help, default and choices.
     add_settings(p, settings_of(WanKVSettings), only={"kv_codec"})
-    p.add_argument("--redis", help="redis://HOST:PORT/DB for the router (default: embedded)")
+    # spec.router.redisUrl: the router's store setting (the config document's store.redisUrl).
+    add_settings(p, settings_of(StoreSection))
     p.add_argument("--ttft-budget-s", type=float, help="the router's TTFT budget for P-MD")
     p.add_argument(
         "--log-dir", type=Path, default=default_log_dir,
@@ -133,7 +134,7 @@ def stack_config(args: argparse.Namespace, mode: str, port: int, log_dir: Path) 
         host=args.host,
         port=port,
         counts=Counts(args.prefill, args.relay, args.main, args.mono),
-        link=LinkSpec(**flag_values(LinkSpec, args)),
+        link=parsed_line(args, LinkSpec),
         redis_url=args.redis,
         log_dir=log_dir,
         worker_args=tuple(args.worker_arg),

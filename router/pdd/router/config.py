@@ -18,7 +18,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from pdd.common.block_hash import DEFAULT_BLOCK_SIZE
-from pdd.common.config_document import HANDOFF_POLICIES, ConfigDocument, WanKVSettings
+from pdd.common.config_document import (
+    HANDOFF_POLICIES,
+    ConfigDocument,
+    StoreSection,
+    WanKVSettings,
+)
 from pdd.common.cost_model import LinkState, kv_bytes_per_token, kv_bytes_per_token_from_hf_config
 from pdd.common.gguf_file import GGUFModelFile, gguf_checkpoint
 from pdd.common.kv_codec import (
@@ -51,6 +56,8 @@ TINY_KV_BYTES_PER_TOKEN = kv_bytes_per_token(*TINY_KV_SHAPE)
 
 #: The WAN settings' defaults (``WanKVSettings``: the CRD's, the document's, the flags').
 _WAN_KV = WanKVSettings()
+#: Where the replicas share state (``StoreSection``: ``pdd up --redis`` sets it too).
+_STORE = StoreSection.model_fields
 #: The WAN line's settings (``WanLine``), of which the router declares the rate and RTT.
 _LINE = WanLine.model_fields
 #: The ``WanKVSettings`` fields the router reads (``transfer_timeout_seconds`` is the workers').
@@ -105,7 +112,9 @@ class RouterConfig(BaseModel):
     the flags given over them. The consistency of the whole (workers, secret, limits) is
     checked after validation and refused as a ``ConfigError`` saying what to pass."""
 
-    model_config = ConfigDict(frozen=True)
+    # validate_by_name: a field that is a document section's (``same_setting``) keeps the
+    # section's camelCase alias; the router's code passes its fields by name.
+    model_config = ConfigDict(frozen=True, validate_by_name=True)
 
     workers: tuple[WorkerRef, ...]
     secret: str
@@ -120,7 +129,7 @@ class RouterConfig(BaseModel):
         default_text="the --model folder's name",
         field="model.servedName",
     )
-    redis_url: str | None = from_document(None, "store.redisUrl")
+    redis_url: str | None = same_setting(_STORE["redis_url"], field="store.redisUrl")
     #: The longest a request waits for Redis (prefix lookup, loads) before it is routed
     #: on this replica's local state and the store counts Redis as down.
     redis_deadline_s: float = setting(

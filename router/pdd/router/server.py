@@ -23,7 +23,7 @@ from pdd.common.config_document import (
 )
 from pdd.common.gc_heap import freeze_startup_heap
 from pdd.common.logs import add_log_flags, configure_logging
-from pdd.common.settings import add_settings
+from pdd.common.settings import add_settings, flag_values
 from pdd.common.settings import parser as settings_parser
 from pdd.common.tracing import add_tracing_flags, configure_from_args
 from pdd.common.vocabulary import Role, datacenter
@@ -56,11 +56,6 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"file holding the shared worker secret (else ${SHARED_SECRET_ENV})",
     )
     p.add_argument(
-        "--redis",
-        help="redis://HOST:PORT/DB shared by router replicas; a comma-separated list "
-        "fails over in order (default: none, local state)",
-    )
-    p.add_argument(
         "--api-key",
         action="append",
         default=[],
@@ -83,8 +78,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 #: The router's settings table: RouterConfig's fields that are flags, and the WAN's.
 ROUTER_SETTINGS = router_settings()
-#: Flags copied to RouterConfig fields when given (same name).
-_PLAIN_FLAGS = tuple(s.name for s in ROUTER_SETTINGS)
 
 
 def build_config(args: argparse.Namespace) -> RouterConfig:
@@ -97,7 +90,7 @@ def build_config(args: argparse.Namespace) -> RouterConfig:
         except ConfigDocumentError as exc:
             raise ConfigError(str(exc)) from None
         secret_env = settings.pop("secret_env")
-    settings.update({k: getattr(args, k) for k in _PLAIN_FLAGS if getattr(args, k) is not None})
+    settings.update(flag_values(ROUTER_SETTINGS, args))  # the flags given
     workers = tuple(
         parse_worker(role, item)
         for role in Role
@@ -107,8 +100,6 @@ def build_config(args: argparse.Namespace) -> RouterConfig:
     )
     if workers:
         settings["workers"] = workers
-    if args.redis:
-        settings["redis_url"] = args.redis
     from_file = read_api_key_file(args.api_key_file) if args.api_key_file else ()
     settings["api_keys"] = tuple(args.api_key) + env_api_keys() + from_file
     settings["secret"] = read_secret(args.secret, args.secret_file, secret_env)

@@ -18,9 +18,8 @@ import sys
 
 from pdd.common.gc_heap import freeze_startup_heap
 from pdd.common.logs import add_log_flags, configure_logging
-from pdd.common.settings import flag_values
 from pdd.common.settings import parser as settings_parser
-from pdd.common.wan_line import WanLine, add_line_flags
+from pdd.common.wan_line import WanLine, add_line_flags, parsed_line
 from pdd.wan.admin import AdminServer
 from pdd.wan.link import Route, WanLink
 
@@ -44,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _run(args: argparse.Namespace) -> None:
-    line = WanLine(**flag_values(WanLine, args))
+    line = parsed_line(args, WanLine)
     link = WanLink(
         args.listen,
         args.to,
