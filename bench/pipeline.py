@@ -29,8 +29,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pdd.common.wan_line import add_line_flags, parsed_line
 from pdd.common.wire import PipelinePlan, SamplingSpec
 from pdd.local.cluster import LinkSpec, LocalCluster, WorkerSpec
+from pdd.local.topology import DEFAULT_LINK
 from pdd.router.stream_relay import relay_tokens
 from pdd.router.worker_client import WorkerClient
 from pdd.simulator.stats import percentile
@@ -54,9 +56,9 @@ def conversation_parser(
     p.add_argument("--prompt-tokens", type=int, default=400)
     p.add_argument("--turn2-tokens", type=int, default=40, help="new tokens in turn 2")
     p.add_argument("--max-tokens", type=int, default=max_tokens)
-    p.add_argument("--link-gbps", type=float, default=0.05)
-    p.add_argument("--link-rtt-ms", type=float, default=30.0)
-    p.add_argument("--link-jitter-ms", type=float, default=jitter_ms)
+    # The line's flags (``WanLine``), defaulting to pdd up's line with this bench's jitter.
+    line = DEFAULT_LINK.model_copy(update={"jitter_ms": jitter_ms})
+    add_line_flags(p, line, only={"gbps", "rtt_ms", "jitter_ms"})
     p.add_argument("--model", default="tiny")
     p.add_argument("--json", help="write the results here as JSON")
     return p
@@ -66,7 +68,7 @@ def start_cluster(
     specs: list[WorkerSpec], logs: Path, args: argparse.Namespace, *extra: str
 ) -> tuple[LocalCluster, LinkSpec]:
     """The replay's workers (one torch thread each) on the emulated link the options set."""
-    link = LinkSpec(gbps=args.link_gbps, rtt_ms=args.link_rtt_ms, jitter_ms=args.link_jitter_ms)
+    link = parsed_line(args, LinkSpec)
     common = ["--model", args.model, "--torch-threads", "1", "--num-blocks", "2048", *extra]
     return LocalCluster.start(specs, logs, link, common_args=common), link
 
