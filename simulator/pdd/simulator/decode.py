@@ -58,7 +58,6 @@ class DecodeSeq:
 class DecodeStats:
     tokens: float = 0.0  # tokens produced
     stall_s: float = 0.0  # time paused by extends
-    queue_wait_s: float = 0.0  # summed over admitted sequences
     queue_waits: QueueWaits = field(default_factory=QueueWaits)  # per sequence, at admission
 
 
@@ -202,7 +201,6 @@ class DecodeInstance:
                 break  # FIFO: the head waits for memory (a lone sequence always fits)
             self._waiting.popleft()
             seq.admitted_at = self.env.now
-            self.stats.queue_wait_s += self.env.now - queued_at
             self.stats.queue_waits.record(self.env.now, self.env.now - queued_at)
             if seq.extend:
                 self._pause(seq.extend, seq.context)

@@ -39,7 +39,6 @@ class PrefillStats:
     tokens: int = 0
     busy_s: float = 0.0
     steps: int = 0
-    queue_wait_s: float = 0.0
     queue_waits: QueueWaits = field(default_factory=QueueWaits)  # per job, at its first chunk
 
 
@@ -136,7 +135,6 @@ class PrefillInstance:
             if budget <= 0:
                 break
             if job.processed == 0:
-                self.stats.queue_wait_s += self.env.now - job.queued_at
                 self.stats.queue_waits.record(self.env.now, self.env.now - job.queued_at)
             n = min(job.new_tokens - job.processed, budget)
             batch.append((job, n))

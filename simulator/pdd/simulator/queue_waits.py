@@ -28,3 +28,8 @@ class QueueWaits:
         """The waits that ended in [start, end): bisected, as a day logs a wait per request."""
         lo, hi = bisect_left(self.ended_at, start), bisect_left(self.ended_at, end)
         return self.waits_s[lo:hi]
+
+    @property
+    def total_s(self) -> float:
+        """Every wait summed, for the run's report: derived, so no second tally can drift."""
+        return sum(self.waits_s)

@@ -214,9 +214,9 @@ def _instance_extras(c: Cluster) -> dict[str, float]:
     for name, pool in (("relay", c.relay), ("main", c.main)):
         if pool:
             out[f"{name}_stall_s"] = sum(i.stats.stall_s for i in pool)
-            out[f"{name}_queue_wait_s"] = sum(i.stats.queue_wait_s for i in pool)
+            out[f"{name}_queue_wait_s"] = sum(i.stats.queue_waits.total_s for i in pool)
             out[f"{name}_tokens"] = sum(i.stats.tokens for i in pool)
-    out["prefill_queue_wait_s"] = sum(p.stats.queue_wait_s for p in c.prefill)
+    out["prefill_queue_wait_s"] = sum(p.stats.queue_waits.total_s for p in c.prefill)
     now = c.env.now
     out["prefill_busy_share"] = sum(p.stats.busy_s for p in c.prefill) / (now * len(c.prefill))
     return out
