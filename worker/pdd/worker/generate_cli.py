@@ -32,17 +32,18 @@ import torch
 from pydantic import ValidationError
 
 from pdd.common.block_hash import DEFAULT_BLOCK_SIZE
-from pdd.common.settings import HelpFormatter
+from pdd.common.settings import HelpFormatter, add_settings, settings_of
 from pdd.common.tokenizer import HFTokenizer
 from pdd.worker.engine import Engine, EngineConfigError
 from pdd.worker.engine.request import RequestError
 from pdd.worker.engine.sampling import SamplingParams
 from pdd.worker.model.errors import ModelLoadError
 from pdd.worker.model.loader import IdsOnlyTokenizer, load_model
+from pdd.worker.options import VllmOnlySettings
 from pdd.worker.vllm import offline
 from pdd.worker.vllm.engine_args import VllmEngineSettings
 from pdd.worker.vllm.params import export_params
-from pdd.worker.vllm.worker_config import DEFAULT_KV_BYTES, add_vllm_only_flags, checkpoint
+from pdd.worker.vllm.worker_config import DEFAULT_KV_BYTES, checkpoint
 
 #: Flags only ``--engine vllm`` reads, and their defaults.
 _VLLM_ONLY = {
@@ -136,7 +137,7 @@ def _add_vllm_flags(g: argparse._ArgumentGroup) -> None:
         help="KV cache size, e.g. 256M or 1G (default: 256M unless --gpu-memory-utilization; "
         "$VLLM_CPU_KVCACHE_SPACE, in GiB, overrides it on the CPU)",
     )  # fmt: skip
-    add_vllm_only_flags(g)
+    add_settings(g, settings_of(VllmOnlySettings))  # vLLM's own settings, as pdd worker's
     g.add_argument(
         "--kv-store", default=None,
         help="folder where instances exchange KV through the PDD connector",

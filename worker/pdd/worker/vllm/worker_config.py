@@ -3,23 +3,21 @@
 The worker's engine flags already carry vLLM's names where the pdd engine has the same
 setting (``--max-num-seqs``, ``--gpu-memory-utilization``, ``--max-model-len``,
 ``--max-num-batched-tokens``, ``--block-size``, ``--dtype``); the settings only vLLM has
-are added here under its names (``--tensor-parallel-size``, ``--kv-cache-dtype``,
-``--enforce-eager``). A flag vLLM has no use for is
+are ``pdd.worker.options.VllmOnlySettings``, under its names (``--tensor-parallel-size``,
+``--kv-cache-dtype``, ``--enforce-eager``). A flag vLLM has no use for is
 refused with the reason (``VllmWorkerConfigError``; the worker exits 2), never ignored.
 No vLLM import: the settings are checked before vLLM starts.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from pdd.common.model_store import ModelNotPulledError, resolve_model
-from pdd.common.settings import add_settings, settings_of
-from pdd.worker.options import VllmOnlySettings, WorkerOptions
+from pdd.worker.options import WorkerOptions
 from pdd.worker.vllm.engine_args import VllmEngineSettings
 
 #: vLLM's KV space unless the flags size it: the pdd worker's CPU default.
@@ -28,12 +26,6 @@ DEFAULT_KV_BYTES = 256 << 20
 
 class VllmWorkerConfigError(ValueError):
     """The worker's flags ask engine vllm for what it does not do; says which."""
-
-
-def add_vllm_only_flags(g: argparse._ArgumentGroup) -> None:
-    """The settings vLLM has and the pdd engine does not, by vLLM's names (``pdd generate``
-    takes them; ``pdd worker`` has them among its options)."""
-    add_settings(g, settings_of(VllmOnlySettings))
 
 
 def vllm_settings(options: WorkerOptions) -> VllmEngineSettings:
