@@ -175,14 +175,8 @@ def engine_worker_args(engine: str, router_args: Sequence[str] = ()) -> tuple[st
 def router_block_size(router_args: Sequence[str]) -> int:
     """The block size of the router ``pdd up`` starts: the last ``--block-size`` of its
     ``--router-arg``s, else the router's default."""
-    given = block_size_flag(router_args)
+    given: int | None = last_flag(router_args, "--block-size", int)
     return DEFAULT_BLOCK_SIZE if given is None else given
-
-
-def block_size_flag(flags: Sequence[str]) -> int | None:
-    """The last ``--block-size`` among ``flags`` (a process's extra arguments), if any."""
-    given: int | None = last_flag(flags, "--block-size", int)
-    return given
 
 
 def last_flag(flags: Sequence[str], name: str, kind: type = str) -> Any:
@@ -200,7 +194,8 @@ def check_block_sizes(args: argparse.Namespace) -> None:
     for role in Role:
         if role_engine(args, role) != "pdd":
             continue
-        worker = block_size_flag([*args.worker_arg, *getattr(args, f"{role}_arg")])
+        flags = [*args.worker_arg, *getattr(args, f"{role}_arg")]
+        worker: int | None = last_flag(flags, "--block-size", int)
         if worker is not None and worker != router:
             raise TopologyError(
                 f"the {role} workers cache blocks of {worker} tokens but the router indexes "
