@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -22,6 +22,7 @@ from pdd.local.autoscale import (
     planner_round,
     settings_from_args,
     sized_config,
+    why,
 )
 from pdd.local.hostnet import HostPod, HostPods
 from pdd.local.manifests import PodPlan
@@ -29,7 +30,8 @@ from pdd.local.supervisor import Child, Death, Supervisor
 from pdd.local.topology import Counts, StackConfig
 from pdd.router.metrics import RouterMetrics
 from pdd.simulator.planner.load import ObservedLoad, Slo
-from pdd.simulator.planner.planner import Decision
+from pdd.simulator.planner.model_file import load_model
+from pdd.simulator.planner.planner import Decision, Planner
 from pdd.simulator.planner.pools import PoolBounds
 from pdd.simulator.planner.scrape import ROUTER, PodMetrics, parse_exposition
 from pdd.worker.metrics import WorkerMetrics
@@ -257,9 +259,33 @@ def test_the_stack_is_rendered_at_each_maximum_with_the_rest_standby() -> None:
     assert dataclasses.replace(sized, counts=config.counts) == config
 
 
+class Foresees:
+    """A predictor that expects ``ahead`` whatever was observed."""
+
+    def __init__(self, ahead: ObservedLoad) -> None:
+        self.ahead = ahead
+
+    def predict(self, history: Sequence[ObservedLoad]) -> ObservedLoad:
+        return self.ahead
+
+
+def test_why_names_the_pool_the_planner_blamed_on_what_it_observed() -> None:
+    """The planner grows the headroom of the pool that queued in the interval it observed;
+    its reason names that pool, not the one the predicted load would blame."""
+    observed = ObservedLoad(2.0, 100.0, 16.0, 0.0, 0.0, prefill_queue_p90_s=1.5,
+                            main_queue_p90_s=0.0, ttft_p90_s=4.0, itl_p90_s=0.01)  # fmt: skip
+    ahead = dataclasses.replace(observed, prefill_queue_p90_s=0.0, main_queue_p90_s=1.5)
+    s = settings()
+    model = load_model(s.scenario, 0.05, 0.03)
+    pools = {str(role): s.bounds[role] for role in (Role.PREFILL, Role.RELAY, Role.MAIN)}
+    decision = Planner(model, pools, SLO, Foresees(ahead)).observe(observed)
+    assert decision.headroom["prefill"] > 1.0 == decision.headroom["main"]
+    assert "TTFT p90 over the SLO (prefill's queue)" in why(decision, SLO)
+
+
 def test_the_decision_line_reads_nan_as_not_measured() -> None:
     load = ObservedLoad(0.0, 0.0, 0.0, 0.0, 0.0)
-    decision = Decision({"prefill": 1, "relay": 1, "main": 1}, False, 0.0, load, {})
+    decision = Decision({"prefill": 1, "relay": 1, "main": 1}, False, 0.0, load, {}, load, None)
     ones = {"prefill": 1, "relay": 1, "main": 1}
     line = decision_line(decision, ones, ones, SLO)
     assert "TTFT p90 n/a" in line and "nan" not in line

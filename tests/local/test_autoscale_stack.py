@@ -56,7 +56,7 @@ class Script:
 
     def decide(self, _scraped: Mapping[str, PodMetrics], _now: float) -> Decision:
         idle = ObservedLoad(0.0, 0.0, 0.0, 0.0, 0.0)
-        return Decision(dict(self.replicas), False, 0.0, idle, {})
+        return Decision(dict(self.replicas), False, 0.0, idle, {}, idle, None)
 
 
 class Clients:

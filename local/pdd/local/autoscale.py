@@ -32,7 +32,7 @@ from pdd.local.supervisor import Death
 from pdd.local.topology import Counts, StackConfig, mode_workers
 from pdd.simulator.planner.load import LoadError, Slo
 from pdd.simulator.planner.model_file import load_model
-from pdd.simulator.planner.planner import Decision, Planner, queued_pool
+from pdd.simulator.planner.planner import Decision, Planner
 from pdd.simulator.planner.pools import PoolBounds
 from pdd.simulator.planner.scrape import (
     ROUTER,
@@ -211,14 +211,15 @@ def decision_line(
 
 
 def why(decision: Decision, slo: Slo) -> str:
-    """The planner's reasons: its sizing, the headroom a P90 miss added, the line."""
-    load = decision.predicted
+    """The planner's reasons: its sizing, the headroom a P90 miss added, the line. The
+    misses are the observed interval's, the one the planner corrected its headroom on, and
+    the pool blamed is the one it blamed there (the predicted load may queue elsewhere)."""
+    load = decision.observed
     reasons = ["the step model's sizing for this load, within the bounds"]
     if load.ttft_p90_s > slo.ttft_p90_s:
-        blamed = queued_pool(load, slo)
         reasons.append(
-            f"TTFT p90 over the SLO ({blamed}'s queue)"
-            if blamed
+            f"TTFT p90 over the SLO ({decision.blamed}'s queue)"
+            if decision.blamed
             else "TTFT p90 over the SLO with no pool queued (the line, a handoff or the machine)"
         )
     if load.itl_p90_s > slo.itl_p90_s:

@@ -45,6 +45,10 @@ class Decision:
     line_gbps_needed: float
     predicted: ObservedLoad
     headroom: dict[str, float]
+    #: The interval the headroom was corrected on, and the pool its TTFT miss was put on
+    #: (``queued_pool``; None: TTFT met, or no pool queued): what a reason must name.
+    observed: ObservedLoad
+    blamed: str | None
 
 
 def line_is_bottleneck(model: DeploymentModel, load: ObservedLoad) -> bool:
@@ -55,7 +59,7 @@ def line_is_bottleneck(model: DeploymentModel, load: ObservedLoad) -> bool:
     return bits / 1e9 > LINE_BOUND * load.wan_gbps
 
 
-def queued_pool(load: ObservedLoad, slo: Slo, decode: str = "main") -> str | None:
+def queued_pool(load: ObservedLoad, slo: Slo, decode: str) -> str | None:
     """The pool a TTFT miss is blamed on: the one whose queue-time P90 was longest and at
     least ``QUEUED`` of the TTFT target; None when neither queued that long (NaN, none
     measured, is no queue)."""
@@ -84,7 +88,8 @@ class Planner:
     def observe(self, load: ObservedLoad) -> Decision:
         """Take the last interval's observation; return the next interval's replicas."""
         self.history.append(load)
-        self._correct(load)
+        blamed = self._blame(load)
+        self._correct(load, blamed)
         predicted = self.predictor.predict(list(self.history))
         sized = size(self.model, predicted, self.slo)
         replicas = {}
@@ -99,9 +104,23 @@ class Planner:
             line_gbps_needed=needed * 8 / 1e9 / LINE_UTILIZATION,
             predicted=predicted,
             headroom=dict(self.headroom),
+            observed=load,
+            blamed=blamed,
         )
 
-    def _correct(self, load: ObservedLoad) -> None:
+    @property
+    def _decode(self) -> str:
+        """The decode pool's name: MD's, or a same-datacenter deployment's decode."""
+        return "main" if "main" in self.pools else "decode"
+
+    def _blame(self, load: ObservedLoad) -> str | None:
+        """The pool a TTFT miss in ``load`` is put on (``queued_pool``); None when TTFT met
+        its target (NaN, not measured, meets it) or no pool queued."""
+        if not load.ttft_p90_s > self.slo.ttft_p90_s:
+            return None
+        return queued_pool(load, self.slo, self._decode)
+
+    def _correct(self, load: ObservedLoad, blamed: str | None) -> None:
         """Grow the headroom of the pool that made a P90 miss; relax it when both were met.
 
         A TTFT miss is the pool's whose requests queued longest (queue-time P90, at least
@@ -114,14 +133,11 @@ class Planner:
         replicas (``ceil``), so waiting for "comfortable" intervals held burst capacity
         for ever. A decay that overshoots costs one miss, which grows it back.
         """
-        decode = "main" if "main" in self.pools else "decode"
         missed = []
         if load.itl_p90_s > self.slo.itl_p90_s:
-            missed.append((decode, load.itl_p90_s / self.slo.itl_p90_s))
-        if load.ttft_p90_s > self.slo.ttft_p90_s and not line_is_bottleneck(self.model, load):
-            queued = queued_pool(load, self.slo, decode)
-            if queued is not None:
-                missed.append((queued, load.ttft_p90_s / self.slo.ttft_p90_s))
+            missed.append((self._decode, load.itl_p90_s / self.slo.itl_p90_s))
+        if blamed is not None and not line_is_bottleneck(self.model, load):
+            missed.append((blamed, load.ttft_p90_s / self.slo.ttft_p90_s))
         for name, ratio in missed:
             grown = self.headroom[name] * (1 + min(0.5, (ratio - 1) / 2))
             self.headroom[name] = min(HEADROOM[1], grown)
