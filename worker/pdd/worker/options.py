@@ -59,12 +59,13 @@ class VllmOnlySettings(BaseModel):
 _VLLM = VllmOnlySettings.model_fields
 
 
-class WorkerOptions(BaseModel):
+class WorkerOptions(VllmOnlySettings):
     """Everything one worker process is told: flags over the config document over defaults.
 
     ``role`` and ``instance_id`` have no default: a flag or (with ``--config``) the pod's
     environment gives them. Bounds are the settings' own (``kvCacheGiB`` > 0, ...), so a
-    bad value is refused naming its flag before anything starts."""
+    bad value is refused naming its flag before anything starts. vLLM's own settings are
+    ``VllmOnlySettings``' fields, inherited (``pdd generate`` takes the same)."""
 
     model_config = ConfigDict(frozen=True, validate_by_name=True, extra="forbid")
 
@@ -140,9 +141,6 @@ class WorkerOptions(BaseModel):
     engine: EngineName = setting(
         "pdd", "the inference engine: PDD's own, or vLLM's AsyncLLM (the pdd[vllm] extra)"
     )
-    tensor_parallel_size: int = same_setting(_VLLM["tensor_parallel_size"])
-    kv_cache_dtype: str = same_setting(_VLLM["kv_cache_dtype"])
-    enforce_eager: bool = same_setting(_VLLM["enforce_eager"])
     router_block_size: int = setting(
         DEFAULT_BLOCK_SIZE,
         "the router's --block-size: vLLM's cached blocks are published as the router's "
