@@ -26,16 +26,13 @@ from typing import Any
 
 import pytest
 
-try:
-    import vllm
-except ImportError:
-    pytest.skip(
-        "vLLM is not installed: `./scripts/setup.sh --with-vllm` (the pdd[vllm] extra, in "
-        ".venv-vllm) runs these",
-        allow_module_level=True,
-    )
+from .conftest import VLLM_ENV, VLLM_MISSING
 
-from pdd.common.model_store import DEFAULT_MODEL, cached
+if VLLM_MISSING:
+    pytest.skip(VLLM_MISSING, allow_module_level=True)
+
+import vllm
+
 from pdd.worker.vllm.engine_args import VllmEngineSettings, engine_kwargs
 from pdd.worker.vllm.params import export_params, import_params
 
@@ -69,20 +66,12 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def model_dir() -> Path:
-    path = cached(DEFAULT_MODEL)
-    if path is None:
-        pytest.skip(f"{DEFAULT_MODEL} is not pulled: run `pdd models pull {DEFAULT_MODEL}`")
-    return path
-
-
-def start(model_dir: Path, store: Path, block_size: int) -> vllm.LLM:
+def start(model: Path, store: Path, block_size: int) -> vllm.LLM:
     """A vLLM instance with the PDD connector, float32, 1 GiB of KV, on the test's cores."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
+    for name, value in VLLM_ENV.items():
+        os.environ.setdefault(name, value)
     settings = VllmEngineSettings(
-        model=str(model_dir), dtype="float32", block_size=block_size, max_model_len=1024,
+        model=str(model), dtype="float32", block_size=block_size, max_model_len=1024,
         max_num_seqs=4, enable_prefix_caching=True, seed=0, kv_store_dir=store,
     )  # fmt: skip
     return vllm.LLM(**engine_kwargs(settings))
@@ -110,10 +99,10 @@ def generate(
 
 
 @pytest.fixture(scope="module")
-def prefill(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+def prefill(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """vLLM alone (32 tokens each), then the same instance as P (max_tokens 1, export)."""
     store = tmp_path_factory.mktemp("kv-store")
-    llm = start(model_dir, store, block_size=128)
+    llm = start(model, store, block_size=128)
     try:
         tokenizer = llm.get_tokenizer()
         prompts = [
@@ -142,10 +131,10 @@ def prefill(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 @pytest.fixture(scope="module")
-def decode(model_dir: Path, prefill: dict) -> dict:
+def decode(model: Path, prefill: dict) -> dict:
     """A fresh instance: (c) the handoffs first, from an empty cache, then (b)."""
     prompts, keys, alone = prefill["prompts"], prefill["keys"], prefill["alone"]
-    llm = start(model_dir, prefill["store"], block_size=32)
+    llm = start(model, prefill["store"], block_size=32)
     try:
         handed = [p + out[:HANDED_OVER] for p, out in zip(prompts, alone, strict=True)]
         imports = [import_params(k, len(p)) for k, p in zip(keys, prompts, strict=True)]

@@ -14,7 +14,6 @@ P runs blocks of 128 tokens, MD blocks of 32. Two vLLM starts, one after the oth
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -24,19 +23,15 @@ from typing import Any
 
 import pytest
 
-if importlib.util.find_spec("vllm") is None:
-    pytest.skip(
-        "vLLM is not installed: `./scripts/setup.sh --with-vllm` (the pdd[vllm] extra, in "
-        ".venv-vllm) runs these",
-        allow_module_level=True,
-    )
+from .conftest import MAX_TOKENS, VLLM_ENV, VLLM_MISSING
 
-from pdd.common.model_store import DEFAULT_MODEL, cached
+if VLLM_MISSING:
+    pytest.skip(VLLM_MISSING, allow_module_level=True)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 PDD = Path(sys.executable).with_name("pdd")
-MAX_TOKENS, HANDED_OVER = 24, 8
+HANDED_OVER = 8
 PROMPT = (
     "Explain, step by step, how a hash map handles collisions with open addressing and with "
     "separate chaining. Compare their memory use, their behaviour as the load factor grows, "
@@ -48,7 +43,7 @@ PROMPT = (
 
 def pdd_generate(*argv: str) -> dict[str, Any]:
     """One ``pdd generate --engine vllm --json`` run: one vLLM start, KV space 1 GiB."""
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
+    env = {**os.environ, **VLLM_ENV}
     command = [str(PDD), "generate", "--engine", "vllm", "--enforce-eager", "--json", *argv]
     done = subprocess.run(
         command, capture_output=True, text=True, timeout=900, env=env, check=False
@@ -58,10 +53,7 @@ def pdd_generate(*argv: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    model = cached(DEFAULT_MODEL)
-    if model is None:
-        pytest.skip(f"{DEFAULT_MODEL} is not pulled: run `pdd models pull {DEFAULT_MODEL}`")
+def runs(model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     store = tmp_path_factory.mktemp("kv-store")
     common = ["--model", str(model), "--kv-store", str(store), "--ignore-eos"]
     p = pdd_generate(

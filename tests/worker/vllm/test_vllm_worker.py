@@ -19,7 +19,6 @@ Two worker processes (one shared) and one offline vLLM. Slow; skipped without vL
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import signal
 import subprocess
@@ -32,14 +31,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-if importlib.util.find_spec("vllm") is None:
-    pytest.skip(
-        "vLLM is not installed: `./scripts/setup.sh --with-vllm` (the pdd[vllm] extra, in "
-        ".venv-vllm) runs these",
-        allow_module_level=True,
-    )
+from .conftest import MAX_TOKENS, VLLM_ENV, VLLM_MISSING
 
-from pdd.common.model_store import DEFAULT_MODEL, cached
+if VLLM_MISSING:
+    pytest.skip(VLLM_MISSING, allow_module_level=True)
+
 from pdd.common.tokenizer import HFTokenizer
 from pdd.common.wire import Endpoint, PipelinePlan, SamplingSpec, TokenEvent
 from pdd.local.cluster import HOST, free_port
@@ -54,14 +50,12 @@ from pdd.worker.vllm.offline import generate_all
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 SECRET = "vllm-worker-secret"
-MAX_TOKENS = 24
 MAX_MODEL_LEN, BLOCK_SIZE, MAX_NUM_SEQS = 2048, 32, 4
 PROMPTS = (
     "What is the capital of France? Answer in one sentence.",
     "Explain, step by step, how a hash map handles collisions with open addressing and "
     "with separate chaining, and compare their memory use.",
 )
-VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
 
 
 class Worker:
@@ -75,14 +69,6 @@ class Worker:
             return httpx.get(f"{self.url}/ready", timeout=5).status_code == 200
         except httpx.HTTPError:
             return False
-
-
-@pytest.fixture(scope="module")
-def model() -> Path:
-    path = cached(DEFAULT_MODEL)
-    if path is None:
-        pytest.skip(f"{DEFAULT_MODEL} is not pulled: run `pdd models pull {DEFAULT_MODEL}`")
-    return Path(path)
 
 
 @pytest.fixture(scope="module")
