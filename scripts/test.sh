@@ -29,10 +29,11 @@ export PDD_TEST_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
 .venv/bin/ruff check .
 # The layering (pyproject [tool.importlinter]: only the worker loads torch or the worker
 # package, pdd.common at the bottom, no import cycles) and the types of every product
-# package (pdd.bench and pdd.testing, above them, are not checked).
+# package and of pdd bench (pdd.testing, and bench/'s scripts outside the package, are not
+# checked).
 .venv/bin/lint-imports --no-cache
 .venv/bin/mypy -p pdd.common -p pdd.router -p pdd.operator -p pdd.worker \
-  -p pdd.local -p pdd.wan -p pdd.simulator -p pdd.cli
+  -p pdd.local -p pdd.wan -p pdd.simulator -p pdd.cli -p pdd.bench
 # Let Python and pytest cache compiled and assertion-rewritten modules between runs.
 unset PYTHONDONTWRITEBYTECODE
 set +e

@@ -406,9 +406,7 @@ def _run_mode(
                 chaos.on_outcome()
 
         progress = not args.no_progress
-        timetable = (
-            (phases, tuple(stack.info.links.values()), stack.info.router_url) if phases else None
-        )
+        timetable = _timetable(stack, phases)
         autoscale = None if scaling is None else AutoscaleRun(stack, scaling, say)
         if autoscale is not None:
             autoscale.start()
@@ -472,12 +470,11 @@ def _soak(
     run: report.ModeRun | None = None
     while run is None or time.monotonic() < deadline:
         chaos = Chaos(schedule, chaos_target(stack)) if schedule else None
-        links = (phases, tuple(stack.info.links.values()), stack.info.router_url)
         run = asyncio.run(
             measure(
                 mode, workload, target, stack.info.probes, False,
                 chaos.on_outcome if chaos is not None else None, chaos,
-                links if phases else None,
+                _timetable(stack, phases),
             )
         )  # fmt: skip
         loops += 1
@@ -557,6 +554,14 @@ def chaos_target(stack: LocalStack) -> ChaosTarget:
         relay=any(p.role == Role.RELAY for p in workers),
         ready_timeout_s=stack.config.ready_timeout_s,
     )
+
+
+def _timetable(
+    stack: LocalStack, phases: list[Phase] | None
+) -> tuple[list[Phase], tuple[str, ...], str] | None:
+    """``measure``'s timetable for a link schedule's ``phases`` on ``stack`` (None without
+    one): the phases, the stack's WAN admin URLs and its router URL."""
+    return (phases, tuple(stack.info.links.values()), stack.info.router_url) if phases else None
 
 
 async def measure(

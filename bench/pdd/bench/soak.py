@@ -129,7 +129,7 @@ def _redis_keys(url: str) -> int | None:
     import redis
 
     try:
-        return int(redis.Redis.from_url(url, socket_timeout=2).dbsize())  # type: ignore[arg-type]
+        return int(redis.Redis.from_url(url, socket_timeout=2).dbsize())
     except redis.RedisError:
         return None
 
