@@ -19,6 +19,7 @@ from pdd.worker.engine.kv_transfer import encode_chunk
 from pdd.worker.vllm.engine_args import (
     CONNECTOR_CLASS,
     CONNECTOR_MODULE,
+    PRIOR_PENALTIES_PROCESSOR,
     VllmEngineSettings,
     engine_kwargs,
 )
@@ -29,13 +30,17 @@ from pdd.worker.vllm.store import DirectoryKVStore
 pytestmark = pytest.mark.unit
 
 
-def test_the_connector_named_is_a_module_defining_that_class() -> None:
-    """Found without importing it (it imports vLLM)."""
-    spec = importlib.util.find_spec(CONNECTOR_MODULE)
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [(CONNECTOR_MODULE, CONNECTOR_CLASS), tuple(PRIOR_PENALTIES_PROCESSOR.split(":"))],
+)
+def test_the_classes_named_for_vllm_to_load_exist(module: str, name: str) -> None:
+    """Found without importing them (they import vLLM)."""
+    spec = importlib.util.find_spec(module)
     assert spec is not None and spec.origin is not None
     tree = ast.parse(Path(spec.origin).read_text())
     classes = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
-    assert CONNECTOR_CLASS in classes
+    assert name in classes
 
 
 def test_unset_settings_are_vllms_and_the_store_turns_the_connector_on(tmp_path: Path) -> None:
@@ -47,6 +52,7 @@ def test_unset_settings_are_vllms_and_the_store_turns_the_connector_on(tmp_path:
         "kv_cache_dtype": "auto",
         "enforce_eager": False,
         "enable_prefix_caching": True,
+        "logits_processors": [PRIOR_PENALTIES_PROCESSOR],
     }
     settings = VllmEngineSettings(
         model="/m", block_size=32, max_model_len=1024, max_num_seqs=4, seed=0,

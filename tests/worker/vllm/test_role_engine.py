@@ -22,7 +22,7 @@ from pdd.worker.engine.sampling import SamplingParams
 from pdd.worker.model.kv_cache import KVLayout
 from pdd.worker.vllm.params import IMPORT, BadTransferParamsError, Transfer, import_params, parse
 from pdd.worker.vllm.role_engine import VllmRoleEngine
-from pdd.worker.vllm.sampling import VllmSamplingError
+from pdd.worker.vllm.sampling import PRIOR_PENALTIES_KEY, VllmSamplingError
 from pdd.worker.vllm.serving import KVUsage, VllmRunner
 from pdd.worker.vllm.store import DirectoryKVStore
 from pdd.worker.vllm.token_kv import TokenKV
@@ -176,15 +176,34 @@ async def test_a_relay_finished_answer_is_computed_for_the_cache(tmp_path: Path)
 async def test_sampling_vllm_cannot_resume_is_refused_before_anything_runs(
     tmp_path: Path,
 ) -> None:
-    """Penalties would not count the output handed over (vLLM sees it as prompt)."""
+    """A seeded draw at temperature > 0 would be seeded afresh after the handoff."""
     rig = Rig(tmp_path)
-    penalized = SamplingParams(max_tokens=4, presence_penalty=0.5)
-    with pytest.raises(VllmSamplingError, match="penalties"):
-        rig.engine.add_request(PROMPT, penalized, "p2", hold_kv=True)
-    with pytest.raises(VllmSamplingError, match="penalties"):
-        rig.engine.attach_request(PROMPT, penalized, "m4")
-    assert rig.engine.attach_request(PROMPT, penalized, "m5", samples_first=True) == 0
+    seeded = SamplingParams(max_tokens=4, temperature=0.7, seed=3)
+    with pytest.raises(VllmSamplingError, match="seeded"):
+        rig.engine.add_request(PROMPT, seeded, "p2", hold_kv=True)
+    with pytest.raises(VllmSamplingError, match="seeded"):
+        rig.engine.attach_request(PROMPT, seeded, "m4")
+    assert rig.engine.attach_request(PROMPT, seeded, "m5", samples_first=True) == 0
     assert rig.llm.prompts == {}
+
+
+async def test_md_gives_vllm_the_penalties_and_min_tokens_over_the_handed_ids(
+    tmp_path: Path,
+) -> None:
+    """The handed IDs are prompt to vLLM: they count off ``min_tokens`` and reach the
+    penalties through ``PriorOutputPenalties``."""
+    rig = Rig(tmp_path)
+    params = SamplingParams(max_tokens=10, min_tokens=6, frequency_penalty=0.5)
+    rig.engine.add_request(PROMPT, params, "p3", hold_kv=True)  # P accepts it now
+    rig.engine.attach_request(PROMPT, params, "m8")
+    rig.engine.import_kv("m8", chunk(0, 20))
+    rig.engine.resume("m8", [40, 41])
+    prompt, sampling = await rig.submitted("m8")
+    assert prompt == [*PROMPT, 40, 41]
+    assert (sampling["max_tokens"], sampling["min_tokens"]) == (8, 4)
+    assert sampling["frequency_penalty"] == 0.0
+    carried = sampling["extra_args"][PRIOR_PENALTIES_KEY]
+    assert (carried["prior_output_tokens"], carried["frequency_penalty"]) == (2, 0.5)
 
 
 async def test_the_hit_is_what_vllms_events_say_it_caches_and_only_the_rest_crosses(

@@ -8,7 +8,11 @@ import pytest
 
 from pdd.common.wire import SamplingSpec
 from pdd.worker.engine.sampling import SamplingParams
-from pdd.worker.vllm.sampling import VllmSamplingError, vllm_sampling_kwargs
+from pdd.worker.vllm.sampling import (
+    PRIOR_PENALTIES_KEY,
+    VllmSamplingError,
+    vllm_sampling_kwargs,
+)
 
 from ..roles.test_sampling_params import EVERY_FIELD
 
@@ -17,7 +21,8 @@ pytestmark = pytest.mark.unit
 #: Fields the vLLM path handles outside the keyword mapping, and where.
 HANDLED_ELSEWHERE = {
     # role_engine puts the earlier output in the prompt and counts it off max_tokens;
-    # check_supported refuses it where penalties or min_tokens would count it.
+    # vllm_sampling_kwargs counts it off min_tokens and hands the penalties over it to
+    # PriorOutputPenalties (test_resumed_* below).
     "prior_output_tokens",
 }
 
@@ -37,7 +42,45 @@ def test_each_field_is_mapped_refused_or_handled(name: str) -> None:
     )
 
 
-def test_a_resumed_request_with_penalties_is_refused() -> None:
-    resumed = SamplingParams(prior_output_tokens=2, presence_penalty=0.5)
-    with pytest.raises(VllmSamplingError, match="prior_output_tokens"):
-        vllm_sampling_kwargs(resumed)
+def test_a_resumed_requests_penalties_go_to_the_processor_and_vllms_are_neutral() -> None:
+    resumed = SamplingParams(
+        prior_output_tokens=2, presence_penalty=0.5, frequency_penalty=-0.25,
+        repetition_penalty=1.3,
+    )  # fmt: skip
+    mapped = vllm_sampling_kwargs(resumed, {"move": 1})
+    assert (mapped["presence_penalty"], mapped["frequency_penalty"]) == (0.0, 0.0)
+    assert mapped["repetition_penalty"] == 1.0
+    assert mapped["extra_args"] == {
+        "kv_transfer_params": {"move": 1},
+        PRIOR_PENALTIES_KEY: {
+            "prior_output_tokens": 2, "presence_penalty": 0.5, "frequency_penalty": -0.25,
+            "repetition_penalty": 1.3,
+        },
+    }  # fmt: skip
+
+
+def test_vllm_applies_the_penalties_itself_where_there_is_no_earlier_output() -> None:
+    fresh = vllm_sampling_kwargs(SamplingParams(presence_penalty=0.5, repetition_penalty=1.3))
+    assert (fresh["presence_penalty"], fresh["repetition_penalty"]) == (0.5, 1.3)
+    assert fresh["extra_args"] is None
+    unpenalized = vllm_sampling_kwargs(SamplingParams(prior_output_tokens=3))
+    assert unpenalized["extra_args"] is None
+
+
+@pytest.mark.parametrize(("min_tokens", "prior", "left"), [(5, 2, 3), (5, 5, 0), (2, 4, 0)])
+def test_a_resumed_request_needs_only_the_rest_of_min_tokens(
+    min_tokens: int, prior: int, left: int
+) -> None:
+    """vLLM masks the stop tokens while its own output is shorter than ``min_tokens``."""
+    resumed = SamplingParams(min_tokens=min_tokens, max_tokens=9, prior_output_tokens=prior)
+    assert vllm_sampling_kwargs(resumed)["min_tokens"] == left
+
+
+def test_a_resumed_seeded_request_at_temperature_is_refused_greedy_or_unseeded_is_not() -> None:
+    seeded = SamplingParams(prior_output_tokens=2, temperature=0.8, seed=7)
+    with pytest.raises(VllmSamplingError, match="seeded"):
+        vllm_sampling_kwargs(seeded)
+    vllm_sampling_kwargs(seeded.with_changes(prior_output_tokens=0))  # not resumed
+    vllm_sampling_kwargs(seeded.with_changes(temperature=0.0))  # greedy
+    vllm_sampling_kwargs(seeded.with_changes(top_k=1))  # one token left: greedy too
+    vllm_sampling_kwargs(seeded.with_changes(seed=None))  # nothing promised to resume

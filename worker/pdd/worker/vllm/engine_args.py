@@ -22,6 +22,10 @@ from typing import Any, Literal
 #: The class and module vLLM loads the PDD connector from (``pdd.worker.vllm.connector``).
 CONNECTOR_CLASS = "PDDConnector"
 CONNECTOR_MODULE = "pdd.worker.vllm.connector"
+#: The logits processor that carries a resumed request's penalties over its earlier output
+#: (``pdd.worker.vllm.prior_penalties``), in vLLM's ``module:class`` form; it touches only
+#: requests whose ``extra_args`` name it (``sampling.PRIOR_PENALTIES_KEY``).
+PRIOR_PENALTIES_PROCESSOR = "pdd.worker.vllm.prior_penalties:PriorOutputPenalties"
 
 #: vLLM's ``kv_role``: the PDD connector exports and imports alike, so ``kv_both`` serves
 #: P (export), MD (import) and a relay (both); the narrower roles change vLLM's own
@@ -78,6 +82,7 @@ def engine_kwargs(settings: VllmEngineSettings) -> dict[str, Any]:
         "kv_cache_dtype": settings.kv_cache_dtype,
         "enforce_eager": settings.enforce_eager,
         "enable_prefix_caching": settings.enable_prefix_caching,
+        "logits_processors": [PRIOR_PENALTIES_PROCESSOR],
     }
     for name in _OPTIONAL:
         value = getattr(settings, name)

@@ -313,8 +313,8 @@ class VllmRoleEngine(VllmEngine):
 
 def _handed_over(params: SamplingParams) -> SamplingParams:
     """``params`` as vLLM gets them after a handoff: with earlier output (P's first token
-    at least) in the prompt, which vLLM's penalties and ``min_tokens`` would not count, so
-    ``check_supported`` refuses them before anything runs rather than at the handoff."""
+    at least) in the prompt, so ``check_supported`` refuses what vLLM cannot resume (a
+    seeded draw) before anything runs rather than at the handoff."""
     return params.with_changes(prior_output_tokens=params.prior_output_tokens + 1)
 
 

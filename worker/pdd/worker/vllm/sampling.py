@@ -3,17 +3,39 @@ vllm`` and the vLLM worker sample alike, each request checked by the pdd engine'
 first (``pdd.worker.engine.sampling.SamplingParams``, built by the roles'
 ``sampling_params``) and then given to vLLM under vLLM's names.
 
+A resumed request (``prior_output_tokens``: after a handoff, or the router's resume) has
+its earlier output at the end of the prompt vLLM gets, and vLLM counts only the output it
+samples itself. What depends on the output history is carried exactly, by vLLM's own
+code (vllm 0.32's ``v1/sample``):
+
+- ``min_tokens`` less the earlier output: vLLM's ``MinTokensLogitsProcessor`` masks the
+  stop tokens while its own output is shorter than that, so while the whole output is
+  shorter than ``min_tokens``.
+- The penalties go to ``PriorOutputPenalties`` (``prior_penalties.py``, a custom logits
+  processor), which calls vLLM's ``apply_all_penalties`` on the request's row with the
+  original prompt and the whole output (earlier + vLLM's own); vLLM's own penalties for
+  that request are made neutral. vLLM runs custom processors after ``min_tokens`` and
+  logit bias and before its penalties, so the row goes through the same operations, in
+  the same order, on the same inputs as in one unbroken vLLM request. (Passing the
+  repetition penalty to vLLM alone would be exact too, since it covers prompt and output
+  alike; presence and frequency over the earlier output would not.)
+
 What vLLM cannot do as the pdd engine does is refused with a reason (``VllmSamplingError``,
 a ``ValueError``: the control API answers 400), never silently changed: a grammar
-(``guided``), logprobs, and a resumed request's earlier output (``prior_output_tokens``)
-where penalties or ``min_tokens`` would count it (vLLM counts only its own output).
+(``guided``), logprobs, and a resumed request whose seeded draws vLLM cannot continue
+(``pdd.common.vllm_resume``: the router sends those where no handoff happens).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from pdd.common.vllm_resume import vllm_resume_refusal
 from pdd.worker.engine.sampling import SamplingParams
+
+#: The key in vLLM's ``SamplingParams.extra_args`` under which ``PriorOutputPenalties``
+#: finds a resumed request's penalties (``prior_penalties_args``).
+PRIOR_PENALTIES_KEY = "pdd_prior_output_penalties"
 
 
 class VllmSamplingError(ValueError):
@@ -26,28 +48,41 @@ def check_supported(params: SamplingParams) -> None:
         raise VllmSamplingError("structured output (a grammar) is not yet served by engine vllm")
     if params.logprobs is not None:
         raise VllmSamplingError("logprobs are not yet served by engine vllm")
-    if params.prior_output_tokens and _uses_output_history(params):
+    refusal = vllm_resume_refusal(params) if params.prior_output_tokens else None
+    if refusal is not None:
         raise VllmSamplingError(
-            "a resumed request (prior_output_tokens) with penalties or min_tokens is not "
-            "served by engine vllm: vLLM counts only the output it sampled itself"
+            f"a resumed request (prior_output_tokens) is not served by engine vllm: {refusal}"
         )
 
 
-def _uses_output_history(params: SamplingParams) -> bool:
-    return bool(
-        params.presence_penalty
-        or params.frequency_penalty
-        or params.repetition_penalty != 1.0
-        or params.min_tokens
-    )
+def prior_penalties_args(params: SamplingParams) -> dict[str, Any] | None:
+    """What ``PriorOutputPenalties`` needs for a resumed, penalized request (the earlier
+    output's length and the three penalties); None where vLLM's own penalties are exact
+    (no earlier output, or no penalty)."""
+    if not (params.prior_output_tokens and params.penalized):
+        return None
+    return {
+        "prior_output_tokens": params.prior_output_tokens,
+        "presence_penalty": params.presence_penalty,
+        "frequency_penalty": params.frequency_penalty,
+        "repetition_penalty": params.repetition_penalty,
+    }
 
 
 def vllm_sampling_kwargs(
     params: SamplingParams, kv_transfer_params: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """Keyword arguments of ``vllm.SamplingParams`` for ``params`` (checked first): token
-    IDs only (no detokenizing), the connector's move in ``extra_args`` where given."""
+    IDs only (no detokenizing), the connector's move and a resumed request's penalties
+    in ``extra_args`` where given."""
     check_supported(params)
+    prior_penalties = prior_penalties_args(params)
+    extra: dict[str, Any] = {}
+    if kv_transfer_params:
+        extra["kv_transfer_params"] = kv_transfer_params
+    if prior_penalties is not None:  # applied by PriorOutputPenalties, not by vLLM
+        extra[PRIOR_PENALTIES_KEY] = prior_penalties
+    own = prior_penalties is None
     return {
         "max_tokens": params.max_tokens,
         "temperature": params.temperature,
@@ -56,11 +91,11 @@ def vllm_sampling_kwargs(
         "seed": params.seed,
         "ignore_eos": params.ignore_eos,
         "stop_token_ids": list(params.stop_token_ids),
-        "presence_penalty": params.presence_penalty,
-        "frequency_penalty": params.frequency_penalty,
-        "repetition_penalty": params.repetition_penalty,
-        "min_tokens": params.min_tokens,
+        "presence_penalty": params.presence_penalty if own else 0.0,
+        "frequency_penalty": params.frequency_penalty if own else 0.0,
+        "repetition_penalty": params.repetition_penalty if own else 1.0,
+        "min_tokens": max(0, params.min_tokens - params.prior_output_tokens),
         "logit_bias": dict(params.logit_bias) or None,
         "detokenize": False,
-        "extra_args": {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None,
+        "extra_args": extra or None,
     }
