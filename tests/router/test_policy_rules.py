@@ -43,8 +43,15 @@ def req(n, output=2000):
     return RequestFeatures(n, output, 1)
 
 
+#: Why vLLM could not resume a request (``RequestFeatures.vllm_resume_refusal``).
+UNRESUMABLE = "a seeded request at temperature > 0"
+ON_VLLM = {"md0": "vllm"}
+
 #: One request per rule that the rule decides; the keys must be every rule's code.
 SCENARIOS = {
+    "vllm_one_sampler": dict(
+        request=replace(req(64_000), vllm_resume_refusal=UNRESUMABLE), engines=ON_VLLM
+    ),
     "retry": dict(request=req(500), retry=True),
     "retry_no_main_decode": dict(request=req(500), fleet=fleet(md=False), retry=True),
     "idle_relay": dict(request=req(4000), hits={"p0": 3500}, config=IDLE),
@@ -68,8 +75,8 @@ PLAIN, UNDOUBTED = fleet(), LinkView(SLOW)
 
 
 def run(request, hits=None, fleet=PLAIN, view=UNDOUBTED, traffic=QUIET, config=CONFIG,
-        retry=False):  # fmt: skip
-    return decide(request, hits or {}, fleet, view, traffic, config, retry)
+        retry=False, engines=None):  # fmt: skip
+    return decide(request, hits or {}, fleet, view, traffic, config, retry, engines)
 
 
 def pattern(rule: Rule) -> re.Pattern[str]:
@@ -141,14 +148,16 @@ def _random_case(rng: random.Random) -> dict:
         idle_relay_min_transfer_s=rng.choice([None, 0.05]),
         adaptive_codecs=rng.choice([(), CODECS]), md_recompute_max_tokens=rng.choice([0, 4096]),
     )  # fmt: skip
+    refusal = UNRESUMABLE if rng.random() < 0.1 else None
     return dict(
-        request=req(n, output=rng.choice([None, 100, 2000])),
+        request=replace(req(n, output=rng.choice([None, 100, 2000])), vllm_resume_refusal=refusal),
         hits={"p0": rng.randrange(n + 1), "md0": rng.randrange(n + 1)},
         fleet=fleet(md=rng.random() < 0.8, rld=rng.choice([None, 0, 1, 4, 8])),
         view=LinkView(link, doubt=rng.choice([None, DOUBT]), relay_slot_s=rng.choice([0, 0.6])),
         traffic=rng.choice([QUIET, CAPPED]),
         config=config,
         retry=rng.random() < 0.2,
+        engines=rng.choice([None, ON_VLLM]),
     )
 
 

@@ -97,7 +97,7 @@ class Dispatcher:
             }
         )
         with tracing.span("pdd.route", attributes={tracing.REQUEST_ID: request_id}):
-            route = await self.route(prompt, left.max_tokens, exclude)
+            route = await self.route(prompt, left.max_tokens, exclude, left)
             tracing.set_attributes(route_attributes(route))
         lease = Lease.of(route, self._store, self._estimator)
         plan = route.plan(request_id, prompt, left, self._config)
@@ -110,9 +110,11 @@ class Dispatcher:
         prompt_ids: Sequence[int],
         max_tokens: int | None,
         exclude: frozenset[str] = frozenset(),
+        sampling: SamplingSpec | None = None,
     ) -> Route:
         """Route one prompt; ``exclude`` names instances this request already failed on
-        (a retry: see ``policy.decide``)."""
+        (a retry: see ``policy.decide``); ``sampling``, where given, may keep the request
+        from a handoff (rule ``vllm_one_sampler``)."""
         retry = bool(exclude)
         hashes = tuple(self._index.hashes(prompt_ids))
         # The decision's only await: both reads answer within the store's deadline, and
@@ -127,7 +129,9 @@ class Dispatcher:
         self._estimator.overdue(time.monotonic(), backlog)
         link = self._estimator.link(backlog)
         tracing.set_attributes(link_attributes(link))
-        features = RequestFeatures.from_prompt(prompt_ids, max_tokens, self._config.block_size)
+        features = RequestFeatures.from_prompt(
+            prompt_ids, max_tokens, self._config.block_size, sampling
+        )
         with self._view.excluding(exclude):
             if self._config.mono:
                 route = self._route_mono(features, hits)
@@ -182,7 +186,10 @@ class Dispatcher:
             md_computing_tokens={} if computing is None else computing,
             md_step_s=self._estimator.overhead_s,
         )
-        result = decide(features, hits, self._view.fleet, view, traffic, self._policy, retry)
+        result = decide(
+            features, hits, self._view.fleet, view, traffic, self._policy, retry,
+            self._view.engines,
+        )  # fmt: skip
         if isinstance(result, Saturated):
             raise SaturatedError(result.reason, result.retry_after_s)
         self._traffic.record(result.pipeline == Pipeline.P_RLD, features.input_tokens)

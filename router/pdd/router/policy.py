@@ -10,6 +10,7 @@ pipelines, plus one filter"; each is one ``Rule`` in ``pdd.router.policy_rules.R
 with its ``reason`` label and ``x-pdd-reason`` text, and a test keeps this list equal
 to that table):
 
+- ``vllm_one_sampler`` (P-MD): sampling vLLM cannot resume, vLLM on the route; an MD is left
 - ``retry`` (P-RLD-MD): a retry; a relay has room and an MD is left
 - ``retry_no_main_decode`` (P-RLD): a retry; a relay has room, no MD is left
 - ``idle_relay`` (P-RLD-MD): fits the budget; an idle relay hides MD's lag
@@ -52,6 +53,12 @@ decode worker conditional disaggregation). It is lossless, so under any codec. T
 pipeline is still chosen on the exact KV's estimate, so an idle relay keeps the new
 conversations whose KV would lag, and a request over budget is relayed as before.
 
+A request whose sampling **vLLM cannot resume** after a handoff (a seeded draw at
+temperature > 0: vLLM seeds the resumed request afresh; ``pdd.common.vllm_resume``) goes
+P-MD with MD computing its whole miss, whatever its size, wherever the chosen P, MD or
+relay runs vLLM: no handoff, so one instance samples every token and the seed means what
+it means on vLLM alone. Requests a handoff serves are routed as before.
+
 A **retry** (the router recovering a request a worker failed) keeps a relay on the
 route whenever one has room: the failure may be the WAN line or MD itself, and a relay
 in datacenter A carries the request through either; the other rules assume both work.
@@ -82,7 +89,7 @@ No available P (or no available MD when the request must end at MD) is a typed
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from pdd.common.cost_model import (
@@ -100,7 +107,7 @@ from pdd.router.instance_choice import (
 )
 from pdd.router.link_view import LinkView
 from pdd.router.policy_inputs import Estimate, PolicyConfig, RequestFeatures
-from pdd.router.policy_rules import Facts, Rule, first_rule
+from pdd.router.policy_rules import ONE_SAMPLER, Facts, Rule, first_rule
 from pdd.router.recent_traffic import TrafficWindow
 
 
@@ -138,6 +145,7 @@ def decide(
     traffic: TrafficWindow,
     config: PolicyConfig,
     retry: bool = False,
+    engines: Mapping[str, str] | None = None,
 ) -> Decision | Saturated:
     """Choose P and MD, estimate MD's first token, then pick the pipeline.
 
@@ -145,6 +153,7 @@ def decide(
     ``link``: what is known of the WAN line (its state, doubt, measured rates and the KV
     still crossing that the hits count on; see ``LinkView``).
     ``retry``: the request failed on a worker before; keep a relay on the route.
+    ``engines``: each instance's engine (``EngineInfo.engine``; absent: the pdd engine).
     """
     n = request.input_tokens
     p = choose_prefill(fleet, hits, n, config.weights)
@@ -166,16 +175,16 @@ def decide(
             relay_active=relay_active, relay_queue_s=link.relay_slot_s * relay_active,
         )  # fmt: skip
 
-    def computed_at_md() -> Estimate | None:
+    def computed_at_md(capped: bool = True) -> Estimate | None:
         """MD computes its miss: only the first token crosses (behind the line's queue),
         and MD prefills it behind what it is computing for earlier requests; None where
-        the miss is over ``md_recompute_max_tokens`` (or that is 0: off)."""
+        ``capped`` and the miss is over ``md_recompute_max_tokens`` (or that is 0: off)."""
         cap = config.md_recompute_max_tokens
-        if cap == 0:
+        if capped and cap == 0:
             return None
         e = at(0)
         miss = n - e.md_hit_tokens
-        if miss > cap:
+        if capped and miss > cap:
             return None
         md_rate = config.md_prefill_tokens_per_s or rate
         queued = link.md_computing_tokens.get(md.instance_id, 0) if md else 0
@@ -187,8 +196,9 @@ def decide(
 
     # The deployment's codec; under adaptive the exact one (the first it chooses from).
     estimate = at(config.adaptive_codecs[0][1] if config.adaptive_codecs else None)
+    one_sampler = _one_sampler(request, engines or {}, (p, md, relay))
     facts = Facts(request, estimate, config, traffic, relay is not None, md is not None,
-                  retry, link.doubt)  # fmt: skip
+                  retry, link.doubt, one_sampler)  # fmt: skip
     rule = first_rule(facts)
     pipeline, reason = rule.pipeline, rule.explain(facts)
     if pipeline != Pipeline.P_RLD and md is None:
@@ -198,6 +208,10 @@ def decide(
         main_decode=md.instance_id if md and pipeline != Pipeline.P_RLD else None,
         relay=relay.instance_id if relay and pipeline != Pipeline.P_MD else None,
     )
+    if rule.code == ONE_SAMPLER:  # no handoff at all: MD prefills whatever it misses
+        computed = computed_at_md(capped=False)
+        assert computed is not None  # uncapped, it always is
+        return Decision(pipeline, assignment, reason, computed, rule)
     # Under adaptive, a P-MD whose exact KV misses the budget weighs MD computing against
     # the codecs (``_adaptive_codec``); elsewhere it goes wherever it is the sooner.
     over = bool(config.adaptive_codecs) and estimate.md_first_token_s > config.ttft_budget_s
@@ -213,6 +227,19 @@ def decide(
         )
         reason = f"{reason}; {codec_note}"
     return Decision(pipeline, assignment, reason, estimate, rule)
+
+
+def _one_sampler(
+    request: RequestFeatures, engines: Mapping[str, str], chosen: Iterable[InstanceLoad | None]
+) -> str | None:
+    """Why one instance must sample every token of this request: its sampling cannot be
+    resumed on vLLM after a handoff and a chosen instance runs vLLM; None otherwise."""
+    if request.vllm_resume_refusal is None:
+        return None
+    on_vllm = [c.instance_id for c in chosen if c and engines.get(c.instance_id) == "vllm"]
+    if not on_vllm:
+        return None
+    return f"{request.vllm_resume_refusal} on vLLM ({', '.join(on_vllm)})"
 
 
 def _adaptive_codec(

@@ -12,6 +12,8 @@ from typing import Any
 from pdd.common.block_hash import ROOT_HASH, hash_block
 from pdd.common.cost_model import pmd_first_token_seconds
 from pdd.common.kv_codec import MD_RECOMPUTE_MAX_TOKENS, KVCodec
+from pdd.common.vllm_resume import vllm_resume_refusal
+from pdd.common.wire import SamplingSpec
 from pdd.router.instance_choice import ChoiceWeights
 
 
@@ -85,15 +87,20 @@ class RequestFeatures:
     expected_output_tokens: int | None
     #: Rendezvous key for MD affinity: the conversation's first block hash.
     affinity_key: int
+    #: Why a vLLM instance could not resume this request after a handoff
+    #: (``pdd.common.vllm_resume``); None where it could.
+    vllm_resume_refusal: str | None = None
 
     @classmethod
     def from_prompt(
-        cls, token_ids: Sequence[int], expected_output_tokens: int | None, block_size: int
-    ) -> RequestFeatures:
+        cls, token_ids: Sequence[int], expected_output_tokens: int | None, block_size: int,
+        sampling: SamplingSpec | None = None,
+    ) -> RequestFeatures:  # fmt: skip
         """Features of a tokenized prompt; a prompt shorter than one block is keyed by
         the hash of what it has, so it still lands somewhere deterministic."""
         key = hash_block(ROOT_HASH, token_ids[:block_size])
-        return cls(len(token_ids), expected_output_tokens, key)
+        refusal = None if sampling is None else vllm_resume_refusal(sampling)
+        return cls(len(token_ids), expected_output_tokens, key, refusal)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,9 @@ class Facts:
     retry: bool = False
     #: Why the WAN line is in doubt (``LinkView.doubt``), None where it is not.
     doubt: str | None = None
+    #: Why one vLLM instance must sample every token (the request's sampling cannot be
+    #: resumed on vLLM and a vLLM instance is on the route); None where a handoff may.
+    one_sampler: str | None = None
 
     def __getitem__(self, name: str) -> object:
         return getattr(self, name)
@@ -125,7 +128,14 @@ class Rule:
 _FITS = "MD's first token in {eta:.2f}s fits the {budget:.2f}s budget"
 _OVER = "MD's first token in {eta:.2f}s exceeds the {budget:.2f}s budget"
 
+#: The rule whose P-MD has MD compute the whole miss, whatever its size (``decide``).
+ONE_SAMPLER = "vllm_one_sampler"
+
 RULES: tuple[Rule, ...] = (
+    Rule(ONE_SAMPLER, Pipeline.P_MD,
+         lambda f: f.one_sampler is not None and f.md_available,
+         "sampling vLLM cannot resume, vLLM on the route; an MD is left",
+         "{one_sampler}: P-MD, MD computing its miss, so one instance samples every token"),
     Rule("retry", Pipeline.P_RLD_MD,
          lambda f: f.retry and f.relay_available and f.md_available,
          "a retry; a relay has room and an MD is left",

@@ -42,6 +42,8 @@ class RoutingView:
         self._id_of: dict[str, str] = {}  # URL -> the instance id it was last routable as
         self._inflight: Mapping[str, int] = {}
         self._stale: set[str] = set()  # left out for one retry: recompute on the next refresh
+        #: Each routable instance's engine, as its ``/health`` reported (``EngineInfo.engine``).
+        self.engines: dict[str, str] = {}
         registry.watch(self._take_registry_changes)
         self._take_registry_changes()  # what the registry changed before this view
 
@@ -73,11 +75,14 @@ class RoutingView:
             old = self._id_of.pop(url, None)
             if old is not None:
                 self._by_id.pop(old, None)
+                self.engines.pop(old, None)
                 dirty.add(old)
             if inst is not None and inst.endpoint is not None and self._registry.routes_to(inst):
                 instance_id = inst.endpoint.instance_id
                 self._id_of[url] = instance_id
                 self._by_id[instance_id] = inst
+                if inst.engine is not None:
+                    self.engines[instance_id] = inst.engine.engine
                 dirty.add(instance_id)
         for instance_id in dirty:
             self._apply(instance_id)
