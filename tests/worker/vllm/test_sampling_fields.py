@@ -67,12 +67,18 @@ def test_vllm_applies_the_penalties_itself_where_there_is_no_earlier_output() ->
     assert unpenalized["extra_args"] is None
 
 
-@pytest.mark.parametrize(("min_tokens", "prior", "left"), [(5, 2, 3), (5, 5, 0), (2, 4, 0)])
-def test_a_resumed_request_needs_only_the_rest_of_min_tokens(
-    min_tokens: int, prior: int, left: int
+@pytest.mark.parametrize(
+    ("min_tokens", "max_tokens", "prior", "left"),
+    [(5, 9, 2, 3), (5, 9, 5, 0), (2, 9, 4, 0), (20, 1, 0, 1), (20, 6, 8, 6)],
+)
+def test_a_resumed_request_needs_only_the_rest_of_min_tokens_and_never_over_max_tokens(
+    min_tokens: int, max_tokens: int, prior: int, left: int
 ) -> None:
-    """vLLM masks the stop tokens while its own output is shorter than ``min_tokens``."""
-    resumed = SamplingParams(min_tokens=min_tokens, max_tokens=9, prior_output_tokens=prior)
+    """vLLM masks the stop tokens while its own output is shorter than ``min_tokens``, and
+    refuses ``min_tokens`` over ``max_tokens`` (P samples one token of any request)."""
+    resumed = SamplingParams(
+        min_tokens=min_tokens, max_tokens=max_tokens, prior_output_tokens=prior
+    )
     assert vllm_sampling_kwargs(resumed)["min_tokens"] == left
 
 

@@ -10,7 +10,8 @@ code (vllm 0.32's ``v1/sample``):
 
 - ``min_tokens`` less the earlier output: vLLM's ``MinTokensLogitsProcessor`` masks the
   stop tokens while its own output is shorter than that, so while the whole output is
-  shorter than ``min_tokens``.
+  shorter than ``min_tokens``. At most ``max_tokens`` (vLLM refuses more): P, which
+  samples one token of a request whose ``min_tokens`` is larger, masks that one.
 - The penalties go to ``PriorOutputPenalties`` (``prior_penalties.py``, a custom logits
   processor), which calls vLLM's ``apply_all_penalties`` on the request's row with the
   original prompt and the whole output (earlier + vLLM's own); vLLM's own penalties for
@@ -94,8 +95,14 @@ def vllm_sampling_kwargs(
         "presence_penalty": params.presence_penalty if own else 0.0,
         "frequency_penalty": params.frequency_penalty if own else 0.0,
         "repetition_penalty": params.repetition_penalty if own else 1.0,
-        "min_tokens": max(0, params.min_tokens - params.prior_output_tokens),
+        "min_tokens": _min_tokens(params),
         "logit_bias": dict(params.logit_bias) or None,
         "detokenize": False,
         "extra_args": extra or None,
     }
+
+
+def _min_tokens(params: SamplingParams) -> int:
+    """``min_tokens`` as vLLM counts it: less the earlier output, at most ``max_tokens``
+    (the mask holds for every token this request samples either way)."""
+    return min(params.max_tokens, max(0, params.min_tokens - params.prior_output_tokens))
