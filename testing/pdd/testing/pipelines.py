@@ -77,10 +77,13 @@ def worker_urls(stack: LocalStack) -> dict[str, str]:
 
 async def through_workers(
     stack: LocalStack, secret: str, prompts: Sequence[Sequence[int]], pipeline: str,
-    max_tokens: int,
+    max_tokens: int, sampling: SamplingSpec | None = None,
 ) -> list[list[int]]:  # fmt: skip
-    """Each prompt planned as the router plans ``pipeline`` (greedy), one at a time, as
-    request ``eq-<pipeline>-<i>``; the token IDs the client would get, in order."""
+    """Each prompt planned as the router plans ``pipeline`` (greedy, or ``sampling``), one
+    at a time, as request ``eq-<pipeline>-<i>``; the token IDs the client would get, in
+    order."""
+    if sampling is None:
+        sampling = SamplingSpec(max_tokens=max_tokens, temperature=0.0, seed=0)
     client = WorkerClient(secret)
     try:
         roles = worker_urls(stack)
@@ -91,7 +94,7 @@ async def through_workers(
                 request_id=f"eq-{pipeline}-{i}", prompt_ids=list(prompt),
                 pipeline=Pipeline(pipeline), prefill=endpoints["prefill"], main=endpoints["main"],
                 relay=endpoints["relay"] if pipeline == "P-RLD-MD" else None,
-                sampling=SamplingSpec(max_tokens=max_tokens, temperature=0.0, seed=0),
+                sampling=sampling,
             )  # fmt: skip
             events = [e async for e in relay_tokens(plan, client, timeout_s=600)]
             outputs.append([e.token_id for e in events if e.token_id is not None])

@@ -2,7 +2,7 @@
 on one unbroken request: a resumed request's row, penalized by the processor and then by
 vLLM's neutral penalties, is bit for bit the row vLLM alone penalizes, with the earlier
 output as output. In-process, on vLLM's own functions; no engine started. The whole
-handoff on a real vLLM is ``test_vllm_sampling_state.py``'s.
+handoff on a real vLLM is ``test_vllm_handoff_sampling.py``'s.
 """
 
 from __future__ import annotations
