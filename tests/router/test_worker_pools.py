@@ -1,12 +1,14 @@
 """The router keeps a connection pool per worker, and closes it when the worker leaves.
 
-httpcore walks every connection of a pool (``has_expired``, ``is_idle``: a syscall or two
+httpcore walked every connection of a pool (``has_expired``, ``is_idle``: a syscall or two
 each) on every request and every response's close. With one pool for the whole fleet each
 call to a worker paid for every other worker's idle connections, so the router's CPU per
-request grew with the fleet (docs/router-scale.md). With a pool per worker, a worker that
-leaves the fleet needs its pool closed: nothing walks it again, so its expired connections
-would never be closed. Here real ``WorkerClient`` s talk over real TCP to keep-alive
-workers on loopback that count their open connections.
+request grew with the fleet (docs/router-scale.md). The router's own transport
+(``pdd.router.worker_http``) checks the idle connections it takes, of that worker only.
+With a pool per worker, a worker that leaves the fleet needs its pool closed: nothing
+takes from it again, so its expired connections would never be closed. Here real
+``WorkerClient`` s talk over real TCP to keep-alive workers on loopback that count their
+open connections.
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ from __future__ import annotations
 import asyncio
 import socket
 
-import httpcore
 import pytest
 
 from pdd.common.vocabulary import Role
 from pdd.common.wire import LoadReport
+from pdd.router import worker_http
 from pdd.router.config import WorkerRef
 from pdd.router.prefix_index import PrefixIndex, PrefixIndexConfig
 from pdd.router.registry import InstanceRegistry
@@ -99,14 +101,14 @@ async def _workers(n: int) -> list[KeepAliveWorker]:
 
 async def test_a_call_checks_no_more_connections_when_the_fleet_grows(monkeypatch) -> None:
     checked = 0
-    has_expired = httpcore.AsyncHTTPConnection.has_expired
+    usable = worker_http._Connection.usable
 
-    def counting(self: httpcore.AsyncHTTPConnection) -> bool:
+    def counting(self: worker_http._Connection, now: float, expiry_s: float) -> bool:
         nonlocal checked
         checked += 1
-        return has_expired(self)
+        return usable(self, now, expiry_s)
 
-    monkeypatch.setattr(httpcore.AsyncHTTPConnection, "has_expired", counting)
+    monkeypatch.setattr(worker_http._Connection, "usable", counting)
     workers = await _workers(WORKERS)
     client = WorkerClient("secret")
     try:
@@ -118,7 +120,7 @@ async def test_a_call_checks_no_more_connections_when_the_fleet_grows(monkeypatc
             await client.load(w.url)
         checked = 0
         await client.load(workers[0].url)
-        assert checked == alone, (
+        assert checked == alone == 1, (
             f"a call to one worker checked {checked} pooled connections with {WORKERS} "
             f"workers in the fleet, {alone} with one"
         )

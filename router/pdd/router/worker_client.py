@@ -27,6 +27,7 @@ from pdd.common.wire import (
     WanPeers,
     WorkerHealth,
 )
+from pdd.router.worker_http import WorkerTransport
 
 
 class WorkerCallError(RuntimeError):
@@ -117,13 +118,16 @@ class _Unclosed(httpx.AsyncBaseTransport):
 
 
 class WorkerClient:
-    """A pooled httpx transport per worker (by base URL), made at its first call; cheap
-    to share.
+    """A pooled transport per worker (by base URL), made at its first call; cheap to
+    share. Over TCP it is the router's own lean HTTP/1.1 transport
+    (:class:`~pdd.router.worker_http.WorkerTransport`), not httpx's: httpcore cost about
+    1 ms of router CPU per call (docs/router-scale.md).
 
-    One pool per worker, not one for the fleet: httpcore walks every connection of a pool,
-    with a syscall or two each, on every request and again on every response's close, so
-    one shared pool made each call cost in proportion to the fleet (docs/router-scale.md).
-    A worker that leaves the fleet is :meth:`forget`-ten: its pool is closed.
+    One pool per worker, not one for the fleet: httpcore walked every connection of a
+    pool, with a syscall or two each, on every request and again on every response's
+    close, so one shared pool made each call cost in proportion to the fleet; a pool of
+    one worker's connections stays small whatever the transport. A worker that leaves the
+    fleet is :meth:`forget`-ten: its pool is closed.
 
     Requests go to the transport itself, not through an ``httpx.AsyncClient``: the
     client's layers (URL and header merging, cookie jars, auth and redirect handling,
@@ -161,14 +165,7 @@ class WorkerClient:
             return _Unclosed(self._transport)
         if self._tls is None:
             self._tls = httpx.create_ssl_context()  # once: it reads the CA bundle
-        return httpx.AsyncHTTPTransport(
-            verify=self._tls,
-            limits=httpx.Limits(
-                max_connections=1000,
-                max_keepalive_connections=200,
-                keepalive_expiry=KEEPALIVE_EXPIRY_S,
-            ),
-        )
+        return WorkerTransport(self._tls, KEEPALIVE_EXPIRY_S)
 
     def _request(
         self,
