@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Protocol
 
 import httpx
 from pydantic import ValidationError
@@ -27,7 +28,7 @@ from pdd.common.wire import (
     WanPeers,
     WorkerHealth,
 )
-from pdd.router.worker_http import WorkerTransport
+from pdd.router.worker_http import Timeouts, WorkerTransport
 
 
 class WorkerCallError(RuntimeError):
@@ -85,18 +86,33 @@ CANCEL_RETRY_S = 0.2
 _NO_TIMEOUT = httpx.Timeout(None).as_dict()
 
 
+class _Transport(Protocol):
+    """How :class:`WorkerClient` reaches one worker (:class:`WorkerTransport`'s shape)."""
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        timeout: Timeouts,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response: ...
+
+    async def aclose(self) -> None: ...
+
+
 class _Pool:
     """One worker's transport (its connection pool) and how many calls are using it now,
     so a pool whose worker left the fleet is closed when its last call ends, not under a
     stream still being read (a draining pod leaves the Service before its streams end)."""
 
-    def __init__(self, http: httpx.AsyncBaseTransport, retire: Callable[[_Pool], None]) -> None:
+    def __init__(self, http: _Transport, retire: Callable[[_Pool], None]) -> None:
         self.http = http
         self.calls = 0
         self.retired = False
         self._retire = retire
 
-    def __enter__(self) -> httpx.AsyncBaseTransport:
+    def __enter__(self) -> _Transport:
         self.calls += 1
         return self.http
 
@@ -106,15 +122,37 @@ class _Pool:
             self._retire(self)
 
 
-class _Unclosed(httpx.AsyncBaseTransport):
-    """A transport given to :class:`WorkerClient` (tests: an in-process one), shared by
-    every worker's pool; a pool that closes leaves it open for the others."""
+class _Shared:
+    """An httpx transport given to :class:`WorkerClient` (tests: an in-process one) as one
+    worker's: each call made an ``httpx.Request`` for it. It is shared by every worker's
+    pool, so a pool that closes leaves it open for the others."""
 
-    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
-        self.inner = inner
+    def __init__(
+        self, inner: httpx.AsyncBaseTransport, base_url: str, headers: dict[str, str]
+    ) -> None:
+        self._inner = inner
+        self._base_url = base_url
+        self._headers = headers
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        return await self.inner.handle_async_request(request)
+    async def call(
+        self,
+        method: str,
+        path: str,
+        timeout: Timeouts,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        request = httpx.Request(
+            method,
+            self._base_url + path,
+            content=body,
+            headers={**self._headers, **headers} if headers else self._headers,
+            extensions={"timeout": timeout},
+        )
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        """The transport stays open: other pools use it."""
 
 
 class WorkerClient:
@@ -157,39 +195,30 @@ class WorkerClient:
     def _pool(self, http_url: str) -> _Pool:
         pool = self._pools.get(http_url)
         if pool is None:
-            pool = self._pools[http_url] = _Pool(self._new_transport(), self._close_later)
+            pool = self._pools[http_url] = _Pool(self._new_transport(http_url), self._close_later)
         return pool
 
-    def _new_transport(self) -> httpx.AsyncBaseTransport:
+    def _new_transport(self, http_url: str) -> _Transport:
         if self._transport is not None:
-            return _Unclosed(self._transport)
+            return _Shared(self._transport, http_url, self._headers)
         if self._tls is None:
             self._tls = httpx.create_ssl_context()  # once: it reads the CA bundle
-        return WorkerTransport(self._tls, KEEPALIVE_EXPIRY_S)
+        return WorkerTransport(http_url, self._headers, self._tls, KEEPALIVE_EXPIRY_S)
 
-    def _request(
+    async def _call(
         self,
+        http_url: str,
         method: str,
-        url: str,
+        path: str,
         body: str | None = None,
         headers: dict[str, str] | None = None,
-        timeout: dict[str, float | None] | None = None,
-    ) -> httpx.Request:
-        """A request with the secret and ``headers`` only (no client defaults), and its
-        timeout (default: the client's) where the transport reads it."""
-        return httpx.Request(
-            method,
-            url,
-            content=body,
-            headers={**self._headers, **headers} if headers else self._headers,
-            extensions={"timeout": timeout or self._timeout},
-        )
-
-    async def _call(self, http_url: str, request: httpx.Request) -> httpx.Response:
-        """``request``'s answer, its body read whole (so its connection is back in the
-        pool); raises ``httpx.HTTPError`` as the client would."""
+    ) -> httpx.Response:
+        """The answer to ``method path`` (the secret and ``headers`` sent, nothing else),
+        its body read whole (so its connection is back in the pool), within the client's
+        timeout; raises ``httpx.HTTPError`` as the client would."""
+        content = None if body is None else body.encode()
         with self._pool(http_url) as http:
-            resp = await http.handle_async_request(request)
+            resp = await http.call(method, path, self._timeout, content, headers)
             try:
                 await resp.aread()  # read to its end, it closes itself
             finally:
@@ -233,7 +262,7 @@ class WorkerClient:
         straight from JSON (pydantic's ``model_validate_json``: no dict in between)."""
         url = http_url + path
         try:
-            resp = await self._call(http_url, self._request("GET", url))
+            resp = await self._call(http_url, "GET", path)
         except httpx.HTTPError as exc:
             raise WorkerCallError(url, failure(exc), late=is_late(exc)) from exc
         if resp.status_code != 200:
@@ -275,10 +304,10 @@ class WorkerClient:
         ended there). A cancel lost on the way leaves the request running for nobody, so
         one that got no answer (a pooled connection the worker was closing, a timeout on
         a loaded machine) is sent again, ``CANCEL_ATTEMPTS`` times in all."""
-        url = f"{http_url}/v1/pdd/requests/{request_id}"
+        path = f"/v1/pdd/requests/{request_id}"
         for attempt in range(1, CANCEL_ATTEMPTS + 1):
             try:
-                await self._call(http_url, self._request("DELETE", url))
+                await self._call(http_url, "DELETE", path)
                 return
             except httpx.HTTPError:
                 if attempt == CANCEL_ATTEMPTS:
@@ -297,7 +326,7 @@ class WorkerClient:
         url = http_url + path
         headers = {"Content-Type": "application/json", **(trace or {})}
         try:
-            resp = await self._call(http_url, self._request(method, url, body, headers))
+            resp = await self._call(http_url, method, path, body, headers)
         except httpx.HTTPError as exc:
             raise WorkerCallError(url, failure(exc)) from exc
         if resp.status_code != expect:
@@ -306,11 +335,11 @@ class WorkerClient:
 
     async def stream(self, http_url: str, request_id: str) -> AsyncIterator[TokenEvent]:
         """The instance's NDJSON token stream for ``request_id`` until it closes."""
-        url = f"{http_url}/v1/pdd/requests/{request_id}/stream"
-        request = self._request("GET", url, timeout=_NO_TIMEOUT)
+        path = f"/v1/pdd/requests/{request_id}/stream"
+        url = http_url + path
         try:
             with self._pool(http_url) as http:
-                resp = await http.handle_async_request(request)
+                resp = await http.call("GET", path, _NO_TIMEOUT)
                 try:
                     if resp.status_code != 200:
                         raise WorkerCallError(url, f"answered {resp.status_code}")

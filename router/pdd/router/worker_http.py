@@ -9,9 +9,12 @@ calls). The workers' control API needs little of HTTP/1.1: a request with a smal
 body, an answer framed by ``Content-Length`` or chunked (the NDJSON token streams), on
 keep-alive connections. This transport speaks that much on asyncio streams: one write per
 request, the answer's head parsed once, idle connections kept last-in first-out and
-dropped after ``keepalive_expiry_s``. It is an ``httpx`` transport, raising ``httpx``'s
-exceptions, so :class:`~pdd.router.worker_client.WorkerClient` and the in-process
-transports of the tests are unchanged (docs/router-scale.md).
+dropped after ``keepalive_expiry_s``. It is one worker's: its address and the headers
+every call carries are encoded once, and a call names only its method, path and body
+(an ``httpx.Request`` parses its whole URL, the address included, on every call). It
+answers with an ``httpx.Response`` and raises ``httpx``'s exceptions, as the httpx
+transports :class:`~pdd.router.worker_client.WorkerClient` takes in tests do
+(docs/router-scale.md).
 """
 
 from __future__ import annotations
@@ -20,9 +23,13 @@ import asyncio
 import contextlib
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 import httpx
+
+#: A call's timeouts, as ``httpx.Timeout.as_dict()`` gives them (``connect``, ``read``,
+#: ``write``, ``pool``; None: no limit).
+Timeouts = Mapping[str, float | None]
 
 #: Answers with no body whatever their headers say (RFC 9112, section 6.3).
 _NO_BODY = frozenset({204, 304})
@@ -66,41 +73,69 @@ class _Framing:
         return self.keep_alive and (self.chunked or self.length is not None)
 
 
-class WorkerTransport(httpx.AsyncBaseTransport):
-    """Keep-alive HTTP/1.1 connections to one worker (``http://`` or, with ``tls``,
-    ``https://``), at most ``max_connections`` open and ``max_idle`` kept idle."""
+class WorkerTransport:
+    """Keep-alive HTTP/1.1 connections to the worker at ``base_url`` (``http://`` or
+    ``https://``, verified with ``tls``), every request carrying ``headers``; at most
+    ``max_connections`` open and ``max_idle`` kept idle."""
 
     def __init__(
         self,
+        base_url: str,
+        headers: Mapping[str, str],
         tls: ssl.SSLContext,
         keepalive_expiry_s: float,
         max_connections: int = 1000,
         max_idle: int = 200,
     ) -> None:
-        self._tls = tls
+        url = httpx.URL(base_url)
+        self._host = url.host
+        self._tls = tls if url.scheme == "https" else None
+        self._port = url.port or (443 if self._tls else 80)
+        self._headers = _header_lines({"Host": url.netloc.decode(), **headers})
         self._expiry_s = keepalive_expiry_s
         self._max_idle = max_idle
         self._slots = asyncio.Semaphore(max_connections)
         self._idle: list[_Connection] = []
         self._open: set[_Connection] = set()
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        timeout = request.extensions.get("timeout", {})
-        conn = self._idle_connection() or await self._connect(request.url, timeout)
+    async def call(
+        self,
+        method: str,
+        path: str,
+        timeout: Timeouts,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        """The worker's answer to ``method path`` (with ``body``, and ``headers`` beside
+        the transport's own), its body still to be read; the connection is the pool's
+        again once the body is read to its end and closed."""
+        conn = self._idle_connection() or await self._connect(timeout)
+        request = self._request_bytes(method, path, body, headers)
         try:
-            await _send(conn, _request_bytes(request), timeout.get("write"))
-            status, headers, framing = await _read_head(conn, timeout.get("read"))
+            await _send(conn, request, timeout.get("write"))
+            status, header_list, framing = await _read_head(conn, timeout.get("read"))
         except BaseException:
             self._discard(conn)
             raise
-        if request.method == "HEAD" or status in _NO_BODY:
+        if status in _NO_BODY:
             framing = _Framing(0, chunked=False, keep_alive=framing.keep_alive)
-        body = _Body(self, conn, framing, timeout.get("read"))
-        return httpx.Response(status, headers=headers, stream=body)
+        stream = _Body(self, conn, framing, timeout.get("read"))
+        return httpx.Response(status, headers=header_list, stream=stream)
+
+    def _request_bytes(
+        self, method: str, path: str, body: bytes | None, headers: Mapping[str, str] | None
+    ) -> bytes:
+        """The request's head and body, to go in one write (one ``send``)."""
+        head = b"%s %s HTTP/1.1\r\n%s" % (method.encode(), path.encode(), self._headers)
+        if headers:
+            head += _header_lines(headers)
+        if body is not None:
+            head += b"Content-Length: %d\r\n" % len(body)
+        return head + b"\r\n" + (body or b"")
 
     def _idle_connection(self) -> _Connection | None:
-        """The most recently used idle connection still usable; the others found on the
-        way (older, so expired too) are closed."""
+        """The most recently used idle connection still usable; those taken before it
+        (expired, or closed by the worker) are closed."""
         now = time.monotonic()
         while self._idle:
             conn = self._idle.pop()
@@ -109,27 +144,29 @@ class WorkerTransport(httpx.AsyncBaseTransport):
             self._discard(conn)
         return None
 
-    async def _connect(self, url: httpx.URL, timeout: dict[str, float | None]) -> _Connection:
+    async def _connect(self, timeout: Timeouts) -> _Connection:
         """A new connection, once a slot is free (``pool`` timeout) and the worker accepted
         it (``connect`` timeout, the TLS handshake included)."""
+        where = f"{self._host}:{self._port}"
         try:
             async with _within(timeout.get("pool")):
                 await self._slots.acquire()
         except TimeoutError:
-            raise httpx.PoolTimeout(f"no free connection to {url.host}") from None
-        tls = self._tls if url.scheme == "https" else None
-        port = url.port or (443 if tls else 80)
+            raise httpx.PoolTimeout(f"no free connection to {where}") from None
         try:
             async with _within(timeout.get("connect")):
                 reader, writer = await asyncio.open_connection(
-                    url.host, port, ssl=tls, server_hostname=url.host if tls else None
+                    self._host,
+                    self._port,
+                    ssl=self._tls,
+                    server_hostname=self._host if self._tls else None,
                 )
         except BaseException as exc:
             self._slots.release()
             if isinstance(exc, TimeoutError):
-                raise httpx.ConnectTimeout(f"connecting to {url.host}:{port}") from exc
+                raise httpx.ConnectTimeout(f"connecting to {where}") from exc
             if isinstance(exc, OSError):
-                raise httpx.ConnectError(f"{url.host}:{port}: {exc}") from exc
+                raise httpx.ConnectError(f"{where}: {exc}") from exc
             raise
         conn = _Connection(reader, writer)
         self._open.add(conn)
@@ -156,11 +193,8 @@ class WorkerTransport(httpx.AsyncBaseTransport):
             self._discard(conn)
 
 
-def _request_bytes(request: httpx.Request) -> bytes:
-    """The request's head and body, to go in one write (one ``send``)."""
-    lines = [b"%s %s HTTP/1.1" % (request.method.encode(), request.url.raw_path)]
-    lines += [b"%s: %s" % (name, value) for name, value in request.headers.raw]
-    return b"\r\n".join(lines) + b"\r\n\r\n" + request.content
+def _header_lines(headers: Mapping[str, str]) -> bytes:
+    return b"".join(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in headers.items())
 
 
 async def _send(conn: _Connection, data: bytes, timeout_s: float | None) -> None:
