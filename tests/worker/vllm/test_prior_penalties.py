@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-try:
-    import vllm  # noqa: F401
-except ImportError:
-    pytest.skip(
-        "vLLM is not installed: `./scripts/setup.sh --with-vllm` (the pdd[vllm] extra, in "
-        ".venv-vllm) runs these",
-        allow_module_level=True,
-    )
+from .conftest import VLLM_MISSING
+
+if VLLM_MISSING:
+    pytest.skip(VLLM_MISSING, allow_module_level=True)
 
 import torch
 from vllm import SamplingParams as VllmSamplingParams

@@ -17,7 +17,6 @@ other. Slow; skipped without vLLM (the ``pdd[vllm]`` extra) or without the pulle
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 from collections.abc import Iterator
@@ -27,14 +26,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-if importlib.util.find_spec("vllm") is None:
-    pytest.skip(
-        "vLLM is not installed: `./scripts/setup.sh --with-vllm` (the pdd[vllm] extra, in "
-        ".venv-vllm) runs these",
-        allow_module_level=True,
-    )
+from .conftest import MAX_TOKENS, VLLM_ENV, VLLM_MISSING
 
-from pdd.common.model_store import DEFAULT_MODEL, cached
+if VLLM_MISSING:
+    pytest.skip(VLLM_MISSING, allow_module_level=True)
+
 from pdd.common.wire import SamplingSpec
 from pdd.local.stack import LocalStack
 from pdd.router.tokenization import load_prompt_tokenizer
@@ -46,9 +42,7 @@ from pdd.worker.vllm.sampling import vllm_sampling_kwargs
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 SECRET = "vllm-handoff-sampling-secret"
-MAX_TOKENS = 24
 CONVERSATIONS = int(os.environ.get("PDD_VLLM_CONVERSATIONS", "4"))
-VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
 WORKER_FLAGS = ("--dtype=float32", "--enforce-eager", "--block-size=32", "--max-model-len=2048")
 PENALIZED = SamplingSpec(
     max_tokens=MAX_TOKENS, temperature=0.0, presence_penalty=0.6, frequency_penalty=0.4,
@@ -65,14 +59,6 @@ class Alone:
     questions: list[list[int]]
     penalized: list[list[int]]
     seeded_text: str
-
-
-@pytest.fixture(scope="module")
-def model() -> Path:
-    path = cached(DEFAULT_MODEL)
-    if path is None:
-        pytest.skip(f"{DEFAULT_MODEL} is not pulled: `pdd models pull {DEFAULT_MODEL}`")
-    return path
 
 
 @pytest.fixture(scope="module")
