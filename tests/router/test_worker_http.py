@@ -199,6 +199,25 @@ async def test_an_idle_connection_is_not_reused_once_expired(monkeypatch) -> Non
     assert worker.connections == 2
 
 
+async def test_idle_connections_past_their_expiry_are_closed_at_the_next_call() -> None:
+    """Under a fresher idle connection too: the pool is taken newest first, and one that
+    expired below it was never looked at again, so a burst's connections stayed open
+    (the router's fds did not come back after a client churn)."""
+    async with Worker(_ok(LOAD), _ok(LOAD), _ok(LOAD)) as worker:
+        client = WorkerClient("secret")
+        try:
+            await asyncio.gather(client.load(worker.url), client.load(worker.url))
+            http = client._pool(worker.url).http
+            older, newer = http._idle  # type: ignore[attr-defined]
+            older.idle_since -= 3600.0  # long expired; the newer one is fresh
+            await client.load(worker.url)
+            assert older.writer.is_closing()
+            assert http._idle == [newer]  # type: ignore[attr-defined]
+        finally:
+            await client.aclose()
+    assert worker.connections == 2
+
+
 async def test_a_connection_the_worker_closed_while_idle_is_not_reused() -> None:
     async with Worker([*_ok(LOAD), CLOSE], _ok(LOAD)) as worker:
         client = WorkerClient("secret")

@@ -135,8 +135,12 @@ class WorkerTransport:
 
     def _idle_connection(self) -> _Connection | None:
         """The most recently used idle connection still usable; those taken before it
-        (expired, or closed by the worker) are closed."""
+        (expired, or closed by the worker) are closed, and so are the expired ones below
+        it (the oldest: ``_idle`` is in the order they went idle), which a pool taken
+        newest first would otherwise keep open for as long as fresher ones serve."""
         now = time.monotonic()
+        while self._idle and now - self._idle[0].idle_since >= self._expiry_s:
+            self._discard(self._idle.pop(0))
         while self._idle:
             conn = self._idle.pop()
             if conn.usable(now, self._expiry_s):
