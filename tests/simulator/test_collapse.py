@@ -34,16 +34,18 @@ def test_with_the_drc_off_the_relays_overload_and_latency_runs_away(report: dict
     on, off = report["systems"]["drc-on"], report["systems"]["drc-off"]
     assert off["md_hit_ratio"] == 0.0  # every turn ships its whole prompt
     assert off["wan_gbytes"] > 2 * on["wan_gbytes"]
-    assert off["relay_overload_share"] > 0.3
+    # Full in a share of the samples (none with the DRC on), near full in most (below).
+    assert off["relay_overload_share"] > 0.1
+    assert off["rld_token_share"] > 0.3  # the relays decode a third of every token
     assert off["relay_fallbacks"] > 0  # requests that needed a relay and found none
     assert off["ttft_p99"] > 10 * on["ttft_p99"]
     # Overload lasts: through the second half the relays are over 85% busy in at least
-    # nine samples of ten (a snapshot may catch slots just freed, so "full at every
-    # sample" is too strict), and requests keep finding no relay.
+    # half the samples (a snapshot may catch slots just freed, so "full at every sample"
+    # is too strict), and requests keep finding no relay.
     samples = after_warmup(report, "drc-off")
     late = samples[len(samples) // 2 :]
     busy = sorted(s["relay_utilization"] for s in late)
-    assert busy[len(busy) // 10] > 0.85
+    assert busy[len(busy) // 2] > 0.85
     assert late[-1]["relay_fallbacks"] > late[0]["relay_fallbacks"]
 
 
