@@ -12,7 +12,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from pdd.common.config_document import API_KEYS_ENV, EngineSettings, WanKVSettings
+from pdd.common.config_document import API_KEYS_ENV, EngineSettings, SloSection, WanKVSettings
 from pdd.operator.builders.config import build_worker_config, config_hash
 from pdd.operator.builders.deployments import build_worker_deployment
 from pdd.operator.builders.hpa import build_relay_hpa, target_quantity
@@ -576,3 +576,20 @@ def test_every_shared_wan_setting_reaches_the_config_document(
     cr["spec"]["wan"].update(values)
     wan = build_worker_config(PDDSpec.model_validate(cr["spec"]), owner, Site("s")).to_wire()["wan"]
     assert {key: wan[key] for key in values} == values
+
+
+def test_every_slo_setting_reaches_the_config_document_and_its_default_is_the_crds(
+    pool_b_cr: dict, owner: Owner
+) -> None:
+    """spec.slo's SloSection fields arrive in the document's ``slo`` as set, and a spec that
+    leaves ``slo`` out gives the document the section's own defaults: the CRD's field and the
+    document's are one declaration (``Slo`` is a ``SloSection``), not two kept equal by hand."""
+    values = {"ttftP99Ms": 1234.5, "tpotMs": 7.5}
+    assert set(values) == {f.alias for f in SloSection.model_fields.values()}
+    cr = copy.deepcopy(pool_b_cr)
+    cr["spec"]["slo"] = values
+    slo = build_worker_config(PDDSpec.model_validate(cr["spec"]), owner, Site("s")).to_wire()["slo"]
+    assert slo == values
+    cr["spec"].pop("slo")
+    unset = build_worker_config(PDDSpec.model_validate(cr["spec"]), owner, Site("s")).slo
+    assert unset == SloSection()

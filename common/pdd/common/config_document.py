@@ -141,8 +141,19 @@ class WanSection(WanKVSettings):
 
 
 class SloSection(_Section):
-    ttft_p99_ms: float = Field(gt=0)
-    tpot_ms: float = Field(gt=0)
+    """The latency objectives: the settings of ``spec.slo`` the config document carries, each
+    declared once here. The CRD's ``spec.slo`` (``pdd.operator.spec.Slo``) is a subclass, so
+    its field, description and default are these, and the operator copies every field into
+    the document (``slo_section``). A field's default is what a PDDDeployment that leaves
+    ``slo`` out gets."""
+
+    ttft_p99_ms: float = Field(
+        default=5000.0,
+        gt=0,
+        description="Time to first token, 99th percentile, in milliseconds; also the TTFT budget "
+        "the router uses to choose P-MD vs P-RLD-MD.",
+    )
+    tpot_ms: float = Field(default=50.0, gt=0, description="Time per output token in milliseconds.")
 
 
 class HandoffSection(_Section):

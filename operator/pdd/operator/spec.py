@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from pdd.common.config_document import EngineSettings, WanKVSettings
+from pdd.common.config_document import EngineSettings, SloSection, WanKVSettings
 from pdd.common.model_store import hub_repo_problem
 from pdd.operator.cel import PATH, Rule, validations
 from pdd.operator.spec_rules import SPEC_RULES
@@ -419,12 +419,9 @@ class Workload(_Spec):
     """Mean prefix-cache hit rate on the MD side, 0..1 (multi-turn traffic: about 0.9)."""
 
 
-class Slo(_Spec):
-    ttft_p99_ms: float = Field(default=5000.0, gt=0)
-    """Time to first token, 99th percentile, in milliseconds; also the TTFT budget the router uses
-    to choose P-MD vs P-RLD-MD."""
-    tpot_ms: float = Field(default=50.0, gt=0)
-    """Time per output token in milliseconds."""
+#: The objectives the config document carries (ttftP99Ms, tpotMs) are ``SloSection``'s fields,
+#: declared once there; the planner's targets, which only the operator reads, are its own.
+class Slo(_Spec, SloSection):
     ttft_p90_seconds: float | None = Field(default=None, gt=0)
     """The planner's target for client-side time to first token (queue time included), 90th
     percentile, in seconds."""

@@ -94,6 +94,12 @@ def wan_section(spec: PDDSpec) -> WanSection:
     return WanSection.model_validate(spec.wan.model_dump(include=set(WanSection.model_fields)))
 
 
+def slo_section(spec: PDDSpec) -> SloSection:
+    """The document's ``slo`` section: ``spec.slo``'s ``SloSection`` fields (the planner's
+    targets stay with the operator), so an objective added there needs no line here."""
+    return SloSection.model_validate(spec.slo.model_dump(include=set(SloSection.model_fields)))
+
+
 def build_worker_config(spec: PDDSpec, owner: Owner, site: Site) -> ConfigDocument:
     """The config document for the pods of ``site``'s cluster."""
     hosts = peer_hosts(spec, owner, site)
@@ -113,7 +119,7 @@ def build_worker_config(spec: PDDSpec, owner: Owner, site: Site) -> ConfigDocume
         ),
         peers=Peers(**workers, router=RouterPeer(host=hosts[Component.ROUTER], port=ROUTER_PORT)),
         wan=wan_section(spec),
-        slo=SloSection(ttft_p99_ms=spec.slo.ttft_p99_ms, tpot_ms=spec.slo.tpot_ms),
+        slo=slo_section(spec),
         handoff=HandoffSection(
             policy=spec.handoff.policy, catch_up_threshold=spec.handoff.catch_up_threshold
         ),
