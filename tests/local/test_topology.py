@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -156,6 +157,16 @@ def test_pdd_bench_has_the_per_role_engine_flags() -> None:
     assert (args.engine, args.prefill_engine, args.relay_engine, args.main_engine) == (
         "vllm", None, None, "pdd",
     )  # fmt: skip
+
+
+def test_pdd_bench_ttft_budget_help_names_the_default_bench_gives_it() -> None:
+    """``pdd bench`` takes pdd up's ``--ttft-budget-s`` but, unset, gives its stacks'
+    routers its ``--slo-ttft-s`` (``mode_config``), not the CRD's default: its help says so."""
+    from pdd.bench.cli import build_parser as bench_parser
+
+    flags = {o: a for a in bench_parser()._actions for o in a.option_strings}
+    assert flags["--ttft-budget-s"].help.endswith("(default: --slo-ttft-s)")
+    assert bench_parser().parse_args([]).ttft_budget_s is None
 
 
 @pytest.mark.parametrize(
@@ -394,3 +405,32 @@ def test_pdd_up_redis_flag_is_the_routers_store_setting(tmp_path: Path) -> None:
     args = build_parser().parse_args(["--model", "tiny", "--redis", "redis://r:6379/0"])
     config = stack_config(args, "pdd", 8080, tmp_path)
     assert stack_deployment(config)["spec"]["router"]["redisUrl"] == "redis://r:6379/0"
+
+
+@pytest.mark.parametrize("given", [(), ("--ttft-budget-s", "0.25")])
+def test_pdd_up_ttft_budget_is_the_routers_setting_and_shows_what_its_router_gets(
+    tmp_path: Path, given: tuple[str, ...]
+) -> None:
+    """``pdd up --ttft-budget-s`` and ``pdd router --ttft-budget-s`` are one setting (the
+    document's ``slo.ttftP99Ms`` in seconds): one help. The default pdd up's help shows is
+    the budget its router reads from the rendered document when the flag is left out (the
+    CRD's ``slo`` default, not a stand-alone router's); a given budget reaches it."""
+    from pdd.common.settings import read_document
+    from pdd.router.config import RouterConfig
+    from pdd.router.server import build_parser as router_parser
+
+    up, router = (
+        {o: a for a in p()._actions for o in a.option_strings}
+        for p in (build_parser, router_parser)
+    )
+    help_text = up["--ttft-budget-s"].help
+    assert help_text.startswith(RouterConfig.model_fields["ttft_budget_s"].description)
+    assert help_text.split(" (default")[0] == router["--ttft-budget-s"].help.split(" (default")[0]
+    shown = re.search(r"\(default: ([0-9.]+)\)", help_text)
+    assert shown is not None, help_text
+    args = build_parser().parse_args(["--model", "tiny", *given])
+    pods = rendered(stack_config(args, "pdd", 8080, tmp_path))
+    pod = next(p for p in pods if p.component == "router")
+    doc = parse_config_document(json.loads(pod.files["/etc/pdd"]["config.json"]), "router")
+    budget = read_document(RouterConfig, doc.to_wire())["ttft_budget_s"]
+    assert budget == (float(given[1]) if given else float(shown.group(1)))

@@ -241,3 +241,22 @@ def test_redis_is_the_store_sections_setting(tmp_path, monkeypatch):
     monkeypatch.setenv(document.shared_secret_env, "s3cret")
     assert parse("--config", str(path)).redis_url == document.store.redis_url
     assert parse("--config", str(path), "--redis", "redis://x:1/0").redis_url == "redis://x:1/0"
+
+
+def test_the_ttft_budget_is_the_shared_slo_flag_with_the_routers_stand_alone_default():
+    """``--ttft-budget-s`` is declared once in pdd.common (``SloFlags``: its help, and the
+    document's ``slo.ttftP99Ms`` read as seconds), the declaration ``pdd up`` generates its
+    flag from too. The router's stand-alone default stays the policy's (2 s, what the
+    simulator and the tests decide on), apart from the CRD's 5 s a deployment gets."""
+    from pdd.common.config_document import SloFlags, SloSection
+    from pdd.common.settings import document_fields
+    from pdd.router.policy_inputs import PolicyConfig
+
+    shared = SloFlags.model_fields["ttft_budget_s"]
+    mine = RouterConfig.model_fields["ttft_budget_s"]
+    assert mine.description == shared.description
+    assert (
+        document_fields(RouterConfig)["ttft_budget_s"] == document_fields(SloFlags)["ttft_budget_s"]
+    )
+    assert mine.default == PolicyConfig.default_of("ttft_budget_s") == 2.0
+    assert shared.default == SloSection().ttft_p99_ms / 1000 == 5.0

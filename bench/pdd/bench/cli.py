@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--soak-sample-s", type=float, default=60.0, help="seconds between soak samples (60)"
     )
-    add_stack_flags(p, None)
+    add_stack_flags(p, None, budget_default="--slo-ttft-s")
     add_autoscale_flags(p)
     return p
 

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.alias_generators import to_camel
 
 from pdd.common.kv_codec import MD_RECOMPUTE_MAX_TOKENS, NO_CODEC, KVCodecSetting
+from pdd.common.settings import setting
 
 #: A worker's default wait for one hop of a request (``WanKVSettings.transfer_timeout_seconds``).
 KV_TRANSFER_TIMEOUT_SECONDS = 30.0
@@ -154,6 +155,27 @@ class SloSection(_Section):
         "the router uses to choose P-MD vs P-RLD-MD.",
     )
     tpot_ms: float = Field(default=50.0, gt=0, description="Time per output token in milliseconds.")
+
+
+def ms_to_s(milliseconds: float) -> float:
+    """The document's milliseconds (``slo.ttftP99Ms``) as a flag's seconds."""
+    return milliseconds / 1000.0
+
+
+class SloFlags(BaseModel):
+    """The SLO as flags take it: ``--ttft-budget-s`` is ``slo.ttftP99Ms`` in seconds.
+
+    ``pdd router`` and ``pdd up`` generate the flag from this one declaration (its help, and
+    the document field it is read from through ``ms_to_s``); the default is the CRD's, what a
+    deployment that sets no budget runs on. (``pdd router`` alone keeps a default of its own:
+    see ``RouterConfig.ttft_budget_s``.)"""
+
+    ttft_budget_s: float = setting(
+        ms_to_s(SloSection.model_fields["ttft_p99_ms"].default),
+        "TTFT budget the P -> MD path must meet, seconds",
+        field="slo.ttftP99Ms",
+        convert=ms_to_s,
+    )
 
 
 class HandoffSection(_Section):

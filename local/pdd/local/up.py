@@ -31,7 +31,7 @@ from typing import Any
 
 from pdd.common.api_keys import ApiKeyFileError, env_api_keys, read_api_key_file
 from pdd.common.block_hash import DEFAULT_BLOCK_SIZE
-from pdd.common.config_document import API_KEYS_ENV, StoreSection, WanKVSettings
+from pdd.common.config_document import API_KEYS_ENV, SloFlags, StoreSection, WanKVSettings
 from pdd.common.model_store import (
     BUILTINS,
     DEFAULT_MODEL,
@@ -64,8 +64,12 @@ ENGINES = ("pdd", "vllm")
 LINE_FLAGS = frozenset({"gbps", "rtt_ms", "jitter_ms"})
 
 
-def add_stack_flags(p: argparse.ArgumentParser, default_log_dir: Path | None) -> None:
-    """Flags shared by ``pdd up`` and ``pdd bench`` (which brings stacks up itself)."""
+def add_stack_flags(
+    p: argparse.ArgumentParser, default_log_dir: Path | None, budget_default: str | None = None
+) -> None:
+    """Flags shared by ``pdd up`` and ``pdd bench`` (which brings stacks up itself);
+    ``budget_default``: what an unset ``--ttft-budget-s`` becomes where that is not the CRD's
+    default (``pdd bench`` gives its routers its SLO)."""
     d = StackConfig()
     p.add_argument(
         "--model", default=None,
@@ -100,7 +104,12 @@ def add_stack_flags(p: argparse.ArgumentParser, default_log_dir: Path | None) ->
     add_settings(p, settings_of(WanKVSettings), only={"kv_codec"})
     # spec.router.redisUrl: the router's store setting (the config document's store.redisUrl).
     add_settings(p, settings_of(StoreSection))
-    p.add_argument("--ttft-budget-s", type=float, help="the router's TTFT budget for P-MD")
+    # spec.slo.ttftP99Ms, in seconds: the router's --ttft-budget-s. Unset, it writes no slo
+    # and the router runs on the CRD's default, which the help shows.
+    slo = settings_of(SloFlags)
+    if budget_default is not None:
+        slo = [dataclasses.replace(s, default=None, default_text=budget_default) for s in slo]
+    add_settings(p, slo, flag_defaults=False)
     p.add_argument(
         "--log-dir", type=Path, default=default_log_dir,
         help="per-pod logs, the PDDDeployment and its render go here",
