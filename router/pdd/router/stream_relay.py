@@ -186,15 +186,7 @@ async def _merged(
                 f"{merger.next_seq} tokens without a finish; errors: {merger.errors or 'none'}",
                 merger.failed,
             )
-        try:
-            # A deadline scope, not ``wait_for``: that wraps every wait, one per token, in
-            # a task of its own (docs/router-scale.md).
-            async with asyncio.timeout_at(deadline):
-                item = await queue.get()
-        except TimeoutError:
-            raise UpstreamError(
-                f"request {plan.request_id} did not finish in time ({merger.next_seq} tokens)"
-            ) from None
+        item = queue.get_nowait() if queue.qsize() else await _next(plan, queue, merger, deadline)
         if item.source == p:
             # P's reports: a transfer to MD that failed or was imported, and its stream's end.
             p_reported.set()
@@ -222,6 +214,26 @@ async def _merged(
             yield event
         if item.error is not None and not merger.finished:
             await _route_around(plan, client, item.source, merger)
+
+
+async def _next(
+    plan: PipelinePlan,
+    queue: asyncio.Queue[TokenEvent | _StreamEnd],
+    merger: TokenStreamMerger,
+    deadline: float,
+) -> TokenEvent | _StreamEnd:
+    """The next event, waited for until the request's deadline. Only an empty queue is
+    waited on: a deadline scope is a timer on the loop's heap, made and cancelled, and
+    an event already queued is taken without one (as the scope itself would, unsuspended,
+    however late). A scope, not ``wait_for``: that wraps every wait in a task of its own
+    (docs/router-scale.md)."""
+    try:
+        async with asyncio.timeout_at(deadline):
+            return await queue.get()
+    except TimeoutError:
+        raise UpstreamError(
+            f"request {plan.request_id} did not finish in time ({merger.next_seq} tokens)"
+        ) from None
 
 
 async def _p_report(
