@@ -77,3 +77,19 @@ async def test_stream_lines_are_read_whole_however_the_chunks_cut_them() -> None
 async def test_a_line_cut_short_by_the_stream_s_end_fails_the_source() -> None:
     with pytest.raises(WorkerCallError, match="not a token event"):
         await _read(_line(1) + b"\n" + _line(2)[:10])
+
+
+async def test_the_lines_are_read_off_the_transport_s_body(monkeypatch: pytest.MonkeyPatch) -> None:
+    # httpx's ``aiter_raw`` passes every chunk, a token event each, through a context
+    # manager, a chunker and a byte count the router has no use for (docs/router-scale.md).
+    wrapped = 0
+    aiter_raw = httpx.Response.aiter_raw
+
+    def counting(self: httpx.Response, chunk_size: int | None = None) -> AsyncIterator[bytes]:
+        nonlocal wrapped
+        wrapped += 1
+        return aiter_raw(self, chunk_size)
+
+    monkeypatch.setattr(httpx.Response, "aiter_raw", counting)
+    assert await _read(_line(1) + b"\n", _line(2) + b"\n") == [1, 2]
+    assert wrapped == 0

@@ -343,7 +343,7 @@ class WorkerClient:
                 try:
                     if resp.status_code != 200:
                         raise WorkerCallError(url, f"answered {resp.status_code}")
-                    async for line in ndjson_lines(resp.aiter_raw()):
+                    async for line in ndjson_lines(_body(resp)):
                         yield _token_event(url, line)
                 finally:
                     await resp.aclose()
@@ -367,6 +367,16 @@ async def ndjson_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
                 yield line
     if rest.strip():
         yield rest
+
+
+def _body(resp: httpx.Response) -> AsyncIterator[bytes]:
+    """The answer's body as the transport hands it on, chunk by chunk. Not through
+    ``aiter_raw``, which passes each chunk (a token event each, on every stream) through a
+    context manager, a chunker and a byte count the router has no use for
+    (docs/router-scale.md); the response is closed by its reader, as before."""
+    stream = resp.stream
+    assert isinstance(stream, httpx.AsyncByteStream)  # every transport here is async
+    return stream.__aiter__()
 
 
 def _token_event(url: str, line: bytes | str) -> TokenEvent:
