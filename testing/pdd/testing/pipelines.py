@@ -23,6 +23,7 @@ from pdd.local.stack import LocalStack
 from pdd.local.up import build_parser, stack_config
 from pdd.router.stream_relay import relay_tokens
 from pdd.router.worker_client import WorkerClient
+from pdd.testing.waiting import until_sync
 
 #: Held-out user turns (none of them in the model card or the bench samples).
 QUESTIONS = (
@@ -103,13 +104,19 @@ async def through_workers(
         await client.aclose()
 
 
-def md_computed(log: Path, prefix: str | None = None) -> list[tuple[int, int]]:
+def md_computed(log: Path, count: int, prefix: str | None = None) -> list[tuple[int, int]]:
     """(computed, prompt) per vLLM request a vLLM worker ran whose ID starts with ``prefix``
-    (None: the router's, not ``through_workers``' ``eq-*``), from its role engine's log."""
+    (None: the router's, not ``through_workers``' ``eq-*``), from its role engine's log,
+    once ``count`` of them are there: the worker's log reaches the file after its answer
+    may have reached the test (CI read it too early once)."""
     pattern = re.compile(r"vLLM request (\S+): computed (\d+) of (\d+) prompt tokens")
-    found = pattern.findall(log.read_text())
-    return [
-        (int(a), int(b))
-        for rid, a, b in found
-        if (rid.startswith(prefix) if prefix else not rid.startswith("eq-"))
-    ]
+
+    def logged() -> list[tuple[int, int]]:
+        return [
+            (int(a), int(b))
+            for rid, a, b in pattern.findall(log.read_text())
+            if (rid.startswith(prefix) if prefix else not rid.startswith("eq-"))
+        ]
+
+    until_sync(lambda: len(logged()) >= count, f"{count} vLLM requests logged in {log.name}")
+    return logged()

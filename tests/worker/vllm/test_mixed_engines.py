@@ -97,7 +97,7 @@ def test_the_router_answers_through_p_rld_md_as_the_pdd_engine_alone(
     assert answer.headers["x-pdd-pipeline"] == "P-RLD-MD", answer.headers.get("x-pdd-reason")
     assert answer.json()["choices"][0]["message"]["content"] == alone.text
     # MD (vLLM) computed only what the relay (pdd engine) handed over; P's KV did the rest.
-    (computed,) = md_computed(Path(stack.info.log_dir) / "pdd-main-0.log")
+    (computed,) = md_computed(Path(stack.info.log_dir) / "pdd-main-0.log", 1)
     assert computed[0] <= MAX_TOKENS < computed[1], computed
 
 
@@ -108,7 +108,7 @@ def test_both_pipelines_across_engines_are_token_equal_to_one_engine_alone(
     got = asyncio.run(through_workers(stack, SECRET, alone.questions, pipeline, MAX_TOKENS))
     mismatched = [i for i, (g, w) in enumerate(zip(got, alone.answers, strict=True)) if g != w]
     assert not mismatched, f"{len(mismatched)}/{len(got)} differ: {mismatched}"
-    computed = md_computed(Path(stack.info.log_dir) / "pdd-main-0.log", f"eq-{pipeline}-")
+    computed = md_computed(Path(stack.info.log_dir) / "pdd-main-0.log", len(got), f"eq-{pipeline}-")
     assert len(computed) == len(got), computed
     if pipeline == "P-MD":  # only P's first token: P's KV (pdd engine) loaded for the rest
         assert all(c == 1 for c, _ in computed), computed

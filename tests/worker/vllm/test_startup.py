@@ -102,9 +102,9 @@ def test_a_start_removes_what_killed_workers_left_on_the_host(tmp_path: Path) ->
         (store / "chunk-0").write_bytes(b"kv")
     (tmp_path / "pdd-vllm-kv-notes").mkdir()
     removed = remove_dead_workers_files(tmp_path)
-    assert sorted(p.name for p in removed) == [
-        f"pdd-vllm-kv-{dead}", f"pdd-vllm-kv-events-{dead}"
-    ]
+    assert sorted(p.name for p in removed) == [f"pdd-vllm-kv-{dead}", f"pdd-vllm-kv-events-{dead}"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        f"pdd-vllm-kv-{mine}", f"pdd-vllm-kv-events-{mine}", "pdd-vllm-kv-notes"
+        f"pdd-vllm-kv-{mine}",
+        f"pdd-vllm-kv-events-{mine}",
+        "pdd-vllm-kv-notes",
     ]

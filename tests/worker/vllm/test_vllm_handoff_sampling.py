@@ -120,7 +120,7 @@ def test_penalties_and_min_tokens_across_the_handoff_are_vllm_alones(
     mismatched = [i for i, (g, w) in enumerate(zip(got, alone.penalized, strict=True)) if g != w]
     assert not mismatched, f"{len(mismatched)}/{len(got)} differ: {mismatched}"
     # A handoff happened: MD's vLLM computed only the handed-over IDs (the rest loaded).
-    computed = md_computed(Path(stack.info.log_dir) / "pdd-main-0.log", f"eq-{pipeline}-")
+    computed = md_computed(Path(stack.info.log_dir) / "pdd-main-0.log", len(got), f"eq-{pipeline}-")
     assert len(computed) == len(got), computed
     assert all(1 <= c <= MAX_TOKENS < p for c, p in computed), computed
 

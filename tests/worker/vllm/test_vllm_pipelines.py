@@ -119,7 +119,7 @@ def test_paris_through_p_rld_md_and_the_next_turn_as_vllm_alone(
     assert follow.status_code == 200, follow.text
     assert (said, follow.json()["choices"][0]["message"]["content"]) == alone.texts
     # MD computed only what a relay handed over: its vLLM loaded the rest of the prompt.
-    computed = md_computed(Path(stack.info.log_dir) / "pdd-main-0.log")
+    computed = md_computed(Path(stack.info.log_dir) / "pdd-main-0.log", 2)
     assert len(computed) == 2, computed
     assert all(c <= MAX_TOKENS < p for c, p in computed), computed
 
@@ -133,7 +133,7 @@ def test_both_pipelines_are_token_equal_to_vllm_alone(
     assert not mismatched, f"{len(mismatched)}/{len(got)} differ: {mismatched}"
     # MD computed only the handed-over IDs: P's first token on P-MD, the relay's too on
     # P-RLD-MD; vLLM loaded every other prompt token (its count, logged per request).
-    computed = md_computed(Path(stack.info.log_dir) / "pdd-main-0.log", f"eq-{pipeline}-")
+    computed = md_computed(Path(stack.info.log_dir) / "pdd-main-0.log", len(got), f"eq-{pipeline}-")
     assert len(computed) == len(got), computed
     if pipeline == "P-MD":
         assert all(c == 1 for c, _ in computed), computed

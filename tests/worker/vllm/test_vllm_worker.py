@@ -275,6 +275,7 @@ async def test_the_router_predicts_the_prefix_vllm_holds(
         view = RouterView(client, ready.url, (await client.health(ready.url)).engine.block_size)
         first = await run_request(client, ready.url, one_token("kv-events-1", prompt))
         assert [e.error for e in first if e.error] == []
+
         async def all_blocks_seen() -> int | None:  # vLLM publishes after its step
             hit = await view.predicted_hit(extended)
             return hit if hit >= held else None
