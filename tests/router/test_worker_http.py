@@ -287,3 +287,20 @@ async def test_a_malformed_answer_is_a_protocol_error() -> None:
                 await client.load(worker.url)
         finally:
             await client.aclose()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [  # a sized body cut short; a chunked one cut inside a chunk
+        [b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{}", CLOSE],
+        [b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n", b"ff\r\n{}", CLOSE],
+    ],
+)
+async def test_a_worker_that_closes_mid_body_fails_the_call(answer: list[bytes]) -> None:
+    async with Worker(answer) as worker:
+        client = WorkerClient("secret")
+        try:
+            with pytest.raises(WorkerCallError, match=r"RemoteProtocolError.*the answer's body"):
+                await client.load(worker.url)
+        finally:
+            await client.aclose()

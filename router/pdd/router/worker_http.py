@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 
 import httpx
 
@@ -216,16 +216,24 @@ async def _read_head(
     conn: _Connection, timeout_s: float | None
 ) -> tuple[int, list[tuple[bytes, bytes]], _Framing]:
     """The answer's status, headers and how its body is framed."""
-    try:
+    with _reading("the answer's head"):
         async with _within(timeout_s):
             head = await conn.reader.readuntil(b"\r\n\r\n")
+    return _parse_head(head)
+
+
+@contextlib.contextmanager
+def _reading(what: str) -> Iterator[None]:
+    """asyncio's read failures as the ``httpx`` exceptions the router's callers handle
+    (a timeout is late, a closed or reset connection a failed call)."""
+    try:
+        yield
     except TimeoutError:
-        raise httpx.ReadTimeout("waiting for the answer") from None
+        raise httpx.ReadTimeout(f"reading {what}") from None
     except asyncio.IncompleteReadError:
-        raise httpx.RemoteProtocolError("the worker closed without answering") from None
+        raise httpx.RemoteProtocolError(f"the worker closed before the end of {what}") from None
     except (asyncio.LimitOverrunError, OSError) as exc:
         raise httpx.ReadError(repr(exc)) from exc
-    return _parse_head(head)
 
 
 def _parse_head(head: bytes) -> tuple[int, list[tuple[bytes, bytes]], _Framing]:
@@ -277,15 +285,9 @@ class _Body(httpx.AsyncByteStream):
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         parts = self._chunks() if self._framing.chunked else self._sized()
-        try:
+        with _reading("the answer's body"):
             async for part in parts:
                 yield part
-        except TimeoutError:
-            raise httpx.ReadTimeout("reading the answer") from None
-        except asyncio.IncompleteReadError:
-            raise httpx.RemoteProtocolError("the worker closed mid-answer") from None
-        except (asyncio.LimitOverrunError, OSError) as exc:
-            raise httpx.ReadError(repr(exc)) from exc
         self._ended = True
 
     async def _sized(self) -> AsyncIterator[bytes]:
