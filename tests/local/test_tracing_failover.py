@@ -25,7 +25,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdd.testing.otlp_receiver import OtlpReceiver, ReceivedSpan, otlp_receiver
+from pdd.testing.otlp_receiver import OtlpReceiver, ReceivedSpan, otlp_receiver, parents_arrived
 from pdd.testing.waiting import until_sync
 
 from .test_up import Up, start_up
@@ -118,12 +118,15 @@ def test_a_request_routed_around_a_cut_line_is_one_trace(
     def complete() -> bool:
         spans = ours()
         root = [s for s in spans if s.name == "pdd.request"]
-        return bool(root) and {"pdd.link_fault", "pdd.failover"} <= set(root[0].events) and {
-            ("pdd-prefill", "pdd.kv_transfer"), ("pdd-relay", "pdd.relay.decode"),
-            ("pdd-main", "pdd.kv_import"),
-        } <= {(s.service, s.name) for s in spans}  # fmt: skip
+        return (
+            bool(root)
+            and {"pdd.link_fault", "pdd.failover"} <= set(root[0].events)
+            and {("pdd-prefill", "pdd.kv_transfer"), ("pdd-relay", "pdd.relay.decode"),
+                 ("pdd-main", "pdd.kv_import")} <= {(s.service, s.name) for s in spans}
+            and parents_arrived(spans, CLIENT_SPAN)
+        )  # fmt: skip
 
-    until_sync(complete, "the failed-over request's spans from the router, P, RLD and MD")
+    until_sync(complete, "the failed-over request's spans (router, P, RLD, MD) and parents")
     spans = ours()
     by_id = {s.span_id: s for s in spans}
     (root,) = [s for s in spans if s.name == "pdd.request"]

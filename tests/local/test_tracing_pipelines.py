@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from pdd.testing.otlp_receiver import OtlpReceiver, ReceivedSpan, otlp_receiver
+from pdd.testing.otlp_receiver import OtlpReceiver, ReceivedSpan, otlp_receiver, parents_arrived
 from pdd.testing.waiting import until_sync
 
 from .test_tracing_stack import wan_meter
@@ -85,8 +85,12 @@ def test_one_trace_from_every_process_that_served(stack: tuple[Case, Up, OtlpRec
     def ours() -> list[ReceivedSpan]:
         return [s for s in receiver.spans() if s.trace_id == trace_id]
 
-    until_sync(lambda: {(s.service, s.name) for s in ours()} >= EXPECTED,
-               f"{case.mode}: spans from the router, P and MD")  # fmt: skip
+    def complete() -> bool:
+        spans = ours()
+        names = {(s.service, s.name) for s in spans}
+        return names >= EXPECTED and parents_arrived(spans, CLIENT_SPAN)
+
+    until_sync(complete, f"{case.mode}: spans from the router, P and MD, and their parents")
     spans = ours()
     assert not receiver.bad_paths
     assert {s.service for s in spans} == {"pdd-router", "pdd-prefill", "pdd-main"}

@@ -22,7 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdd.common.tracing import TRACES_FILE
-from pdd.testing.otlp_receiver import OtlpReceiver, ReceivedSpan, otlp_receiver
+from pdd.testing.otlp_receiver import OtlpReceiver, ReceivedSpan, otlp_receiver, parents_arrived
 from pdd.testing.waiting import until_sync
 
 from .test_up import Up, start_up
@@ -90,11 +90,14 @@ def test_one_trace_across_router_p_rld_md(traced: tuple[Up, OtlpReceiver]) -> No
         return [s for s in receiver.spans() if s.trace_id == CLIENT_TRACE]
 
     def complete() -> bool:
-        names = {(s.service, s.name) for s in ours()}
-        return all(item in names for item in [*EXPECTED.items(), *ASSERTED])
+        spans = ours()
+        names = {(s.service, s.name) for s in spans}
+        expected = all(item in names for item in [*EXPECTED.items(), *ASSERTED])
+        return expected and parents_arrived(spans, CLIENT_SPAN)
 
     # Each process sends its spans in its own batches, so wait for every span asserted
-    # on below: RLD's handoff, say, may leave in a batch after its decode's.
+    # on below (RLD's handoff, say, may leave in a batch after its decode's) and their
+    # parents.
     until_sync(complete, "spans from the router, P, RLD and MD")
     spans = ours()
     assert {s.trace_id for s in receiver.spans()} == {CLIENT_TRACE}

@@ -32,6 +32,15 @@ class ReceivedSpan:
     events: tuple[str, ...] = ()
 
 
+def parents_arrived(spans: list[ReceivedSpan], client_span: str) -> bool:
+    """Whether every span's parent is among ``spans`` or is the client's span. Each
+    process exports a span when it ends, in its own batches, so an outer span (a worker's
+    request) arrives after the spans inside it, seconds later on a loaded machine: a test
+    waits for this before it asserts that the trace is whole."""
+    ids = {s.span_id for s in spans} | {client_span}
+    return all(s.parent_id in ids for s in spans)
+
+
 def _value(v: Any) -> Any:
     kind = v.WhichOneof("value")
     return None if kind is None else getattr(v, kind)
