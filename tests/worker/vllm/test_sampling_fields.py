@@ -11,6 +11,7 @@ from pdd.worker.engine.sampling import SamplingParams
 from pdd.worker.vllm.sampling import (
     PRIOR_PENALTIES_KEY,
     VllmSamplingError,
+    check_handoff,
     vllm_sampling_kwargs,
 )
 
@@ -82,11 +83,26 @@ def test_a_resumed_request_needs_only_the_rest_of_min_tokens_and_never_over_max_
     assert vllm_sampling_kwargs(resumed)["min_tokens"] == left
 
 
-def test_a_resumed_seeded_request_at_temperature_is_refused_greedy_or_unseeded_is_not() -> None:
-    seeded = SamplingParams(prior_output_tokens=2, temperature=0.8, seed=7)
+def test_a_handoff_of_a_seeded_request_at_temperature_is_refused_greedy_or_unseeded_is_not() -> (
+    None
+):
+    seeded = SamplingParams(temperature=0.8, seed=7)
     with pytest.raises(VllmSamplingError, match="seeded"):
-        vllm_sampling_kwargs(seeded)
-    vllm_sampling_kwargs(seeded.with_changes(prior_output_tokens=0))  # not resumed
-    vllm_sampling_kwargs(seeded.with_changes(temperature=0.0))  # greedy
-    vllm_sampling_kwargs(seeded.with_changes(top_k=1))  # one token left: greedy too
-    vllm_sampling_kwargs(seeded.with_changes(seed=None))  # nothing promised to resume
+        check_handoff(seeded)
+    check_handoff(seeded.with_changes(temperature=0.0))  # greedy
+    check_handoff(seeded.with_changes(top_k=1))  # one token left: greedy too
+    check_handoff(seeded.with_changes(seed=None))  # nothing promised to carry
+    vllm_sampling_kwargs(seeded)  # one instance samples it all: vLLM's own seed
+
+
+def test_a_resumed_seeded_request_goes_on_with_a_seed_derived_from_the_tokens_sent() -> None:
+    """The router's resume after a failure: the rest is drawn afresh, the same every run,
+    and another number of tokens sent draws differently."""
+    seeded = SamplingParams(prior_output_tokens=2, temperature=0.8, seed=7)
+    seed = vllm_sampling_kwargs(seeded)["seed"]
+    assert seed == vllm_sampling_kwargs(seeded.with_changes())["seed"]
+    assert seed not in (7, vllm_sampling_kwargs(seeded.with_changes(prior_output_tokens=3))["seed"])
+    assert 0 <= seed < 2**63
+    for kept in ({"prior_output_tokens": 0}, {"temperature": 0.0}, {"top_k": 1}):
+        assert vllm_sampling_kwargs(seeded.with_changes(**kept))["seed"] == 7, kept
+    assert vllm_sampling_kwargs(seeded.with_changes(seed=None))["seed"] is None

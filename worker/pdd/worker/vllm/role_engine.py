@@ -55,7 +55,7 @@ from pdd.worker.model.kv_cache import KVLayout
 from pdd.worker.vllm.cached_prefix import CachedPrefix
 from pdd.worker.vllm.engine_args import VllmEngineSettings
 from pdd.worker.vllm.params import export_params, import_params
-from pdd.worker.vllm.sampling import check_supported
+from pdd.worker.vllm.sampling import check_handoff, check_supported
 from pdd.worker.vllm.serving import KVUsage, VllmEngine, start_vllm
 from pdd.worker.vllm.store import DirectoryKVStore
 from pdd.worker.vllm.token_kv import TokenKV
@@ -135,7 +135,7 @@ class VllmRoleEngine(VllmEngine):
             super().add_request(prompt_ids, params, request_id)
             return
         self._check_length(prompt_ids)
-        check_supported(_handed_over(params))  # RLD or MD resume it after P's token
+        check_handoff(params)  # RLD or MD resume it after P's token
         if request_id in self._exports or request_id in self._tasks:
             raise ValueError(f"request {request_id!r} is already running here")
         key = _store_key("out", request_id)
@@ -183,7 +183,7 @@ class VllmRoleEngine(VllmEngine):
         if request_id in self._attached or request_id in self._tasks:
             raise RequestError(f"request {request_id!r} is already attached here")
         params = params or SamplingParams()
-        check_supported(params if samples_first else _handed_over(params))
+        (check_supported if samples_first else check_handoff)(params)
         self._check_length(token_ids)
         hit = min(self.cached_prefix_tokens(token_ids), len(token_ids) - 1) if use_cache else 0
         kv = TokenKV(self.layout, self.fingerprint, token_ids, held=max(0, hit))
@@ -309,13 +309,6 @@ class VllmRoleEngine(VllmEngine):
                 f"the prompt has {len(token_ids)} tokens; this instance takes at most "
                 f"{self._info.max_prompt_tokens}"
             )
-
-
-def _handed_over(params: SamplingParams) -> SamplingParams:
-    """``params`` as vLLM gets them after a handoff: with earlier output (P's first token
-    at least) in the prompt, so ``check_supported`` refuses what vLLM cannot resume (a
-    seeded draw) before anything runs rather than at the handoff."""
-    return params.with_changes(prior_output_tokens=params.prior_output_tokens + 1)
 
 
 def _store_key(direction: str, request_id: str) -> str:

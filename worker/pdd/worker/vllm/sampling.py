@@ -21,14 +21,23 @@ code (vllm 0.32's ``v1/sample``):
   repetition penalty to vLLM alone would be exact too, since it covers prompt and output
   alike; presence and frequency over the earlier output would not.)
 
-What vLLM cannot do as the pdd engine does is refused with a reason (``VllmSamplingError``,
-a ``ValueError``: the control API answers 400), never silently changed: a grammar
-(``guided``), logprobs, and a resumed request whose seeded draws vLLM cannot continue
-(``pdd.common.vllm_resume``: the router sends those where no handoff happens).
+A seeded draw at temperature > 0 is not carried: vLLM seeds each request's generator
+afresh. A handoff of such a request is refused (``check_handoff``; the router sends those
+where one instance samples every token, ``pdd.common.vllm_resume``). A router's resume
+after a failure (the request's earlier output sent, the instance that sampled it gone)
+goes on with a seed derived from the request's and the number of tokens sent
+(``resumed_seed``): reproducible run to run, but not the draws an unbroken vLLM request
+would have made, where the pdd engine's are. Finishing the answer is worth more to the
+client than an error after its first tokens, and there is no unbroken run to match.
+
+What else vLLM cannot do as the pdd engine does is refused with a reason
+(``VllmSamplingError``, a ``ValueError``: the control API answers 400), never silently
+changed: a grammar (``guided``) and logprobs.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from pdd.common.vllm_resume import vllm_resume_refusal
@@ -49,11 +58,27 @@ def check_supported(params: SamplingParams) -> None:
         raise VllmSamplingError("structured output (a grammar) is not yet served by engine vllm")
     if params.logprobs is not None:
         raise VllmSamplingError("logprobs are not yet served by engine vllm")
-    refusal = vllm_resume_refusal(params) if params.prior_output_tokens else None
+
+
+def check_handoff(params: SamplingParams) -> None:
+    """``check_supported``, and refuse a request another instance would go on sampling
+    after this one (P's first token, a relay's tokens) where vLLM cannot carry the draws:
+    before anything runs, not at the handoff."""
+    check_supported(params)
+    refusal = vllm_resume_refusal(params)
     if refusal is not None:
-        raise VllmSamplingError(
-            f"a resumed request (prior_output_tokens) is not served by engine vllm: {refusal}"
-        )
+        raise VllmSamplingError(f"a handoff is not served by engine vllm for {refusal}")
+
+
+def resumed_seed(params: SamplingParams) -> int | None:
+    """The seed vLLM gets: the request's, or, for a seeded request at temperature > 0 that
+    a router resumes after ``prior_output_tokens`` (its first sampler gone), one derived
+    from it and that count (63 bits, as torch's generators take), so the rest of the
+    answer is drawn afresh but the same in every run."""
+    if params.seed is None or not params.prior_output_tokens or not vllm_resume_refusal(params):
+        return params.seed
+    digest = hashlib.sha256(f"{params.seed}:{params.prior_output_tokens}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
 
 
 def prior_penalties_args(params: SamplingParams) -> dict[str, Any] | None:
@@ -89,7 +114,7 @@ def vllm_sampling_kwargs(
         "temperature": params.temperature,
         "top_k": params.top_k,
         "top_p": params.top_p,
-        "seed": params.seed,
+        "seed": resumed_seed(params),
         "ignore_eos": params.ignore_eos,
         "stop_token_ids": list(params.stop_token_ids),
         "presence_penalty": params.presence_penalty if own else 0.0,
