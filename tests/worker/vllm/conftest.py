@@ -8,6 +8,7 @@ other modules here test the vLLM seam's own code and run everywhere.
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,11 @@ from pdd.common.model_store import DEFAULT_MODEL, cached
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
 #: The tokens a test's request generates: enough to hand over mid-answer, few on the CPU.
 MAX_TOKENS = 24
+#: How many held-out questions (``pdd.testing.pipelines.QUESTIONS``) a stack test asks.
+CONVERSATIONS = int(os.environ.get("PDD_VLLM_CONVERSATIONS", "4"))
+#: The vLLM flags of every worker of a stack test: float32 (token-equal run to run),
+#: eager (a faster start), vLLM's CPU blocks of 32, a short context.
+WORKER_FLAGS = ("--dtype=float32", "--enforce-eager", "--block-size=32", "--max-model-len=2048")
 #: Why the modules that start vLLM skip (``if VLLM_MISSING: pytest.skip(...)``, one skip
 #: line per module); None where vLLM is installed. Found, not imported: collecting stays fast.
 VLLM_MISSING = (

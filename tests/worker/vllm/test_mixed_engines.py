@@ -16,7 +16,6 @@ without vLLM (the ``pdd[vllm]`` extra) or without the pulled model.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import MAX_TOKENS, VLLM_ENV, VLLM_MISSING
+from .conftest import CONVERSATIONS, MAX_TOKENS, VLLM_ENV, VLLM_MISSING
 
 if VLLM_MISSING:
     pytest.skip(VLLM_MISSING, allow_module_level=True)
@@ -39,7 +38,6 @@ from pdd.worker.model.loader import load_model
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 SECRET = "mixed-engines-secret"
-CONVERSATIONS = int(os.environ.get("PDD_VLLM_CONVERSATIONS", "4"))
 #: MD alone on vLLM: its blocks of 32 (vLLM's CPU attention), the others' of 16 (the
 #: router's), every worker in float32 (the chunks' dtype must agree).
 STACK_FLAGS = (

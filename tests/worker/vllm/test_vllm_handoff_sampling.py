@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import MAX_TOKENS, VLLM_ENV, VLLM_MISSING
+from .conftest import CONVERSATIONS, MAX_TOKENS, VLLM_ENV, VLLM_MISSING, WORKER_FLAGS
 
 if VLLM_MISSING:
     pytest.skip(VLLM_MISSING, allow_module_level=True)
@@ -42,8 +41,6 @@ from pdd.worker.vllm.sampling import vllm_sampling_kwargs
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 SECRET = "vllm-handoff-sampling-secret"
-CONVERSATIONS = int(os.environ.get("PDD_VLLM_CONVERSATIONS", "4"))
-WORKER_FLAGS = ("--dtype=float32", "--enforce-eager", "--block-size=32", "--max-model-len=2048")
 PENALIZED = SamplingSpec(
     max_tokens=MAX_TOKENS, temperature=0.0, presence_penalty=0.6, frequency_penalty=0.4,
     repetition_penalty=1.2, min_tokens=MAX_TOKENS - 4,
