@@ -15,7 +15,7 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
@@ -95,17 +95,6 @@ def running_operator(
 ) -> AbstractAsyncContextManager[None]:
     """The shared in-process operator (pdd.testing.kube_emulator) with test options."""
     return kube_emulator.running_operator(k8s, kopf.Memo(options=options), name, **peering)
-
-
-@pytest.fixture
-async def cluster_a(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[tuple[kmock.KubernetesEmulator, httpx.AsyncClient]]:
-    async with emulator() as (k8s, url), httpx.AsyncClient(base_url=url) as client:
-        path = tmp_path / "kubeconfig"
-        path.write_text(kubeconfig(url))
-        monkeypatch.setenv("KUBECONFIG", str(path))
-        yield k8s, client
 
 
 def load_cr(name: str, uid: str) -> dict[str, Any]:
@@ -724,9 +713,11 @@ async def test_the_planner_scales_every_role_through_its_own_hpa_and_off_restore
         assert relay["spec"]["metrics"][0]["pods"]["metric"]["name"] == "pdd_worker_relay_load"
         await until(lambda: live(k8s, HPAS, "serving", "qwen-prefill") is None, "P's HPA gone")
         await until(
-            lambda: (live(k8s, DEPLOYMENTS, "serving", "qwen-prefill") or {})
-            .get("spec", {})
-            .get("replicas")
-            is not None,
+            lambda: (
+                (live(k8s, DEPLOYMENTS, "serving", "qwen-prefill") or {})
+                .get("spec", {})
+                .get("replicas")
+                is not None
+            ),
             "P's fixed replicas back",
         )

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import kmock
 import kopf
 import pytest
 import yaml
@@ -26,7 +25,7 @@ from pdd.local.cluster import free_port
 from pdd.operator.runtime import OperatorOptions
 from pdd.router.metrics import RouterMetrics
 from pdd.testing import kube_emulator
-from pdd.testing.kube_emulator import CR, HPAS, condition, emulator, kubeconfig, live
+from pdd.testing.kube_emulator import CR, HPAS, condition, live
 from pdd.testing.waiting import until
 from pdd.worker.metrics import WorkerMetrics
 
@@ -36,17 +35,6 @@ DATA = Path(__file__).parent / "data"
 CR_PATH = "/apis/pdd.dev/v1alpha1/namespaces/serving/pdddeployments"
 UID = "uid-planner"
 PREFILL_MAX, MAIN_MAX = 7, 9
-
-
-@pytest.fixture
-async def cluster_a(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[tuple[kmock.KubernetesEmulator, httpx.AsyncClient]]:
-    async with emulator() as (k8s, url), httpx.AsyncClient(base_url=url) as client:
-        path = tmp_path / "kubeconfig"
-        path.write_text(kubeconfig(url))
-        monkeypatch.setenv("KUBECONFIG", str(path))
-        yield k8s, client
 
 
 class Fleet:
