@@ -18,6 +18,7 @@ import pytest
 
 from pdd.common.wire import TokenEvent
 from pdd.router.worker_client import WorkerCallError, WorkerClient
+from pdd.testing.loopback_server import LoopbackServer
 from pdd.testing.waiting import until
 
 pytestmark = pytest.mark.integration
@@ -33,37 +34,27 @@ def _chunk(data: bytes) -> bytes:
     return f"{len(data):x}\r\n".encode() + data + b"\r\n"
 
 
-class Worker:
+class Worker(LoopbackServer):
     """Answers each request with the next scripted answer (a list of writes, ``CLOSE``
     among them: close the connection there; ``None``: close it instead of answering;
     ``"hang"``: no answer until the worker stops), counting connections."""
 
     def __init__(self, *answers: list[bytes] | str | None) -> None:
+        super().__init__()
         self.answers = list(answers)
         self.connections = 0
         self.requests: list[bytes] = []
-        self.server: asyncio.Server | None = None
         self.stopping = asyncio.Event()
 
-    @property
-    def port(self) -> int:
-        assert self.server is not None
-        return int(self.server.sockets[0].getsockname()[1])
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
     async def __aenter__(self) -> Worker:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        await self.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        assert self.server is not None
         self.stopping.set()
-        self.server.close()
+        await self.stop()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         try:
             while self.answers:

@@ -25,6 +25,7 @@ from pdd.router.config import WorkerRef
 from pdd.router.prefix_index import PrefixIndex, PrefixIndexConfig
 from pdd.router.registry import InstanceRegistry
 from pdd.router.worker_client import WorkerClient
+from pdd.testing.loopback_server import LoopbackServer
 from pdd.testing.waiting import until
 
 pytestmark = pytest.mark.integration
@@ -34,33 +35,17 @@ WORKERS = 12
 HELD = "/v1/pdd/requests/held/stream"
 
 
-class KeepAliveWorker:
+class KeepAliveWorker(LoopbackServer):
     """An HTTP/1.1 server on loopback answering ``/load`` (and an empty page of cache
     events; ``/health``: not ready) on keep-alive connections, counting how many are open
     now."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.open = 0
         self.release = asyncio.Event()
-        self.server: asyncio.Server | None = None
 
-    @property
-    def port(self) -> int:
-        assert self.server is not None
-        return int(self.server.sockets[0].getsockname()[1])
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def start(self) -> None:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-
-    async def stop(self) -> None:
-        assert self.server is not None
-        self.server.close()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.open += 1
         try:
             while True:

@@ -22,6 +22,7 @@ import pytest
 from pdd.common.wire import Endpoint, PipelinePlan, TokenEvent
 from pdd.router.stream_relay import relay_tokens
 from pdd.router.worker_client import WorkerClient
+from pdd.testing.loopback_server import LoopbackServer
 from pdd.testing.waiting import until
 
 pytestmark = pytest.mark.integration
@@ -37,25 +38,16 @@ def _chunk(data: bytes) -> bytes:
     return f"{len(data):x}\r\n".encode() + data + b"\r\n"
 
 
-class ScriptedWorker:
+class ScriptedWorker(LoopbackServer):
     """An HTTP/1.1 server on loopback: 202 for a plan, and for a stream ``TOKENS`` token
     lines at once, then the end of the body once ``release`` is set; it closes every
     connection after one response, so a socket still open afterwards is a leak."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.release = asyncio.Event()
-        self.server: asyncio.Server | None = None
 
-    @property
-    def url(self) -> str:
-        assert self.server is not None
-        host, port = self.server.sockets[0].getsockname()[:2]
-        return f"http://{host}:{port}"
-
-    async def start(self) -> None:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await reader.readuntil(b"\r\n\r\n")
             method, path = head.split(b" ", 2)[:2]
@@ -128,5 +120,4 @@ async def test_a_stream_stopped_at_any_point_of_its_close_leaves_no_socket_open(
             )
     finally:
         await client.aclose()
-        assert worker.server is not None
-        worker.server.close()
+        await worker.stop()
