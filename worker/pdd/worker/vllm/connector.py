@@ -12,8 +12,8 @@ and steered per request by ``kv_transfer_params`` (``pdd.worker.vllm.params``):
 - **export** (P): each step, the prompt KV the step computed (P's own prefix hit at once)
   leaves as PDD chunks (``kv_transfer.encode_chunk``, coded by the request's codec).
 - **import** (RLD, MD): the KV of the prompt's first ``tokens`` tokens that this
-  instance's prefix cache lacks is written into the request's blocks before the step
-  computes (``kv_transfer.import_chunk``: the same checks of model, dtype, layout,
+  instance's prefix cache lacks is written into the request's blocks before vLLM
+  computes it (``kv_transfer.import_chunk``: the same checks of model, dtype, layout,
   codec, token digest and range as the pdd engine's import).
 - **handoff** (MD): the prompt is P's prompt plus the token IDs a relay decoded, and
   ``tokens`` is P's prompt length: vLLM is told that many tokens are matched, so it
@@ -21,11 +21,31 @@ and steered per request by ``kv_transfer_params`` (``pdd.worker.vllm.params``):
 
 vLLM's blocks are read and written as per-token KV by ``paged_view.VllmPagedKV``, so the
 chunk format, the codecs and their checks are the pdd engine's own, not a copy. A chunk
-holds every layer of a token range, so the KV is moved per step (after the forward, in
-``wait_for_save``; before it, in ``start_load_kv``), not per layer: the pdd engine's P
-ships at the same grain. Loads and saves are synchronous here; ``get_finished`` is where
-asynchronous ones will report. The chunks wait in a ``store.KVStore`` (a folder now;
-PDD's data-plane channels next).
+holds every layer of a token range, so the KV is moved per step (saved after the
+forward, in ``wait_for_save``; loaded whole before vLLM schedules the request), not per
+layer: the pdd engine's P ships at the same grain. The chunks wait in a ``store.KVStore`` (a folder now; PDD's
+data-plane channels next).
+
+Loads are asynchronous, as vLLM's own remote connectors' are: ``get_num_new_matched_tokens``
+answers ``(n, True)``, so vLLM allocates the request's blocks and parks it
+(``WAITING_FOR_REMOTE_KVS``) while the other requests step on; the load runs on a
+worker thread (``load_pool.LoadPool``) and ``get_finished`` reports it done, after which
+vLLM schedules the request from its loaded tokens. A load is tried once per request: a
+request vLLM asks about again (preempted, or recomputing after a failed load) is
+computed in full.
+
+A load that fails (a chunk refused by ``import_chunk``'s checks, or missing) reports the
+blocks it left without KV through ``get_block_ids_with_load_errors`` with its finish.
+vLLM's ``kv_load_failure_policy`` decides what follows; PDD keeps vLLM's default,
+``fail``: the request ends with vLLM's finish reason ``error`` (an abort to PDD's roles,
+``serving``), the engine and its other requests go on. A request aborted while its load
+runs has the load cancelled before its next chunk; vLLM frees its blocks once the load
+reports.
+
+Saves stay synchronous: ``wait_for_save`` reads each step's KV before vLLM may free or
+reuse its blocks; an asynchronous save would have to hold them (``request_finished``'s
+delay) and report through ``finished_sending``, for a read that is a copy of what the
+step just wrote.
 """
 
 from __future__ import annotations
@@ -33,7 +53,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +74,7 @@ from pdd.worker.engine.kv_transfer import KVTransferError, encode_chunk, import_
 from pdd.worker.model.config import ModelConfig
 from pdd.worker.model.errors import UnsupportedArchitectureError
 from pdd.worker.vllm import params
+from pdd.worker.vllm.load_pool import LoadPool
 from pdd.worker.vllm.paged_view import VllmPagedKV, probe_block_layout
 from pdd.worker.vllm.store import DirectoryKVStore, KVStore
 
@@ -68,12 +91,16 @@ log = logging.getLogger(__name__)
 
 #: Tokens per exported chunk, as the pdd engine's ``export_kv`` default.
 DEFAULT_CHUNK_TOKENS = 256
+#: Threads that run loads (``load_threads``): file reads and decodes overlap the forward;
+#: more than a few would take cores from it.
+DEFAULT_LOAD_THREADS = 2
 
 
 @dataclass(frozen=True)
 class LoadItem:
     """Import the KV of ``token_ids`` past the ``held`` tokens into ``block_ids``."""
 
+    request_id: str
     key: str
     codec: KVCodec
     token_ids: list[int]
@@ -132,11 +159,16 @@ class PDDConnector(KVConnectorBase_V1):
         self._exports: dict[str, _Export] = {}
         self._imports: dict[str, params.Transfer] = {}
         self._local_hit: dict[str, int] = {}
-        self._pending_loads: dict[str, tuple[params.Transfer, list[int], int]] = {}
+        self._pending_loads: dict[str, LoadItem] = {}
         self._loaded: dict[str, int] = {}
         # worker side
         self._kv: VllmPagedKV | None = None
         self._load_errors: set[int] = set()
+        self._loads = (
+            LoadPool(int(extra("load_threads", DEFAULT_LOAD_THREADS)))
+            if role == KVConnectorRole.WORKER
+            else None
+        )
 
     # ---- scheduler side ----
 
@@ -144,11 +176,16 @@ class PDDConnector(KVConnectorBase_V1):
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         """An import's tokens past the local hit, leaving at least one token to compute
-        (vLLM samples from the last computed position)."""
+        (vLLM samples from the last computed position), loaded asynchronously."""
         export, imported = self._transfers(request)
         if export is not None:
             self._exports.setdefault(request.request_id, _Export(export, _prompt(request)))
         if imported is None:
+            return 0, False
+        if request.request_id in self._loaded:
+            # Asked again after its load: preempted, or its load failed under the
+            # recompute policy. Computed in full rather than loaded (and failing) again.
+            log.warning("request %s: KV loaded once already; computing it", request.request_id)
             return 0, False
         if num_computed_tokens < imported.start:
             # The hit this instance answered was evicted meanwhile: the store lacks
@@ -161,22 +198,27 @@ class PDDConnector(KVConnectorBase_V1):
         self._imports[request.request_id] = imported
         self._local_hit[request.request_id] = num_computed_tokens
         matched = min(imported.tokens, len(_prompt(request)) - 1)
-        return max(0, matched - num_computed_tokens), False
+        external = max(0, matched - num_computed_tokens)
+        return external, external > 0
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
-        """Remember a load to send with the step that first schedules the request."""
+        """Remember a load, into the blocks vLLM just allocated, for the next step's meta."""
         if num_external_tokens <= 0:
             return
         rid = request.request_id
         imported = self._imports[rid]
         token_ids = _prompt(request)[: imported.tokens]
-        self._pending_loads[rid] = (imported, token_ids, self._local_hit[rid])
+        self._pending_loads[rid] = LoadItem(
+            rid, imported.key, imported.codec, token_ids, self._local_hit[rid],
+            list(blocks.get_block_ids()[0]),
+        )  # fmt: skip
         self._loaded[rid] = num_external_tokens
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        meta = PDDConnectorMetadata()
+        meta = PDDConnectorMetadata(loads=list(self._pending_loads.values()))
+        self._pending_loads.clear()
         computed = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
             blocks = list(new.block_ids[0])
@@ -195,10 +237,12 @@ class PDDConnector(KVConnectorBase_V1):
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
-        """Forget the request; its ``kv_transfer_params`` on the output say what moved."""
+        """Forget the request; its ``kv_transfer_params`` on the output say what moved.
+        (A pending load stays: it leaves with this step's meta, since vLLM holds the
+        blocks of a request parked for its load until the worker reports the load.)"""
         rid = request.request_id
         export = self._exports.pop(rid, None)
-        for table in (self._imports, self._local_hit, self._pending_loads):
+        for table in (self._imports, self._local_hit):
             table.pop(rid, None)
         loaded = self._loaded.pop(rid, 0)
         report: dict[str, Any] = {}
@@ -209,11 +253,7 @@ class PDDConnector(KVConnectorBase_V1):
         return False, report or None
 
     def _plan(self, meta: PDDConnectorMetadata, rid: str, blocks: list[int], end: int) -> None:
-        """Add a scheduled request's pending load and the export its step computes."""
-        load = self._pending_loads.pop(rid, None)
-        if load is not None:
-            imported, token_ids, held = load
-            meta.loads.append(LoadItem(imported.key, imported.codec, token_ids, held, blocks))
+        """Add the export a scheduled request's step computes."""
         export = self._exports.get(rid)
         if export is None:
             return
@@ -263,14 +303,15 @@ class PDDConnector(KVConnectorBase_V1):
         self._kv = VllmPagedKV(layers, layout)
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
-        """Import every load of this step, all layers, before the forward reads them."""
+        """Start this step's loads on the load threads; vLLM schedules their requests
+        once ``get_finished`` reports them."""
         meta = self._get_connector_metadata()
         assert isinstance(meta, PDDConnectorMetadata)
         for item in meta.loads:
-            self._load(item)
+            self._load_pool().submit(item.request_id, partial(self._load, item))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        """Nothing to wait for: ``start_load_kv`` wrote every layer."""
+        """Nothing to wait for: a loading request is not in the step."""
 
     def save_kv_layer(
         self,
@@ -294,15 +335,34 @@ class PDDConnector(KVConnectorBase_V1):
                 )
                 self._store.put(item.key, blob)
 
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """The loads that ended (``finished_recving``), their failed blocks kept for
+        ``get_block_ids_with_load_errors`` in the same step; the loads of requests that
+        finished meanwhile are cancelled first."""
+        loads = self._load_pool()
+        loads.cancel(finished_req_ids)
+        ended = loads.collect()
+        self._load_errors |= ended.failed_blocks
+        return None, ended.request_ids or None
+
     def get_block_ids_with_load_errors(self) -> set[int]:
         failed, self._load_errors = self._load_errors, set()
         return failed
 
-    def _load(self, item: LoadItem) -> None:
-        """Import the item's chunks in order; blocks left without KV are reported to vLLM
-        (``get_block_ids_with_load_errors``), which then fails or recomputes them."""
+    def shutdown(self) -> None:
+        """Cancel the running loads and wait for their threads, so none writes into a
+        KV cache vLLM is releasing."""
+        if self._loads is not None:
+            self._loads.shutdown()
+
+    def _load(self, item: LoadItem, cancelled: threading.Event) -> set[int]:
+        """Import the item's chunks in order (on a load thread); the blocks left without
+        KV, which vLLM then fails or recomputes. A cancelled load's request is gone: its
+        blocks are not reported."""
         held, wanted = item.held, len(item.token_ids)
         for blob in self._store.chunks(item.key):
+            if cancelled.is_set():
+                return set()
             if held >= wanted:
                 break
             try:
@@ -313,9 +373,15 @@ class PDDConnector(KVConnectorBase_V1):
             except KVTransferError as exc:
                 log.error("KV chunk of %s refused: %s", item.key, exc)
                 break
-        if held < wanted:
-            first, last = held // self._block_size, (wanted - 1) // self._block_size
-            self._load_errors.update(item.block_ids[first : last + 1])
+        if held >= wanted or cancelled.is_set():
+            return set()
+        first, last = held // self._block_size, (wanted - 1) // self._block_size
+        return set(item.block_ids[first : last + 1])
+
+    def _load_pool(self) -> LoadPool:
+        if self._loads is None:
+            raise RuntimeError("the PDD connector's scheduler side runs no loads")
+        return self._loads
 
     def _view(self) -> VllmPagedKV:
         if self._kv is None:
