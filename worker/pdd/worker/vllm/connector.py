@@ -23,8 +23,8 @@ vLLM's blocks are read and written as per-token KV by ``paged_view.VllmPagedKV``
 chunk format, the codecs and their checks are the pdd engine's own, not a copy. A chunk
 holds every layer of a token range, so the KV is moved per step (saved after the
 forward, in ``wait_for_save``; loaded whole before vLLM schedules the request), not per
-layer: the pdd engine's P ships at the same grain. The chunks wait in a ``store.KVStore`` (a folder now; PDD's
-data-plane channels next).
+layer: the pdd engine's P ships at the same grain. The chunks wait in a
+``store.KVStore`` (a folder now; PDD's data-plane channels next).
 
 Loads are asynchronous, as vLLM's own remote connectors' are: ``get_num_new_matched_tokens``
 answers ``(n, True)``, so vLLM allocates the request's blocks and parks it
