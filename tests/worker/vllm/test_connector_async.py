@@ -47,8 +47,6 @@ MAX_TOKENS = 12
 #: bound for a connector that loads in vLLM's step (and so can never be released), not
 #: a synchronisation; generous, for a loaded two-core machine.
 HOLD_LIMIT_S = 600.0
-#: Steps a test takes at most waiting for vLLM to reach a state: a bound against a hang.
-MAX_STEPS = 100_000
 TEXTS = [
     "Explain how a hash map handles collisions with open addressing and with separate "
     "chaining, compare their memory use and their behaviour as the load factor grows, and "
@@ -218,17 +216,15 @@ def test_an_abort_cancels_a_held_load_and_frees_its_blocks(engine: dict[str, Any
     assert keys[1] not in GATE.timed_out
 
 
-def _step_until(
-    loop: Any, done: Callable[[dict[str, Any]], bool], outputs: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """Step vLLM until ``done(outputs)``, outputs being each request's latest output."""
-    outputs = dict(outputs or {})
-    for _ in range(MAX_STEPS):
-        if done(outputs):
-            return outputs
+def _step_until(loop: Any, done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """Step vLLM until ``done(outputs)``, outputs being each request's latest output. No
+    bound of its own: how many steps a load thread takes depends on the machine (a step
+    with nothing to run is quick), so the module's pytest timeout stops a hang."""
+    outputs: dict[str, Any] = {}
+    while not done(outputs):
         for out in loop.step():
             outputs[out.request_id] = out
-    raise AssertionError(f"vLLM did not reach the state within {MAX_STEPS} steps: {outputs}")
+    return outputs
 
 
 def _import(key: str, prompt: list[int]) -> vllm.SamplingParams:
